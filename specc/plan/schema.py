@@ -1,0 +1,219 @@
+"""The plan schema: typed dataclasses registered in Hydra's ConfigStore.
+
+The user-facing keys are a public contract (issue 2). A value of ``None`` means "not written by the
+user": an engine profile's ``filled`` rules report the value the engine would put there, and
+``fallback`` rules report values it overrides. The dataclasses are plain data; nothing here imports
+torch.
+
+Sources for field meanings: SGLang 0.5.23 ``sglang/srt/arg_groups/fields/spec.py`` and vLLM 0.33.0
+``SpeculativeConfig`` (see ``shared/reference``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+METHOD_NAMES = (
+    "none", "draft_model", "eagle", "eagle3", "mtp", "frozen_kv_mtp", "multi_layer_eagle", "medusa",
+    "ngram", "suffix", "dflash", "dspark", "custom",
+)
+ENGINES = ("specc", "sglang", "vllm")
+MODEL_FORMATS = ("hf", "gguf")
+VERIFY_RULES = ("greedy", "standard", "block", "synthetic")
+DRAFT_SAMPLING = ("greedy", "probabilistic")
+SCHEDULE_KINDS = ("static", "batch_buckets", "adaptive", "budget", "auto")
+RAGGED_VERIFY = ("static", "cap_accept", "compact")
+MARKOV_KINDS = ("vanilla", "gated", "rnn")
+DISAGG_ROLES = ("none", "prefill", "decode")
+DEVICES = ("auto", "cpu", "cuda")
+KERNEL_BACKENDS = ("auto", "triton", "torch")
+COMPILE_BACKENDS = ("eager", "inductor", "tensorrt")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass
+class TargetConfig:
+    """The target model: checkpoint location, format, dtype and limits."""
+
+    path: Optional[str] = None
+    format: str = "hf"
+    dtype: str = "auto"
+    max_model_len: Optional[int] = None
+    architecture: Optional[str] = None
+    vocab_size: Optional[int] = None
+
+
+@dataclass
+class DraftConfig:
+    """The draft model (absent for ngram, suffix and mtp, which need no separate checkpoint)."""
+
+    path: Optional[str] = None
+    format: str = "hf"
+    architecture: Optional[str] = None
+    vocab_size: Optional[int] = None
+    max_model_len: Optional[int] = None
+
+
+@dataclass
+class NgramConfig:
+    """Prompt-lookup window: the suffix n-gram sizes tried, longest first."""
+
+    min: Optional[int] = None
+    max: Optional[int] = None
+
+
+@dataclass
+class MarkovConfig:
+    """DSpark's Markov correction head (seed 2; SGLang ``dspark_components``)."""
+
+    kind: Optional[str] = None
+    rank: Optional[int] = None
+
+
+@dataclass
+class MethodConfig:
+    """How drafts are proposed. ``num_steps`` is κ; ``num_draft_tokens`` is the verify width with
+    the bonus/root included (SGLang's meaning: chain = κ + 1)."""
+
+    name: str = "none"
+    num_steps: Optional[int] = None
+    topk: Optional[int] = None
+    num_draft_tokens: Optional[int] = None
+    parallel_drafting: bool = False
+    block_size: Optional[int] = None
+    ngram: NgramConfig = field(default_factory=NgramConfig)
+    markov: MarkovConfig = field(default_factory=MarkovConfig)
+    confidence_head: Optional[bool] = None
+    tree_choices: Optional[List[List[int]]] = None
+    plugin: Optional[str] = None
+
+
+@dataclass
+class SyntheticConfig:
+    """Synthetic acceptance (vLLM's benchmarking aid): a mean acceptance length or per-position rates."""
+
+    acceptance_length: Optional[float] = None
+    acceptance_rates: Optional[List[float]] = None
+
+
+@dataclass
+class AcceptThresholdConfig:
+    """SGLang's ``--speculative-accept-threshold-single`` / ``-acc`` (spec.py:109-116)."""
+
+    single: Optional[float] = None
+    acc: Optional[float] = None
+
+
+@dataclass
+class VerifyConfig:
+    """The verify rule and how draft tokens were sampled."""
+
+    rule: str = "greedy"
+    draft_sampling: str = "greedy"
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    accept_threshold: AcceptThresholdConfig = field(default_factory=AcceptThresholdConfig)
+
+
+@dataclass
+class BucketConfig:
+    """One batch bucket of the schedule: the κ candidates allowed at this batch size."""
+
+    candidates: List[int] = field(default_factory=list)
+    up_hysteresis: Optional[float] = None
+    down_hysteresis: Optional[float] = None
+    ceiling_coeff: Optional[float] = None
+
+
+@dataclass
+class ScheduleConfig:
+    """When the runtime uses which κ. ``buckets`` is keyed by batch size (floor lookup)."""
+
+    kind: str = "static"
+    buckets: Dict[int, BucketConfig] = field(default_factory=dict)
+    ema_alpha: Optional[float] = None
+    warmup_batches: Optional[int] = None
+    update_interval: Optional[int] = None
+    capture_batch_sizes: Optional[List[int]] = None
+    ragged_verify: str = "static"
+    cost_table: Optional[str] = None
+    hardware: Optional[str] = None
+
+
+@dataclass
+class LoraConfig:
+    adapters: List[str] = field(default_factory=list)
+    max_loras_per_batch: Optional[int] = None
+
+
+@dataclass
+class DisaggConfig:
+    role: str = "none"
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    dp_attention: bool = False
+    two_batch_overlap: bool = False
+
+
+@dataclass
+class DeployConfig:
+    """Serving-side settings that interact with speculation (LoRA, disaggregation, parallelism)."""
+
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    overlap_scheduler: Optional[bool] = None
+    page_size: Optional[int] = None
+    attention_backend: Optional[str] = None
+    cuda_graphs: Optional[bool] = None
+    max_running_requests: Optional[int] = None
+
+
+@dataclass
+class RuntimeConfig:
+    """specc's own runtime: where and how the compiled programs run."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = 8
+    kernel_backend: str = "auto"
+    compile_backend: str = "eager"
+
+
+@dataclass
+class Plan:
+    """A whole speculation plan. ``engine`` names the profile it targets."""
+
+    name: str = "plan"
+    engine: str = "specc"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    draft: Optional[DraftConfig] = None
+    method: MethodConfig = field(default_factory=MethodConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+def register_configs() -> None:
+    """Register the schema in Hydra's ConfigStore (``plan_schema`` plus one ``<group>/schema``
+    per group), so YAML files can name it first in their ``defaults`` list."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="plan_schema", node=Plan)
+    for group, node in (("target", TargetConfig), ("draft", DraftConfig), ("method", MethodConfig),
+                        ("verify", VerifyConfig), ("schedule", ScheduleConfig),
+                        ("deploy", DeployConfig), ("runtime", RuntimeConfig)):
+        cs.store(group=group, name="schema", node=node)
+
+
+def plan_to_dict(plan: Plan) -> Dict[str, Any]:
+    """The plan as plain nested dicts/lists (JSON- and YAML-safe), keys in schema order."""
+    from dataclasses import asdict
+
+    return asdict(plan)
