@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import List, Optional
 
+from specc.errors import SpeccError
+
 SUBCOMMANDS = {
     "check": "validate plans against an engine profile's rules",
     "explain": "candidate states, their cost-model predictions and stage graphs",
@@ -65,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     module = importlib.import_module(f"specc.commands.{args.command}")
     try:
         return int(module.run(args) or 0)
-    except UsageError as exc:
+    except (UsageError, SpeccError) as exc:
         print(f"specc {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,22 @@
+"""User-facing errors. Each carries a message that names the offending field or file and the fix;
+the CLI prints it without a traceback."""
+
+
+class SpeccError(Exception):
+    """Base of every error that is the user's input, not a bug."""
+
+
+class PlanError(SpeccError):
+    """A plan that cannot be composed, parsed or typed (unknown key, wrong type, bad YAML, missing file)."""
+
+
+class CheckpointError(SpeccError):
+    """A model or drafter checkpoint that is missing, malformed or does not match the plan."""
+
+
+class ArtifactError(SpeccError):
+    """A compiled artifact that is missing, tampered with or truncated."""
+
+
+class PromptError(SpeccError):
+    """Prompts that cannot be read or tokenized, or that do not fit the model."""
