@@ -1,0 +1,230 @@
+"""``specc explain PLAN [OVERRIDE ...]``: the plan's candidate states, what each costs and yields.
+
+Per state: bucket, κ, verify width, draft and target forward passes per step, target tokens per step,
+predicted E and speedup at α, speedup at the bucket's batch, break-even batch, draft KV bytes per
+token, programs (CUDA graphs) to capture and their static-buffer memory. Every state's stage graph is
+built and validated. ``--plot FILE.png`` draws speedup against batch per κ and the break-even curve on
+the (cost, acceptance) plane; ``--format json`` prints the same data as JSON; ``--graphs DIR`` writes
+each state's stage graph as JSON (networkx node_link_data) and DOT.
+
+Formulas: :mod:`specc.cost` (the seeds' §6.2 and "The higher the load"). Torch is never imported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from specc.errors import SpeccError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The plan arguments of ``specc check`` plus explain's own options."""
+    parser.add_argument("plan", metavar="PLAN", help="plan YAML file or preset name (conf/plan/<name>.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra overrides: group=option or dotted.key=value")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="per-position acceptance α for the predictions (default: the plan's "
+                             "verify.synthetic acceptance, else 0.70)")
+    parser.add_argument("--c", dest="draft_cost", type=float, default=None,
+                        help="draft cost ratio c = t_draft/t_target (default: from the checkpoints, "
+                             "else the method's default)")
+    parser.add_argument("--hardware", default=None,
+                        help="hardware profile (conf/hardware/<name>.yaml) for T* (default: "
+                             "schedule.hardware, else cpu/h100 by runtime.device)")
+    parser.add_argument("--plot", metavar="FILE.png", default=None,
+                        help="write speedup vs batch per κ and the break-even curve (cost, α)")
+    parser.add_argument("--graphs", metavar="DIR", default=None,
+                        help="write each state's stage graph as DIR/<state>.json and .dot")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def _fmt_bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "n/a"
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def _fmt_be(x: float) -> str:
+    return "never" if math.isinf(x) else ("<1" if x < 1 else f"{x:.1f}")
+
+
+COLUMNS = ("state", "B", "κ", "W", "draft fwd", "target fwd", "target tok", "E", "speedup",
+           "speedup@B", "break-even B", "draft KV/tok", "graphs", "graph mem")
+
+
+def table_rows(preds) -> List[List[str]]:
+    """One row of strings per :class:`specc.cost.Prediction`, in :data:`COLUMNS` order."""
+    rows = []
+    for p in preds:
+        rows.append([p.state, str(p.batch_size), str(p.num_steps), str(p.num_draft_tokens),
+                     str(p.draft_forward_passes), str(p.target_forward_passes),
+                     str(p.target_tokens_per_step), f"{p.expected_tokens:.3f}", f"{p.speedup:.2f}x",
+                     f"{p.speedup_at_batch:.2f}x", _fmt_be(p.break_even_batch),
+                     "n/a" if p.draft_kv_bytes_per_token is None else _fmt_bytes(p.draft_kv_bytes_per_token),
+                     str(p.graphs_to_capture), _fmt_bytes(p.graph_buffer_bytes)])
+    return rows
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = COLUMNS) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+                               for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+def _json_safe(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
+def speedup_at(batch: float, e: float, width: int, draft_cost: float, t_star: float) -> float:
+    """Saturating §6.2 model at a batch size: E·max(1, B/T*) / (max(1, B·W/T*) + draft cost)."""
+    return e * max(1.0, batch / t_star) / (max(1.0, batch * width / t_star) + draft_cost)
+
+
+def plot(path: str, plan, preds, title: str) -> None:
+    """Two panels: (left) predicted speedup vs batch size for each κ of the plan, with the buckets'
+    batch sizes marked; (right) the (step cost, α) plane with each κ's break-even curve
+    E(α, κ) = cost (speculation pays above it, zoo seed "Figure 1") and the plan's states."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from specc import cost
+
+    spec = [p for p in preds if p.num_steps > 0]
+    by_k: Dict[tuple, object] = {}
+    for p in spec:
+        by_k.setdefault((p.num_steps, p.num_draft_tokens), p)
+    t_star = preds[0].saturation_tokens
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    top = max(8 * t_star, max(p.batch_size for p in preds) * 2, 16)
+    bs = np.unique(np.geomspace(1, top, 200))
+    for (k, w), p in sorted(by_k.items()):
+        draft_cost = p.step_cost - 1.0
+        ys = [speedup_at(b, p.expected_tokens, w, draft_cost, t_star) for b in bs]
+        ax1.plot(bs, ys, label=f"κ={k} (W={w}, E={p.expected_tokens:.2f})")
+        if math.isfinite(p.break_even_batch) and p.break_even_batch >= 1:
+            ax1.plot([p.break_even_batch], [1.0], "o", color=ax1.lines[-1].get_color())
+    for b in sorted({p.batch_size for p in preds}):
+        ax1.axvline(b, color="0.85", lw=0.8, zorder=0)
+    ax1.axhline(1.0, color="k", lw=1, ls="--")
+    ax1.set_xscale("log")
+    ax1.set_xlabel("batch size (vertical lines: captured buckets; dots: break-even)")
+    ax1.set_ylabel(f"predicted speedup over plain decode (α={preds[0].alpha:.2f})")
+    ax1.set_title(f"speedup vs batch ({preds[0].hardware}, T*={t_star:.0f} tokens)")
+    if by_k:
+        ax1.legend(fontsize=8)
+    costs = np.linspace(1.0, 2.5, 120)
+    ks = sorted({k for k, _ in by_k}) or [1, 3, 5, 7]
+    colors = {}
+    for k in ks:
+        alphas = [cost.bisect_increasing(lambda a: cost.expected_tokens(a, k), c) if c <= k + 1 else np.nan
+                  for c in costs]
+        colors[k] = ax2.plot(costs, alphas, label=f"break-even κ={k}")[0].get_color()
+    for (k, w), p in sorted(by_k.items()):
+        ax2.plot([p.step_cost], [p.alpha], "o", color=colors.get(k, "k"))
+        ax2.annotate(f"κ={k}", (p.step_cost, p.alpha), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax2.set_xlabel("step cost in target steps (chain 1+κc, parallel 1+c)")
+    ax2.set_ylabel("acceptance α")
+    ax2.set_ylim(0, 1)
+    ax2.set_title("speculation pays above the curve (batch 1)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = None,
+            hardware: Optional[str] = None) -> dict:
+    """Lower, graph, validate and predict every state of ``plan``. Returns a dict with ``lowering``
+    (:class:`specc.lower.Lowering`), ``predictions`` (list of :class:`specc.cost.Prediction`),
+    ``graphs`` (state name → DiGraph) and ``issues`` (state name → list of GraphIssue)."""
+    from specc import cost, graph, lower
+
+    low = lower.lower_report(plan, alpha)
+    preds, graphs, issues = [], {}, {}
+    for s in low.states:
+        g = graph.build_graph(plan, s)
+        graphs[s.name] = g
+        issues[s.name] = graph.validate_graph(g)
+        preds.append(cost.predict(plan, s, alpha=alpha, c=draft_cost, hardware=hardware))
+    return {"lowering": low, "predictions": preds, "graphs": graphs, "issues": issues}
+
+
+def run(args: argparse.Namespace) -> int:
+    from specc import graph
+    from specc.plan.load import load_plan
+
+    loaded = load_plan(args.plan, list(args.overrides or ()))
+    plan = loaded.plan
+    res = explain(plan, args.alpha, args.draft_cost, args.hardware)
+    low, preds, issues = res["lowering"], res["predictions"], res["issues"]
+    if not preds:
+        raise SpeccError(f"plan {plan.name!r} lowers to no candidate state")
+    bad = {k: v for k, v in issues.items() if v}
+    if args.graphs:
+        out = Path(args.graphs)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, g in res["graphs"].items():
+            (out / f"{name}.json").write_text(json.dumps(graph.to_json(g), indent=1))
+            (out / f"{name}.dot").write_text(graph.to_dot(g))
+    if args.plot:
+        plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}")
+    p0 = preds[0]
+    if args.format == "json":
+        data = {
+            "plan": plan.name, "path": str(loaded.path), "method": plan.method.name,
+            "schedule": plan.schedule.kind, "alpha": low.alpha, "alpha_source": low.alpha_source,
+            "c": p0.c, "c_source": p0.c_source, "hardware": p0.hardware,
+            "saturation_tokens": p0.saturation_tokens, "capture_sizes": list(low.capture_sizes),
+            "buckets": {str(k): list(v) for k, v in low.buckets.items()},
+            "reasons": {str(k): v for k, v in low.reasons.items()}, "notes": list(low.notes),
+            "states": [dict(p.as_dict(), graph_issues=[str(i) for i in issues[p.state]]) for p in preds],
+            "plot": args.plot,
+        }
+        print(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
+    else:
+        print(f"plan {plan.name} ({loaded.path}): method {plan.method.name}, verify {plan.verify.rule}, "
+              f"schedule {plan.schedule.kind}")
+        print(f"α = {low.alpha:.3f} ({low.alpha_source}); c = {p0.c:.4f} ({p0.c_source}); "
+              f"hardware {p0.hardware}: T* = {p0.saturation_tokens:.1f} tokens")
+        print(f"captured batch sizes: {list(low.capture_sizes)}")
+        from specc.lower import route_slot
+
+        keys = sorted(low.buckets)
+        used = {route_slot(keys, b) for b in low.capture_sizes}
+        for key in keys:
+            unused = "" if key in used else "  (no captured batch size routes here)"
+            print(f"  bucket {key}: κ ∈ {list(low.buckets[key])}  — {low.reasons.get(key, '')}{unused}")
+        for note in low.notes:
+            print(f"  note: {note}")
+        if any(p.draft_kv_bytes_per_token is None for p in preds):
+            print(f"  note: draft KV/tok n/a: no readable config.json for draft.path = "
+                  f"{plan.draft.path if plan.draft else None!r}")
+        print()
+        print(format_table(table_rows(preds)))
+        print()
+        print(f"{len(preds)} states; stage graphs: "
+              + ("all valid" if not bad else f"{len(bad)} INVALID"))
+        for name, found in bad.items():
+            for i in found:
+                print(f"  {name}: {i}")
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 1 if bad else 0

@@ -1,0 +1,700 @@
+"""The speculation cost model: what a candidate state costs per step and what it yields.
+
+Every function here is small, pure and torch-free (``specc explain`` and ``specc check`` import it).
+Sources, cited per function:
+
+* **§6.2** — the first seed, ``shared/seeds/speculative-decoding-zoo.txt`` (its restatement of §6.2's
+  model at lines 32-46 and the bisection at lines 505-524): yield E(α, κ) = (1 − α^(κ+1)) / (1 − α),
+  step cost t_T(1 + κc) for chain drafting and t_T(1 + c) for parallel drafting, speedup S = E / cost,
+  break-even batch B = T*(E − κc)/(κ + 1), S∞ = E / ((κ + 1) + c).
+* **"The higher the load"** — the second seed, ``shared/seeds/block-drafts-and-load-aware-verification.txt``:
+  the batch model step = max(weights / bandwidth, tokens · FLOPs / peak) + draft time, the best κ per
+  batch, and the budgeted (survival-probability) verification of "Deciding how much to verify by load".
+* **vLLM 0.33.0 adaptive verification** (``shared/reference/vllm-0.33.0.md`` §6, AV:80-128, 305-373):
+  the budget argmax and the profiled cost table (step function over CUDA-graph capture sizes).
+
+Units: times in seconds unless a name ends in ``_ms``; costs without a unit are in target-steps (one
+plain batch-1 target forward = 1.0); bandwidth in bytes/s; compute in FLOP/s.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from specc.errors import PlanError, SpeccError
+
+# ----------------------------------------------------------------------------------------------------
+# §6.2: yield, step cost, speedup, break-even
+# ----------------------------------------------------------------------------------------------------
+
+
+def expected_tokens(alpha: float, num_steps: int) -> float:
+    """E(α, κ): expected tokens emitted per step, bonus included (§6.2; zoo seed line 32).
+
+    E = Σ_{i=0..κ} α^i = (1 − α^(κ+1)) / (1 − α); E(1, κ) = κ + 1; E(α, 0) = 1 (plain decode).
+
+    Args:
+        alpha: per-position acceptance probability in [0, 1].
+        num_steps: κ ≥ 0, the draft tokens proposed per step.
+    Raises:
+        ValueError: α outside [0, 1] or κ < 0.
+    """
+    if not 0.0 <= alpha <= 1.0 or math.isnan(alpha):
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if num_steps < 0:
+        raise ValueError(f"num_steps (κ) must be >= 0, got {num_steps}")
+    return float(sum(alpha ** i for i in range(num_steps + 1)))
+
+
+def alpha_for_expected_tokens(target_e: float, num_steps: int) -> float:
+    """Invert E(α, κ) = target_e for α by bisection (E is increasing in α on [0, 1]).
+
+    Used to turn a mean acceptance length (vLLM's synthetic ``acceptance_length``, Spec-Bench's τ)
+    into a per-position α. Raises ValueError if target_e is outside [1, κ + 1].
+    """
+    if not 1.0 <= target_e <= num_steps + 1:
+        raise ValueError(f"E must lie in [1, κ+1] = [1, {num_steps + 1}], got {target_e}")
+    return bisect_increasing(lambda a: expected_tokens(a, num_steps), target_e)
+
+
+def step_cost_chain(num_steps: int, c: float) -> float:
+    """Chain drafting step cost in target-steps: 1 + κc (§6.2; zoo seed line 40: 1 + 3·0.165 = 1.495).
+
+    κ sequential draft passes, each costing c = t_draft / t_target, then one target verify.
+    """
+    return 1.0 + num_steps * c
+
+
+def step_cost_parallel(num_steps: int, c: float) -> float:
+    """Parallel (block) drafting step cost: 1 + c — one draft pass emits all κ tokens (DFlash, DSpark,
+    PARD, P-EAGLE; zoo seed line 42: 1 + 0.165 = 1.165). κ = 0 drafts nothing: cost 1."""
+    return 1.0 if num_steps == 0 else 1.0 + c
+
+
+def tree_pool_size(num_steps: int, topk: int) -> int:
+    """Draft-tree candidate pool of SGLang's EAGLE tree: topk + (κ − 1)·topk² nodes
+    (sglang-0.5.23.md §5, eagle_worker_v2.py:742-919). κ = 0 → 0."""
+    if num_steps <= 0:
+        return 0
+    return topk + (num_steps - 1) * topk * topk
+
+
+def tree_level_inputs(num_steps: int, topk: int) -> List[int]:
+    """Tokens fed to the draft model per tree level (per request): level 0 expands the root (1 input),
+    every later level expands the topk kept beams (sglang-0.5.23.md §5)."""
+    return [1 if level == 0 else topk for level in range(num_steps)]
+
+
+def step_cost_tree(num_steps: int, topk: int, c: float, verify_width: int,
+                   saturation_tokens: Optional[float] = None) -> float:
+    """Tree drafting step cost in target-steps.
+
+    One draft pass per level (each level batches its topk beams into one pass) and one target verify
+    over ``verify_width`` tokens (bonus/root included). In the memory-bound §6.2 model
+    (``saturation_tokens`` None) a pass costs the same whatever its width, so the cost is 1 + κc, as a
+    chain. With ``saturation_tokens`` = T* (tokens per forward at which the model turns compute-bound,
+    the seeds' ridge point) a pass over n tokens costs max(1, n / T*) of its memory-bound time: the
+    verify costs max(1, W / T*) and level i costs c·max(1, inputs_i / T*).
+    """
+    if saturation_tokens is None:
+        return 1.0 + num_steps * c
+    verify = max(1.0, verify_width / saturation_tokens)
+    draft = sum(c * max(1.0, n / saturation_tokens) for n in tree_level_inputs(num_steps, topk))
+    return verify + draft
+
+
+def tree_expected_tokens(tree_choices: Sequence[Sequence[int]], alpha: float) -> float:
+    """Expected emitted tokens of a static draft tree (Medusa-style ``tree_choices``: each node is the
+    path of child ranks from the root), bonus included.
+
+    Model (an assumption, stated): the rank-r candidate at a position is the accepted one with
+    probability α·(1 − α)^r — the top candidate with α, and each lower rank only when all higher ranks
+    missed. A node is on the accepted path iff every node on its path is; E = 1 + Σ_nodes P(path).
+    With ranks all 0 (a chain of depth κ) this is exactly E(α, κ).
+    """
+    total = 1.0
+    for path in tree_choices:
+        p = 1.0
+        for rank in path:
+            p *= alpha * (1.0 - alpha) ** rank
+        total += p
+    return total
+
+
+def speedup(expected: float, cost: float) -> float:
+    """S = E / cost (§6.2): tokens per step over the step's cost in plain-decode target-steps."""
+    return expected / cost
+
+
+def speedup_chain(alpha: float, num_steps: int, c: float) -> float:
+    """Chain speedup E(α, κ) / (1 + κc) (§6.2; zoo seed line 40: 2.533 / 1.495 = 1.69)."""
+    return expected_tokens(alpha, num_steps) / step_cost_chain(num_steps, c)
+
+
+def speedup_parallel(alpha: float, num_steps: int, c: float) -> float:
+    """Parallel speedup E(α, κ) / (1 + c) (zoo seed line 42: 2.533 / 1.165 = 2.17)."""
+    return expected_tokens(alpha, num_steps) / step_cost_parallel(num_steps, c)
+
+
+def break_even_batch(alpha: float, num_steps: int, c: float, saturation_tokens: float,
+                     parallel: bool = False) -> float:
+    """Batch size above which speculation stops paying: B = T*(E − κc)/(κ + 1) for chain drafting,
+    B = T*(E − c)/(κ + 1) for parallel drafting (§6.2; zoo seed lines 28 and 46: ≈150 and ≈175 with
+    T* = 295, E = 2.533, κ = 3, c = 0.165).
+
+    Derivation: past T* tokens a target step costs tokens/T* of its memory-bound time; speculation at
+    batch B costs B(κ + 1)/T* + draft and yields E, plain decode costs 1 and yields 1.
+    ``saturation_tokens`` is T*. κ = 0 returns +inf (plain decode never loses to itself).
+    """
+    if num_steps == 0:
+        return math.inf
+    e = expected_tokens(alpha, num_steps)
+    draft = c if parallel else num_steps * c
+    return saturation_tokens * (e - draft) / (num_steps + 1)
+
+
+def s_infinity(alpha: float, num_steps: int, c: float, parallel: bool = False) -> float:
+    """Large-batch speedup limit S∞ = E / ((κ + 1) + c) for parallel drafting (zoo seed line 46:
+    2.533 / 4.165 = 0.61) and E / ((κ + 1) + κc) for chain drafting. Always < 1 for κ ≥ 1 and α < 1
+    because E ≤ κ + 1: at high batch speculation never pays (§6.2's S∞ theorem)."""
+    e = expected_tokens(alpha, num_steps)
+    draft = c if parallel else num_steps * c
+    return e / ((num_steps + 1) + draft)
+
+
+def bisect_increasing(fn: Callable[[float], float], target: float, lo: float = 0.0,
+                      hi: float = 1.0, iterations: int = 60) -> float:
+    """Smallest x in [lo, hi] with fn(x) ≥ target, for fn non-decreasing, by bisection (the zoo
+    seed's 60-iteration loop, lines 510-517). Returns hi if fn(hi) < target."""
+    for _ in range(iterations):
+        mid = (lo + hi) / 2.0
+        if fn(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def alpha_to_beat_plain(num_steps: int, c: float, parallel: bool = False) -> float:
+    """Acceptance α at which speculation ties plain decode: E(α, κ) = cost (zoo seed line 44:
+    E(α, 3) > 1.165 gives α ≈ 0.142 for parallel drafting with c = 0.165)."""
+    cost = step_cost_parallel(num_steps, c) if parallel else step_cost_chain(num_steps, c)
+    return bisect_increasing(lambda a: expected_tokens(a, num_steps), cost)
+
+
+def alpha_to_beat(target_speedup: float, num_steps: int, c: float, parallel: bool = True) -> float:
+    """Acceptance α at which a proposal with (κ, c, chain|parallel) reaches ``target_speedup`` — e.g.
+    a given chain's speedup (zoo seed line 44 and its bisection, lines 505-518: a parallel κ = 3,
+    c = 0.165 proposal needs α ≈ 0.536 to beat the α = 0.70 chain's 1.694×)."""
+    cost = step_cost_parallel(num_steps, c) if parallel else step_cost_chain(num_steps, c)
+    return bisect_increasing(lambda a: expected_tokens(a, num_steps) / cost, target_speedup)
+
+
+# ----------------------------------------------------------------------------------------------------
+# "The higher the load, the smaller K should be": the batch model
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator's roofline numbers (conf/hardware/<name>.yaml).
+
+    ``bandwidth`` bytes/s and ``peak_flops`` FLOP/s are datasheet peaks; the efficiencies turn them
+    into the effective numbers the second seed uses (0.8 of bandwidth, 0.5 of compute).
+    """
+
+    name: str
+    bandwidth: float
+    peak_flops: float
+    bandwidth_efficiency: float = 0.8
+    flops_efficiency: float = 0.5
+    dtype: str = "bfloat16"
+    source: str = ""
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth * self.bandwidth_efficiency
+
+    @property
+    def effective_flops(self) -> float:
+        return self.peak_flops * self.flops_efficiency
+
+
+@dataclass(frozen=True)
+class BatchModel:
+    """The second seed's step model ("The higher the load"): a target step over n tokens takes
+    max(weight_bytes / bandwidth, n · flops_per_token / flops) seconds; a draft pass takes
+    ``draft_time`` seconds (memory-bound, independent of batch). ``step_time_fn`` (tokens → seconds)
+    replaces the roofline when a profiled cost table is used.
+    """
+
+    weight_bytes: float = 0.0
+    bandwidth: float = 1.0
+    flops_per_token: float = 0.0
+    flops: float = 1.0
+    draft_time: float = 0.0
+    step_time_fn: Optional[Callable[[int], float]] = field(default=None, compare=False)
+    draft_time_fn: Optional[Callable[[int], float]] = field(default=None, compare=False)
+
+    def step_time(self, tokens: int) -> float:
+        """Target forward time in seconds for ``tokens`` tokens in the batch."""
+        if self.step_time_fn is not None:
+            return self.step_time_fn(tokens)
+        return target_step_time(tokens, self.weight_bytes, self.bandwidth, self.flops_per_token,
+                                self.flops)
+
+    def draft_pass_time(self, batch: int) -> float:
+        """One draft forward pass over ``batch`` requests, seconds."""
+        if self.draft_time_fn is not None:
+            return self.draft_time_fn(batch)
+        return self.draft_time
+
+    @property
+    def saturation_tokens(self) -> float:
+        """T*: tokens per forward at which the roofline turns compute-bound
+        (weight_bytes / bandwidth) / (flops_per_token / flops)."""
+        return (self.weight_bytes / self.bandwidth) / (self.flops_per_token / self.flops)
+
+
+def target_step_time(tokens: int, weight_bytes: float, bandwidth: float, flops_per_token: float,
+                     flops: float) -> float:
+    """max(weights / bandwidth, tokens · FLOPs / peak), seconds (second seed, ``step_time``): each
+    step reads the weights once (the memory floor) and with many tokens becomes compute-bound."""
+    return max(weight_bytes / bandwidth, tokens * flops_per_token / flops)
+
+
+def batch_step_time(batch: int, num_steps: int, model: BatchModel, parallel: bool = False) -> float:
+    """Seconds per speculative step at ``batch`` requests: draft (κ passes, or one block pass) plus
+    one verify over batch·(κ + 1) tokens (second seed, ``throughput``). κ = 0 has no draft."""
+    if num_steps == 0:
+        draft = 0.0
+    else:
+        draft = model.draft_pass_time(batch) * (1 if parallel else num_steps)
+    return draft + model.step_time(batch * (1 + num_steps))
+
+
+def batch_throughput(batch: int, num_steps: int, alpha: float, model: BatchModel,
+                     parallel: bool = False) -> float:
+    """Tokens/s at ``batch`` requests: batch · E(α, κ) / step seconds (second seed, ``throughput``)."""
+    return batch * expected_tokens(alpha, num_steps) / batch_step_time(batch, num_steps, model, parallel)
+
+
+def best_num_steps(batch: int, alpha: float, model: BatchModel, parallel: bool = False,
+                   max_steps: int = 8, candidates: Optional[Sequence[int]] = None) -> Tuple[int, float]:
+    """The κ in ``candidates`` (default 0..max_steps, the seed's search range) that maximises
+    throughput at ``batch``; ties go to the smaller κ (the seed's ``max`` over an ascending range).
+    Returns (κ, tokens/s)."""
+    ks = list(range(max_steps + 1)) if candidates is None else sorted(set(candidates))
+    best_k = max(ks, key=lambda k: batch_throughput(batch, k, alpha, model, parallel))
+    return best_k, batch_throughput(batch, best_k, alpha, model, parallel)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Budgeted verification (second seed "Deciding how much to verify by load"; vLLM AV:46-72, 305-373)
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetSelection:
+    """Result of :func:`select_verify_budget`.
+
+    ``budget``: draft positions admitted in total (b*); ``admitted``: positions admitted per request
+    (a prefix of each request: positions 0..admitted[r]-1); ``rate``: predicted tokens/s at b*;
+    ``rates``: predicted tokens/s for every b in 0..B; ``scores``: sorted survival scores (descending).
+    """
+
+    budget: int
+    admitted: Tuple[int, ...]
+    rate: float
+    rates: Tuple[float, ...]
+    scores: Tuple[float, ...]
+
+
+def log_survival(confidences: Sequence[Sequence[float]]) -> np.ndarray:
+    """Log survival probabilities: log ∏_{j≤k} conf[r, j], as a cumulative sum of logs, so products of
+    many small confidences do not underflow to 0 (the zoo seed's warning, line 405).
+
+    Args:
+        confidences: [R, K] per-(request, position) acceptance confidences in [0, 1].
+    Returns:
+        [R, K] float64, non-increasing along each row; −inf where a zero confidence was met.
+    Raises:
+        ValueError: NaN, or values outside [0, 1], or not a 2-D array.
+    """
+    conf = np.asarray(confidences, dtype=np.float64)
+    if conf.ndim != 2:
+        raise ValueError(f"confidences must be [requests, positions], got shape {conf.shape}")
+    if np.isnan(conf).any() or (conf < 0).any() or (conf > 1).any():
+        raise ValueError("confidences must lie in [0, 1] (no NaN)")
+    with np.errstate(divide="ignore"):
+        logs = np.log(conf)  # [R, K], −inf at zeros
+    return np.cumsum(logs, axis=1)
+
+
+def admission_order(log_surv: np.ndarray) -> np.ndarray:
+    """Flat slot indices (r·K + k) in admission order: highest survival first; ties go to the earlier
+    position, then the earlier request (the deterministic "earlier-position-first" rule the zoo seed
+    asks for at line 405, instead of ``torch.topk``'s unspecified tie order).
+
+    Because log survival is non-increasing along a row and ties prefer earlier positions, every prefix
+    of this order admits a prefix of each request. Input [R, K]; output [R·K] int64.
+    """
+    rows, cols = log_surv.shape
+    req = np.repeat(np.arange(rows), cols)
+    pos = np.tile(np.arange(cols), rows)
+    neg = -log_surv.reshape(-1)  # +inf for zero-survival slots: they sort last
+    return np.lexsort((req, pos, neg))
+
+
+def select_verify_budget(confidences: Sequence[Sequence[float]], step_time: Callable[[int], float],
+                         draft_time: float = 0.0, num_non_draft_tokens: Optional[int] = None,
+                         num_emitting_requests: Optional[int] = None,
+                         max_budget: Optional[int] = None) -> BudgetSelection:
+    """Budgeted verification: admit the globally best draft slots by survival probability, with the
+    number admitted b* = argmax_b (S + Σ_{j<b} score_j) / (draft_time + step_time(N_nd + b)).
+
+    Second seed ("Deciding how much to verify by load", ``plan``); vLLM 0.33.0 AV:305-373 (budget) and
+    AV:46-72 (slot assignment). ``np.argmax`` returns the first maximum, so the smallest budget wins
+    ties (vLLM's tie rule). Slot order is :func:`admission_order`, so the admitted set is always a
+    prefix of each request, also under ties, zero confidences and underflow.
+
+    Args:
+        confidences: [R, K] per-position confidences in [0, 1] (R requests, K draft positions).
+        step_time: verify time in seconds for a given total token count.
+        draft_time: seconds of drafting this step (paid whatever the budget).
+        num_non_draft_tokens: N_nd, tokens verified regardless (default R: one bonus per request).
+        num_emitting_requests: S, requests that emit ≥ 1 token regardless (default R).
+        max_budget: B, the largest budget considered (default R·K).
+    Raises:
+        ValueError: bad confidences (see :func:`log_survival`).
+    """
+    ls = log_survival(confidences)  # [R, K]
+    rows, cols = ls.shape
+    n_nd = rows if num_non_draft_tokens is None else num_non_draft_tokens
+    s = rows if num_emitting_requests is None else num_emitting_requests
+    big_b = rows * cols if max_budget is None else max(0, min(max_budget, rows * cols))
+    order = admission_order(ls)  # [R·K]
+    scores = np.exp(ls.reshape(-1)[order])  # [R·K], descending; underflow → 0.0 (harmless here)
+    gain = np.concatenate(([0.0], np.cumsum(scores[:big_b])))  # [B+1]
+    rates = np.array([(s + gain[b]) / (draft_time + step_time(n_nd + b)) for b in range(big_b + 1)])
+    b_star = int(np.argmax(rates))
+    admitted = np.zeros(rows, dtype=np.int64)
+    np.add.at(admitted, order[:b_star] // cols, 1)
+    return BudgetSelection(budget=b_star, admitted=tuple(int(a) for a in admitted),
+                           rate=float(rates[b_star]), rates=tuple(float(r) for r in rates),
+                           scores=tuple(float(x) for x in scores))
+
+
+def admitted_mask(order: np.ndarray, budget: int, shape: Tuple[int, int]) -> np.ndarray:
+    """[R, K] bool mask of the slots admitted by the first ``budget`` entries of ``order``."""
+    mask = np.zeros(shape[0] * shape[1], dtype=bool)
+    mask[order[:budget]] = True
+    return mask.reshape(shape)
+
+
+def is_prefix_admission(mask: np.ndarray) -> bool:
+    """True iff every row of an [R, K] bool mask is a prefix (True…True False…False)."""
+    mask = np.asarray(mask, dtype=bool)
+    counts = mask.sum(axis=1)
+    expect = np.arange(mask.shape[1])[None, :] < counts[:, None]
+    return bool((mask == expect).all())
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hardware profiles and profiled cost tables
+# ----------------------------------------------------------------------------------------------------
+
+HARDWARE_DIR = Path(__file__).resolve().parent.parent / "conf" / "hardware"
+
+
+def load_hardware_profile(name_or_path: str) -> HardwareProfile:
+    """Load ``conf/hardware/<name>.yaml`` (or a YAML file path) into a :class:`HardwareProfile`.
+
+    Required keys: ``bandwidth_bytes_per_s``, ``peak_flops``; optional ``bandwidth_efficiency``,
+    ``flops_efficiency``, ``dtype``, ``source``. Raises PlanError naming ``schedule.hardware`` and the
+    available profiles when the profile is missing or malformed.
+    """
+    import yaml
+
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = HARDWARE_DIR / f"{name_or_path}.yaml"
+    available = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+    if not path.is_file():
+        raise PlanError(f"schedule.hardware: no hardware profile '{name_or_path}' ({path}); "
+                        f"use one of {available} or a YAML file path")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        return HardwareProfile(
+            name=str(data.get("name", path.stem)),
+            bandwidth=float(data["bandwidth_bytes_per_s"]),
+            peak_flops=float(data["peak_flops"]),
+            bandwidth_efficiency=float(data.get("bandwidth_efficiency", 0.8)),
+            flops_efficiency=float(data.get("flops_efficiency", 0.5)),
+            dtype=str(data.get("dtype", "bfloat16")),
+            source=str(data.get("source", "")),
+        )
+    except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+        raise PlanError(f"{path}: malformed hardware profile ({exc!r}); it needs numeric "
+                        "bandwidth_bytes_per_s and peak_flops") from None
+
+
+def _monotone_table(points: Dict[int, float]) -> Tuple[np.ndarray, np.ndarray]:
+    xs = np.array(sorted(points), dtype=np.int64)
+    ys = np.maximum.accumulate(np.array([points[int(x)] for x in xs], dtype=np.float64))
+    return xs, ys
+
+
+def _step_lookup(xs: np.ndarray, ys: np.ndarray, limit: int, v: float) -> float:
+    """vLLM's ``build_table`` lookup (AV:80-128): at or below the capture limit, the cost of the first
+    profiled size ≥ v (padding to the next captured size: a step function); above it, linear
+    interpolation over profiled points above the limit; beyond the last point, linear extrapolation
+    from the last two points."""
+    if v <= limit:
+        i = int(np.searchsorted(xs, v, side="left"))
+        return float(ys[min(i, len(xs) - 1)])
+    above = xs > limit
+    ax, ay = xs[above], ys[above]
+    if len(ax) == 0:  # nothing profiled past the limit: extrapolate from the last two points
+        ax, ay = xs[-2:], ys[-2:]
+    if len(ax) == 1:
+        return float(ay[0])
+    if v <= ax[-1]:
+        return float(np.interp(v, ax, ay))
+    slope = (ay[-1] - ay[-2]) / (ax[-1] - ax[-2])
+    return float(ay[-1] + slope * (v - ax[-1]))
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """A profiled cost table: verify (target forward) milliseconds by token count and, optionally,
+    draft-pass milliseconds by number of requests.
+
+    JSON format (written by ``specc profile``)::
+
+        {"format": "specc-cost-table/1", "device": "cpu",
+         "capture_sizes": [1, 2, 4, 8, 16, 32],          # optional; default: the verify keys
+         "verify_ms": {"1": 7.9, "2": 8.1, ...},          # tokens -> ms
+         "draft_ms": {"1": 0.9, "4": 1.0, ...}}           # requests -> ms (optional)
+
+    Lookups follow vLLM's ``build_table`` (vllm-0.33.0.md §6 "Cost tables"): values made monotone,
+    a step function up to the capture limit, linear beyond it.
+    """
+
+    verify_x: Tuple[int, ...]
+    verify_ms: Tuple[float, ...]
+    capture_limit: int
+    draft_x: Tuple[int, ...] = ()
+    draft_ms: Tuple[float, ...] = ()
+    device: str = ""
+    path: str = ""
+
+    def step_ms(self, tokens: int) -> float:
+        """Verify milliseconds for ``tokens`` target tokens; floored at 1e-6 like vLLM's table."""
+        return max(1e-6, _step_lookup(np.array(self.verify_x), np.array(self.verify_ms),
+                                      self.capture_limit, tokens))
+
+    def draft_pass_ms(self, num_requests: int) -> Optional[float]:
+        """Draft-pass milliseconds for ``num_requests`` requests, or None if not profiled."""
+        if not self.draft_x:
+            return None
+        xs = np.array(self.draft_x)
+        return max(0.0, _step_lookup(xs, np.array(self.draft_ms), int(xs[-1]), num_requests))
+
+
+def load_cost_table(path: str) -> CostTable:
+    """Read a cost-table JSON (format in :class:`CostTable`). Raises PlanError naming
+    ``schedule.cost_table`` and the file when it is missing, not JSON, or lacks ``verify_ms``."""
+    p = Path(path)
+    if not p.is_file():
+        raise PlanError(f"schedule.cost_table: file not found: {p} (run `specc profile` to create it)")
+    try:
+        data = json.loads(p.read_text())
+        verify = {int(k): float(v) for k, v in data["verify_ms"].items()}
+        draft = {int(k): float(v) for k, v in (data.get("draft_ms") or {}).items()}
+        if len(verify) < 1:
+            raise ValueError("verify_ms is empty")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PlanError(f"schedule.cost_table: {p} is not a cost table ({exc!r}); expected JSON with "
+                        "a 'verify_ms' object mapping token counts to milliseconds") from None
+    vx, vy = _monotone_table(verify)
+    dx, dy = _monotone_table(draft) if draft else (np.array([], dtype=np.int64), np.array([]))
+    captures = data.get("capture_sizes") or list(verify)
+    return CostTable(verify_x=tuple(int(x) for x in vx), verify_ms=tuple(float(y) for y in vy),
+                     capture_limit=int(max(captures)), draft_x=tuple(int(x) for x in dx),
+                     draft_ms=tuple(float(y) for y in dy), device=str(data.get("device", "")),
+                     path=str(p))
+
+
+def batch_model_from_table(table: CostTable, fallback_draft_ratio: float = 0.0) -> BatchModel:
+    """A :class:`BatchModel` whose step time comes from a profiled table (ms → s). Draft passes use
+    the table's ``draft_ms`` when profiled, else ``fallback_draft_ratio`` × the one-token step."""
+    if table.draft_x:
+        draft_fn = lambda b: (table.draft_pass_ms(b) or 0.0) / 1e3  # noqa: E731
+    else:
+        draft_fn = lambda b: fallback_draft_ratio * table.step_ms(1) / 1e3  # noqa: E731
+    return BatchModel(step_time_fn=lambda n: table.step_ms(n) / 1e3, draft_time_fn=draft_fn)
+
+
+def batch_model_from_hardware(hw: HardwareProfile, num_params: float, bytes_per_param: float,
+                              draft_time: float) -> BatchModel:
+    """The roofline :class:`BatchModel` for a dense model of ``num_params`` parameters stored with
+    ``bytes_per_param`` bytes each on ``hw``: weights = params·bytes, FLOPs/token = 2·params (second
+    seed: ``W_BYTES = 16e9`` for 8B bf16, ``FLOP_PER_TOKEN = 2 * 8e9``)."""
+    if num_params <= 0:
+        raise SpeccError("num_params must be positive")
+    return BatchModel(weight_bytes=num_params * bytes_per_param, bandwidth=hw.effective_bandwidth,
+                      flops_per_token=2.0 * num_params, flops=hw.effective_flops, draft_time=draft_time)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Per-state prediction (what `specc explain` prints and codegen records)
+# ----------------------------------------------------------------------------------------------------
+
+
+def saturation_tokens(hw: HardwareProfile, bytes_per_param: float, effective: bool = True) -> float:
+    """T*, the tokens per forward at which a dense model turns compute-bound on ``hw``:
+    (bytes_per_param / bandwidth) / (2 / flops). With datasheet peaks (``effective=False``) and bf16
+    (2 bytes) on an H100 this is 989e12 / 3.35e12 ≈ 295, the first seed's T* (§6.2, zoo line 46)."""
+    bw = hw.effective_bandwidth if effective else hw.bandwidth
+    fl = hw.effective_flops if effective else hw.peak_flops
+    return (bytes_per_param / bw) / (2.0 / fl)
+
+
+def dynamic_tree_expected_tokens(alpha: float, num_steps: int, topk: int, verify_width: int) -> float:
+    """E for a dynamic draft tree verifying the best ``verify_width − 1`` nodes (SGLang's
+    ``organize_draft_results`` keeps the top nodes by cumulative score, sglang-0.5.23.md §5), under the
+    rank model of :func:`tree_expected_tokens`. Nodes are taken best-first over the full topk-ary tree
+    of depth κ (an upper bound on SGLang's beam-limited pool). Bonus included."""
+    import heapq
+
+    total, taken = 1.0, 0
+    heap = [(-alpha * (1.0 - alpha) ** r, 1, (r,)) for r in range(topk)]
+    heapq.heapify(heap)
+    while heap and taken < verify_width - 1:
+        neg_p, depth, path = heapq.heappop(heap)
+        total += -neg_p
+        taken += 1
+        if depth < num_steps:
+            for r in range(topk):
+                heapq.heappush(heap, (neg_p * alpha * (1.0 - alpha) ** r, depth + 1, path + (r,)))
+    return total
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The cost model's prediction for one candidate state.
+
+    ``step_cost`` is in batch-1 target-steps (§6.2: chain 1 + κc, parallel 1 + c, tree 1 + κc);
+    ``speedup`` = E / step_cost at batch 1; ``speedup_at_batch`` at the state's bucket B in the
+    saturating model (a pass over n tokens costs max(1, n/T*)); ``break_even_batch`` = T*(E − draft
+    cost)/W, which is §6.2's T*(E − κc)/(κ + 1) for a chain and T*(E − c)/(κ + 1) for a parallel
+    block; ``s_infinity`` = E / (W + draft cost). ``draft_forward_passes`` counts every draft forward
+    the step runs (proposal + draft extend, from :func:`specc.graph.expected_forward_passes`); the
+    cost formula charges c per proposal pass as the seeds do. Byte counts may be None when a size
+    is unknown (e.g. a checkpoint that is not on disk).
+    """
+
+    state: str
+    kind: str
+    batch_size: int
+    num_steps: int
+    num_draft_tokens: int
+    alpha: float
+    alpha_source: str
+    c: float
+    c_source: str
+    hardware: str
+    saturation_tokens: float
+    draft_forward_passes: int
+    target_forward_passes: int
+    target_tokens_per_step: int
+    expected_tokens: float
+    step_cost: float
+    speedup: float
+    speedup_at_batch: float
+    break_even_batch: float
+    s_infinity: float
+    draft_kv_bytes_per_token: Optional[int]
+    graphs_to_capture: int
+    graph_buffer_bytes: Optional[int]
+
+    def as_dict(self) -> Dict[str, object]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def state_expected_tokens(state, alpha: float) -> float:
+    """E for a candidate state: chain/parallel E(α, κ); static tree :func:`tree_expected_tokens`;
+    dynamic tree :func:`dynamic_tree_expected_tokens`; plain 1."""
+    if state.num_steps == 0:
+        return 1.0
+    if state.tree_choices is not None:
+        return tree_expected_tokens(state.tree_choices, alpha)
+    if state.topk > 1:
+        return dynamic_tree_expected_tokens(alpha, state.num_steps, state.topk, state.num_draft_tokens)
+    return expected_tokens(alpha, state.num_steps)
+
+
+def proposal_passes(state) -> int:
+    """Draft passes that propose tokens (the seeds' c is charged per pass): chain κ, parallel or
+    static tree 1, dynamic tree κ (one per level), plain / lookup 0."""
+    if state.num_steps == 0 or state.method in ("ngram", "suffix", "none"):
+        return 0
+    if state.parallel or state.tree_choices is not None:
+        return 1
+    return state.num_steps
+
+
+def predict(plan, state, alpha: Optional[float] = None, c: Optional[float] = None,
+            hardware: Optional[str] = None) -> Prediction:
+    """Predict one candidate state of ``plan`` (see :class:`Prediction` for every field's formula).
+
+    α: ``alpha`` or the plan's (:func:`specc.lower.plan_alpha`). c: ``c``, else the draft/target
+    parameter ratio from the checkpoints (memory-bound passes), else the method default
+    (:data:`specc.lower.DEFAULT_DRAFT_COST_RATIO`). T*: from ``hardware`` / ``schedule.hardware`` /
+    the runtime device (cuda → h100, else cpu) at the plan's dtype. Raises PlanError for a bad α
+    or hardware name.
+    """
+    from specc import graph as graph_mod
+    from specc import lower as lower_mod
+
+    a, a_src = lower_mod.plan_alpha(plan, alpha)
+    if c is not None:
+        c_val, c_src = float(c), "--c"
+    else:
+        c_val, c_src = lower_mod.draft_cost_ratio(plan)
+    hw_name = hardware or lower_mod.default_hardware(plan)
+    hw = load_hardware_profile(hw_name)
+    bpp, _ = lower_mod.bytes_per_param(plan, hw)
+    t_star = saturation_tokens(hw, bpp)
+    e = state_expected_tokens(state, a)
+    p = proposal_passes(state)
+    draft_cost = p * c_val
+    step_cost = 1.0 + draft_cost
+    w, bsz = state.num_draft_tokens, state.batch_size
+    plain_b = max(1.0, bsz / t_star)
+    spec_b = max(1.0, bsz * w / t_star) + draft_cost
+    if state.num_steps == 0:
+        be = math.inf
+    elif state.topk == 1 and state.tree_choices is None:
+        be = break_even_batch(a, state.num_steps, c_val, t_star, parallel=state.parallel)
+    else:
+        be = t_star * (e - draft_cost) / w
+    g = graph_mod.build_graph(plan, state)
+    passes = graph_mod.count_forward_passes(g)
+    return Prediction(
+        state=state.name, kind=state.kind, batch_size=bsz, num_steps=state.num_steps,
+        num_draft_tokens=w, alpha=a, alpha_source=a_src, c=c_val, c_source=c_src, hardware=hw.name,
+        saturation_tokens=t_star, draft_forward_passes=passes["draft"],
+        target_forward_passes=passes["target"], target_tokens_per_step=bsz * w, expected_tokens=e,
+        step_cost=step_cost, speedup=e / step_cost, speedup_at_batch=e * plain_b / spec_b,
+        break_even_batch=be, s_infinity=e / (w + draft_cost),
+        draft_kv_bytes_per_token=lower_mod.draft_kv_bytes_per_token(plan),
+        graphs_to_capture=graph_mod.graphs_to_capture(g), graph_buffer_bytes=graph_mod.buffer_bytes(g))

@@ -1,0 +1,569 @@
+"""Stage graphs: one networkx DiGraph per candidate state, and their validation.
+
+Nodes are the stages one decode step runs (draft passes or the parallel block, tree expansion levels,
+the target verify forward, the acceptance kernel, bonus sampling, draft extend or its frozen
+replacement, KV commit, the disaggregation seed, the LoRA segment layout). Each node declares the
+tensors it ``produces`` and ``consumes`` with symbolic shapes over the state's dims:
+
+    B  batch bucket          K  κ (draft tokens per step)      W  verify width (bonus/root incl.)
+    T  topk                  V  target vocab                   H  hidden size    S  max sequence length
+
+Shapes are lists of dim expressions (``"B"``, ``"K+1"``, ``"B*W"``, ints). An edge u → v carries, per
+tensor, the shape and dtype the *consumer* expects; validation checks them against what the producer
+declares. Stage order follows SGLang's EAGLE worker (draft → verify → extend, sglang-0.5.23.md §4-5)
+and gpt-fast's roll-back-by-position KV (anchors.md). Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import operator
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import networkx as nx
+
+from specc.errors import SpeccError
+from specc.lower import CandidateState
+
+# Methods whose drafter keeps a KV cache / hidden state that a draft-extend pass refreshes after
+# verify (SGLang: every algorithm with a draft KV pool runs draft-extend, sglang-0.5.23.md §4
+# "At steps = 0 ... Draft-extend still runs"; has_draft_kv(), spec_info.py:174-178).
+EXTEND_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "multi_layer_eagle", "dflash", "dspark",
+                  "custom")
+# Frozen-KV MTP reads the target's KV and keeps none of its own: the extend pass is replaced by a
+# hidden-state hand-off (second seed "Draft layers without KV"; SGLang FROZEN_KV_MTP).
+FROZEN_METHODS = ("frozen_kv_mtp",)
+# Drafts from a lookup, no model forward (vLLM ngram/suffix; SGLang NGRAM has no draft KV).
+LOOKUP_METHODS = ("ngram", "suffix")
+# Methods whose first draft pass consumes the target's hidden state (EAGLE family, MTP, DFlash
+# context KV, Medusa heads); draft_model/custom consume tokens only.
+HIDDEN_FED = ("eagle", "eagle3", "mtp", "frozen_kv_mtp", "multi_layer_eagle", "dflash", "dspark",
+              "medusa")
+# Disaggregation: methods whose prefill→decode seed carries the draft hidden state and top-k
+# (SGLang carries_draft_hidden_states(): EAGLE, EAGLE3, FROZEN_KV_MTP; sglang-0.5.23.md §6).
+SEED_CARRIES_HIDDEN = ("eagle", "eagle3", "frozen_kv_mtp", "mtp", "multi_layer_eagle")
+
+
+def expected_forward_passes(state: CandidateState) -> Dict[str, int]:
+    """Forward passes one step of ``state`` is known to run, from the methods' definitions (not from
+    the graph): ``{"draft": n, "target": 1}``.
+
+    Target: one verify forward (plain decode included). Draft proposal: chain κ (one pass per token,
+    zoo seed §6.2 "1 + κc"), parallel 1 ("1 + c"), tree κ (one pass per level, sglang-0.5.23.md §5),
+    static tree or Medusa 1 (the heads, one pass over the target's hidden), lookups 0, plain 0; plus one
+    draft-extend pass for methods with a draft KV (:data:`EXTEND_METHODS`), at κ = 0 too (SGLang runs
+    draft-extend at steps = 0 unless SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND).
+    """
+    k, m = state.num_steps, state.method
+    if m == "none" or m in LOOKUP_METHODS or k == 0:
+        draft = 0
+    elif state.tree_choices is not None or m == "medusa":
+        draft = 1
+    elif state.topk > 1:
+        draft = k
+    elif state.parallel:
+        draft = 1
+    else:
+        draft = k
+    if m in EXTEND_METHODS:
+        draft += 1
+    return {"draft": draft, "target": 1}
+
+
+@dataclass(frozen=True)
+class GraphContext:
+    """Plan-level facts a graph needs beyond the state: vocab/hidden sizes (None = symbolic),
+    activation dtype, LoRA, disaggregation role, confidence head, schedule kind."""
+
+    vocab_size: Optional[int] = None
+    hidden_size: Optional[int] = None
+    max_seq_len: Optional[int] = None
+    act_dtype: str = "float32"
+    lora: bool = False
+    disagg_role: str = "none"
+    confidence_head: bool = False
+    budget: bool = False
+
+
+def context_from_plan(plan) -> GraphContext:
+    """A :class:`GraphContext` from a :class:`specc.plan.schema.Plan`."""
+    dtype = plan.runtime.dtype if plan.runtime.dtype != "auto" else plan.target.dtype
+    if dtype == "auto":
+        dtype = "float32" if plan.runtime.device in ("cpu", "auto") else "bfloat16"
+    from specc.lower import draft_config
+
+    cfg = draft_config(plan) or {}
+    hidden = cfg.get("hidden_size") if plan.method.name in HIDDEN_FED else None
+    return GraphContext(
+        vocab_size=plan.target.vocab_size, hidden_size=int(hidden) if hidden else None, max_seq_len=plan.target.max_model_len,
+        act_dtype=dtype, lora=bool(plan.deploy.lora.adapters), disagg_role=plan.deploy.disagg.role,
+        confidence_head=bool(plan.method.confidence_head) or plan.schedule.kind == "budget",
+        budget=plan.schedule.kind == "budget")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building
+# ----------------------------------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, state: CandidateState, ctx: GraphContext):
+        self.g = nx.DiGraph()
+        self.state, self.ctx = state, ctx
+
+    def stage(self, name: str, op: str, forward: Optional[str] = None,
+              produces: Optional[Dict[str, Tuple[list, str]]] = None,
+              consumes: Optional[Dict[str, Tuple[list, str]]] = None, note: str = "") -> None:
+        def enc(d):
+            return {t: {"shape": list(s), "dtype": dt} for t, (s, dt) in (d or {}).items()}
+
+        self.g.add_node(name, op=op, forward=forward or "", produces=enc(produces),
+                        consumes=enc(consumes), note=note)
+
+    def connect(self) -> None:
+        """Add an edge producer → consumer for every consumed tensor, carrying the consumer's
+        expected shape/dtype. Consumed tensors nobody produces are left for validation to report."""
+        producers: Dict[str, str] = {}
+        for n, data in self.g.nodes(data=True):
+            for t in data["produces"]:
+                producers.setdefault(t, n)
+        for n, data in list(self.g.nodes(data=True)):
+            for t, spec in data["consumes"].items():
+                src = producers.get(t)
+                if src is None or src == n:
+                    continue
+                if not self.g.has_edge(src, n):
+                    self.g.add_edge(src, n, tensors={})
+                self.g.edges[src, n]["tensors"][t] = dict(spec)
+
+
+def build_graph(plan, state: CandidateState) -> nx.DiGraph:
+    """The stage graph of one decode step of ``state`` lowered from ``plan`` (the plan supplies
+    vocab size, dtype, LoRA, disaggregation role and the confidence head; see
+    :func:`build_state_graph`)."""
+    return build_state_graph(state, context_from_plan(plan))
+
+
+def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None) -> nx.DiGraph:
+    """The stage graph of one decode step of ``state``.
+
+    Graph attributes: ``state`` (name), ``method``, ``kind``, ``dims`` (symbol → int or None),
+    ``expected_forward_passes``. Node attributes: ``op``, ``forward`` (``"draft"``, ``"target"`` or
+    ``""``), ``produces``/``consumes`` (tensor → {shape, dtype}). Edge attribute ``tensors``.
+    """
+    ctx = ctx or GraphContext()
+    s = state
+    b = _Builder(s, ctx)
+    act, i64, f32 = ctx.act_dtype, "int64", "float32"
+    k, kind, m = s.num_steps, s.kind, s.method
+    sampled = s.verify_rule in ("standard", "block", "synthetic")
+    q_probs = sampled and s.draft_sampling == "probabilistic" and s.verify_rule != "synthetic"
+    model_draft = m not in LOOKUP_METHODS and m != "none"
+
+    # -- step inputs (state carried from the previous step) and optional seed / LoRA layout --------
+    inputs = {"last_tokens": (["B"], i64), "seq_lens": (["B"], i64), "kv_cache": (["B", "S"], act)}
+    hidden_from_seed = ctx.disagg_role == "decode" and m in SEED_CARRIES_HIDDEN
+    if m in HIDDEN_FED and not hidden_from_seed:
+        inputs["draft_hidden"] = (["B", "H"], act)
+    if m in LOOKUP_METHODS:
+        inputs["token_history"] = (["B", "S"], i64)
+    b.stage("step_inputs", "input", produces=inputs,
+            note="bonus token, lengths and caches from the previous step (KV rolled back by position)")
+    if hidden_from_seed:
+        b.stage("disagg_seed", "disagg_seed",
+                produces={"draft_hidden": (["B", "H"], act), "seed_topk_p": (["B", "T"], f32),
+                          "seed_topk_index": (["B", "T"], i64)},
+                note="prefill→decode seed: draft hidden + top-k (SGLang EagleDraftInput, §6)")
+    if ctx.lora:
+        b.stage("lora_segments", "lora_layout", produces={"lora_segment_ids": (["B*W"], "int32")},
+                note="per-token adapter ids of the verify batch; the draft is not adapted")
+    if sampled:
+        rng = {"bonus_uniforms": (["B"], f32)}
+        if k > 0:
+            rng["accept_uniforms"] = (["B", "K"], f32)
+        b.stage("rng", "input", produces=rng, note="randomness passed in as tensors")
+
+    # -- drafting ------------------------------------------------------------------------------------
+    draft_out: Dict[str, Tuple[list, str]] = {}
+    if k > 0 and kind == "chain":
+        prev_tok, prev_hid = "last_tokens", "draft_hidden" if m in HIDDEN_FED else None
+        for i in range(k):
+            cons = {prev_tok: (["B"], i64)}
+            if prev_hid:
+                cons[prev_hid] = (["B", "H"], act)
+            prod = {f"draft_token_{i}": (["B"], i64)}
+            if m in HIDDEN_FED or m == "custom" or m == "draft_model":
+                prod[f"draft_hidden_{i}"] = (["B", "H"], act)
+            if q_probs:
+                prod[f"draft_probs_{i}"] = (["B", "V"], f32)
+            b.stage(f"draft_step_{i}", "draft_forward", "draft", prod, cons,
+                    note=f"chain draft pass {i + 1}/{k}")
+            prev_tok = f"draft_token_{i}"
+            prev_hid = f"draft_hidden_{i}" if m in HIDDEN_FED else None
+        cons = {f"draft_token_{i}": (["B"], i64) for i in range(k)}
+        prod = {"draft_tokens": (["B", "K"], i64)}
+        if q_probs:
+            cons.update({f"draft_probs_{i}": (["B", "V"], f32) for i in range(k)})
+            prod["draft_probs"] = (["B", "K", "V"], f32)
+        b.stage("draft_stack", "assemble", None, prod, cons)
+    elif k > 0 and kind == "parallel":
+        cons = {"last_tokens": (["B"], i64)}
+        if m in HIDDEN_FED:
+            cons["draft_hidden"] = (["B", "H"], act)
+        if m == "dspark":
+            b.stage("draft_block", "draft_block_forward", "draft",
+                    {"block_logits": (["B", "K", "V"], f32)}, cons,
+                    note="[bonus | MASK x K] block through one forward (DFlash/DSpark)")
+            prod = {"draft_tokens": (["B", "K"], i64)}
+            if q_probs:
+                prod["draft_probs"] = (["B", "K", "V"], f32)
+            if ctx.confidence_head:
+                prod["draft_confidence"] = (["B", "K"], f32)
+            b.stage("markov_head", "markov_correct", None, prod,
+                    {"block_logits": (["B", "K", "V"], f32)},
+                    note="low-rank transition bias, left to right (not a model forward)")
+        else:
+            prod = {"draft_tokens": (["B", "K"], i64)}
+            if q_probs:
+                prod["draft_probs"] = (["B", "K", "V"], f32)
+            b.stage("draft_block", "draft_block_forward", "draft", prod, cons,
+                    note="one pass emits the whole block (PARD / P-EAGLE / DFlash)")
+    elif k > 0 and kind == "tree" and s.tree_choices is None:
+        for i in range(k):
+            if i == 0:
+                cons = {"last_tokens": (["B"], i64)}
+                if m in HIDDEN_FED:
+                    cons["draft_hidden"] = (["B", "H"], act)
+            else:
+                cons = {f"tree_tokens_{i - 1}": (["B", "T"], i64),
+                        f"tree_hidden_{i - 1}": (["B", "T", "H"], act)}
+            prod = {f"tree_tokens_{i}": (["B", "T"], i64), f"tree_scores_{i}": (["B", "T"], f32),
+                    f"tree_parents_{i}": (["B", "T"], i64), f"tree_hidden_{i}": (["B", "T", "H"], act)}
+            b.stage(f"tree_level_{i}", "tree_expand", "draft", prod, cons,
+                    note=("expand root to topk" if i == 0 else "expand topk beams to topk² and keep topk"))
+        cons = {}
+        for i in range(k):
+            cons.update({f"tree_tokens_{i}": (["B", "T"], i64), f"tree_scores_{i}": (["B", "T"], f32),
+                         f"tree_parents_{i}": (["B", "T"], i64)})
+        b.stage("tree_build", "tree_build", None,
+                {"draft_tokens": (["B", "W-1"], i64), "tree_mask": (["B", "W", "W"], "bool"),
+                 "tree_positions": (["B", "W"], i64), "retrieve_index": (["B", "W"], i64),
+                 "retrieve_next_token": (["B", "W"], i64), "retrieve_next_sibling": (["B", "W"], i64)},
+                cons, note="top W-1 of the topk + (K-1)·topk² pool (organize_draft_results)")
+    elif k > 0 and kind == "tree":
+        b.stage("tree_buffers", "static_buffers", None,
+                {"tree_mask": (["B", "W", "W"], "bool"), "tree_positions": (["B", "W"], i64),
+                 "retrieve_index": (["B", "W"], i64), "retrieve_next_token": (["B", "W"], i64),
+                 "retrieve_next_sibling": (["B", "W"], i64)},
+                note="tree shape compiled to static buffers (Medusa tree buffers)")
+        b.stage("draft_heads", "draft_heads_forward", "draft",
+                {"head_topk": (["B", "K", "T"], i64)},
+                {"draft_hidden": (["B", "H"], act)} if m in HIDDEN_FED else {"last_tokens": (["B"], i64)},
+                note="one pass of the draft heads over the last hidden state")
+        b.stage("tree_gather", "tree_build", None, {"draft_tokens": (["B", "W-1"], i64)},
+                {"head_topk": (["B", "K", "T"], i64), "retrieve_index": (["B", "W"], i64)})
+    if k > 0 and m in LOOKUP_METHODS:
+        # lookups replace whatever model drafting was built above
+        for n in [n for n, d in b.g.nodes(data=True) if d["forward"] == "draft"]:
+            b.g.remove_node(n)
+        for n in ("draft_stack", "markov_head", "tree_gather", "tree_build"):
+            if n in b.g:
+                b.g.remove_node(n)
+        b.stage("ngram_lookup", "lookup", None, {"draft_tokens": (["B", "K"], i64)},
+                {"token_history": (["B", "S"], i64), "last_tokens": (["B"], i64)},
+                note="suffix n-gram match in the context (no model forward)")
+
+    tree = k > 0 and kind == "tree" and m not in LOOKUP_METHODS
+    if k > 0 and ctx.budget and "draft_confidence" in {t for _, d in b.g.nodes(data=True) for t in d["produces"]}:
+        b.stage("budget_select", "budget", None, {"verify_lens": (["B"], i64)},
+                {"draft_confidence": (["B", "K"], f32)},
+                note="survival-probability budget: verify a prefix of each request (cost.select_verify_budget)")
+
+    # -- verify ----------------------------------------------------------------------------------------
+    cons = {"last_tokens": (["B"], i64), "seq_lens": (["B"], i64), "kv_cache": (["B", "S"], act)}
+    if k > 0:
+        cons["draft_tokens"] = (["B", "W-1"], i64) if tree else (["B", "K"], i64)
+    if tree:
+        cons["tree_mask"] = (["B", "W", "W"], "bool")
+        cons["tree_positions"] = (["B", "W"], i64)
+    if ctx.lora:
+        cons["lora_segment_ids"] = (["B*W"], "int32")
+    b.stage("target_verify", "target_forward", "target",
+            {"target_logits": (["B", "W", "V"], f32), "target_hidden": (["B", "W", "H"], act),
+             "kv_written": (["B", "W"], i64)}, cons,
+            note=f"one target forward over B·W = {s.batch_size}·{s.num_draft_tokens} tokens")
+
+    # -- accept + bonus --------------------------------------------------------------------------------
+    if k > 0:
+        cons = {"target_logits": (["B", "W", "V"], f32),
+                "draft_tokens": (["B", "W-1"], i64) if tree else (["B", "K"], i64)}
+        if tree:
+            cons.update({"retrieve_index": (["B", "W"], i64), "retrieve_next_token": (["B", "W"], i64),
+                         "retrieve_next_sibling": (["B", "W"], i64)})
+        if sampled:
+            cons["accept_uniforms"] = (["B", "K"], f32)
+        if q_probs:
+            cons["draft_probs"] = (["B", "K", "V"], f32)
+        if "budget_select" in b.g:
+            cons["verify_lens"] = (["B"], i64)
+        b.stage("accept", "accept_kernel", None,
+                {"accepted_len": (["B"], i64), "accept_index": (["B", "K+1"], i64)}, cons,
+                note=f"{s.verify_rule} verify")
+    cons = {"target_logits": (["B", "W", "V"], f32)}
+    if k > 0:
+        cons["accepted_len"] = (["B"], i64)
+    if sampled:
+        cons["bonus_uniforms"] = (["B"], f32)
+    b.stage("bonus_sample", "bonus_sample", None, {"bonus_tokens": (["B"], i64)}, cons,
+            note="target token at the first rejected (or last) position")
+
+    # -- KV commit and draft state for the next step ---------------------------------------------------
+    cons = {"kv_written": (["B", "W"], i64), "seq_lens": (["B"], i64)}
+    if k > 0:
+        cons.update({"accepted_len": (["B"], i64), "accept_index": (["B", "K+1"], i64)})
+    b.stage("kv_commit", "kv_commit", None, {"new_seq_lens": (["B"], i64)}, cons,
+            note="advance lengths by accepted+1; rejected slots are overwritten next step")
+    ext_cons = {"target_hidden": (["B", "W", "H"], act), "bonus_tokens": (["B"], i64)}
+    if k > 0:
+        ext_cons["accept_index"] = (["B", "K+1"], i64)
+    next_state = {}
+    if m in EXTEND_METHODS:
+        b.stage("draft_extend", "draft_extend", "draft", {"next_draft_hidden": (["B", "H"], act)},
+                ext_cons, note="draft forward over accepted tokens: refreshes draft KV / hidden")
+        next_state["next_draft_hidden"] = (["B", "H"], act)
+    elif m in FROZEN_METHODS or m == "medusa":
+        b.stage("draft_handoff", "frozen_extend", None, {"next_draft_hidden": (["B", "H"], act)},
+                ext_cons, note="no draft KV: hand the accepted target hidden state to the next step")
+        next_state["next_draft_hidden"] = (["B", "H"], act)
+    out = {"bonus_tokens": (["B"], i64), "new_seq_lens": (["B"], i64)}
+    if k > 0:
+        out.update({"accepted_len": (["B"], i64), "accept_index": (["B", "K+1"], i64)})
+    out.update(next_state)
+    b.stage("step_outputs", "output", None, None, out, note="emitted tokens and next-step state")
+    if ctx.disagg_role == "prefill":
+        seed = {"bonus_tokens": (["B"], i64)}
+        seed.update(next_state)
+        b.stage("disagg_seed_export", "disagg_seed", None, None, seed,
+                note="prefill side: ship the draft seed with the KV (sglang-0.5.23.md §6)")
+
+    b.connect()
+    g = b.g
+    g.graph.update({
+        "state": s.name, "method": m, "kind": kind, "verify_rule": s.verify_rule,
+        "dims": {"B": s.batch_size, "K": k, "W": s.num_draft_tokens, "T": s.topk,
+                 "V": ctx.vocab_size, "H": ctx.hidden_size, "S": ctx.max_seq_len},
+        "expected_forward_passes": expected_forward_passes(s),
+    })
+    return g
+
+
+# ----------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def eval_dim(expr, dims: Dict[str, Optional[int]]):
+    """Evaluate a dim expression (int, symbol, or +,-,* of them) with ``dims``; a symbol whose value
+    is None stays symbolic and the result is the normalised expression string. Raises SpeccError on
+    anything else."""
+    if isinstance(expr, int):
+        return expr
+    try:
+        tree = ast.parse(str(expr), mode="eval").body
+    except SyntaxError:
+        raise SpeccError(f"bad dim expression {expr!r}") from None
+
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            v = dims.get(node.id)
+            if node.id not in dims:
+                raise SpeccError(f"unknown dim {node.id!r} in {expr!r}")
+            return node.id if v is None else int(v)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(left, int) and isinstance(right, int):
+                return _OPS[type(node.op)](left, right)
+            sym = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}[type(node.op)]
+            return f"({left}{sym}{right})"
+        raise SpeccError(f"bad dim expression {expr!r}")
+
+    return ev(tree)
+
+
+def eval_shape(shape: Sequence, dims: Dict[str, Optional[int]]) -> Tuple:
+    return tuple(eval_dim(d, dims) for d in shape)
+
+
+@dataclass(frozen=True)
+class GraphIssue:
+    """One validation finding: ``where`` names the node, edge (``u -> v``) or tensor."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+def count_forward_passes(g: nx.DiGraph) -> Dict[str, int]:
+    """Forward passes the graph runs per step, by model: {"draft": n, "target": n}."""
+    counts = {"draft": 0, "target": 0}
+    for _, d in g.nodes(data=True):
+        if d.get("forward") in counts:
+            counts[d["forward"]] += 1
+    return counts
+
+
+def validate_graph(g: nx.DiGraph) -> List[GraphIssue]:
+    """Check a stage graph; return every issue found (empty = valid).
+
+    Rules: (1) acyclic; (2) every consumed tensor is produced exactly once, by a node with an edge to
+    the consumer; (3) along every edge, each tensor's shape and dtype (as the consumer expects them)
+    equal the producer's, after substituting the state's dims; (4) forward passes per step equal
+    :func:`expected_forward_passes` (stored in ``g.graph``).
+    """
+    issues: List[GraphIssue] = []
+    dims = g.graph.get("dims", {})
+    if not nx.is_directed_acyclic_graph(g):
+        cyc = nx.find_cycle(g)
+        issues.append(GraphIssue(" -> ".join([u for u, _ in cyc] + [cyc[0][0]]), "cycle in stage graph"))
+    producers: Dict[str, List[str]] = {}
+    for n, d in g.nodes(data=True):
+        for t in d.get("produces", {}):
+            producers.setdefault(t, []).append(n)
+    for n, d in g.nodes(data=True):
+        for t, spec in d.get("consumes", {}).items():
+            srcs = producers.get(t, [])
+            if not srcs:
+                issues.append(GraphIssue(f"{n}.{t}", "consumed but never produced"))
+                continue
+            if len(srcs) > 1:
+                issues.append(GraphIssue(f"{n}.{t}", f"produced more than once (by {', '.join(srcs)})"))
+                continue
+            src = srcs[0]
+            if not g.has_edge(src, n) or t not in g.edges[src, n].get("tensors", {}):
+                issues.append(GraphIssue(f"{src} -> {n}", f"tensor {t} consumed with no edge carrying it"))
+    for u, v, d in g.edges(data=True):
+        for t, spec in d.get("tensors", {}).items():
+            prod = g.nodes[u].get("produces", {}).get(t)
+            if prod is None:
+                issues.append(GraphIssue(f"{u} -> {v}", f"edge carries {t}, which {u} does not produce"))
+                continue
+            try:
+                want, have = eval_shape(spec["shape"], dims), eval_shape(prod["shape"], dims)
+            except SpeccError as exc:
+                issues.append(GraphIssue(f"{u} -> {v}", f"tensor {t}: {exc}"))
+                continue
+            if want != have:
+                issues.append(GraphIssue(
+                    f"{u} -> {v}", f"tensor {t}: shape {list(spec['shape'])} = {list(want)} on the edge "
+                    f"but {u} produces {list(prod['shape'])} = {list(have)}"))
+            if spec["dtype"] != prod["dtype"]:
+                issues.append(GraphIssue(f"{u} -> {v}", f"tensor {t}: dtype {spec['dtype']} on the "
+                                                        f"edge but {u} produces {prod['dtype']}"))
+    expected = g.graph.get("expected_forward_passes")
+    if expected:
+        have = count_forward_passes(g)
+        for model in ("draft", "target"):
+            if have[model] != expected[model]:
+                issues.append(GraphIssue(
+                    g.graph.get("state", "graph"),
+                    f"{have[model]} {model} forward pass(es) per step, but method "
+                    f"{g.graph.get('method')} ({g.graph.get('kind')}) runs {expected[model]}"))
+    return issues
+
+
+def check_graph(g: nx.DiGraph) -> None:
+    """Raise SpeccError listing every issue if :func:`validate_graph` finds any."""
+    issues = validate_graph(g)
+    if issues:
+        raise SpeccError(f"stage graph {g.graph.get('state')} is invalid:\n  " +
+                         "\n  ".join(str(i) for i in issues))
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
+# Caches shared by every state (allocated once, not per captured graph).
+SHARED_TENSORS = ("kv_cache", "token_history")
+
+
+def buffer_bytes(g: nx.DiGraph) -> Optional[int]:
+    """Static buffer bytes one state's captured programs hold: Σ over produced tensors (caches
+    excluded, :data:`SHARED_TENSORS`) of numel · itemsize, with the state's dims. Tensors with a
+    symbolic dim (e.g. H unknown) are skipped; None if no tensor could be sized. A floor on the
+    CUDA-graph memory (activations inside a forward are not in the graph)."""
+    dims = g.graph.get("dims", {})
+    total, sized = 0, False
+    for _, d in g.nodes(data=True):
+        for t, spec in d.get("produces", {}).items():
+            if t in SHARED_TENSORS:
+                continue
+            shape = eval_shape(spec["shape"], dims)
+            if all(isinstance(x, int) for x in shape):
+                n = 1
+                for x in shape:
+                    n *= x
+                total += n * DTYPE_BYTES.get(spec["dtype"], 4)
+                sized = True
+    return total if sized else None
+
+
+def graphs_to_capture(g: nx.DiGraph) -> int:
+    """Captured programs per state, as SGLang's ``SpecRuntimeState`` bundles them (sglang-0.5.23.md
+    §4): a draft graph if the step proposes with a model forward, the target verify graph, and a
+    draft-extend graph if the method has one. On a CPU they run eagerly; on CUDA each is a graph."""
+    ops = {d.get("op") for _, d in g.nodes(data=True)}
+    proposal = bool(ops & {"draft_forward", "draft_block_forward", "tree_expand", "draft_heads_forward"})
+    return int(proposal) + 1 + int("draft_extend" in ops)
+
+
+def target_tokens_per_step(g: nx.DiGraph) -> int:
+    """Tokens the target verifies per step: B · W."""
+    d = g.graph["dims"]
+    return int(d["B"]) * int(d["W"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Export
+# ----------------------------------------------------------------------------------------------------
+
+
+def to_json(g: nx.DiGraph) -> dict:
+    """networkx ``node_link_data`` (edges under ``"edges"``), JSON-safe."""
+    return json.loads(json.dumps(nx.node_link_data(g, edges="edges")))
+
+
+def from_json(data: dict) -> nx.DiGraph:
+    """Inverse of :func:`to_json`."""
+    return nx.node_link_graph(data, directed=True, edges="edges")
+
+
+def _dot_quote(s: str) -> str:
+    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _dot_label(lines: Sequence[str]) -> str:
+    """A quoted DOT label with one line per entry (DOT's ``\\n`` line break)."""
+    return '"' + "\\n".join(str(x).replace("\\", "\\\\").replace('"', '\\"') for x in lines) + '"'
+
+
+def to_dot(g: nx.DiGraph) -> str:
+    """Graphviz DOT text. networkx's own writers need pydot or pygraphviz, which specc does not
+    depend on (neither is installed), so this is a minimal writer: one box per stage (forward passes
+    shaded), one edge per producer→consumer pair labelled with its tensors and shapes."""
+    lines = [f"digraph {_dot_quote(g.graph.get('state', 'state'))} {{", "  rankdir=TB;",
+             "  node [shape=box, fontname=Helvetica, fontsize=10];"]
+    for n, d in g.nodes(data=True):
+        fill = {"draft": "lightblue", "target": "orange"}.get(d.get("forward"), "white")
+        lines.append(f"  {_dot_quote(n)} [label={_dot_label([n, '[' + str(d.get('op')) + ']'])}, "
+                     f"style=filled, fillcolor={fill}];")
+    for u, v, d in g.edges(data=True):
+        label = [f"{t} [{', '.join(str(x) for x in spec['shape'])}] {spec['dtype']}"
+                 for t, spec in d.get("tensors", {}).items()]
+        lines.append(f"  {_dot_quote(u)} -> {_dot_quote(v)} [label={_dot_label(label)}, fontsize=8];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
