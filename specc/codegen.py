@@ -1,0 +1,723 @@
+"""Codegen: render a checked plan's candidate states into an artifact directory, atomically.
+
+``(plan, states) ──codegen──▶ generated/<plan>-<hash>/`` (DESIGN.md). The artifact holds
+
+- ``manifest.json`` — format version, plan name and hash, specc version, states and their parameters,
+  kernel variants, the cost model's prediction per state, and the sha256 of every other file;
+- ``plan.yaml`` — the resolved plan in canonical form (the bytes the plan hash is taken of);
+- ``states/<state_name>.py`` — one module per candidate state, from ``templates/state.py.j2``;
+- ``kernels/<variant>.py`` — the verify-kernel variants the states use, from
+  ``templates/kernels/<family>.py.j2``: each bakes in its constants (verify width, one-hot or full
+  q), checks shapes against them, and calls the kernel body in ``specc.kernels`` (Triton kernel and
+  torch reference of one signature);
+- ``graph.json`` — every state's stage graph; ``report.md`` — a human-readable summary.
+
+Design follows FlashInfer's JIT (``shared/reference/anchors.md`` §A4): templates hold only the
+specialization, every generated name is built from all specializing parameters
+(``get_single_decode_uri``, ``flashinfer/jit/attention/modules.py:47-66``), and one table
+(:data:`KERNEL_ROLES`) says which variant a state needs. Values from the plan only reach generated
+code through the ``pyliteral`` filter (``repr`` of validated plain data) and names only through the
+``identifier`` filter, so no plan string is ever spliced into Python source.
+
+Determinism: the same plan, specc version and templates give byte-identical files (sorted keys, no
+timestamps; computed floats — predictions, graphs — rounded to :data:`FLOAT_DIGITS` significant
+digits, plan values kept exactly). The directory name's hash
+covers the canonical plan, the specc version and every template, so a template change gives a new
+artifact. Codegen never runs a model and never imports torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import keyword
+import math
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import jinja2
+
+import specc
+from specc.errors import ArtifactError, PlanError
+from specc.plan.schema import Plan, plan_to_dict
+
+FORMAT_VERSION = 1
+"""Version of the artifact layout; bump when manifest keys or the directory layout change."""
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+"""The shipped templates (repository top level, next to the ``specc`` package)."""
+
+DEFAULT_OUT_DIR = Path("generated")
+MANIFEST = "manifest.json"
+PLAN_FILE = "plan.yaml"
+GRAPH_FILE = "graph.json"
+REPORT_FILE = "report.md"
+STATE_TEMPLATE = "state.py.j2"
+REPORT_TEMPLATE = "report.md.j2"
+HASH_CHARS = 12
+"""Hex characters of the artifact hash kept in the directory name (48 bits)."""
+FLOAT_DIGITS = 6
+"""Significant digits kept of every float written to the manifest, graph and report, so that the
+last-bit differences of another libm cannot change an artifact's bytes."""
+
+REPORT_PREDICTION_KEYS = ("alpha", "c", "expected_tokens", "step_cost", "speedup", "speedup_at_batch",
+                          "break_even_batch", "s_infinity", "graphs_to_capture", "graph_buffer_bytes")
+"""The cost-model fields ``report.md`` tabulates (``manifest.json`` keeps every field)."""
+
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# --------------------------------------------------------------------------------------------------
+# Literal and name validation (the only two ways data reaches generated code)
+
+
+def check_identifier(name: Any, what: str = "name") -> str:
+    """Return ``name`` if it is an ASCII Python identifier that is not a keyword.
+
+    Used for everything that becomes a Python name, a file name or a directory name.
+
+    Raises:
+        PlanError: naming ``what`` and the offending value (shown with ``repr``, so quotes or
+            newlines are visible), with the fix.
+    """
+    if not isinstance(name, str) or not _IDENT_RE.match(name) or keyword.iskeyword(name):
+        raise PlanError(
+            f"{what} {name!r} is not a valid identifier: use letters, digits and underscores only, "
+            f"starting with a letter or underscore (it becomes a Python name and a file name)"
+        )
+    return name
+
+
+def plain_data(value: Any, where: str = "value", digits: Optional[int] = None) -> Any:
+    """Validate and normalize ``value`` to plain data: ``None``/``bool``/``int``/finite ``float``/
+    ``str``, and lists/tuples/dicts of those (dict keys must be ``str`` or ``int``). Tuples stay
+    tuples. With ``digits``, floats are rounded to that many significant digits (used for computed
+    numbers — predictions, graphs — never for plan values, which are kept exactly).
+
+    Raises:
+        ArtifactError: for any other type, a non-finite float, or a bad dict key, naming ``where``.
+            (This is a codegen bug or a corrupted state, not user input: plans are typed.)
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ArtifactError(f"{where}: non-finite float {value!r} cannot be written as a literal")
+        return float(f"{value:.{digits}g}") if digits else float(value)
+    if isinstance(value, tuple):
+        return tuple(plain_data(v, f"{where}[{i}]", digits) for i, v in enumerate(value))
+    if isinstance(value, list):
+        return [plain_data(v, f"{where}[{i}]", digits) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        out = {}
+        for k in value:
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise ArtifactError(f"{where}: dict key {k!r} is not a str or int")
+            out[k] = plain_data(value[k], f"{where}[{k!r}]", digits)
+        return out
+    raise ArtifactError(f"{where}: {type(value).__name__} is not plain data and cannot be a literal")
+
+
+def pyliteral(value: Any) -> str:
+    """The Jinja2 ``pyliteral`` filter: a Python literal that evaluates back to ``value``.
+
+    Strings are emitted with ``repr`` (quotes, backslashes and newlines escaped), dicts with sorted
+    keys, floats with ``repr`` (shortest exact form). ``ast.literal_eval(pyliteral(v)) == v`` for
+    all accepted values.
+
+    Raises:
+        ArtifactError: for values that are not plain data (see :func:`plain_data`).
+    """
+    return _literal(plain_data(value, "pyliteral"))
+
+
+def _literal(v: Any) -> str:
+    if isinstance(v, tuple):
+        inner = ", ".join(_literal(x) for x in v)
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
+    if isinstance(v, list):
+        return "[" + ", ".join(_literal(x) for x in v) + "]"
+    if isinstance(v, dict):
+        keys = sorted(v, key=lambda k: (isinstance(k, str), k))
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v[k])}" for k in keys) + "}"
+    return repr(v)
+
+
+def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:
+    """The one Jinja2 environment of codegen: ``StrictUndefined`` (a missing variable is an error),
+    no autoescape (the outputs are Python and Markdown, never HTML), filters ``pyliteral`` and
+    ``identifier``; trailing newlines kept so output bytes match the template exactly."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["pyliteral"] = pyliteral
+    env.filters["identifier"] = lambda s: check_identifier(s, "template name")
+    env.filters["json"] = lambda v: json.dumps(plain_data(v, "json"), sort_keys=True)
+    return env
+
+
+# --------------------------------------------------------------------------------------------------
+# Hashing
+
+
+def sha256_hex(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_plan_yaml(plan: Plan) -> str:
+    """The resolved plan as canonical YAML (``specc.plan.dump.dump_resolved``: schema key order,
+    bucket keys sorted, block style). Its sha256 is the plan hash; the runtime rebuilds the ``Plan``
+    from exactly these bytes (:func:`specc.runtime.artifact.plan_from_yaml`)."""
+    from specc.plan.dump import dump_resolved
+
+    return dump_resolved(plan)
+
+
+def template_hash(templates_dir: Path = TEMPLATES_DIR) -> str:
+    """sha256 over every ``*.j2`` template under ``templates_dir`` (relative path and bytes, in
+    sorted order). Any template edit changes it, and so the artifact name."""
+    h = hashlib.sha256()
+    for p in sorted(templates_dir.rglob("*.j2")):
+        rel = p.relative_to(templates_dir).as_posix().encode()
+        data = p.read_bytes()
+        h.update(len(rel).to_bytes(8, "little") + rel + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def artifact_hash(plan_yaml: str, templates_digest: str, specc_version: str = specc.__version__) -> str:
+    """The hash in the artifact's directory name: sha256 of the format version, specc version,
+    canonical plan bytes and template digest, truncated to :data:`HASH_CHARS` hex characters."""
+    key = "\0".join(["specc-artifact", str(FORMAT_VERSION), specc_version,
+                     sha256_hex(plan_yaml.encode()), templates_digest])
+    return sha256_hex(key.encode())[:HASH_CHARS]
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernel variants: one table says which specialized kernels a state needs.
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """One specialized kernel module ``kernels/<name>.py``, rendered from
+    ``templates/kernels/<family>.py.j2`` with ``constants`` baked in as module constants.
+
+    The name is built from every constant (FlashInfer's URI rule, anchors.md §A4), so two states that
+    need the same specialization share one module and two different ones never collide."""
+
+    family: str
+    constants: Tuple[Tuple[str, Any], ...]
+
+    @property
+    def name(self) -> str:
+        parts = [self.family]
+        for key, value in self.constants:
+            if key == "NUM_DRAFT_TOKENS":
+                parts.append(f"w{value}")
+            elif key == "DRAFT_PROBS":
+                parts.append("qprobs" if value else "qonehot")
+            else:
+                parts.append(f"{key.lower()}{value}")
+        return check_identifier("_".join(parts), "kernel variant name")
+
+    @property
+    def module(self) -> str:
+        return f"kernels/{self.name}.py"
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "family": self.family, "module": self.module,
+                "constants": dict(self.constants)}
+
+
+def _verify_variant(state: Any) -> KernelVariant:
+    """The chain verify kernel of a state: ``greedy_verify`` for verify.rule=greedy,
+    ``rejection_verify`` (one-hot or full q by ``draft_sampling``) for verify.rule=standard; both
+    take ``[B, num_draft_tokens - 1]`` drafts and ``[B, num_draft_tokens, V]`` target scores
+    (``specc.kernels.verify``)."""
+    if state.tree_choices is not None or int(state.topk) > 1:
+        raise PlanError(f"state {state.name}: specc's verify kernels handle chains only (topk=1, no "
+                        f"tree_choices); set method.topk=1 or target another engine")
+    width = int(state.num_draft_tokens)
+    if width != int(state.num_steps) + 1:
+        raise PlanError(f"state {state.name}: a chain verifies num_draft_tokens = num_steps + 1 = "
+                        f"{int(state.num_steps) + 1} tokens, not {width}")
+    if state.verify_rule == "greedy":
+        return KernelVariant("greedy_verify", (("NUM_DRAFT_TOKENS", width),))
+    if state.verify_rule == "standard":
+        probabilistic = state.draft_sampling == "probabilistic"
+        return KernelVariant("rejection_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
+    raise PlanError(f"state {state.name}: verify.rule {state.verify_rule!r} has no kernel in specc's "
+                    f"runtime; use verify.rule=greedy or verify.rule=standard")
+
+
+KERNEL_ROLES: Dict[str, Callable[[Any], KernelVariant]] = {
+    "verify": _verify_variant,
+}
+"""The one table of kernel specializations: role → function(state) -> the variant that role needs."""
+
+
+def kernel_variants_for(state: Any) -> Dict[str, KernelVariant]:
+    """Role → kernel variant for every role ``state`` needs (roles in sorted order).
+
+    Raises:
+        PlanError: if the state needs a kernel specc does not have (a tree, an unsupported verify rule).
+    """
+    return {role: KERNEL_ROLES[role](state) for role in sorted(KERNEL_ROLES)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Tree buffers (compile once; Medusa's generate_medusa_buffers, anchors.md §A5.1)
+
+
+def tree_buffers(tree_choices: Optional[Sequence[Sequence[int]]]) -> Optional[Dict[str, Any]]:
+    """Static buffers of a draft tree, as plain lists (no torch at compile time).
+
+    ``tree_choices`` lists the paths of the tree's nodes below the root, e.g. ``[[0], [1], [0, 0]]``
+    (Medusa's format: ``[0, 1]`` is the second child of the first child of the root).
+
+    Returns ``None`` for a chain (``tree_choices is None``), else a dict with ``N = len(nodes)``:
+    ``nodes`` [N] (paths sorted by (depth, path)), ``parents`` [N] (index of each node's parent in
+    the 1-based node numbering, root = 0), ``depths`` [N+1] (root 0; the position offset of each
+    slot), ``attn_mask`` [N+1][N+1] of 0/1 (slot i sees slot j iff j is i or an ancestor of i),
+    ``retrieve_indices`` [num_leaves][max_depth+1] (slot indices along each root-to-leaf path,
+    padded with -1).
+
+    Raises:
+        PlanError: if a path is empty, has a negative entry, repeats, or its parent path is missing.
+    """
+    if tree_choices is None:
+        return None
+    nodes = sorted((tuple(int(c) for c in p) for p in tree_choices), key=lambda p: (len(p), p))
+    index = {(): 0}
+    for i, p in enumerate(nodes, start=1):
+        if not p or min(p) < 0:
+            raise PlanError(f"method.tree_choices: path {list(p)} must be non-empty with entries >= 0")
+        if p in index:
+            raise PlanError(f"method.tree_choices: path {list(p)} is listed twice")
+        if p[:-1] not in index:
+            raise PlanError(f"method.tree_choices: path {list(p)} has no parent {list(p[:-1])}; "
+                            f"list every prefix of a path")
+        index[p] = i
+    n = len(nodes) + 1
+    mask = [[0] * n for _ in range(n)]
+    for p, i in index.items():
+        for d in range(len(p) + 1):
+            mask[i][index[p[:d]]] = 1
+    parents = [index[p[:-1]] for p in nodes]
+    depths = [0] + [len(p) for p in nodes]
+    leaves = [p for p in nodes if not any(q[:-1] == p for q in nodes)]
+    width = max(len(p) for p in nodes) + 1 if nodes else 1
+    retrieve = [[index[p[:d]] for d in range(len(p) + 1)] + [-1] * (width - len(p) - 1) for p in leaves]
+    return {"nodes": [list(p) for p in nodes], "parents": parents, "depths": depths,
+            "attn_mask": mask, "retrieve_indices": retrieve}
+
+
+# --------------------------------------------------------------------------------------------------
+# Collecting what the templates need from lower / graph / cost
+
+
+def state_parameters(state: Any) -> Dict[str, Any]:
+    """A ``CandidateState`` as plain data (its public fields, ``tree_choices`` as a tuple of tuples)."""
+    from dataclasses import asdict, is_dataclass
+
+    if not is_dataclass(state):
+        raise ArtifactError(f"lower() returned {type(state).__name__}, not a CandidateState dataclass")
+    params = asdict(state)
+    if params.get("tree_choices") is not None:
+        params["tree_choices"] = tuple(tuple(p) for p in params["tree_choices"])
+    return plain_data(params, f"state {getattr(state, 'name', '?')}")
+
+
+def prediction_data(prediction: Any) -> Dict[str, Any]:
+    """The cost model's prediction (``specc.cost.Prediction``, a dataclass, or a mapping) as plain
+    data. Non-finite floats become ``None`` (e.g. an undefined break-even batch), so the manifest
+    stays valid JSON.
+
+    Raises:
+        ArtifactError: for any other type."""
+    from dataclasses import asdict, is_dataclass
+
+    if is_dataclass(prediction) and not isinstance(prediction, type):
+        data = asdict(prediction)
+    elif isinstance(prediction, Mapping):
+        data = dict(prediction)
+    else:
+        raise ArtifactError(f"cannot record a cost prediction of type {type(prediction).__name__}")
+    return plain_data(_finite_or_none(data), "prediction", FLOAT_DIGITS)
+
+
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, Mapping):
+        return {k: _finite_or_none(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_finite_or_none(x) for x in v)
+    return v
+
+
+@dataclass
+class CompileInputs:
+    """Everything rendering needs, computed by :func:`gather` (or given directly by tests).
+
+    ``graphs`` maps state name → JSON-ready graph data; ``predictions`` maps state name → plain
+    prediction dict; ``graph_summaries`` maps state name → short summary dict for the report."""
+
+    plan: Plan
+    states: List[Any]
+    graphs: Dict[str, Any]
+    predictions: Dict[str, Dict[str, Any]]
+    graph_summaries: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+
+def gather(plan: Plan) -> CompileInputs:
+    """Lower ``plan`` and compute each state's stage graph and cost prediction.
+
+    Calls ``specc.lower.lower``, ``specc.graph`` (build + JSON export) and ``specc.cost``; see
+    :func:`_graph_for` and :func:`_predict_for` for the exact functions used.
+
+    Raises:
+        PlanError: if lowering yields no state, or a state name is not an identifier, or two states
+            share a name.
+    """
+    from specc.lower import lower
+
+    states = list(lower(plan))
+    if not states:
+        raise PlanError(f"plan {plan.name!r} lowers to no candidate state; check schedule.buckets "
+                        f"and method.num_steps")
+    seen = set()
+    for s in states:
+        check_identifier(s.name, "candidate state name")
+        if s.name in seen:
+            raise PlanError(f"two candidate states are both named {s.name!r}; lowering must name "
+                            f"each state by all its parameters")
+        seen.add(s.name)
+    graphs, summaries, predictions = {}, {}, {}
+    for s in states:
+        graphs[s.name], summaries[s.name] = _graph_for(plan, s)
+        predictions[s.name] = prediction_data(_predict_for(plan, s))
+    return CompileInputs(plan, states, graphs, predictions, summaries)
+
+
+def _graph_for(plan: Plan, state: Any) -> Tuple[Any, Dict[str, Any]]:
+    """The state's stage graph as JSON data (``specc.graph.to_json``) and a summary for the report.
+
+    Raises:
+        SpeccError: if the graph is invalid (``specc.graph.check_graph`` lists every issue)."""
+    from specc import graph as graph_mod
+
+    g = graph_mod.build_graph(plan, state)
+    graph_mod.check_graph(g)
+    passes = graph_mod.count_forward_passes(g)
+    summary = {"stages": g.number_of_nodes(), "edges": g.number_of_edges(),
+               "draft_passes": passes["draft"], "target_passes": passes["target"],
+               "target_tokens_per_step": graph_mod.target_tokens_per_step(g)}
+    data = graph_mod.to_json(g)
+    return plain_data(_finite_or_none(data), f"graph of {state.name}", FLOAT_DIGITS), summary
+
+
+def _predict_for(plan: Plan, state: Any) -> Any:
+    """``specc.cost.predict(plan, state)`` (α and c from the plan and its checkpoints)."""
+    from specc import cost
+
+    return cost.predict(plan, state)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
+           templates_dir: Optional[Path] = None,
+           on_file: Optional[Callable[[str], None]] = None) -> Tuple[str, Dict[str, bytes]]:
+    """Render the artifact in memory.
+
+    Returns ``(dir_name, files)``: ``dir_name`` is ``<plan.name>-<hash>``; ``files`` maps each
+    artifact-relative POSIX path (``manifest.json`` included) to its bytes. ``on_file(path)`` is
+    called before each file is rendered (tests use it to make rendering fail midway).
+
+    Raises:
+        PlanError: bad names (plan, state), or a state with no kernel for its verify rule.
+        ArtifactError: a missing template, or a template error (with the template's name).
+    """
+    templates_dir = Path(templates_dir or TEMPLATES_DIR)
+    env = env or make_environment(templates_dir)
+    plan = inputs.plan
+    plan_name = check_identifier(plan.name, "plan name (the plan's `name` key)")
+    plan_yaml = canonical_plan_yaml(plan)
+    plan_hash = "sha256:" + sha256_hex(plan_yaml.encode())
+    digest = template_hash(templates_dir)
+    name = f"{plan_name}-{artifact_hash(plan_yaml, digest)}"
+    plan_data = plain_data(plan_to_dict(plan), "plan")
+
+    files: Dict[str, bytes] = {}
+
+    def emit(path: str, text: str) -> None:
+        files[path] = text.encode("utf-8")
+
+    def step(path: str) -> None:
+        if on_file is not None:
+            on_file(path)
+
+    step(PLAN_FILE)
+    emit(PLAN_FILE, plan_yaml)
+
+    variants: Dict[str, KernelVariant] = {}
+    state_entries = []
+    for s in inputs.states:
+        params = state_parameters(s)
+        used = kernel_variants_for(s)
+        for v in used.values():
+            variants[v.name] = v
+        module = f"states/{s.name}.py"
+        prediction = inputs.predictions.get(s.name, {})
+        context = {
+            "state": params, "state_name": s.name, "kernels": [dict(v.as_dict(), role=role) for role, v in used.items()],
+            "tree": tree_buffers(params.get("tree_choices")), "plan": plan_data,
+            "plan_name": plan_name, "plan_hash": plan_hash, "prediction": prediction,
+            "specc_version": specc.__version__, "format_version": FORMAT_VERSION,
+        }
+        step(module)
+        emit(module, _render(env, STATE_TEMPLATE, context))
+        state_entries.append({"name": s.name, "module": module, "parameters": params,
+                              "kernels": {role: v.name for role, v in used.items()},
+                              "prediction": prediction})
+
+    for vname in sorted(variants):
+        v = variants[vname]
+        step(v.module)
+        emit(v.module, _render(env, f"kernels/{v.family}.py.j2",
+                               {"variant": v.as_dict(), "constants": dict(v.constants),
+                                "specc_version": specc.__version__}))
+
+    step(GRAPH_FILE)
+    emit(GRAPH_FILE, _json({"format_version": FORMAT_VERSION, "plan_name": plan_name,
+                            "states": {s.name: inputs.graphs.get(s.name) for s in inputs.states}}))
+
+    step(REPORT_FILE)
+    emit(REPORT_FILE, _render(env, REPORT_TEMPLATE, {
+        "plan_name": plan_name, "plan_hash": plan_hash, "artifact_name": name,
+        "specc_version": specc.__version__, "plan": plan_data, "states": state_entries,
+        "kernels": [variants[k].as_dict() for k in sorted(variants)],
+        "graph_summaries": inputs.graph_summaries,
+        "prediction_keys": [k for k in REPORT_PREDICTION_KEYS
+                            if any(k in e["prediction"] for e in state_entries)],
+    }))
+
+    step(MANIFEST)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "specc_version": specc.__version__,
+        "name": name,
+        "plan_name": plan_name,
+        "plan_hash": plan_hash,
+        "template_hash": "sha256:" + digest,
+        "states": state_entries,
+        "kernels": [variants[k].as_dict() for k in sorted(variants)],
+        "files": {p: "sha256:" + sha256_hex(b) for p, b in sorted(files.items())},
+    }
+    emit(MANIFEST, _json(manifest))
+    return name, files
+
+
+def _json(data: Any) -> str:
+    return json.dumps(plain_data(data, "json"), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
+
+
+def _render(env: jinja2.Environment, template: str, context: Dict[str, Any]) -> str:
+    try:
+        return env.get_template(template).render(**context)
+    except jinja2.TemplateNotFound as exc:
+        raise ArtifactError(f"template {exc.name!r} not found under {env.loader.searchpath}; "  # type: ignore[union-attr]
+                            f"reinstall specc or restore templates/") from None
+    except jinja2.UndefinedError as exc:
+        raise ArtifactError(f"template {template}: {exc} (the template uses a variable codegen "
+                            f"does not provide; see templates/README.md)") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Atomic write
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """Outcome of :func:`write_artifact`: the artifact's path and what happened —
+    ``"created"``, ``"unchanged"`` (identical content was already there) or ``"replaced"``."""
+
+    path: Path
+    status: str
+    files: Tuple[str, ...]
+
+
+def read_tree(path: Path) -> Dict[str, bytes]:
+    """Every regular file under ``path`` (``__pycache__`` excluded) as relative POSIX path → bytes."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.relative_to(path).parts:
+            out[p.relative_to(path).as_posix()] = p.read_bytes()
+    return out
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_artifact(out_dir: Path, name: str, files: Mapping[str, bytes],
+                   on_file: Optional[Callable[[str], None]] = None) -> CompileResult:
+    """Write ``files`` as ``out_dir/name/`` atomically.
+
+    Files go to a hidden temporary directory inside ``out_dir`` (same filesystem), each fsynced,
+    then the directory is renamed into place and ``out_dir`` fsynced. On any exception the temporary
+    directory is removed, so an interrupted compile leaves no partial artifact. If ``out_dir/name``
+    already holds exactly these files, nothing is written (status ``"unchanged"``); if it holds
+    something else (e.g. built from older specc code of the same version), it is replaced.
+    ``on_file(path)`` is called before each file is written (tests use it to fail midway).
+
+    Raises:
+        ArtifactError: if ``out_dir`` cannot be created or written (naming it).
+    """
+    out_dir = Path(out_dir)
+    final = out_dir / check_identifier_path(name)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArtifactError(f"cannot create output directory {out_dir}: {exc.strerror}; "
+                            f"pass a writable --out DIR") from None
+    if final.is_dir() and read_tree(final) == dict(files):
+        return CompileResult(final, "unchanged", tuple(sorted(files)))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=str(out_dir)))
+    except OSError as exc:
+        raise ArtifactError(f"cannot write into {out_dir}: {exc.strerror}; pass a writable --out DIR") from None
+    old: Optional[Path] = None
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; an artifact is readable like any other output
+        for rel in sorted(files):
+            if on_file is not None:
+                on_file(rel)
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as fh:
+                fh.write(files[rel])
+                fh.flush()
+                os.fsync(fh.fileno())
+        for d in sorted({(tmp / r).parent for r in files}, key=lambda p: -len(p.parts)):
+            _fsync_dir(d)
+        status = "created"
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{name}.old-", dir=str(out_dir)))
+            os.rename(final, old / "artifact")
+            status = "replaced"
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another compile of the same plan renamed its copy in first: fine if identical.
+            if final.is_dir() and read_tree(final) == dict(files):
+                shutil.rmtree(tmp, ignore_errors=True)
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+                return CompileResult(final, "unchanged", tuple(sorted(files)))
+            raise ArtifactError(f"cannot move the new artifact into {final}: it appeared meanwhile "
+                                f"with other content; remove it and re-run specc compile") from None
+        _fsync_dir(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not final.exists() and (old / "artifact").exists():
+            os.rename(old / "artifact", final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return CompileResult(final, status, tuple(sorted(files)))
+
+
+def check_identifier_path(name: str) -> str:
+    """``<plan_name>-<hex hash>``: the only directory names codegen writes.
+
+    Raises:
+        ArtifactError: for anything else (a guard against path injection)."""
+    plan_name, sep, digest = name.rpartition("-")
+    if not sep or not _IDENT_RE.match(plan_name) or not re.fullmatch(r"[0-9a-f]+", digest):
+        raise ArtifactError(f"refusing to write artifact directory named {name!r}")
+    return name
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole step
+
+
+def resolve_plan(plan: Plan, engine: str = "specc") -> Tuple[Plan, List[Any]]:
+    """The plan as ``engine`` runs it (every ``filled``/``fallback`` value applied) and all its
+    violations: ``specc.rules.resolve``. Codegen compiles the resolved plan, so ``plan.yaml`` and
+    the states carry every value the runtime needs without re-reading the user's YAML."""
+    from specc.rules import resolve
+
+    return resolve(plan, engine)
+
+
+def check_errors(plan: Plan, engine: str = "specc") -> List[Any]:
+    """The violations of severity ``error`` that ``specc.rules.check(plan, engine)`` reports."""
+    from specc.rules import check
+
+    return [v for v in check(plan, engine) if _severity(v) == "error"]
+
+
+def _severity(v: Any) -> str:
+    sev = getattr(v, "severity", None)
+    return str(getattr(sev, "value", sev)).lower()
+
+
+def compile_plan(plan: Plan, out_dir: Path = DEFAULT_OUT_DIR,
+                 templates_dir: Optional[Path] = None,
+                 on_file: Optional[Callable[[str], None]] = None) -> CompileResult:
+    """Resolve and check ``plan`` against the ``specc`` profile, lower it, render and atomically
+    write its artifact under ``out_dir`` (``templates_dir`` defaults to :data:`TEMPLATES_DIR`).
+
+    Raises:
+        PlanError: a name that is not an identifier, rule errors against the ``specc`` profile (all
+            listed), or a plan that lowers to no state.
+        ArtifactError: template problems or an unwritable ``out_dir``.
+        SpeccError: an invalid stage graph (``specc.graph.check_graph``).
+    """
+    check_identifier(plan.name, "plan name (the plan's `name` key)")
+    resolved, violations = resolve_plan(plan)
+    errors = [v for v in violations if _severity(v) == "error"]
+    if errors:
+        lines = "\n".join(f"  - {format_violation(v)}" for v in errors)
+        raise PlanError(f"plan {plan.name!r} has {len(errors)} error(s) for engine 'specc':\n{lines}")
+    inputs = gather(resolved)
+    name, files = render(inputs, templates_dir=templates_dir, on_file=on_file)
+    return write_artifact(Path(out_dir), name, files, on_file=on_file)
+
+
+def format_violation(v: Any, where: Optional[Callable[[str], Any]] = None) -> str:
+    """One line for a rule violation: ``[file:line: ]severity: [rule] message (keys: ...; source: ...)``.
+
+    ``where`` maps a dotted key to ``(file, line)`` (``LoadedPlan.where``) to point at the YAML."""
+    keys = tuple(getattr(v, "keys", ()) or ())
+    loc = ""
+    if where is not None:
+        for k in keys:
+            src = where(k)
+            if src:
+                loc = f"{src[0]}:{src[1]}: " if src[1] else f"{src[0]}: "
+                break
+    return (f"{loc}{_severity(v)}: [{getattr(v, 'rule', '?')}] {getattr(v, 'message', v)} "
+            f"(keys: {', '.join(keys) or '-'}; source: {getattr(v, 'source', '-')})")

@@ -1,0 +1,64 @@
+"""``specc compile PLAN [overrides] [--out DIR]``: check a plan against the ``specc`` profile, lower
+it, and write its artifact ``DIR/<plan>-<hash>/`` (see ``specc.codegen``).
+
+Exit codes: 0 compiled (or already up to date), 1 the plan has rule errors (all printed),
+2 unusable input (a plan that does not load, an unwritable DIR: printed by ``specc.cli``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specc compile``."""
+    parser.add_argument("plan", metavar="PLAN", help="plan YAML file or preset name (conf/plan/<name>.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra-style overrides: group=option or dotted.key=value")
+    parser.add_argument("--out", metavar="DIR", default="generated",
+                        help="directory the artifact <plan>-<hash>/ is written into (default: generated/)")
+    parser.add_argument("--print-path", action="store_true",
+                        help="print only the artifact's path on stdout (for scripts)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compile ``args.plan``. Returns the exit code; raises ``SpeccError`` for unusable input."""
+    from specc import codegen
+    from specc.plan.load import load_plan
+
+    loaded = load_plan(args.plan, list(args.overrides))
+    plan = loaded.plan
+    codegen.check_identifier(plan.name, "plan name (the plan's `name` key)")
+    _, violations = codegen.resolve_plan(plan)
+    errors = [v for v in violations if codegen._severity(v) == "error"]
+    if errors:
+        print(f"specc compile: plan {plan.name!r} ({loaded.path}) has {len(errors)} error(s) for "
+              f"engine 'specc'; nothing was written:", file=sys.stderr)
+        for v in errors:
+            print(f"  {codegen.format_violation(v, loaded.where)}", file=sys.stderr)
+        return 1
+    for v in violations:  # warnings, fallbacks and filled defaults: compiled as resolved, but said
+        print(f"  {codegen.format_violation(v, loaded.where)}", file=sys.stderr)
+    if plan.engine != "specc":
+        print(f"  note: plan {plan.name!r} targets engine {plan.engine!r}; compiling it for the specc "
+              f"runtime (use `specc export` for {plan.engine})", file=sys.stderr)
+    result = codegen.compile_plan(plan, Path(args.out))
+    if args.print_path:
+        print(result.path)
+        return 0
+    verb = {"created": "wrote", "unchanged": "up to date (identical content already there):",
+            "replaced": "replaced (content differed)"}[result.status]
+    print(f"{verb} {result.path} ({len(result.files)} files)")
+    for name in _states(result.path):
+        print(f"  state {name}")
+    return 0
+
+
+def _states(path: Path) -> list:
+    import json
+
+    try:
+        return [s["name"] for s in json.loads((path / "manifest.json").read_text())["states"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []

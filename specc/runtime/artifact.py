@@ -1,0 +1,257 @@
+"""Load a compiled artifact (``specc compile``'s ``generated/<plan>-<hash>/``), verifying it first.
+
+Order matters (issue 4, item 3): the manifest is parsed and checked, the sha256 of every listed file
+is verified, and unlisted files are refused, all BEFORE anything from the artifact is imported. Each
+module is then executed from the exact bytes that were hashed (read once, hashed, compiled), so a
+file swapped between the check and the import cannot run, and no ``__pycache__`` is read or written.
+
+The resolved plan is rebuilt from the artifact's own ``plan.yaml`` (never the user's YAML: DESIGN.md
+"the runtime never re-reads YAML") through the schema's structured merge
+(``specc.plan.load.plan_from_dict``). Nothing here imports torch; the state and kernel modules may.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import json
+import re
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Tuple
+
+import specc
+from specc.errors import ArtifactError, PlanError
+from specc.plan.schema import Plan
+
+MANIFEST = "manifest.json"
+PLAN_FILE = "plan.yaml"
+SUPPORTED_FORMAT_VERSIONS = (1,)
+_REQUIRED_KEYS = ("format_version", "specc_version", "name", "plan_name", "plan_hash", "states",
+                  "kernels", "files")
+_SAFE_REL = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+_load_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A verified, loaded artifact.
+
+    Attributes:
+        path: the artifact directory.
+        manifest: the parsed ``manifest.json``.
+        plan: the resolved ``Plan`` rebuilt from ``plan.yaml``.
+        states: state name → its module (``states/<name>.py``), in manifest order.
+        kernels: kernel variant name → its module (``kernels/<name>.py``).
+    """
+
+    path: Path
+    manifest: Dict[str, Any]
+    plan: Plan
+    states: Dict[str, types.ModuleType]
+    kernels: Dict[str, types.ModuleType]
+
+    @property
+    def state_entries(self) -> List[Dict[str, Any]]:
+        """The manifest's per-state records: ``name``, ``module``, ``parameters``, ``kernels``
+        (role → variant name) and ``prediction``."""
+        return list(self.manifest["states"])
+
+
+def _fix(path: Path, manifest: Mapping[str, Any] | None = None) -> str:
+    """The fix to print: which plan to re-compile (the manifest's plan name when it is readable)."""
+    plan = manifest.get("plan_name") if isinstance(manifest, Mapping) else None
+    which = f"plan {plan!r}" if isinstance(plan, str) and plan.isidentifier() else "its plan"
+    return (f"re-run `specc compile PLAN` for {which} and use the directory it prints "
+            f"(generated files must not be edited by hand)")
+
+
+def read_manifest(path: Path) -> Dict[str, Any]:
+    """Parse and shape-check ``path/manifest.json``.
+
+    Raises:
+        ArtifactError: the directory or manifest is missing, is not valid JSON (e.g. truncated),
+            lacks a key, has an unsupported format version, or lists an unsafe file path.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ArtifactError(f"artifact {path} is not a directory; compile one with `specc compile PLAN` "
+                            f"and pass the directory it prints")
+    mpath = path / MANIFEST
+    try:
+        text = mpath.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ArtifactError(f"{mpath} is missing, so {path} is not a complete artifact; "
+                            f"{_fix(path)}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"cannot read {mpath}: {exc}; {_fix(path)}") from None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{mpath} is not valid JSON (truncated or edited? {exc.msg} at line "
+                            f"{exc.lineno}); {_fix(path)}") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{mpath} is not a JSON object; {_fix(path)}")
+    missing = [k for k in _REQUIRED_KEYS if k not in manifest]
+    if missing:
+        raise ArtifactError(f"{mpath} lacks {', '.join(missing)}; {_fix(path, manifest)}")
+    if manifest["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
+        raise ArtifactError(f"{mpath}: artifact format {manifest['format_version']!r} is not one this "
+                            f"specc reads ({SUPPORTED_FORMAT_VERSIONS}); {_fix(path, manifest)}")
+    files = manifest["files"]
+    if not isinstance(files, dict) or not files:
+        raise ArtifactError(f"{mpath}: 'files' must map file names to hashes; {_fix(path, manifest)}")
+    for rel, digest in files.items():
+        if (not isinstance(rel, str) or not _SAFE_REL.match(rel) or ".." in rel.split("/")
+                or rel == MANIFEST or not isinstance(digest, str) or not digest.startswith("sha256:")):
+            raise ArtifactError(f"{mpath}: bad file entry {rel!r}: {digest!r}; {_fix(path, manifest)}")
+    return manifest
+
+
+def verify_files(path: Path, manifest: Mapping[str, Any]) -> Dict[str, bytes]:
+    """Check every file the manifest lists against its sha256, and that no other file is present.
+
+    ``__pycache__`` directories are ignored (never read: modules are executed from verified bytes).
+
+    Returns:
+        artifact-relative path → the verified bytes.
+    Raises:
+        ArtifactError: naming the first missing, changed (or truncated) or unexpected file, with the fix.
+    """
+    path = Path(path)
+    listed = manifest["files"]
+    contents: Dict[str, bytes] = {}
+    for rel in sorted(listed):
+        fpath = path / rel
+        try:
+            data = fpath.read_bytes()
+        except FileNotFoundError:
+            raise ArtifactError(f"artifact file {fpath} is missing; {_fix(path, manifest)}") from None
+        except OSError as exc:
+            raise ArtifactError(f"cannot read artifact file {fpath}: {exc.strerror}; {_fix(path, manifest)}") from None
+        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        if actual != listed[rel]:
+            raise ArtifactError(f"artifact file {fpath} was changed or truncated after compile (sha256 "
+                                f"{actual[7:19]}…, manifest says {listed[rel][7:19]}…); {_fix(path, manifest)}")
+        contents[rel] = data
+    for p in sorted(path.rglob("*")):
+        rel_parts = p.relative_to(path).parts
+        if "__pycache__" in rel_parts or p.is_dir():
+            continue
+        rel = p.relative_to(path).as_posix()
+        if rel != MANIFEST and rel not in listed:
+            raise ArtifactError(f"artifact file {p} is not listed in {MANIFEST}; remove it, or "
+                                f"{_fix(path, manifest)}")
+    return contents
+
+
+def plan_from_yaml(text: str, where: str) -> Plan:
+    """Rebuild the typed ``Plan`` from an artifact's ``plan.yaml`` text via the schema's structured
+    merge (``specc.plan.load.plan_from_dict``).
+
+    Raises:
+        ArtifactError: if the YAML does not parse or no longer fits the schema, naming ``where``.
+    """
+    import yaml
+
+    from specc.plan.load import plan_from_dict
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ArtifactError(f"{where} is not valid YAML ({exc}); re-run specc compile") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{where} is not a YAML mapping; re-run specc compile")
+    try:
+        return plan_from_dict(data)
+    except PlanError as exc:
+        raise ArtifactError(f"{where} does not fit this specc's plan schema ({exc}); "
+                            f"re-run specc compile with this specc") from None
+
+
+def _exec_module(name: str, fpath: Path, source: bytes) -> types.ModuleType:
+    """Execute verified ``source`` as a fresh module ``name`` whose ``__file__`` is ``fpath``.
+
+    The spec comes from ``importlib.util.spec_from_file_location`` (so ``__file__``, ``__spec__`` and
+    tracebacks point at the file), but the code run is compiled from ``source``, the bytes whose hash
+    was checked; the module is registered in ``sys.modules`` under its unique name (dataclasses and
+    Triton's ``jit`` look modules up there)."""
+    spec = importlib.util.spec_from_file_location(name, fpath)
+    if spec is None:
+        raise ArtifactError(f"cannot make a module spec for {fpath}")
+    module = importlib.util.module_from_spec(spec)
+    code = compile(source, str(fpath), "exec", dont_inherit=True)
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_artifact(path: str | Path) -> Artifact:
+    """Verify and load the artifact at ``path``.
+
+    Steps: parse ``manifest.json``; check the specc version it was compiled with equals this
+    specc's; verify every file's sha256 and refuse unlisted files; check ``plan.yaml``'s hash equals
+    the manifest's ``plan_hash`` and rebuild the ``Plan``; then import each kernel module and each
+    state module (unique module names ``_specc_artifact_<n>.<kind>.<name>``, so two artifacts, or
+    the same one loaded twice, never share modules).
+
+    Returns:
+        :class:`Artifact`.
+    Raises:
+        ArtifactError: a missing/truncated/invalid manifest, a specc version mismatch, a missing,
+            changed or extra file, a bad plan, or a module that fails to import — each naming the
+            file and the fix ("re-run specc compile ...").
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest["specc_version"] != specc.__version__:
+        raise ArtifactError(f"{path} was compiled by specc {manifest['specc_version']}, this is specc "
+                            f"{specc.__version__}; {_fix(path, manifest)}")
+    contents = verify_files(path, manifest)
+
+    if PLAN_FILE not in contents:
+        raise ArtifactError(f"{path / MANIFEST} does not list {PLAN_FILE}; {_fix(path, manifest)}")
+    plan_digest = "sha256:" + hashlib.sha256(contents[PLAN_FILE]).hexdigest()
+    if plan_digest != manifest["plan_hash"]:
+        raise ArtifactError(f"{path / PLAN_FILE} does not match the manifest's plan_hash; {_fix(path, manifest)}")
+    plan = plan_from_yaml(contents[PLAN_FILE].decode("utf-8"), str(path / PLAN_FILE))
+
+    prefix = f"_specc_artifact_{next(_load_counter)}"
+    kernels: Dict[str, types.ModuleType] = {}
+    for entry in manifest["kernels"]:
+        name, rel = _entry(entry, path, manifest, "kernel")
+        kernels[name] = _import(f"{prefix}.kernels.{name}", path, rel, contents, manifest)
+    states: Dict[str, types.ModuleType] = {}
+    for entry in manifest["states"]:
+        name, rel = _entry(entry, path, manifest, "state")
+        states[name] = _import(f"{prefix}.states.{name}", path, rel, contents, manifest)
+    if not states:
+        raise ArtifactError(f"{path / MANIFEST} lists no candidate state; {_fix(path, manifest)}")
+    return Artifact(path=path, manifest=manifest, plan=plan, states=states, kernels=kernels)
+
+
+def _entry(entry: Any, path: Path, manifest: Mapping[str, Any], kind: str) -> Tuple[str, str]:
+    name = entry.get("name") if isinstance(entry, dict) else None
+    rel = entry.get("module") if isinstance(entry, dict) else None
+    folder = "states" if kind == "state" else "kernels"
+    if (not isinstance(name, str) or not name.isidentifier() or rel != f"{folder}/{name}.py"
+            or rel not in manifest["files"]):
+        raise ArtifactError(f"{path / MANIFEST}: bad {kind} entry {entry!r}; {_fix(path, manifest)}")
+    return name, rel
+
+
+def _import(modname: str, path: Path, rel: str, contents: Mapping[str, bytes],
+            manifest: Mapping[str, Any]) -> types.ModuleType:
+    try:
+        return _exec_module(modname, path / rel, contents[rel])
+    except ArtifactError:
+        raise
+    except Exception as exc:  # the generated module itself is broken: say which, not a deep traceback
+        raise ArtifactError(f"importing {path / rel} failed: {type(exc).__name__}: {exc}; "
+                            f"{_fix(path, manifest)}") from exc

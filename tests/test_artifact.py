@@ -1,0 +1,194 @@
+"""specc.runtime.artifact.load_artifact: verify every hash before importing anything; refuse
+missing, extra, changed and truncated files with a message naming the file and the fix."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+import specc
+from specc import codegen
+from specc.errors import ArtifactError
+from specc.runtime.artifact import load_artifact
+from test_codegen_support import compile_preset, resolved_preset
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("artifact")
+    return compile_preset("smollm2_ngram", tmp / "out").path
+
+
+@pytest.fixture
+def artifact(compiled, tmp_path):
+    """A fresh copy of the compiled artifact that a test may damage."""
+    dest = tmp_path / compiled.name
+    shutil.copytree(compiled, dest)
+    return dest
+
+
+def _manifest(path):
+    return json.loads((path / "manifest.json").read_text())
+
+
+def test_loads_states_kernels_and_plan(artifact):
+    art = load_artifact(artifact)
+    manifest = _manifest(artifact)
+    assert art.manifest == manifest
+    assert list(art.states) == [s["name"] for s in manifest["states"]]
+    assert set(art.kernels) == {k["name"] for k in manifest["kernels"]}
+    assert art.plan == resolved_preset("smollm2_ngram")
+    for name, module in art.states.items():
+        assert module.__file__ == str(artifact / "states" / f"{name}.py")
+        assert module.STATE["name"] == name
+        assert sys.modules[module.__name__] is module
+    for name, module in art.kernels.items():
+        assert module.NAME == name
+    # Loaded from verified bytes: no bytecode cache was written into the artifact.
+    assert not list(artifact.rglob("__pycache__"))
+
+
+def test_two_loads_get_distinct_modules(artifact):
+    a, b = load_artifact(artifact), load_artifact(artifact)
+    for name in a.states:
+        assert a.states[name] is not b.states[name]
+        assert a.states[name].__name__ != b.states[name].__name__
+
+
+def test_kernel_variant_matches_kernel_library(artifact):
+    """A generated kernel module computes exactly what specc.kernels does, and refuses the wrong width."""
+    import torch
+
+    from specc.kernels import greedy_verify
+
+    art = load_artifact(artifact)
+    (name, mod), = art.kernels.items()
+    k = mod.NUM_STEPS
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(3, k + 1, 50, generator=g)
+    drafts = target.argmax(-1)[:, :k].clone()
+    drafts[1, 1] = (drafts[1, 1] + 1) % 50  # request 1 rejects at position 1
+    got = mod.verify(drafts, target, backend="torch")
+    want = greedy_verify(drafts, target, backend="torch")
+    assert torch.equal(got.accepted_len, want.accepted_len)
+    assert torch.equal(got.output_tokens, want.output_tokens)
+    assert got.accepted_len.tolist() == [k, 1, k]
+    with pytest.raises(ValueError, match=name):
+        mod.verify(drafts[:, :-1], target, backend="torch")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_kernel_variant_runs_the_triton_kernel(artifact):
+    """The generated module drives the Triton kernel (interpreted on CPU: tests/conftest.py sets
+    TRITON_INTERPRET=1) and agrees with the torch reference."""
+    import torch
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 before triton is imported")
+    art = load_artifact(artifact)
+    (mod,) = art.kernels.values()
+    g = torch.Generator().manual_seed(1)
+    target = torch.randn(2, mod.NUM_DRAFT_TOKENS, 40, generator=g)
+    drafts = target.argmax(-1)[:, : mod.NUM_STEPS].clone()
+    drafts[0, 0] = (drafts[0, 0] + 3) % 40  # request 0 rejects at once, request 1 accepts all
+    tri = mod.verify(drafts, target, backend="triton")
+    ref = mod.verify(drafts, target, backend="torch")
+    assert tri.accepted_len.tolist() == ref.accepted_len.tolist() == [0, mod.NUM_STEPS]
+    assert torch.equal(tri.output_tokens, ref.output_tokens)
+
+
+def test_tampered_state_module_is_refused_before_import(artifact, tmp_path):
+    marker = tmp_path / "imported"
+    state = sorted((artifact / "states").glob("*.py"))[0]
+    state.write_text(state.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    with pytest.raises(ArtifactError) as exc:
+        load_artifact(artifact)
+    msg = str(exc.value)
+    assert f"states/{state.name}" in msg and "changed" in msg and "specc compile" in msg
+    assert not marker.exists(), "the tampered module was executed before its hash was checked"
+
+
+def test_one_byte_change_is_refused(artifact):
+    kernel = sorted((artifact / "kernels").glob("*.py"))[0]
+    data = bytearray(kernel.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    kernel.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=f"kernels/{kernel.name}"):
+        load_artifact(artifact)
+
+
+def test_missing_file_is_refused(artifact):
+    victim = sorted((artifact / "states").glob("*.py"))[-1]
+    victim.unlink()
+    with pytest.raises(ArtifactError, match=f"states/{victim.name} is missing.*specc compile"):
+        load_artifact(artifact)
+
+
+def test_truncated_file_is_refused(artifact):
+    (artifact / "plan.yaml").write_bytes((artifact / "plan.yaml").read_bytes()[:20])
+    with pytest.raises(ArtifactError, match="plan.yaml was changed or truncated"):
+        load_artifact(artifact)
+
+
+def test_truncated_manifest_is_refused(artifact):
+    text = (artifact / "manifest.json").read_text()
+    (artifact / "manifest.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ArtifactError, match="manifest.json is not valid JSON.*specc compile"):
+        load_artifact(artifact)
+
+
+def test_missing_manifest_is_refused(artifact):
+    (artifact / "manifest.json").unlink()
+    with pytest.raises(ArtifactError, match="manifest.json is missing"):
+        load_artifact(artifact)
+
+
+def test_extra_file_is_refused_and_not_run(artifact, tmp_path):
+    marker = tmp_path / "imported"
+    (artifact / "states" / "b99_extra.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with pytest.raises(ArtifactError, match="states/b99_extra.py is not listed"):
+        load_artifact(artifact)
+    assert not marker.exists()
+
+
+def test_rehashed_file_without_plan_hash_is_refused(artifact):
+    """Editing plan.yaml and its hash in `files` (but not `plan_hash`) is still caught."""
+    import hashlib
+
+    plan_yaml = artifact / "plan.yaml"
+    plan_yaml.write_text(plan_yaml.read_text().replace("num_steps: 4", "num_steps: 9"))
+    manifest = _manifest(artifact)
+    manifest["files"]["plan.yaml"] = "sha256:" + hashlib.sha256(plan_yaml.read_bytes()).hexdigest()
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="plan_hash"):
+        load_artifact(artifact)
+
+
+def test_other_specc_version_is_refused(artifact):
+    manifest = _manifest(artifact)
+    manifest["specc_version"] = "0.0.0-old"
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=f"compiled by specc 0.0.0-old, this is specc {specc.__version__}"):
+        load_artifact(artifact)
+
+
+def test_unsafe_manifest_path_is_refused(artifact):
+    manifest = _manifest(artifact)
+    manifest["files"]["../outside.py"] = "sha256:" + "0" * 64
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="bad file entry"):
+        load_artifact(artifact)
+
+
+def test_not_a_directory(tmp_path):
+    with pytest.raises(ArtifactError, match="not a directory"):
+        load_artifact(tmp_path / "nope")
+
+
+def test_read_tree_matches_what_compile_wrote(compiled):
+    manifest = _manifest(compiled)
+    assert set(codegen.read_tree(compiled)) == set(manifest["files"]) | {"manifest.json"}
