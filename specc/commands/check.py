@@ -1,0 +1,313 @@
+"""``specc check``: validate plans against engine profiles, all violations of all plans at once.
+
+    specc check conf/plan/ --engine all
+    specc check my_plan.yaml method=eagle3 method.num_steps=5 --engine sglang --show-resolved
+    specc check 'plans/*.yaml' --format github
+
+Arguments are plan files, directories (their ``*.yaml``), globs or preset names, mixed with
+Hydra-style overrides (``group=option``, ``key=value``) applied to every plan. Without ``--engine``
+each plan is checked against the profile its ``engine`` key names. Exit codes: 0 no errors
+(warnings allowed), 1 at least one error, 2 unusable input (a plan that does not load, a bad
+argument). Does not import torch.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from specc.errors import SpeccError
+
+ENGINES = ("specc", "sglang", "vllm")
+FORMATS = ("text", "json", "github", "sarif")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``specc check``'s arguments on ``parser``."""
+    parser.add_argument("inputs", nargs="*", metavar="PLAN|OVERRIDE",
+                        help="plan files, directories, globs or preset names; group=option / key=value "
+                             "overrides apply to every plan")
+    parser.add_argument("--engine", choices=ENGINES + ("all",), default=None,
+                        help="profile(s) to check against (default: each plan's own `engine` key)")
+    parser.add_argument("--format", choices=FORMATS, default="text", dest="fmt",
+                        help="text (default), json (one object per plan and engine), github (workflow "
+                             "annotations) or sarif")
+    parser.add_argument("--show-resolved", action="store_true",
+                        help="print each plan as the engine would run it, marking filled/overridden values")
+
+
+@dataclass
+class Result:
+    """One (plan, engine) check, or a plan that failed to load (``error`` set, ``engine`` None)."""
+
+    plan_path: str
+    name: Optional[str] = None
+    engine: Optional[str] = None
+    violations: list = field(default_factory=list)
+    locations: List[Tuple[str, int]] = field(default_factory=list)
+    resolved: Any = None
+    error: Optional[str] = None
+
+
+# ------------------------------------------------------------------------------------------
+# Inputs
+
+
+def _is_override(arg: str) -> bool:
+    return "=" in arg.split("/")[0] or arg.startswith("~")
+
+
+def split_inputs(inputs: List[str]) -> Tuple[List[str], List[str], List[str]]:
+    """(plan sources in order, overrides, problems). Directories expand to their ``*.yaml``/``*.yml``
+    files, globs to their matches; anything else is kept as a file path or preset name."""
+    sources: List[str] = []
+    overrides: List[str] = []
+    problems: List[str] = []
+    for arg in inputs:
+        if _is_override(arg) and not os.path.exists(arg):
+            overrides.append(arg)
+        elif os.path.isdir(arg):
+            files = sorted(str(p) for ext in ("*.yaml", "*.yml") for p in Path(arg).glob(ext))
+            if not files:
+                problems.append(f"{arg}: directory has no .yaml plans")
+            sources.extend(files)
+        elif any(c in arg for c in "*?[") and not os.path.exists(arg):
+            files = sorted(glob.glob(arg, recursive=True))
+            files = [f for f in files if f.endswith((".yaml", ".yml")) and os.path.isfile(f)]
+            if not files:
+                problems.append(f"{arg}: glob matches no .yaml files")
+            sources.extend(files)
+        else:
+            sources.append(arg)
+    return sources, overrides, problems
+
+
+def _location(loaded, keys) -> Tuple[str, int]:
+    for key in keys:
+        src = loaded.where(key)
+        if src is not None:
+            return src
+    return (_rel(loaded.path), 0)
+
+
+def _rel(path) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return str(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+# ------------------------------------------------------------------------------------------
+# Running
+
+
+def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]) -> List[Result]:
+    """Load every source and check it; never stops at the first failing plan."""
+    from specc.plan.load import load_plan
+    from specc.rules import profile, resolve
+
+    results: List[Result] = []
+    for src in sources:
+        try:
+            loaded = load_plan(src, overrides)
+        except SpeccError as exc:
+            results.append(Result(plan_path=src, error=str(exc)))
+            continue
+        engines = list(ENGINES) if engine == "all" else [engine or loaded.plan.engine]
+        for eng in engines:
+            try:
+                prof = profile(eng)
+            except KeyError as exc:
+                results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name,
+                                      error=str(exc).strip("'\"")))
+                continue
+            resolved, violations = resolve(loaded.plan, prof.name)
+            results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name, engine=prof.version,
+                                  violations=violations,
+                                  locations=[_location(loaded, [k for k, _ in v.sets] + list(v.keys))
+                                             for v in violations],
+                                  resolved=resolved))
+    return results
+
+
+def exit_code(results: List[Result]) -> int:
+    """2 if any plan was unusable, else 1 if any error, else 0."""
+    if any(r.error for r in results):
+        return 2
+    if any(v.severity == "error" for r in results for v in r.violations):
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------------------------------
+# Output
+
+
+def _loc_text(loc: Tuple[str, int]) -> str:
+    return f"{loc[0]}:{loc[1]}" if loc[1] else loc[0]
+
+
+def _counts(results: List[Result]) -> Dict[str, int]:
+    out = {"error": 0, "warning": 0, "fallback": 0, "filled": 0}
+    for r in results:
+        for v in r.violations:
+            out[v.severity] = out.get(v.severity, 0) + 1
+    return out
+
+
+def resolved_yaml(result: Result) -> str:
+    """The resolved plan as YAML, each value a rule filled or overrode marked ``# <severity> by <rule>``."""
+    from specc.plan.dump import dump_resolved
+
+    marks: Dict[str, str] = {}
+    for v in result.violations:
+        for key, _ in v.sets:
+            marks[key] = f"{v.severity} by {v.rule}"
+    lines = dump_resolved(result.resolved).splitlines()
+    out: List[str] = []
+    stack: List[Tuple[int, str]] = []
+    for line in lines:
+        stripped = line.lstrip(" ")
+        indent = len(line) - len(stripped)
+        if stripped.startswith("- ") or ":" not in stripped:
+            out.append(line)
+            continue
+        key = stripped.split(":", 1)[0].strip().strip("'\"")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        dotted = ".".join([k for _, k in stack] + [key])
+        stack.append((indent, key))
+        out.append(f"{line}  # {marks[dotted]}" if dotted in marks else line)
+    return "\n".join(out) + "\n"
+
+
+def render_text(results: List[Result], show_resolved: bool) -> str:
+    out: List[str] = []
+    for r in results:
+        if r.error:
+            out.append(f"{r.plan_path}: unusable plan:\n  " + r.error.replace("\n", "\n  "))
+            continue
+        head = f"{r.plan_path} ({r.name}) against {r.engine}"
+        if not r.violations:
+            out.append(f"{head}: ok")
+        else:
+            c = {s: sum(v.severity == s for v in r.violations) for s in ("error", "warning", "fallback", "filled")}
+            plural = {"error": "errors", "warning": "warnings", "fallback": "fallbacks", "filled": "filled"}
+            out.append(f"{head}: " + ", ".join(f"{n} {s if n == 1 else plural[s]}" for s, n in c.items() if n))
+            for v, loc in zip(r.violations, r.locations):
+                out.append(f"  {_loc_text(loc)}: {v.severity}: [{v.rule}] {v.message}")
+                out.append(f"      keys: {', '.join(v.keys)}; source: {v.source}")
+        if show_resolved:
+            out.append(f"  resolved for {r.engine}:")
+            out.extend("    " + ln for ln in resolved_yaml(r).splitlines())
+    c = _counts(results)
+    n_plans = len({r.plan_path for r in results})
+    bad = sum(1 for r in results if r.error)
+    def n(k, word):
+        return f"{c[k]} {word}{'' if c[k] == 1 else 's'}"
+
+    out.append(f"checked {n_plans} plan{'s' if n_plans != 1 else ''}: {n('error', 'error')}, "
+               f"{n('warning', 'warning')}, {n('fallback', 'fallback')}, {c['filled']} filled"
+               + (f", {bad} unusable" if bad else ""))
+    return "\n".join(out) + "\n"
+
+
+def render_json(results: List[Result], show_resolved: bool) -> str:
+    from specc.plan.schema import plan_to_dict
+
+    objs = []
+    for r in results:
+        if r.error:
+            objs.append({"plan": r.plan_path, "engine": None, "error": r.error, "violations": []})
+            continue
+        vs = []
+        for v, loc in zip(r.violations, r.locations):
+            d = v.to_json()
+            d["location"] = {"file": loc[0], "line": loc[1] or None}
+            vs.append(d)
+        obj = {"plan": r.plan_path, "name": r.name, "engine": r.engine, "violations": vs}
+        if show_resolved:
+            obj["resolved"] = plan_to_dict(r.resolved)
+        objs.append(obj)
+    return json.dumps(objs, indent=2, default=str) + "\n"
+
+
+def _gh_escape(text: str, prop: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if prop:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text
+
+
+def render_github(results: List[Result], show_resolved: bool) -> str:
+    """GitHub workflow commands (``::error file=...,line=...,title=...::message``)."""
+    level = {"error": "error", "warning": "warning", "fallback": "notice", "filled": "notice"}
+    out: List[str] = []
+    for r in results:
+        if r.error:
+            out.append(f"::error file={_gh_escape(r.plan_path, True)},title=unusable plan::{_gh_escape(r.error)}")
+            continue
+        for v, loc in zip(r.violations, r.locations):
+            line = f",line={loc[1]}" if loc[1] else ""
+            file = loc[0] if loc[1] else r.plan_path
+            title = _gh_escape(f"{v.rule} ({r.engine})", True)
+            out.append(f"::{level[v.severity]} file={_gh_escape(file, True)}{line},title={title}::"
+                       f"{_gh_escape(v.message + ' [' + v.source + ']')}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def render_sarif(results: List[Result], show_resolved: bool) -> str:
+    """SARIF 2.1.0 (one run, rules from the violations seen)."""
+    from specc import __version__
+
+    level = {"error": "error", "warning": "warning", "fallback": "note", "filled": "note"}
+    rules: Dict[str, Dict[str, Any]] = {}
+    res = []
+    for r in results:
+        if r.error:
+            rules.setdefault("specc.unusable", {"id": "specc.unusable",
+                                                "shortDescription": {"text": "plan cannot be loaded"}})
+            res.append({"ruleId": "specc.unusable", "level": "error", "message": {"text": r.error},
+                        "locations": [{"physicalLocation": {"artifactLocation": {"uri": r.plan_path}}}]})
+            continue
+        for v, loc in zip(r.violations, r.locations):
+            rules.setdefault(v.rule, {"id": v.rule, "shortDescription": {"text": v.rule},
+                                      "helpUri": None, "properties": {"source": v.source}})
+            phys: Dict[str, Any] = {"artifactLocation": {"uri": loc[0] if loc[1] else r.plan_path}}
+            if loc[1]:
+                phys["region"] = {"startLine": loc[1]}
+            res.append({"ruleId": v.rule, "level": level[v.severity],
+                        "message": {"text": f"{v.message} [{r.engine}; {v.source}]"},
+                        "locations": [{"physicalLocation": phys}],
+                        "properties": {"severity": v.severity, "keys": list(v.keys), "engine": r.engine,
+                                       "plan": r.plan_path}})
+    for rule in rules.values():
+        rule.pop("helpUri", None)
+    doc = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+           "runs": [{"tool": {"driver": {"name": "specc", "version": __version__,
+                                         "informationUri": "https://github.com/", "rules": list(rules.values())}},
+                     "results": res}]}
+    doc["runs"][0]["tool"]["driver"].pop("informationUri")
+    return json.dumps(doc, indent=2) + "\n"
+
+
+RENDER = {"text": render_text, "json": render_json, "github": render_github, "sarif": render_sarif}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check every plan named by ``args.inputs``; print in ``args.fmt``; return the exit code."""
+    sources, overrides, problems = split_inputs(list(args.inputs or []))
+    if not sources and not problems:
+        print("specc check: error: no plans given (pass files, directories, globs or preset names)",
+              file=sys.stderr)
+        return 2
+    results = [Result(plan_path=p.split(":", 1)[0], error=p) for p in problems]
+    results += check_inputs(sources, overrides, args.engine)
+    sys.stdout.write(RENDER[args.fmt](results, args.show_resolved))
+    return exit_code(results)

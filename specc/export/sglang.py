@@ -1,0 +1,156 @@
+"""Plan -> SGLang 0.5.23 launch settings (``python -m sglang.launch_server ...``).
+
+The mapping is the one the ``sglang`` rule table assumes (see :mod:`specc.rules.sglang_0_5_23`):
+flags from ``sglang/srt/arg_groups/fields/spec.py`` (``shared/reference/sglang-0.5.23.md`` §2),
+environment variables from ``sglang/srt/environ.py`` and the adaptive config format of
+``speculative/adaptive_spec_params.py:103-139``. Only keys the plan sets are exported; SGLang fills
+the rest (run ``specc check --engine sglang --show-resolved`` to see its values). Never imports torch.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from specc.errors import PlanError
+from specc.plan.schema import Plan
+from specc.rules.sglang_0_5_23 import ALGO
+
+ALGORITHM_FLAG = {"mtp": "NEXTN", "multi_layer_eagle": "EAGLE"}
+RAGGED_ENV = {"static": "static", "cap_accept": "cap-accept", "compact": "compact"}
+
+
+@dataclass
+class SGLangLaunch:
+    """``args`` for ``sglang.launch_server``, ``env`` to export, and the adaptive config JSON (to be
+    written to ``adaptive_config_path``) when the schedule is adaptive."""
+
+    args: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
+    adaptive_config: Optional[Dict[str, Any]] = None
+    adaptive_config_path: str = "adaptive_config.json"
+
+    def command(self) -> str:
+        """One shell line: env assignments, then the launch command."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(a) for a in ["python", "-m", "sglang.launch_server", *self.args])
+        return f"{env} {cmd}".strip()
+
+
+def adaptive_config(plan: Plan) -> Optional[Dict[str, Any]]:
+    """The ``--speculative-adaptive-config`` JSON for an adaptive plan: integer-string slot keys with
+    ``candidate_steps`` and hysteresis per bucket, controller knobs as top-level defaults
+    (adaptive_spec_params.py:103-139, 171-176). None when the plan writes no buckets (SGLang then
+    uses DEFAULT_ADAPTIVE_CONFIG)."""
+    s = plan.schedule
+    if not s.buckets:
+        return None
+    cfg: Dict[str, Any] = {}
+    for key, name in (("ema_alpha", "ema_alpha"), ("update_interval", "update_interval"),
+                      ("warmup_batches", "warmup_batches")):
+        if getattr(s, key) is not None:
+            cfg[name] = getattr(s, key)
+    for bs in sorted(s.buckets):
+        b = s.buckets[bs]
+        slot: Dict[str, Any] = {"candidate_steps": list(b.candidates)}
+        for k in ("up_hysteresis", "down_hysteresis", "ceiling_coeff"):
+            if getattr(b, k) is not None:
+                slot[k] = getattr(b, k)
+        cfg[str(bs)] = slot
+    return cfg
+
+
+def to_sglang(plan: Plan) -> SGLangLaunch:
+    """SGLang launch settings for ``plan``.
+
+    Raises:
+        PlanError: the plan has no SGLang equivalent (method medusa/suffix, custom without a plugin
+            name); ``specc check --engine sglang`` explains why.
+    """
+    m, v, s, d = plan.method, plan.verify, plan.schedule, plan.deploy
+    algo = ALGO.get(m.name, "?")
+    if algo == "?":
+        raise PlanError(f"method.name={m.name} has no SGLang 0.5.23 algorithm; see `specc check --engine sglang`")
+    out = SGLangLaunch()
+    a = out.args
+    if plan.target.path:
+        a += ["--model-path", plan.target.path]
+    if plan.target.dtype not in (None, "auto"):
+        a += ["--dtype", plan.target.dtype]
+    if plan.target.max_model_len:
+        a += ["--context-length", str(plan.target.max_model_len)]
+    if algo is not None:
+        if m.name == "custom":
+            if not m.plugin:
+                raise PlanError("method.name=custom needs method.plugin (the registered algorithm name)")
+            name = m.plugin.rsplit(".", 1)[-1].upper()
+        else:
+            name = ALGORITHM_FLAG.get(m.name, algo)
+        a += ["--speculative-algorithm", name]
+        if m.name == "multi_layer_eagle":
+            a += ["--enable-multi-layer-eagle"]
+        if plan.draft is not None and plan.draft.path:
+            a += ["--speculative-draft-model-path", plan.draft.path]
+        if m.num_steps is not None:
+            a += ["--speculative-num-steps", str(m.num_steps)]
+        if m.topk is not None:
+            a += (["--speculative-ngram-max-bfs-breadth"] if m.name == "ngram" else ["--speculative-eagle-topk"]) \
+                + [str(m.topk)]
+        if m.num_draft_tokens is not None:
+            a += ["--speculative-num-draft-tokens", str(m.num_draft_tokens)]
+        if m.block_size is not None and m.name == "dflash":
+            a += ["--speculative-dflash-block-size", str(m.block_size + 1)]  # block includes the bonus slot
+        if m.block_size is not None and m.name == "dspark":
+            a += ["--speculative-dspark-block-size", str(m.block_size)]  # γ
+        if v.rule == "standard" and v.draft_sampling == "probabilistic":
+            a += ["--speculative-use-rejection-sampling"]
+        if v.rule == "block":
+            a += ["--speculative-use-block-verification"]
+        if v.accept_threshold.single is not None:
+            a += ["--speculative-accept-threshold-single", str(v.accept_threshold.single)]
+        if v.accept_threshold.acc is not None:
+            a += ["--speculative-accept-threshold-acc", str(v.accept_threshold.acc)]
+        if v.rule == "synthetic" and v.synthetic.acceptance_length is not None:
+            out.env["SGLANG_SIMULATE_ACC_LEN"] = str(v.synthetic.acceptance_length)
+        if s.kind == "adaptive":
+            a += ["--speculative-adaptive"]
+            out.adaptive_config = adaptive_config(plan)
+            if out.adaptive_config is not None:
+                a += ["--speculative-adaptive-config", out.adaptive_config_path]
+        if s.ragged_verify != "static":
+            out.env["SGLANG_RAGGED_VERIFY_MODE"] = RAGGED_ENV.get(s.ragged_verify, s.ragged_verify)
+        if s.cost_table and m.name == "dspark":
+            a += ["--speculative-dspark-sps-table-path", s.cost_table]
+    p = d.parallel
+    for flag, value in (("--tp-size", p.tp), ("--dp-size", p.dp), ("--pp-size", p.pp)):
+        if value and value != 1:
+            a += [flag, str(value)]
+    if p.dp_attention:
+        a += ["--enable-dp-attention"]
+    if p.two_batch_overlap:
+        a += ["--enable-two-batch-overlap"]
+    if d.overlap_scheduler is False:
+        a += ["--disable-overlap-schedule"]
+    if d.page_size is not None:
+        a += ["--page-size", str(d.page_size)]
+    if d.attention_backend:
+        a += ["--attention-backend", d.attention_backend]
+    if d.cuda_graphs is False:
+        a += ["--disable-cuda-graph"]
+    if d.max_running_requests is not None:
+        a += ["--max-running-requests", str(d.max_running_requests)]
+    if d.lora.adapters:
+        a += ["--enable-lora", "--lora-paths", *d.lora.adapters]
+        if d.lora.max_loras_per_batch is not None:
+            a += ["--max-loras-per-batch", str(d.lora.max_loras_per_batch)]
+    if d.disagg.role != "none":
+        a += ["--disaggregation-mode", d.disagg.role]
+    if plan.runtime.device == "cpu":
+        a += ["--device", "cpu"]
+    return out
+
+
+def adaptive_config_json(launch: SGLangLaunch) -> str:
+    """The adaptive config file's text (empty string when there is none)."""
+    return json.dumps(launch.adaptive_config, indent=2) + "\n" if launch.adaptive_config else ""

@@ -1,0 +1,664 @@
+"""Compose a plan from YAML with Hydra's compose API and type it against the schema.
+
+``load_plan(source, overrides)`` is the only way a plan enters specc. ``source`` is a YAML file
+anywhere on disk or the name of a preset in ``conf/plan/``. The file may have a ``defaults:`` list
+naming options of the config groups in ``conf/`` (``target/``, ``draft/``, ``method/``, ``verify/``,
+``schedule/``, ``deploy/``, ``runtime/``) or of groups next to the file. Overrides are Hydra-style:
+``group=option`` (and ``+group=option``, ``~group``) select config-group options; ``key=value``
+(dotted plan keys, e.g. ``method.num_steps=5``) set one value after composition.
+
+Composition follows Hydra's structured-config practice (hydra.cc, "Structured Configs" tutorial;
+``shared/reference/anchors.md`` Part C): the schema dataclasses are registered in the ConfigStore
+(``plan_schema``; a plan may name it first in ``defaults``), the compose API is used as a context
+manager with ``version_base="1.3"``, and the composed tree is merged onto the schema so every
+default is filled in. Line numbers for messages come from re-reading each composed file with
+PyYAML's node API, in Hydra's merge order.
+
+Nothing here imports torch. Every user mistake raises :class:`specc.errors.PlanError` listing all
+problems found at once, each as ``file:line: key: what is wrong; the fix``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+from specc.errors import PlanError
+from specc.plan import schema as S
+
+#: (file, line) where a dotted plan key was written; line 0 means "not a file" (a command-line override).
+Source = Tuple[str, int]
+
+YAML_SUFFIXES = (".yaml", ".yml")
+OVERRIDE_FILE = "<override>"
+
+
+def conf_dir() -> Path:
+    """The directory holding the config groups and presets: ``$SPECC_CONF_DIR`` if set, else the
+    repository's ``conf/`` next to the ``specc`` package."""
+    env = os.environ.get("SPECC_CONF_DIR")
+    if env:
+        return Path(env).resolve()
+    return (Path(__file__).resolve().parent.parent.parent / "conf").resolve()
+
+
+def list_presets() -> List[str]:
+    """Names of the plan presets (``conf/plan/<name>.yaml``), sorted."""
+    d = conf_dir() / "plan"
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+@dataclass
+class LoadedPlan:
+    """A composed, typed plan and where each of its keys was written.
+
+    ``sources`` maps dotted keys (``method.num_steps``; bucket entries ``schedule.buckets.8``) to
+    ``(file, line)`` of the last file or override that set them; keys that kept their schema default
+    are absent. ``overrides`` are the override strings applied, in order.
+    """
+
+    plan: S.Plan
+    path: Path
+    sources: Dict[str, Source] = field(default_factory=dict)
+    overrides: Tuple[str, ...] = ()
+
+    def where(self, key: str) -> Optional[Source]:
+        """``(file, line)`` for ``key`` or its closest written ancestor (``method.ngram.min`` falls
+        back to ``method.ngram``, then ``method``); None if neither was written."""
+        parts = key.split(".")
+        while parts:
+            src = self.sources.get(".".join(parts))
+            if src is not None:
+                return src
+            parts.pop()
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Locating the source
+
+
+def locate(source: str) -> Path:
+    """Map ``source`` (a YAML path or a preset name) to an existing file.
+
+    Raises PlanError for a missing file or an unknown preset (with close matches)."""
+    src = str(source)
+    p = Path(src).expanduser()
+    looks_like_path = src.endswith(YAML_SUFFIXES) or os.sep in src or "/" in src
+    if p.is_file():
+        return p.resolve()
+    if looks_like_path:
+        if p.is_dir():
+            raise PlanError(f"{src}: is a directory; pass a plan file (.yaml) or use `specc check {src}`")
+        raise PlanError(f"{src}: no such plan file")
+    preset = conf_dir() / "plan" / f"{src}.yaml"
+    if preset.is_file():
+        return preset
+    names = list_presets()
+    close = difflib.get_close_matches(src, names, n=3)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise PlanError(f"unknown preset {src!r}{hint} (presets: {', '.join(names) or 'none'}; "
+                    f"or pass a path to a .yaml file)")
+
+
+# --------------------------------------------------------------------------------------------
+# YAML with line numbers
+
+
+def _read_yaml_nodes(path: Path):
+    """Parse ``path`` into a PyYAML node tree. Raises PlanError naming the file and line of a
+    syntax error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader), text
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        ctx = getattr(exc, "context", None)
+        raise PlanError(f"{where}: invalid YAML: {problem}" + (f" ({ctx})" if ctx else "")) from None
+
+
+def _package_header(text: str) -> Optional[str]:
+    """The ``# @package <pkg>`` header directive of a Hydra config file, if any."""
+    for line in text.splitlines()[:5]:
+        s = line.strip()
+        if s.startswith("# @package"):
+            return s[len("# @package"):].strip()
+    return None
+
+
+def _record_lines(node, prefix: str, file: str, out: Dict[str, Source]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = str(k.value)
+            if not prefix and key in ("defaults", "hydra"):
+                continue
+            dotted = f"{prefix}.{key}" if prefix else key
+            out[dotted] = (file, k.start_mark.line + 1)
+            _record_lines(v, dotted, file, out)
+
+
+def _display(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return str(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+# --------------------------------------------------------------------------------------------
+# Overrides
+
+
+def _parse_overrides(overrides: Sequence[str], groups: set) -> Tuple[List[str], list]:
+    """Split overrides into Hydra group selections and plan key assignments."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    group_ovs: List[str] = []
+    key_ovs = []
+    for text in overrides:
+        try:
+            (ov,) = parser.parse_overrides([text])
+        except (HydraException, ValueError) as exc:
+            msg = str(exc).splitlines()[0]
+            raise PlanError(f"override {text!r}: cannot parse ({msg}); write group=option or key=value") from None
+        key = ov.key_or_group
+        if key in groups and "." not in key and "@" not in text.split("=")[0]:
+            group_ovs.append(text)
+        elif ov.is_delete() or (ov.is_add() and key in groups):
+            group_ovs.append(text)
+        else:
+            try:
+                value = ov.value()
+            except Exception as exc:  # noqa: BLE001 - parser errors are user input
+                raise PlanError(f"override {text!r}: bad value ({exc})") from None
+            if ov.is_sweep_override():
+                raise PlanError(f"override {text!r}: sweeps are not plans; give one value")
+            key_ovs.append((text, key.lstrip("+"), _plain(value)))
+    return group_ovs, key_ovs
+
+
+def _plain(value):
+    """Hydra parser values -> plain Python (lists/dicts of scalars)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _groups(dirs: Sequence[Path]) -> set:
+    out = set()
+    for d in dirs:
+        if d.is_dir():
+            out.update(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Schema walking: unknown keys, choices and ranges
+
+
+def _field_types(cls) -> Dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _strip_optional(tp):
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _unknown_keys(data: Any, cls, prefix: str, out: List[Tuple[str, str]]) -> None:
+    """Collect (dotted_key, message) for keys of ``data`` that the schema class ``cls`` lacks."""
+    if not isinstance(data, dict):
+        return
+    types = _field_types(cls)
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in types:
+            close = difflib.get_close_matches(str(key), list(types), n=1, cutoff=0.6)
+            hint = f"; did you mean '{(prefix + '.') if prefix else ''}{close[0]}'?" if close else ""
+            known = ", ".join(types)
+            out.append((dotted, f"unknown key{hint} (known keys{' of ' + prefix if prefix else ''}: {known})"))
+            continue
+        tp = _strip_optional(types[key])
+        if dataclasses.is_dataclass(tp):
+            _unknown_keys(value, tp, dotted, out)
+        elif typing.get_origin(tp) in (dict, Dict) and isinstance(value, dict):
+            vt = _strip_optional(typing.get_args(tp)[1])
+            if dataclasses.is_dataclass(vt):
+                for k2, v2 in value.items():
+                    _unknown_keys(v2, vt, f"{dotted}.{k2}", out)
+
+
+#: Allowed values of enumerated string keys (schema constants).
+CHOICES: Dict[str, Tuple[str, ...]] = {
+    "engine": S.ENGINES,
+    "target.format": S.MODEL_FORMATS,
+    "target.dtype": S.DTYPES,
+    "draft.format": S.MODEL_FORMATS,
+    "method.name": S.METHOD_NAMES,
+    "method.markov.kind": S.MARKOV_KINDS,
+    "verify.rule": S.VERIFY_RULES,
+    "verify.draft_sampling": S.DRAFT_SAMPLING,
+    "schedule.kind": S.SCHEDULE_KINDS,
+    "schedule.ragged_verify": S.RAGGED_VERIFY,
+    "deploy.disagg.role": S.DISAGG_ROLES,
+    "runtime.device": S.DEVICES,
+    "runtime.dtype": S.DTYPES,
+    "runtime.kernel_backend": S.KERNEL_BACKENDS,
+    "runtime.compile_backend": S.COMPILE_BACKENDS,
+}
+
+#: Inclusive numeric ranges; None = unbounded. Values outside are meaningless for any engine.
+RANGES: Dict[str, Tuple[Optional[float], Optional[float]]] = {
+    "target.max_model_len": (1, None),
+    "target.vocab_size": (1, None),
+    "draft.max_model_len": (1, None),
+    "draft.vocab_size": (1, None),
+    "method.num_steps": (0, None),
+    "method.topk": (1, None),
+    "method.num_draft_tokens": (1, None),
+    "method.block_size": (1, None),
+    "method.ngram.min": (1, None),
+    "method.ngram.max": (1, None),
+    "method.markov.rank": (0, None),
+    "verify.synthetic.acceptance_length": (1, None),
+    "verify.accept_threshold.single": (0, 1),
+    "verify.accept_threshold.acc": (0, 1),
+    "schedule.ema_alpha": (0, 1),
+    "schedule.warmup_batches": (0, None),
+    "schedule.update_interval": (1, None),
+    "deploy.lora.max_loras_per_batch": (1, None),
+    "deploy.parallel.tp": (1, None),
+    "deploy.parallel.dp": (1, None),
+    "deploy.parallel.pp": (1, None),
+    "deploy.page_size": (1, None),
+    "deploy.max_running_requests": (1, None),
+    "runtime.max_batch_size": (1, None),
+}
+
+
+def get_key(plan: S.Plan, dotted: str) -> Any:
+    """The value at a dotted key of a plan (dataclasses and dicts); None if a parent is None or absent."""
+    obj: Any = plan
+    for part in dotted.split("."):
+        if obj is None:
+            return None
+        if isinstance(obj, dict):
+            obj = obj.get(int(part) if part.isdigit() and int(part) in obj else part)
+        else:
+            obj = getattr(obj, part, None)
+    return obj
+
+
+def _range_errors(plan: S.Plan) -> List[Tuple[str, str]]:
+    errs: List[Tuple[str, str]] = []
+    for key, allowed in CHOICES.items():
+        v = get_key(plan, key)
+        if v is not None and v not in allowed:
+            close = difflib.get_close_matches(str(v), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            errs.append((key, f"{v!r} is not one of {', '.join(allowed)}{hint}"))
+    for key, (lo, hi) in RANGES.items():
+        v = get_key(plan, key)
+        if v is None:
+            continue
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            errs.append((key, f"{v} is out of range; must be {rng}"))
+    rates = plan.verify.synthetic.acceptance_rates
+    if rates is not None and any(not (0.0 <= r <= 1.0) for r in rates):
+        errs.append(("verify.synthetic.acceptance_rates", f"{list(rates)}: every rate must be in [0, 1]"))
+    for bs, bucket in (plan.schedule.buckets or {}).items():
+        if bs < 1:
+            errs.append((f"schedule.buckets.{bs}", f"batch size {bs} must be >= 1"))
+        if any(c < 0 for c in bucket.candidates):
+            errs.append((f"schedule.buckets.{bs}.candidates", f"{list(bucket.candidates)}: κ candidates must be >= 0"))
+    for key in ("schedule.capture_batch_sizes",):
+        v = get_key(plan, key)
+        if v is not None and any(x < 1 for x in v):
+            errs.append((key, f"{list(v)}: batch sizes must be >= 1"))
+    tc = plan.method.tree_choices
+    if tc is not None and any(any(c < 0 for c in path) for path in tc):
+        errs.append(("method.tree_choices", "child indices must be >= 0"))
+    return errs
+
+
+# --------------------------------------------------------------------------------------------
+# Composition
+
+
+def _compose(path: Path, group_ovs: List[str]):
+    """Hydra compose of ``path`` with ``conf_dir()`` on the search path. Returns (cfg, files in
+    merge order as (file, package))."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    S.register_configs()
+    cdir = conf_dir()
+    plan_dir = path.parent
+    hydra_ovs = list(group_ovs)
+    if plan_dir != cdir:
+        hydra_ovs.append(f"hydra.searchpath=[file://{cdir}]")
+    GlobalHydra.instance().clear()
+    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(plan_dir), version_base="1.3"):
+        warnings.simplefilter("ignore")  # e.g. "Defaults list is missing `_self_`": not the user's problem
+        cfg = compose(config_name=path.stem, overrides=hydra_ovs, return_hydra_config=True)
+    from omegaconf import open_dict
+
+    choices = dict(cfg.hydra.runtime.choices) if "hydra" in cfg else {}
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    files = _merge_order(path, choices, [plan_dir, cdir])
+    return cfg, files
+
+
+def _merge_order(path: Path, choices: Dict[str, Any], dirs: Sequence[Path]) -> List[Tuple[Path, str]]:
+    """The composed files as (file, package) in Hydra's merge order, from the group choices Hydra
+    reports (in defaults-list order) and the position of ``_self_`` in the primary's defaults
+    (Hydra 1.1+ default: last)."""
+    group_files: List[Tuple[Path, str]] = []
+    for group, option in choices.items():
+        if option is None or group.startswith("hydra/") or group == "hydra":
+            continue
+        grp, _, pkg = str(group).partition("@")
+        for base in dirs:
+            f = base / grp / f"{option}.yaml"
+            if f.is_file():
+                group_files.append((f, pkg or grp.replace("/", ".")))
+                break
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        defaults = data.get("defaults") or [] if isinstance(data, dict) else []
+    except yaml.YAMLError:
+        defaults = []
+    self_at = len(group_files)
+    if "_self_" in defaults:
+        before = defaults[:defaults.index("_self_")]
+        self_at = min(len(group_files), sum(1 for d in before if isinstance(d, dict)))
+    return group_files[:self_at] + [(path, "")] + group_files[self_at:]
+
+
+def _hydra_error(exc: Exception, path: Path) -> PlanError:
+    import re
+
+    text = str(exc).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    m = re.search(r"full_key: ([\w.]+)", text)
+    if m:
+        # A typed merge failed inside Hydra (the plan lists plan_schema in its defaults): say which key.
+        key = m.group(1)
+        node, _ = _read_yaml_nodes(path)
+        where: Dict[str, Source] = {}
+        _record_lines(node, "", _display(path), where)
+        src = where.get(key)
+        loc = f"{src[0]}:{src[1]}" if src else _display(path)
+        unknown: List[Tuple[str, str]] = []
+        parent, _, leaf = key.rpartition(".")
+        if "not in" in text:
+            _unknown_keys(_nest(key, None), S.Plan, "", unknown)
+        if unknown:
+            return PlanError(f"plan {_display(path)} has 1 problem:\n  {loc}: {unknown[0][0]}: {unknown[0][1]}")
+        body = [ln.strip() for ln in lines if "raised while composing" not in ln and ":" not in ln.split()[0]]
+        detail = body[0] if body else first
+        return PlanError(f"plan {_display(path)} has 1 problem:\n  {loc}: {key}: wrong type or value: {detail}")
+    if "Could not find" in first or "Could not load" in first:
+        # "Could not find 'method/eagel3'" + available options
+        import re
+
+        msg = first.strip()
+        opts_lines = []
+        for ln in lines[1:]:
+            if ln.startswith("Config search path"):
+                break
+            if "Available" not in ln and ln.strip() != "schema":
+                opts_lines.append(ln.strip())
+        if len(lines) > 1:
+            msg += f" (options: {', '.join(opts_lines)})"
+
+        m = re.search(r"'([\w/]+)/([\w.]+)'", first)
+        if m:
+            group, opt = m.group(1), m.group(2)
+            opts = [p.stem for base in (path.parent, conf_dir()) for p in (base / group).glob("*.yaml")]
+            close = difflib.get_close_matches(opt, opts, n=1)
+            if close:
+                msg += f"; did you mean {group}={close[0]}?"
+        return PlanError(f"{_display(path)}: {msg}")
+    return PlanError(f"{_display(path)}: cannot compose plan: {' '.join(ln.strip() for ln in lines[:4])}")
+
+
+def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
+    """Compose, type and range-check a plan.
+
+    Args:
+        source: path to a YAML plan file, or a preset name (``conf/plan/<name>.yaml``).
+        overrides: Hydra-style overrides, ``group=option`` or ``dotted.key=value``.
+
+    Returns:
+        LoadedPlan with the typed ``Plan`` (every schema default filled in), the file path and
+        ``sources`` (dotted key -> (file, line)).
+
+    Raises:
+        PlanError: missing file, unknown preset, invalid YAML (with its line), unknown group option,
+            unknown key (with "did you mean"), wrong type, or out-of-range value. All problems of the
+            plan are listed in one error.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = locate(source)
+    root, _ = _read_yaml_nodes(path)
+    if root is not None and not isinstance(root, yaml.MappingNode):
+        raise PlanError(f"{_display(path)}:{root.start_mark.line + 1}: a plan must be a YAML mapping "
+                        f"(key: value lines), not a {root.tag.rsplit(':', 1)[-1]}")
+    group_ovs, key_ovs = _parse_overrides(overrides, _groups([path.parent, conf_dir()]))
+
+    from hydra.errors import HydraException
+
+    try:
+        cfg, files = _compose(path, group_ovs)
+    except PlanError:
+        raise
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError, ValueError) as exc:
+        # A broken YAML in a group file: find it and report its line.
+        for f in sorted(conf_dir().rglob("*.yaml")) + [path]:
+            try:
+                yaml.compose(f.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+            except yaml.YAMLError:
+                _read_yaml_nodes(f)  # raises with file:line
+            except OSError:
+                pass
+        raise _hydra_error(exc, path) from None
+
+    # Where each key was written (later files win, as in Hydra's merge order).
+    sources: Dict[str, Source] = {}
+    for f, package in files:
+        node, text = _read_yaml_nodes(f)
+        header = _package_header(text)
+        pkg = package if header is None else ("" if header == "_global_" else header)
+        if pkg.startswith("_global_"):
+            pkg = pkg[len("_global_"):].lstrip(".")
+        _record_lines(node, pkg, _display(f), sources)
+
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise PlanError(f"{_display(path)}: cannot resolve interpolation: {exc}".splitlines()[0]) from None
+    data.pop("hydra", None)
+
+    problems: List[Tuple[str, str]] = []
+    _unknown_keys(data, S.Plan, "", problems)
+    for text, key, value in key_ovs:
+        tree: Dict[str, Any] = {}
+        cur = tree
+        parts = key.split(".")
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = value
+        ov_problems: List[Tuple[str, str]] = []
+        _unknown_keys(tree, S.Plan, "", ov_problems)
+        problems += [(k, f"{m} (from override {text!r})") for k, m in ov_problems]
+
+    typed = _typed(_drop_unknown(data, S.Plan), problems)
+    for text, key, value in key_ovs:
+        if any(k == key for k, _ in problems):
+            continue
+        try:
+            if any(part.isdigit() for part in key.split(".")):
+                raise AssertionError("int-keyed dict: merge a nested dict instead")
+            OmegaConf.update(typed, key, value, merge=True)
+        except (OmegaConfBaseException, AssertionError):
+            try:
+                typed = OmegaConf.merge(typed, _nest(key, value))
+            except OmegaConfBaseException as exc:
+                sources[key] = (f"{OVERRIDE_FILE} {text}", 0)
+                problems.append((key, _type_msg(exc)))
+                continue
+        sources[key] = (f"{OVERRIDE_FILE} {text}", 0)
+        for k in list(sources):
+            if k.startswith(key + "."):
+                del sources[k]
+
+    plan = None
+    if typed is not None:
+        try:
+            plan = OmegaConf.to_object(typed)
+        except OmegaConfBaseException as exc:
+            problems.append((_err_key(exc, ""), _type_msg(exc)))
+    if plan is not None:
+        problems += _range_errors(plan)
+
+    if problems:
+        loaded = LoadedPlan(plan=plan, path=path, sources=sources)  # type: ignore[arg-type]
+        lines = []
+        for key, msg in problems:
+            src = loaded.where(key)
+            loc = (f"{src[0]}:{src[1]}" if src[1] else src[0]) if src else _display(path)
+            lines.append(f"  {loc}: {key}: {msg}")
+        n = len(problems)
+        raise PlanError(f"plan {_display(path)} has {n} problem{'s' if n > 1 else ''}:\n" + "\n".join(lines))
+    return LoadedPlan(plan=plan, path=path, sources=sources, overrides=tuple(overrides))
+
+
+def _nest(key: str, value: Any) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    cur = out
+    parts = [int(p) if p.isdigit() else p for p in key.split(".")]  # bucket keys are ints
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def _drop_unknown(data: Any, cls) -> Any:
+    """``data`` without the keys the schema lacks (they are reported separately)."""
+    if not isinstance(data, dict):
+        return data
+    types = _field_types(cls)
+    out = {}
+    for k, v in data.items():
+        if k not in types:
+            continue
+        tp = _strip_optional(types[k])
+        out[k] = _drop_unknown(v, tp) if dataclasses.is_dataclass(tp) else v
+    return out
+
+
+def _leaves(data: Any, cls, prefix: str):
+    """(dotted_key, value) for each schema leaf written in ``data`` (dict/list fields are leaves)."""
+    types = _field_types(cls)
+    for k, v in data.items():
+        dotted = f"{prefix}.{k}" if prefix else str(k)
+        tp = _strip_optional(types[k])
+        if dataclasses.is_dataclass(tp) and isinstance(v, dict) and v:
+            yield from _leaves(v, tp, dotted)
+        else:
+            yield dotted, v
+
+
+def _typed(data: Dict[str, Any], problems: List[Tuple[str, str]]):
+    """Merge ``data`` onto the schema. On a type error, merge leaf by leaf to report every bad key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    base = OmegaConf.structured(S.Plan)
+    try:
+        return OmegaConf.merge(base, data)
+    except OmegaConfBaseException:
+        pass
+    typed = base
+    for key, value in _leaves(data, S.Plan, ""):
+        try:
+            typed = OmegaConf.merge(typed, _nest(key, value))
+        except OmegaConfBaseException as exc:
+            problems.append((_err_key(exc, key), _type_msg(exc)))
+    return typed
+
+
+def _err_key(exc, fallback: str) -> str:
+    key = getattr(exc, "full_key", None)
+    return str(key) if key else fallback
+
+
+def _type_msg(exc) -> str:
+    msg = getattr(exc, "msg", None) or str(exc)
+    msg = msg.splitlines()[0].strip()
+    typ = getattr(exc, "ref_type", None)
+    return f"wrong type: {msg}" if "convert" in msg or "Invalid type" in msg or typ else msg
+
+
+def _construct(cls, data: Dict[str, Any]):
+    """Dataclass ``cls`` from nested dicts, recursively, without type coercion."""
+    types = _field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        tp = _strip_optional(types[key])
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            value = _construct(tp, value)
+        elif typing.get_origin(tp) in (dict, Dict) and isinstance(value, dict):
+            vt = _strip_optional(typing.get_args(tp)[1])
+            if dataclasses.is_dataclass(vt):
+                value = {k: _construct(vt, v) if isinstance(v, dict) else v for k, v in value.items()}
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def plan_from_dict(data: Dict[str, Any], validate: bool = True) -> S.Plan:
+    """Build a typed Plan from nested dicts (tests, generated plans); schema defaults fill the rest.
+
+    With ``validate`` (default) values are type-checked and converted by OmegaConf against the
+    schema; without it the dataclasses are built directly (fast; values used as given).
+    Raises PlanError for unknown keys or wrong types (no range checks: ``check`` must cope)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    problems: List[Tuple[str, str]] = []
+    _unknown_keys(data, S.Plan, "", problems)
+    if problems:
+        raise PlanError("; ".join(f"{k}: {m}" for k, m in problems))
+    if not validate:
+        return _construct(S.Plan, data)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(S.Plan), data))
+    except OmegaConfBaseException as exc:
+        raise PlanError(f"{_err_key(exc, '')}: {_type_msg(exc)}") from None

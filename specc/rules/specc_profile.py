@@ -1,0 +1,163 @@
+"""The ``specc`` profile: what specc's own runtime (issue 4) runs today.
+
+Supported: methods ``none`` (κ = 0), ``ngram``, ``draft_model``, ``eagle``, ``eagle3`` as chains
+(topk = 1, verify width κ + 1); verify rules ``greedy`` and ``standard``; a ``static`` schedule; one
+device, llama-family targets (the model team's ``LlamaModel``). Everything else is an error saying
+"not supported by the specc runtime yet" with the fix "target sglang or vllm" — until the runtime
+team extends this table. Server-only settings (LoRA, disaggregation, parallelism, page size,
+attention backend) are errors or warnings because the runtime would silently ignore them.
+
+Sources name the specc module that implements (or would implement) the capability.
+"""
+from __future__ import annotations
+
+from specc.rules.base import Profile, Rule, gt, ne, ngram_window_set, rejection_sampling, thresholds_set
+
+SUPPORTED = ("none", "ngram", "draft_model", "eagle", "eagle3")
+NEEDS_DRAFT = ("draft_model", "eagle", "eagle3")
+LLAMA_ARCHS = ("llama", "llamaforcausallm")
+NGRAM_DEFAULT = (1, 3)  # min, max suffix length tried by specc/drafters/ngram.py
+RT = "specc/runtime (issue 4)"
+
+
+def drafting(p) -> bool:
+    return p.method.name in SUPPORTED and p.method.name != "none"
+
+
+def _fill_ngram(p):
+    lo = p.method.ngram.min if p.method.ngram.min is not None else min(NGRAM_DEFAULT[0], p.method.ngram.max or 99)
+    hi = p.method.ngram.max if p.method.ngram.max is not None else max(NGRAM_DEFAULT[1], lo)
+    return {"method.ngram.min": lo, "method.ngram.max": hi}
+
+
+R = Rule
+RULES = (
+    R("S-METHOD", "error", ("method.name",), lambda p: p.method.name not in SUPPORTED,
+      "method.name={p.method.name} is not supported by the specc runtime yet (it runs none, ngram, "
+      "draft_model, eagle, eagle3); target sglang or vllm (engine=sglang|vllm)", RT),
+    R("S-K0", "error", ("method.name", "method.num_steps"),
+      lambda p: p.method.name == "none" and gt(p.method.num_steps, 0),
+      "method.name=none is plain decoding (κ = 0) but method.num_steps={p.method.num_steps}; set num_steps 0 "
+      "or pick a method", RT),
+    R("S-K0-FILL", "filled", ("method.num_steps",), lambda p: p.method.name == "none" and p.method.num_steps is None,
+      "method.name=none: method.num_steps = 0 (plain decoding)", RT, lambda p: {"method.num_steps": 0}),
+    R("S-STEPS", "error", ("method.num_steps",), lambda p: drafting(p) and p.method.num_steps is None,
+      "method.num_steps (κ) is required for {p.method.name} on the specc runtime; e.g. method.num_steps=3", RT),
+    R("S-KZERO", "warning", ("method.num_steps",), lambda p: drafting(p) and p.method.num_steps == 0,
+      "method.num_steps=0 never drafts: {p.method.name} decodes plainly; use method.name=none or κ >= 1", RT),
+    R("S-TREE", "error", ("method.topk", "method.tree_choices"),
+      lambda p: drafting(p) and (gt(p.method.topk, 1) or bool(p.method.tree_choices)),
+      "method.topk={p.method.topk} / method.tree_choices: tree drafting is not supported by the specc runtime "
+      "yet (chains only, topk 1); target sglang or vllm", RT),
+    R("S-TOPK-FILL", "filled", ("method.topk",), lambda p: drafting(p) and p.method.topk is None,
+      "method.topk = 1 (chain drafting)", RT, lambda p: {"method.topk": 1}),
+    R("S-WIDTH", "error", ("method.num_draft_tokens", "method.num_steps"),
+      lambda p: drafting(p) and p.method.topk == 1 and isinstance(p.method.num_steps, int)
+      and ne(p.method.num_draft_tokens, p.method.num_steps + 1),
+      "method.num_draft_tokens={p.method.num_draft_tokens}: a chain verifies κ + 1 = {p.method.num_steps} + 1 "
+      "tokens; drop num_draft_tokens or set it to num_steps + 1", RT),
+    R("S-WIDTH-FILL", "filled", ("method.num_draft_tokens",),
+      lambda p: drafting(p) and isinstance(p.method.num_steps, int) and p.method.num_draft_tokens is None,
+      "method.num_draft_tokens = κ + 1 = {new[method.num_draft_tokens]}", RT,
+      lambda p: {"method.num_draft_tokens": p.method.num_steps + 1}),
+    R("S-PARALLEL-DRAFT", "error", ("method.parallel_drafting",), lambda p: bool(p.method.parallel_drafting),
+      "method.parallel_drafting (PARD / P-EAGLE) is not supported by the specc runtime yet; target vllm", RT),
+    R("S-DRAFT", "error", ("draft.path",),
+      lambda p: p.method.name in NEEDS_DRAFT and (p.draft is None or not p.draft.path),
+      "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: smollm2_135m_eagle3)",
+      "specc/models/resolve.py"),
+    R("S-DRAFT-IGN", "warning", ("draft.path",),
+      lambda p: p.method.name in ("none", "ngram") and p.draft is not None and bool(p.draft.path),
+      "draft.path is ignored for method.name={p.method.name}; drop the draft section", RT),
+    R("S-VOCAB", "error", ("draft.vocab_size", "target.vocab_size"),
+      lambda p: p.method.name == "draft_model" and p.draft is not None and p.target.vocab_size is not None
+      and ne(p.draft.vocab_size, p.target.vocab_size),
+      "draft.vocab_size={p.draft.vocab_size} != target.vocab_size={p.target.vocab_size}: verify compares token "
+      "ids, so the draft model must share the target's vocabulary", "specc/kernels (greedy_verify)"),
+    R("S-LEN", "fallback", ("target.max_model_len", "draft.max_model_len"),
+      lambda p: drafting(p) and p.method.name in NEEDS_DRAFT and p.draft is not None
+      and isinstance(p.draft.max_model_len, int) and isinstance(p.target.max_model_len, int)
+      and p.draft.max_model_len < p.target.max_model_len,
+      "draft.max_model_len={p.draft.max_model_len} < target.max_model_len: sequences are capped at "
+      "{new[target.max_model_len]} tokens", RT, lambda p: {"target.max_model_len": p.draft.max_model_len}),
+    R("S-ARCH", "error", ("target.architecture",),
+      lambda p: p.target.architecture is not None and p.target.architecture.lower() not in LLAMA_ARCHS,
+      "target.architecture={p.target.architecture}: the specc runtime runs llama-family targets only; "
+      "target sglang or vllm", "specc/models/llama.py"),
+    R("S-TARGET", "error", ("target.path",), lambda p: not p.target.path,
+      "target.path is required (e.g. defaults: - /target: smollm2_135m)", "specc/models/resolve.py"),
+    R("S-NGRAM-FILL", "filled", ("method.ngram.min", "method.ngram.max"),
+      lambda p: p.method.name == "ngram" and (p.method.ngram.min is None or p.method.ngram.max is None),
+      "method.ngram.min/max = {new[method.ngram.min]}/{new[method.ngram.max]}", "specc/drafters/ngram.py",
+      _fill_ngram),
+    R("S-NGRAM-ORDER", "error", ("method.ngram.min", "method.ngram.max"),
+      lambda p: p.method.name == "ngram" and isinstance(p.method.ngram.min, int)
+      and isinstance(p.method.ngram.max, int) and p.method.ngram.min > p.method.ngram.max,
+      "method.ngram.min={p.method.ngram.min} must be <= method.ngram.max={p.method.ngram.max}",
+      "specc/drafters/ngram.py"),
+    R("S-NGRAM-IGN", "warning", ("method.ngram",), lambda p: p.method.name != "ngram" and ngram_window_set(p),
+      "method.ngram.min/max are ignored for method.name={p.method.name}", RT),
+    R("S-BLOCK-IGN", "warning", ("method.block_size", "method.markov", "method.confidence_head"),
+      lambda p: p.method.name in SUPPORTED and (p.method.block_size is not None or p.method.markov.kind is not None
+                                                 or p.method.markov.rank is not None
+                                                 or p.method.confidence_head is not None),
+      "method.block_size/markov/confidence_head are DFlash/DSpark settings, ignored for {p.method.name}", RT),
+    R("S-VERIFY", "error", ("verify.rule",), lambda p: drafting(p) and p.verify.rule not in ("greedy", "standard"),
+      "verify.rule={p.verify.rule} is not supported by the specc runtime yet (greedy, standard); target "
+      "sglang or vllm", "specc/kernels"),
+    R("S-NGRAM-PROB", "fallback", ("verify.draft_sampling",),
+      lambda p: p.method.name == "ngram" and rejection_sampling(p),
+      "ngram drafts have no distribution: verify.draft_sampling becomes greedy (one-hot q)",
+      "specc/drafters/ngram.py", lambda p: {"verify.draft_sampling": "greedy"}),
+    R("S-GREEDY-PROB", "warning", ("verify.rule", "verify.draft_sampling"),
+      lambda p: drafting(p) and p.verify.rule == "greedy" and p.verify.draft_sampling == "probabilistic",
+      "verify.draft_sampling=probabilistic is ignored by greedy verify; use verify.rule=standard or "
+      "draft_sampling=greedy", "specc/kernels (greedy_verify)"),
+    R("S-THRESH", "error", ("verify.accept_threshold",), lambda p: drafting(p) and thresholds_set(p),
+      "verify.accept_threshold.* (lossy acceptance) is not supported by the specc runtime yet; target sglang",
+      "specc/kernels"),
+    R("S-SYN-IGN", "warning", ("verify.synthetic",),
+      lambda p: p.verify.rule != "synthetic" and (p.verify.synthetic.acceptance_length is not None
+                                                  or p.verify.synthetic.acceptance_rates is not None),
+      "verify.synthetic.* is ignored unless verify.rule=synthetic", RT),
+    R("S-SCHED", "error", ("schedule.kind",), lambda p: drafting(p) and p.schedule.kind != "static",
+      "schedule.kind={p.schedule.kind} is not supported by the specc runtime yet (static only); target sglang "
+      "(adaptive) or vllm (batch_buckets, budget)", RT),
+    R("S-RAGGED", "error", ("schedule.ragged_verify",), lambda p: drafting(p) and p.schedule.ragged_verify != "static",
+      "schedule.ragged_verify={p.schedule.ragged_verify} is not supported by the specc runtime yet; target sglang",
+      RT),
+    R("S-SCHED-IGN", "warning", ("schedule.buckets", "schedule.ema_alpha", "schedule.update_interval",
+                                 "schedule.warmup_batches"),
+      lambda p: p.schedule.kind == "static" and (bool(p.schedule.buckets) or p.schedule.ema_alpha is not None
+                                                 or p.schedule.update_interval is not None
+                                                 or p.schedule.warmup_batches is not None),
+      "schedule.buckets/ema_alpha/update_interval/warmup_batches are ignored with schedule.kind=static", RT),
+    R("S-LORA", "error", ("deploy.lora.adapters",), lambda p: bool(p.deploy.lora.adapters),
+      "deploy.lora.adapters: LoRA is not supported by the specc runtime yet; target sglang", RT),
+    R("S-DISAGG", "error", ("deploy.disagg.role",), lambda p: p.deploy.disagg.role != "none",
+      "deploy.disagg.role={p.deploy.disagg.role}: disaggregated serving is not supported by the specc runtime "
+      "yet; target sglang", RT),
+    R("S-PAR", "error", ("deploy.parallel",),
+      lambda p: gt(p.deploy.parallel.tp, 1) or gt(p.deploy.parallel.dp, 1) or gt(p.deploy.parallel.pp, 1)
+      or p.deploy.parallel.dp_attention or p.deploy.parallel.two_batch_overlap,
+      "deploy.parallel (tp/dp/pp > 1, dp_attention, two_batch_overlap): the specc runtime runs on one device; "
+      "target sglang or vllm", RT),
+    R("S-DEPLOY-IGN", "warning", ("deploy.page_size", "deploy.attention_backend", "deploy.max_running_requests",
+                                  "deploy.overlap_scheduler"),
+      lambda p: any(v is not None for v in (p.deploy.page_size, p.deploy.attention_backend,
+                                             p.deploy.max_running_requests, p.deploy.overlap_scheduler)),
+      "deploy.page_size/attention_backend/max_running_requests/overlap_scheduler are server settings the "
+      "specc runtime ignores (it uses runtime.max_batch_size)", RT),
+    R("S-TRT", "error", ("runtime.compile_backend",), lambda p: p.runtime.compile_backend == "tensorrt",
+      "runtime.compile_backend=tensorrt is not supported by the specc runtime yet; use eager or inductor", RT),
+    R("S-CPU-DTYPE", "warning", ("runtime.dtype", "runtime.device"),
+      lambda p: p.runtime.device == "cpu" and p.runtime.dtype in ("float16", "bfloat16"),
+      "runtime.dtype={p.runtime.dtype} on runtime.device=cpu is orders of magnitude slower than float32; use "
+      "runtime.dtype=float32", RT),
+    R("S-TRITON-CPU", "warning", ("runtime.kernel_backend", "runtime.device"),
+      lambda p: p.runtime.device == "cpu" and p.runtime.kernel_backend == "triton",
+      "runtime.kernel_backend=triton on CPU runs under TRITON_INTERPRET=1 (very slow); use torch or auto",
+      "specc/kernels"),
+)
+
+PROFILE = Profile(name="specc", version="specc==0.1.0", root="", rules=RULES)

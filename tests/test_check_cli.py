@@ -1,0 +1,173 @@
+"""`specc check` end to end: the shipped presets against every engine, output formats, exit codes
+and file:line locations."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specc.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+PRESETS = sorted(p.stem for p in (REPO / "conf" / "plan").glob("*.yaml"))
+SPECC_PRESETS = ["smollm2_draft_model", "smollm2_eagle", "smollm2_eagle3", "smollm2_ngram", "smollm2_plain"]
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["specc"])
+
+
+def _run(capsys, *args):
+    rc = main(["check", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def all_presets_json():
+    """`specc check conf/plan/ --engine all --format json` through the installed console script."""
+    exe = shutil.which("specc")
+    cmd = [exe] if exe else [sys.executable, "-m", "specc.cli"]
+    proc = subprocess.run(cmd + ["check", "conf/plan/", "--engine", "all", "--format", "json", "--show-resolved"],
+                          capture_output=True, text=True, cwd=REPO)
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def _own_engine(objs):
+    """preset -> its resolved plan under its own engine (the plan's `engine` key)."""
+    out = {}
+    for o in objs:
+        if o["resolved"]["engine"] == o["engine"].split("==")[0]:
+            out[Path(o["plan"]).stem] = o
+    return out
+
+
+def test_presets_cover_every_method_and_scenario(all_presets_json):
+    methods = {"none", "ngram", "draft_model", "eagle", "eagle3", "mtp", "frozen_kv_mtp", "multi_layer_eagle",
+               "medusa", "suffix", "dflash", "dspark", "custom"}
+    own = _own_engine(all_presets_json[1])
+    assert sorted(own) == PRESETS
+    seen = {o["resolved"]["method"]["name"] for o in own.values()}
+    assert methods <= seen, methods - seen
+    for name in ("sglang_eagle3_adaptive", "sglang_eagle_tree", "sglang_dflash", "sglang_dspark_budget", "vllm_pard",
+                 "vllm_p_eagle", "vllm_medusa", "sglang_mtp", "sglang_frozen_kv_mtp", "smollm2_ngram",
+                 "sglang_lora_eagle3", "sglang_disagg_decode", "vllm_batch_buckets"):
+        assert name in PRESETS
+    for p in PRESETS:
+        assert (REPO / "conf" / "plan" / f"{p}.yaml").read_text().startswith("# "), f"{p} lacks its comment"
+
+
+def test_all_presets_against_all_engines(all_presets_json):
+    rc, objs, err = all_presets_json
+    assert err == ""
+    assert rc == 1  # cross-engine errors exist (a tree plan on vLLM, ...)
+    assert len(objs) == 3 * len(PRESETS)
+    by = {(Path(o["plan"]).stem, o["engine"].split("==")[0]): o for o in objs}
+    for o in objs:
+        assert set(o) >= {"plan", "engine", "violations"}
+        for v in o["violations"]:
+            assert set(v) >= {"rule", "severity", "keys", "message", "source"}
+            assert v["severity"] in ("error", "warning", "fallback", "filled")
+            assert v["source"].startswith(o["engine"])
+            assert (REPO / v["location"]["file"]).is_file()
+
+    def errors(plan, engine):
+        return sorted(v["rule"] for v in by[(plan, engine)]["violations"] if v["severity"] == "error")
+
+    # Each preset is valid for its own engine; Medusa is the one method no pinned engine runs.
+    own = _own_engine(objs)
+    for p in PRESETS:
+        eng = own[p]["engine"].split("==")[0]
+        assert errors(p, eng) == (["vllm.M1"] if p == "vllm_medusa" else []), (p, errors(p, eng))
+    for p in SPECC_PRESETS:
+        assert errors(p, "specc") == []
+    # Cross-engine outcomes worked out from the reference tables:
+    assert errors("sglang_eagle_tree", "vllm") == ["vllm.T1"]          # no tree speculation in vLLM 0.33
+    assert errors("sglang_eagle_tree", "specc") == ["specc.S-TREE"]    # chains only
+    assert errors("sglang_eagle3_adaptive", "vllm") == ["vllm.A1"]     # no κ controller
+    assert errors("sglang_eagle3_adaptive", "specc") == ["specc.S-SCHED"]
+    assert errors("vllm_batch_buckets", "sglang") == ["sglang.BB1"]    # no per-batch static κ in SGLang
+    assert errors("vllm_pard", "sglang") == ["sglang.PAR1"]
+    assert errors("vllm_suffix", "sglang") == ["sglang.N5"]
+    assert errors("sglang_frozen_kv_mtp", "vllm") == ["vllm.M1"]
+    assert errors("sglang_lora_eagle3", "specc") == ["specc.S-LORA"]
+    assert errors("sglang_disagg_decode", "specc") == ["specc.S-DISAGG"]
+    # SGLang fills max_running_requests = 48 for EAGLE-family plans (EG3), and says so:
+    eg3 = [v for v in by[("smollm2_eagle3", "sglang")]["violations"] if v["rule"] == "sglang.EG3"]
+    assert eg3 and eg3[0]["severity"] == "filled" and eg3[0]["sets"] == {"deploy.max_running_requests": 48}
+
+
+def test_text_output_points_to_the_yaml_line(capsys):
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=eagle_tree")
+    assert rc == 1
+    lines = (REPO / "conf/method/eagle_tree.yaml").read_text().splitlines()
+    topk_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("topk:"))
+    assert f"conf/method/eagle_tree.yaml:{topk_line}: error: [specc.S-TREE] method.topk=4" in out
+    assert "source: specc==0.1.0" in out
+    assert out.rstrip().splitlines()[-1].startswith("checked 1 plan: 1 error,")
+
+
+def test_exit_codes(capsys, tmp_path):
+    assert _run(capsys, "smollm2_eagle3")[0] == 0
+    rc, out, _ = _run(capsys, "smollm2_ngram", "--engine", "sglang")  # warnings and filled values only
+    assert rc == 0 and "warning: [sglang.NGW]" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nmethod:\n  nmae: eagle3\n")
+    rc, out, _ = _run(capsys, str(bad), "smollm2_eagle3", "method.num_steps=2")
+    assert rc == 2  # unusable input wins, but the other plan is still checked
+    assert f"{bad}:3: method.nmae: unknown key; did you mean 'method.name'?" in out
+    assert "conf/plan/smollm2_eagle3.yaml (smollm2_eagle3) against specc==0.1.0" in out
+    assert _run(capsys, str(tmp_path / "missing.yaml"))[0] == 2
+    assert _run(capsys, str(tmp_path / "*.nothing"))[0] == 2
+
+
+def test_globs_and_directories(capsys, tmp_path):
+    for name, steps in (("a", 3), ("b", 2)):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"defaults:\n  - target: smollm2_135m\n  - _self_\nname: {name}\nmethod:\n  name: ngram\n"
+            f"  num_steps: {steps}\n")
+    rc, out, _ = _run(capsys, str(tmp_path / "*.yaml"), "--format", "json")
+    objs = json.loads(out)
+    assert rc == 0 and [o["name"] for o in objs] == ["a", "b"]
+    rc, out, _ = _run(capsys, str(tmp_path), "--format", "json")
+    assert [o["name"] for o in json.loads(out)] == ["a", "b"]
+
+
+def test_github_annotations(capsys):
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=eagle_tree", "--format", "github")
+    assert rc == 1
+    first = out.splitlines()[0]
+    assert first.startswith("::error file=conf/method/eagle_tree.yaml,line=")
+    assert "title=specc.S-TREE (specc==0.1.0)::method.topk=4" in first
+
+
+def test_sarif(capsys):
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=eagle_tree", "--format", "sarif")
+    doc = json.loads(out)
+    assert doc["version"] == "2.1.0"
+    (result,) = [r for r in doc["runs"][0]["results"] if r["ruleId"] == "specc.S-TREE"]
+    assert result["level"] == "error"
+    loc = result["locations"][0]["physicalLocation"]
+    assert loc["artifactLocation"]["uri"] == "conf/method/eagle_tree.yaml" and loc["region"]["startLine"] > 1
+    assert "specc.S-TREE" in {r["id"] for r in doc["runs"][0]["tool"]["driver"]["rules"]}
+
+
+def test_show_resolved_marks_filled_and_overridden_values(capsys):
+    rc, out, _ = _run(capsys, "smollm2_ngram", "--show-resolved")
+    assert rc == 0
+    assert "num_draft_tokens: 5  # filled by specc.S-WIDTH-FILL" in out
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method.num_draft_tokens=7", "--engine", "sglang", "--show-resolved")
+    assert "num_draft_tokens: 4  # fallback by sglang.EG20" in out
+    assert "max_running_requests: 48  # filled by sglang.EG3" in out
+    rc, out, _ = _run(capsys, "smollm2_ngram", "--format", "json", "--show-resolved")
+    assert json.loads(out)[0]["resolved"]["method"]["num_draft_tokens"] == 5
+
+
+def test_no_arguments_is_a_usage_error(capsys):
+    assert _run(capsys)[0] == 2
