@@ -1,0 +1,55 @@
+"""``specc export PLAN [OVERRIDES] --engine sglang|vllm``: the plan as engine launch settings.
+
+Checks the plan against the chosen engine's profile first and refuses on errors (exit 1), so what
+it prints is a launch the engine accepts; warnings and fallbacks are printed to stderr. Does not
+import torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from specc.plan.load import load_plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``specc export``'s arguments on ``parser``."""
+    parser.add_argument("plan", help="plan file or preset name")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra overrides: group=option or dotted.key=value")
+    parser.add_argument("--engine", choices=("sglang", "vllm"), default=None,
+                        help="engine to launch (default: the plan's `engine` key)")
+    parser.add_argument("--format", choices=("shell", "json"), default="shell", dest="fmt")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the launch command (or JSON settings). Exit 0, 1 on rule errors, 2 on unusable input."""
+    from specc.export import export
+    from specc.rules import check
+
+    loaded = load_plan(args.plan, list(args.overrides))
+    engine = args.engine or loaded.plan.engine
+    if engine not in ("sglang", "vllm"):
+        print(f"specc export: error: plan {loaded.plan.name!r} targets engine {engine!r}; "
+              "specc plans are compiled (`specc compile`), pass --engine sglang or --engine vllm",
+              file=sys.stderr)
+        return 2
+    violations = check(loaded.plan, engine)
+    for v in violations:
+        print(f"{v.severity}: {v.rule}: {v.message}", file=sys.stderr)
+    if any(v.severity == "error" for v in violations):
+        print(f"specc export: the plan has errors for {engine}; see `specc check {args.plan} "
+              f"--engine {engine}`", file=sys.stderr)
+        return 1
+    launch = export(loaded.plan, engine)
+    if args.fmt == "json":
+        print(json.dumps(asdict(launch), indent=2, sort_keys=True))
+    else:
+        print(launch.command())
+        extra = getattr(launch, "adaptive_config", None)
+        if extra:
+            print(f"# write to {launch.adaptive_config_path}:")
+            print(json.dumps(extra, indent=2))
+    return 0
