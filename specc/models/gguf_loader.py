@@ -1,0 +1,263 @@
+"""Load a GGUF file (llama.cpp's format) into ``LlamaModel``.
+
+Tensors are dequantized to fp32 with ``gguf.quants.dequantize`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1 and the K-quants the ``gguf`` package implements). llama.cpp's converter permutes the
+rows of ``attn_q``/``attn_k`` of ``llama`` checkpoints from HF's half-split RoPE layout to GGML's
+interleaved one (``convert_hf_to_gguf.py``, ``LlamaModel.permute``); we undo it as transformers'
+GGUF loader does (``integrations/ggml.py``, ``reverse_permute_weights``). The tokenizer and chat
+template come from the GGUF metadata through ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``.
+
+Reading the GGUF metadata and building the tokenizer take several seconds (the ``gguf`` reader parses
+the 49k-entry vocabulary field by field), so the first load writes a copy — ``config.json``, the
+dequantized fp32 weights in our own fused layout and the tokenizer files — into a cache directory keyed
+by the file's path, size, mtime and a hash of its first and last MiB; later loads read that copy
+without copying a tensor (SmolLM2-135M: ~1 s instead of ~20 s). ``SPECC_CACHE_DIR`` sets the cache root (default ``~/.cache/specc``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from specc.errors import CheckpointError
+from specc.models.config import LlamaConfig
+
+CACHE_VERSION = 2
+CACHE_MARKER = "specc_cache.json"
+NATIVE_WEIGHTS = "specc_native.safetensors"
+#: models whose dequantized fp32 weights exceed this are not cached (bytes)
+CACHE_LIMIT_BYTES = 4 << 30
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def cache_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("SPECC_CACHE_DIR") or pathlib.Path.home() / ".cache" / "specc")
+
+
+def cache_dir_for(path: pathlib.Path) -> pathlib.Path:
+    """The cache directory of a GGUF file: ``<cache_root>/gguf/<stem>-<key>`` where the key hashes
+    the absolute path, size, mtime and the first and last MiB of the file."""
+    st = path.stat()
+    h = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{CACHE_VERSION}".encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(1 << 20))
+        if st.st_size > 2 << 20:
+            fh.seek(-(1 << 20), os.SEEK_END)
+            h.update(fh.read(1 << 20))
+    return cache_root() / "gguf" / f"{path.stem}-{h.hexdigest()[:16]}"
+
+
+def reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: ``[n_head * 2 * d, ...]`` interleaved rope pairs ->
+    HF's half-split layout. Inverse of ``convert_hf_to_gguf.py`` ``permute`` (reshape
+    ``(n_head, 2, d, ...)`` then swap axes 1 and 2)."""
+    d = w.shape[0] // n_head // 2
+    return w.reshape(n_head, d, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def config_from_gguf(reader, source: str, max_model_len: Optional[int] = None) -> LlamaConfig:
+    """A ``LlamaConfig`` from GGUF metadata (``<arch>.block_count``, ``.embedding_length``, ...).
+    Raises ``CheckpointError`` for an unsupported architecture or a missing key."""
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHS:
+        raise CheckpointError(f"{source}: GGUF architecture {arch!r} is not supported "
+                              f"(supported: {', '.join(SUPPORTED_GGUF_ARCHS)})")
+
+    def need(key):
+        v = _field(reader, f"{arch}.{key}")
+        if v is None:
+            raise CheckpointError(f"{source}: GGUF metadata key {arch}.{key} is missing")
+        return v
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", _field(reader, f"{arch}.rope.dimension_count",
+                                                                           hidden // heads)))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = _field(reader, f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)
+    if vocab is None:
+        raise CheckpointError(f"{source}: GGUF has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    scaling = None
+    stype = _field(reader, f"{arch}.rope.scaling.type")
+    if stype == "linear":
+        scaling = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+    elif stype not in (None, "none"):
+        raise CheckpointError(f"{source}: GGUF rope scaling {stype!r} is not supported (linear only, or "
+                              f"llama3 factors in rope_freqs.weight)")
+    ctx = int(_field(reader, f"{arch}.context_length", 2048))
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    return LlamaConfig(
+        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")), num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_scaling=scaling,
+        max_position_embeddings=ctx, max_model_len=int(max_model_len or ctx),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        attention_bias=any(t.name.endswith("attn_q.bias") for t in reader.tensors),
+        architecture=arch, bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"),
+        name=str(_field(reader, "general.name", "")))
+
+
+def dequantize_tensor(t, source: str) -> np.ndarray:
+    """One GGUF tensor as fp32 numpy ``[out, in]`` (GGML lists dims innermost first)."""
+    import gguf
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    qtype = t.tensor_type
+    try:
+        if qtype == gguf.GGMLQuantizationType.F32:
+            arr = np.array(t.data, dtype=np.float32)  # a copy: the reader's memmap is read-only
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            arr = np.asarray(t.data).astype(np.float32)
+        else:
+            arr = gguf.quants.dequantize(t.data, qtype)
+    except NotImplementedError:
+        raise CheckpointError(f"{source}: tensor {t.name!r} uses quantization {qtype.name}, which the gguf "
+                              f"package cannot dequantize; re-quantize to Q8_0/Q4_0/Q4_1 or F16") from None
+    return np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
+
+
+def read_gguf(path: pathlib.Path, max_model_len: Optional[int] = None
+              ) -> Tuple[LlamaConfig, Dict[str, torch.Tensor]]:
+    """Config and an HF-named fp32 state dict from a GGUF file. Raises ``CheckpointError`` when the
+    file is not GGUF, its architecture or a tensor's quantization is unsupported, or tensors are unknown."""
+    import gguf
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError/struct.error/... on foreign files
+        raise CheckpointError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+    src = str(path)
+    config = config_from_gguf(reader, src, max_model_len)
+    state: Dict[str, torch.Tensor] = {}
+    rope_factors = None
+    for t in reader.tensors:
+        arr = dequantize_tensor(t, src)
+        name = t.name
+        if name == "rope_freqs.weight":
+            rope_factors = arr.reshape(-1)
+            continue
+        if name in _GLOBAL_NAMES:
+            state[_GLOBAL_NAMES[name]] = torch.from_numpy(arr)
+            continue
+        parts = name.split(".", 2)
+        if parts[0] != "blk" or len(parts) != 3 or parts[2] not in _LAYER_NAMES:
+            raise CheckpointError(f"{src}: unexpected GGUF tensor {name!r} (not a Llama/Qwen2 decoder tensor)")
+        if config.architecture == "llama" and parts[2] in ("attn_q.weight", "attn_q.bias"):
+            arr = reverse_permute(arr, config.num_heads)
+        elif config.architecture == "llama" and parts[2] in ("attn_k.weight", "attn_k.bias"):
+            arr = reverse_permute(arr, config.num_kv_heads)
+        state[f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"] = torch.from_numpy(np.ascontiguousarray(arr))
+    if rope_factors is not None:
+        config = config.replace(rope_scaling={"rope_type": "gguf_factors",
+                                              "factors": [float(x) for x in rope_factors]})
+    return config, state
+
+
+def _write_cache(cache: pathlib.Path, model, tokenizer, source: pathlib.Path) -> None:
+    """Write the cache directory atomically (temp dir + rename; a failure leaves no partial cache):
+    ``config.json`` (HF layout), ``specc_native.safetensors`` (``LlamaModel.native_state_dict``: the
+    fused, transposed fp32 tensors the CPU path computes with, so loading copies nothing) and the
+    tokenizer files."""
+    from safetensors.torch import save_file
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
+    try:
+        save_file(model.native_state_dict(), str(tmp / NATIVE_WEIGHTS))
+        (tmp / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=1))
+        tokenizer.save(tmp)
+        (tmp / CACHE_MARKER).write_text(json.dumps({"source": str(source), "version": CACHE_VERSION}))
+        try:
+            os.rename(tmp, cache)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _load_cache(cache: pathlib.Path, max_model_len: Optional[int], dtype: torch.dtype, device):
+    from safetensors.torch import load_file
+
+    from specc.models.config import read_hf_config
+    from specc.models.llama import LlamaModel
+    from specc.models.tokenizer import load_tokenizer
+    config = read_hf_config(cache)
+    config = config.replace(max_model_len=int(max_model_len or config.max_position_embeddings))
+    model = LlamaModel.from_native_state_dict(config, load_file(str(cache / NATIVE_WEIGHTS)), str(cache))
+    if dtype != torch.float32 or torch.device(device).type != "cpu":
+        model = model.to(device=device, dtype=dtype)
+    else:
+        model.use_cpu_fast()
+    tok = load_tokenizer(cache, extra_eos_ids=config.eos_token_ids, fast_class=True)
+    return model, tok
+
+
+def load_gguf(path: str | pathlib.Path, dtype: torch.dtype = torch.float32, max_model_len: Optional[int] = None,
+              device: str | torch.device = "cpu", use_cache: bool = True):
+    """``(LlamaModel, Tokenizer)`` from a GGUF file (see the module docstring for the cache).
+
+    Raises ``CheckpointError`` for a missing/foreign file, unsupported architecture or quantization,
+    or a tokenizer whose vocabulary does not fit the embedding table."""
+    from specc.models.hf_loader import build_model
+    from specc.models.tokenizer import check_vocab, load_tokenizer
+
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: GGUF file not found")
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise CheckpointError(f"{path}: not a GGUF file (no GGUF magic); pass --format hf for a directory")
+    cache = cache_dir_for(path) if use_cache else None
+    if cache is not None and (cache / CACHE_MARKER).is_file():
+        try:
+            return _load_cache(cache, max_model_len, dtype, device)
+        except CheckpointError:
+            shutil.rmtree(cache, ignore_errors=True)  # a damaged cache is rebuilt from the GGUF
+    config, state = read_gguf(path, max_model_len)
+    tok = load_tokenizer(path.parent, gguf_file=path.name, extra_eos_ids=config.eos_token_ids)
+    check_vocab(tok, config.vocab_size, str(path))
+    model = build_model(config, state, str(path))  # fp32 CPU
+    del state
+    if cache is not None and sum(p.numel() * 4 for p in model.parameters()) <= CACHE_LIMIT_BYTES:
+        try:
+            _write_cache(cache, model, tok, path)
+        except OSError:
+            pass  # a read-only home is no reason to fail the load
+    if dtype != torch.float32 or torch.device(device).type != "cpu":
+        model = model.to(device=device, dtype=dtype)
+    return model, tok

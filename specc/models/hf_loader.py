@@ -1,0 +1,94 @@
+"""Load a Hugging Face checkpoint directory (config.json + single or sharded safetensors) into
+``LlamaModel``. Only safetensors are read (``safetensors`` library); pickled ``*.bin`` weights are
+refused because loading them runs arbitrary code."""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Dict, List, Optional
+
+import torch
+from safetensors import safe_open
+
+from specc.errors import CheckpointError
+from specc.models.config import LlamaConfig, read_hf_config
+from specc.models.llama import LlamaModel
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def safetensors_files(directory: pathlib.Path) -> List[pathlib.Path]:
+    """The weight files of ``directory``: the shards named by ``model.safetensors.index.json`` if it
+    exists, else ``model.safetensors``, else every ``*.safetensors``. Raises ``CheckpointError`` when
+    there are none or a shard named by the index is missing."""
+    directory = pathlib.Path(directory)
+    index = directory / INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({exc!r})") from None
+        files = [directory / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard(s) {missing} that are not in {directory}")
+        return files
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        return files
+    if list(directory.glob("*.bin")) or list(directory.glob("*.pt")):
+        raise CheckpointError(f"{directory}: only pickled *.bin/*.pt weights found; specc reads safetensors only "
+                              f"(convert with transformers: model.save_pretrained(dir, safe_serialization=True))")
+    raise CheckpointError(f"{directory}: no *.safetensors weights found")
+
+
+def read_safetensors(files: List[pathlib.Path]) -> Dict[str, torch.Tensor]:
+    """All tensors of ``files`` by name. Raises ``CheckpointError`` for an unreadable file or a
+    tensor that appears in two shards."""
+    out: Dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    if name in out:
+                        raise CheckpointError(f"{f}: tensor {name!r} also appears in another shard")
+                    out[name] = fh.get_tensor(name)
+        except CheckpointError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
+            raise CheckpointError(f"{f}: not a readable safetensors file ({exc})") from None
+    return out
+
+
+def load_hf(directory: str | pathlib.Path, dtype: torch.dtype = torch.float32,
+            max_model_len: Optional[int] = None, device: str | torch.device = "cpu",
+            config: Optional[LlamaConfig] = None) -> LlamaModel:
+    """Build a ``LlamaModel`` from an HF checkpoint directory.
+
+    ``dtype`` is the compute/storage dtype of the weights (fp32 on CPU). On CPU fp32 the numpy
+    fast path is enabled. Raises ``CheckpointError`` for a missing directory, config or weights, an
+    unsupported architecture, or tensors that do not match the config."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory (an HF checkpoint is a directory with config.json "
+                              f"and *.safetensors)")
+    config = config or read_hf_config(directory, max_model_len=max_model_len)
+    state = read_safetensors(safetensors_files(directory))
+    return build_model(config, state, str(directory), dtype=dtype, device=device)
+
+
+def build_model(config: LlamaConfig, hf_state: Dict[str, torch.Tensor], source: str,
+                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LlamaModel:
+    """``LlamaModel(config)`` filled from an HF-named state dict, moved to ``device``/``dtype``;
+    CPU fp32 models get the numpy fast path."""
+    model = LlamaModel(config)  # parameters are torch.empty: no init cost
+    model.load_hf_state_dict(hf_state, source=source)
+    model = model.to(device=device, dtype=dtype)
+    model.eval()
+    model.requires_grad_(False)
+    if torch.device(device).type == "cpu" and dtype == torch.float32:
+        model.use_cpu_fast()
+    return model

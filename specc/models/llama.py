@@ -1,0 +1,583 @@
+"""Our Llama-family decoder (Llama 2/3.x, Mistral without sliding window, Qwen2, SmolLM2) in plain PyTorch.
+
+Layout follows gpt-fast (anchors.md §A1): one static KV cache per layer, ``[max_batch, kv_heads,
+max_seq, head_dim]``, written at *slots* given by the caller. Rejected draft tokens need no rollback:
+the next step writes over their slots and the mask hides what was not overwritten.
+
+Conventions (the public contract other modules rely on):
+
+* ``forward(input_ids [B, N], positions [B, N], cache_slots [B, N] | None, attn_mask [B, N, S] | None,
+  hidden_layers)``. ``positions`` drive RoPE; ``cache_slots`` say where each new token's K/V go
+  (default: the position). With ``attn_mask=None`` the mask is causal *by position*: query ``(b, n)``
+  sees cache slot ``j`` of row ``b`` iff ``j <= positions[b, n]`` (so it needs the slots ``0..p`` to
+  hold the sequence's own tokens). An explicit mask is ``[B, N, S]`` bool, ``True`` = may attend, over
+  cache slots ``0..S-1`` of row ``b`` (``S <= max_seq``; tree verify passes one).
+* ``hidden_layers`` index ``i`` in ``0..num_layers-1`` returns the output of decoder layer ``i``
+  (the residual stream after that layer, *before* the final norm; HF's ``hidden_states[i + 1]`` for
+  every layer but the last). Index ``num_layers`` returns the final-norm output, the exact input of
+  ``lm_head`` (HF's ``last_hidden_state``; EAGLE-1 reads this one; EAGLE-3 reads low/mid/high
+  layers such as ``(2, L // 2, L - 3)``).
+* Batches of prompts of different lengths are *right-padded* (``pad_prompts``): every row has
+  positions ``0..N-1``; a row's pad tokens sit at slots ``>= its length``, see only real tokens and
+  themselves, and are overwritten when that row decodes its next tokens at those positions. Read a
+  row's next-token logits at index ``length - 1``. Pad rows' logits are garbage by design.
+* Batch rows ``0..B-1`` of the cache are used by a forward over ``B`` rows.
+
+CPU speed: torch's fp32 GEMM is slow here for the few-row matmuls of decoding; ``Linear`` stores its
+weight transposed (``[in, out]`` contiguous; the ``weight`` parameter is a view of it) and calls
+numpy's BLAS (OpenBLAS, thread count matched to torch's by ``set_blas_threads``) for inference on
+CPU. Attention is eager (one ``baddbmm`` for scale + mask, softmax, ``bmm``; GQA by grouping query
+heads, no K/V repeat), RoPE is applied to q and k in one ``addcmul``. tools/bench_decode.py
+measures batch-1 decode of SmolLM2-135M against transformers. CUDA and autograd use ``F.linear``;
+the forward never calls ``.item()`` on CUDA (the attended cache length is then the full
+``max_seq``), so a decode or verify step can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specc.errors import CheckpointError, PromptError
+from specc.models.config import LlamaConfig
+
+
+# ----------------------------------------------------------------------------------- BLAS threads
+_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
+                 "openblas_set_num_threads")
+
+
+def set_blas_threads(n: Optional[int] = None) -> bool:
+    """Set numpy's OpenBLAS thread count (default: ``torch.get_num_threads()``), so the numpy matmuls
+    of the CPU fast path use as many threads as torch's ops. Idle OpenBLAS workers spin; more workers
+    than torch threads slows a decode step several-fold on a busy machine (measured: 64 vs 338 ms
+    CPU per SmolLM2 token). Finds the library loaded by numpy (as threadpoolctl does) and calls its
+    ``*_set_num_threads``. Returns False when numpy does not use OpenBLAS (nothing is changed)."""
+    import ctypes
+    n = int(n or torch.get_num_threads())
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = sorted({line.split()[-1] for line in fh if "openblas" in line.lower() and "/" in line})
+    except OSError:
+        return False
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _BLAS_SETTERS:
+            if hasattr(lib, name):
+                getattr(lib, name)(ctypes.c_int(n))
+                return True
+    return False
+
+
+# ----------------------------------------------------------------------------------- building blocks
+class RMSNorm(nn.Module):
+    """``y = w * x / sqrt(mean(x^2) + eps)`` over the last dim, computed in fp32 (Zhang & Sennrich
+    2019; HF ``LlamaRMSNorm``). x: ``[..., H]`` -> ``[..., H]`` in x's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op (same formula) instead of six
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Linear(nn.Module):
+    """``y = x @ W.T + b`` with ``W: [out, in]``. After ``use_cpu_fast()`` the weight is stored as a
+    contiguous ``[in, out]`` tensor (``weight`` stays a ``[out, in]`` view of it) and inference on CPU
+    fp32 goes through numpy's BLAS, several times faster than torch's GEMM for 1..16 rows here."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self._wt_np: Optional[np.ndarray] = None  # [in, out] fp32, shares storage with weight
+
+    def use_cpu_fast(self) -> None:
+        """Re-store the weight as ``[in, out]`` contiguous and enable the numpy path (CPU fp32 only)."""
+        w = self.weight.detach()
+        if w.device.type != "cpu" or w.dtype != torch.float32:
+            self._wt_np = None
+            return
+        wt = w.t().contiguous()  # [in, out]
+        self.weight = nn.Parameter(wt.t(), requires_grad=False)
+        self._wt_np = wt.numpy()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if (self._wt_np is not None and x.device.type == "cpu" and x.dtype == torch.float32
+                and w.device.type == "cpu" and w.dtype == torch.float32 and not torch.is_grad_enabled()
+                and self._wt_np.ctypes.data == w.data_ptr()):
+            x2 = x.reshape(-1, self.in_features)  # [R, in]
+            if not x2.is_contiguous():
+                x2 = x2.contiguous()
+            y = torch.from_numpy(np.matmul(x2.numpy(), self._wt_np))  # [R, out]
+            if self.bias is not None:
+                y += self.bias
+            return y.view(*x.shape[:-1], self.out_features)
+        return F.linear(x, w, self.bias)
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies ``[head_dim // 2]`` fp32 with the checkpoint's scaling.
+
+    Default: ``theta^(-2i/d)`` (Su et al. 2021, RoFormer). ``linear``: divided by ``factor`` (position
+    interpolation, Chen et al. 2023). ``llama3``: the wavelength-banded rule of Llama 3.1, as in
+    transformers ``modeling_rope_utils._compute_llama3_parameters``. ``gguf_factors`` (from a GGUF's
+    ``rope_freqs.weight``): divided elementwise by the stored factors, as llama.cpp does.
+    Computed in fp32 exactly as transformers does so logits agree to ~1e-6.
+    """
+    d = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = config.rope_scaling or {}
+    kind = sc.get("rope_type", "default")
+    if kind == "linear":
+        inv = inv / float(sc["factor"])
+    elif kind == "llama3":
+        factor = float(sc["factor"])
+        low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old_len = float(sc["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv
+        inv_l = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        inv = torch.where(medium, smoothed, inv_l)
+    elif kind == "gguf_factors":
+        inv = inv / torch.tensor(sc["factors"], dtype=torch.float32)
+    return inv
+
+
+# ----------------------------------------------------------------------------------- the layers
+class Attention(nn.Module):
+    """GQA self-attention with a static KV cache written at given slots."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_size, self.kv_size = c.q_size, c.kv_size
+        self.wqkv = Linear(c.hidden_size, c.q_size + 2 * c.kv_size, bias=c.attention_bias)
+        self.wo = Linear(c.q_size, c.hidden_size, bias=False)
+        self.scale = self.head_dim ** -0.5
+        self.k_cache: Optional[torch.Tensor] = None  # [max_batch, kv_heads, max_seq, head_dim]
+        self.v_cache: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch_index: torch.Tensor,
+                slots: torch.Tensor, mask_bias: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """x: [B, N, H]; cos/sin: [B, N, 1, D] (sin with the first half negated); batch_index, slots: [B, N] int64;
+        mask_bias: [B * nkv, g * N, kv_len] additive (0 = attend, dtype-min = masked; g = heads per kv
+        head, row order (b, kv head, query head in group, n)); returns [B, N, H].
+        Eager softmax attention (Vaswani et al. 2017) in fp32 softmax, as HF's eager path."""
+        B, N, _ = x.shape
+        qkv = self.wqkv(x)  # [B, N, q + 2kv]
+        qk, v = qkv.split((self.q_size + self.kv_size, self.kv_size), dim=-1)
+        qk = qk.view(B, N, self.num_heads + self.num_kv_heads, 2, self.head_dim // 2)  # q and k heads, halves
+        # RoPE on q and k at once, HF's half-split layout: x*cos + rotate_half(x)*sin, where
+        # rotate_half(x)*sin == flip(halves)*sin_signed (sin_signed = [-sin, sin] over the halves)
+        qk = torch.addcmul(qk.view(B, N, -1, self.head_dim) * cos,
+                           qk.flip(-2).view(B, N, -1, self.head_dim), sin)  # [B, N, nh + nkv, D]
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=2)
+        v = v.view(B, N, self.num_kv_heads, self.head_dim)
+        # write K/V at their slots: cache viewed as [max_batch, max_seq, nkv, D], indexed by (b, slot)
+        self.k_cache.transpose(1, 2).index_put_((batch_index, slots), k.to(self.k_cache.dtype))
+        self.v_cache.transpose(1, 2).index_put_((batch_index, slots), v.to(self.v_cache.dtype))
+        nkv, g, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        keys = self.k_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)  # a view: [B*nkv, S, D]
+        values = self.v_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)
+        # GQA without repeating K/V: query head h uses kv head h // g (HF repeat_kv order)
+        qg = q.reshape(B, N, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B * nkv, g * N, D)  # [B*nkv, g*N, D]
+        # scores = mask + scale * q @ k^T in one call (baddbmm), softmax over slots, @ v
+        scores = torch.baddbmm(mask_bias, qg, keys.transpose(1, 2), alpha=self.scale)  # [B*nkv, g*N, S]
+        if scores.dtype == torch.float32:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        out = torch.bmm(probs, values)  # [B*nkv, g*N, D]
+        out = out.view(B, nkv, g, N, D).permute(0, 3, 1, 2, 4)  # [B, N, nkv, g, D]
+        return self.wo(out.reshape(B, N, self.q_size))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP (Shazeer 2020): ``down(silu(gate(x)) * up(x))``; gate and up fused as ``w13``."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.w13 = Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.w2 = Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).split(self.intermediate_size, dim=-1)  # [B, N, I] each
+        return self.w2(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config)
+        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.ffn = FeedForward(config)
+
+    def forward(self, x, cos, sin, batch_index, slots, mask, kv_len):
+        h = x + self.attn(self.attn_norm(x), cos, sin, batch_index, slots, mask, kv_len)
+        return h + self.ffn(self.ffn_norm(h))
+
+
+# ----------------------------------------------------------------------------------- the model
+class LlamaModel(nn.Module):
+    """Llama-family causal LM with a static, position-indexed KV cache.
+
+    Build with ``LlamaModel(config)``, fill weights with ``load_hf_state_dict``, then
+    ``setup_cache(max_batch_size, max_seq_len)`` before ``forward``. Inference only (call under
+    ``torch.inference_mode()`` or ``no_grad`` for the fast CPU path).
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.output = Linear(c.hidden_size, c.vocab_size)  # lm_head, weight [V, H]
+        if not c.tie_word_embeddings:
+            self.embed_tokens = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size))  # [V, H]
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.max_batch_size = 0
+        self.max_seq_len = 0
+        #: on CPU the attended cache length is trimmed to max(position) + 1 (needs one .item());
+        #: a CUDA forward always attends over all max_seq slots (static shapes for graph capture).
+        self.check_inputs = True
+
+    # -------------------------------------------------------------- weights
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        """The token embedding table ``[V, H]`` (the lm_head weight when embeddings are tied)."""
+        return self.output.weight if self.config.tie_word_embeddings else self.embed_tokens
+
+    def load_hf_state_dict(self, sd: Dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy an HF-named Llama state dict (``model.layers.{i}.self_attn.q_proj.weight``, ...) into
+        this model, fusing q/k/v and gate/up. Missing, unexpected or mis-shaped tensors raise
+        ``CheckpointError`` naming ``source`` and the tensor."""
+        c = self.config
+        sd = dict(sd)
+        used = set()
+
+        def take(name: str, shape: Tuple[int, ...]) -> torch.Tensor:
+            if name not in sd:
+                raise CheckpointError(f"{source}: tensor {name!r} is missing")
+            t = sd[name]
+            if tuple(t.shape) != tuple(shape):
+                raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, the config "
+                                      f"implies {tuple(shape)} (vocab/hidden sizes do not match config.json?)")
+            used.add(name)
+            return t.float() if t.dtype != torch.float32 else t
+
+        H, V = c.hidden_size, c.vocab_size
+        with torch.no_grad():
+            emb = take("model.embed_tokens.weight", (V, H))
+            if c.tie_word_embeddings:
+                self.output.weight.copy_(emb)
+                if "lm_head.weight" in sd:  # some tied checkpoints store it anyway
+                    used.add("lm_head.weight")
+            else:
+                self.embed_tokens.copy_(emb)
+                self.output.weight.copy_(take("lm_head.weight", (V, H)))
+            self.norm.weight.copy_(take("model.norm.weight", (H,)))
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                layer.attn_norm.weight.copy_(take(p + "input_layernorm.weight", (H,)))
+                layer.ffn_norm.weight.copy_(take(p + "post_attention_layernorm.weight", (H,)))
+                q = take(p + "self_attn.q_proj.weight", (c.q_size, H))
+                k = take(p + "self_attn.k_proj.weight", (c.kv_size, H))
+                v = take(p + "self_attn.v_proj.weight", (c.kv_size, H))
+                layer.attn.wqkv.weight.copy_(torch.cat([q, k, v], 0))
+                if c.attention_bias:
+                    layer.attn.wqkv.bias.copy_(torch.cat([
+                        take(p + "self_attn.q_proj.bias", (c.q_size,)),
+                        take(p + "self_attn.k_proj.bias", (c.kv_size,)),
+                        take(p + "self_attn.v_proj.bias", (c.kv_size,))], 0))
+                layer.attn.wo.weight.copy_(take(p + "self_attn.o_proj.weight", (H, c.q_size)))
+                gate = take(p + "mlp.gate_proj.weight", (c.intermediate_size, H))
+                up = take(p + "mlp.up_proj.weight", (c.intermediate_size, H))
+                layer.ffn.w13.weight.copy_(torch.cat([gate, up], 0))
+                layer.ffn.w2.weight.copy_(take(p + "mlp.down_proj.weight", (H, c.intermediate_size)))
+        extra = sorted(k for k in sd if k not in used and not k.endswith("rotary_emb.inv_freq"))
+        if extra:
+            raise CheckpointError(f"{source}: unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''}; "
+                                  f"the checkpoint has more layers or parts than config.json says")
+
+    def hf_state_dict(self) -> Dict[str, torch.Tensor]:
+        """The inverse of ``load_hf_state_dict``: HF-named, unfused, contiguous tensors."""
+        c = self.config
+        sd = {"model.embed_tokens.weight": self.embed_weight, "model.norm.weight": self.norm.weight}
+        if not c.tie_word_embeddings:
+            sd["lm_head.weight"] = self.output.weight
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            q, k, v = layer.attn.wqkv.weight.split((c.q_size, c.kv_size, c.kv_size), 0)
+            sd.update({p + "input_layernorm.weight": layer.attn_norm.weight,
+                       p + "post_attention_layernorm.weight": layer.ffn_norm.weight,
+                       p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
+                       p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": layer.attn.wo.weight,
+                       p + "mlp.down_proj.weight": layer.ffn.w2.weight})
+            if c.attention_bias:
+                qb, kb, vb = layer.attn.wqkv.bias.split((c.q_size, c.kv_size, c.kv_size), 0)
+                sd.update({p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb,
+                           p + "self_attn.v_proj.bias": vb})
+            gate, up = layer.ffn.w13.weight.split(c.intermediate_size, 0)
+            sd.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up})
+        return {k: v.detach().contiguous() for k, v in sd.items()}
+
+    def native_state_dict(self) -> Dict[str, torch.Tensor]:
+        """This model's tensors in its own fused layout, for a fast-loading cache: each ``Linear`` as
+        ``<module>.weight_t`` ``[in, out]`` (plus ``.bias``), each norm's ``.weight``, and
+        ``embed_tokens`` ``[V, H]`` when untied. Free of copies once ``use_cpu_fast`` ran."""
+        out: Dict[str, torch.Tensor] = {}
+        for name, mod in self.named_modules():
+            if isinstance(mod, Linear):
+                out[f"{name}.weight_t"] = mod.weight.detach().t().contiguous()
+                if mod.bias is not None:
+                    out[f"{name}.bias"] = mod.bias.detach()
+            elif isinstance(mod, RMSNorm):
+                out[f"{name}.weight"] = mod.weight.detach()
+        if not self.config.tie_word_embeddings:
+            out["embed_tokens"] = self.embed_tokens.detach()
+        return out
+
+    @classmethod
+    def from_native_state_dict(cls, config: LlamaConfig, sd: Dict[str, torch.Tensor],
+                               source: str = "cache") -> "LlamaModel":
+        """Build a model around the tensors of ``native_state_dict`` without copying them (the modules
+        are created on the meta device and their parameters assigned). Raises ``CheckpointError`` for a
+        missing or mis-shaped tensor."""
+        sd = dict(sd)
+        with torch.device("meta"):
+            model = cls(config)
+
+        def take(key: str, shape: Tuple[int, ...]) -> torch.Tensor:
+            t = sd.pop(key, None)
+            if t is None or tuple(t.shape) != tuple(shape):
+                raise CheckpointError(f"{source}: tensor {key!r} is missing or has shape "
+                                      f"{None if t is None else tuple(t.shape)}, expected {tuple(shape)}")
+            return t
+
+        for name, mod in model.named_modules():
+            if isinstance(mod, Linear):
+                wt = take(f"{name}.weight_t", (mod.in_features, mod.out_features))
+                mod.weight = nn.Parameter(wt.t(), requires_grad=False)
+                if mod.bias is not None:
+                    mod.bias = nn.Parameter(take(f"{name}.bias", (mod.out_features,)), requires_grad=False)
+            elif isinstance(mod, RMSNorm):
+                mod.weight = nn.Parameter(take(f"{name}.weight", tuple(mod.weight.shape)), requires_grad=False)
+        if not config.tie_word_embeddings:
+            model.embed_tokens = nn.Parameter(take("embed_tokens", (config.vocab_size, config.hidden_size)),
+                                              requires_grad=False)
+        if sd:
+            raise CheckpointError(f"{source}: unexpected tensors {sorted(sd)[:5]}")
+        return model.eval()
+
+    def to(self, *args, **kwargs) -> "LlamaModel":
+        """``nn.Module.to``; a move off the CPU or to another dtype drops the numpy views of the CPU
+        fast path (they would keep the old CPU weights alive)."""
+        out = super().to(*args, **kwargs)
+        for m in out.modules():
+            if isinstance(m, Linear) and m._wt_np is not None and m._wt_np.ctypes.data != m.weight.data_ptr():
+                m._wt_np = None
+        return out
+
+    def use_cpu_fast(self) -> "LlamaModel":
+        """Switch every CPU fp32 linear to the numpy BLAS path (see ``Linear``) and match OpenBLAS's
+        thread count to torch's (``set_blas_threads``; call it again after ``torch.set_num_threads``).
+        Returns self."""
+        set_blas_threads()
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.use_cpu_fast()
+        return self
+
+    # -------------------------------------------------------------- cache
+    def setup_cache(self, max_batch_size: int, max_seq_len: Optional[int] = None,
+                    dtype: Optional[torch.dtype] = None) -> None:
+        """Allocate the static KV caches, ``[max_batch_size, kv_heads, max_seq_len, head_dim]`` per layer
+        (default length ``config.max_model_len``; dtype of the weights unless given). Reallocates only
+        when the requested size is larger than the current one. Raises ``ValueError`` when
+        ``max_seq_len`` exceeds ``config.max_model_len``."""
+        c = self.config
+        max_seq_len = int(max_seq_len or c.max_model_len)
+        if max_seq_len > c.max_model_len:
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds max_model_len={c.max_model_len}")
+        if max_batch_size <= self.max_batch_size and max_seq_len <= self.max_seq_len:
+            return
+        max_batch_size = max(max_batch_size, self.max_batch_size)
+        max_seq_len = max(max_seq_len, self.max_seq_len)
+        dev = self.norm.weight.device
+        dtype = dtype or self.norm.weight.dtype
+        for layer in self.layers:
+            shape = (max_batch_size, c.num_kv_heads, max_seq_len, c.head_dim)
+            layer.attn.k_cache = torch.zeros(shape, dtype=dtype, device=dev)
+            layer.attn.v_cache = torch.zeros(shape, dtype=dtype, device=dev)
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        pos = torch.arange(max_seq_len, device=dev).float()
+        freqs = pos[:, None] * rope_inv_freq(c).to(dev)[None, :]  # [S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
+        self._cos = emb.cos().to(dtype)
+        sin = emb.sin()
+        sin[:, : c.head_dim // 2] *= -1  # sign of rotate_half folded in: [-sin, sin]
+        self._sin = sin.to(dtype)
+        self._slot_ids = torch.arange(max_seq_len, device=dev)  # [S]
+        self._batch_ids = torch.arange(max_batch_size, device=dev)[:, None]  # [Bmax, 1]
+
+    # -------------------------------------------------------------- forward
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings: ids ``[...]`` int64 -> ``[..., H]`` in the weights' dtype."""
+        return F.embedding(ids, self.embed_weight)
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        """The output projection only (no final norm): h ``[..., H]`` -> logits ``[..., V]`` fp32.
+        Apply ``self.norm`` first to a layer output; ``hidden_layers=(num_layers,)`` is already normed."""
+        return self.output(h).float()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                cache_slots: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
+                hidden_layers: Sequence[int] = (), logits_at: Optional[torch.Tensor] = None,
+                ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Run ``N`` new tokens per row through the model, writing their K/V into the cache.
+
+        Args:
+          input_ids: ``[B, N]`` int64, ``B <= max_batch_size``.
+          positions: ``[B, N]`` int64 RoPE positions, ``< max_seq_len``.
+          cache_slots: ``[B, N]`` int64 cache slots to write (default: ``positions``).
+          attn_mask: ``[B, N, S]`` bool, True = attend to cache slot ``j < S`` of the row; ``None`` =
+            causal by position (slot ``j`` visible iff ``j <= positions[b, n]``).
+          hidden_layers: layer outputs to return (see the module docstring: ``i < num_layers`` is
+            decoder layer ``i``'s output before the final norm, ``num_layers`` the final-norm output).
+          logits_at: optional ``[B, M]`` int64 indices into ``N``; only those rows get logits
+            (prefill asks for the last real token of each row).
+
+        Returns:
+          logits ``[B, N, V]`` fp32 (``[B, M, V]`` with ``logits_at``) and a list of ``[B, N, H]``
+          hidden states in ``hidden_layers`` order.
+
+        Raises ``PromptError`` (CPU only, where checks cost nothing) when a position or slot is
+        outside the cache, and ``RuntimeError`` when ``setup_cache`` was not called.
+        """
+        if self.max_seq_len == 0:
+            raise RuntimeError("LlamaModel.setup_cache(max_batch_size, max_seq_len) must be called before forward")
+        B, N = input_ids.shape
+        if cache_slots is None:
+            cache_slots = positions
+        L = self.config.num_layers
+        for i in hidden_layers:
+            if not 0 <= i <= L:
+                raise ValueError(f"hidden_layers index {i} outside 0..{L} (num_layers={L})")
+        if logits_at is not None and L in hidden_layers:
+            raise ValueError("hidden_layers may not include num_layers together with logits_at")
+        on_cpu = input_ids.device.type == "cpu"
+        if attn_mask is not None:
+            kv_len = attn_mask.shape[-1]
+            if kv_len > self.max_seq_len:
+                raise ValueError(f"attn_mask width {kv_len} exceeds the cache length {self.max_seq_len}")
+        elif on_cpu:
+            kv_len = min(int(positions.max()) + 1, self.max_seq_len)
+        else:
+            kv_len = self.max_seq_len
+        if on_cpu and self.check_inputs:
+            self._check(input_ids, positions, cache_slots)
+        x = self.embed(input_ids)  # [B, N, H]
+        cos = self._cos[positions].unsqueeze(2)  # [B, N, 1, D]
+        sin = self._sin[positions].unsqueeze(2)
+        batch_index = self._batch_ids[:B].expand(B, N)  # [B, N]
+        if attn_mask is None:
+            mask = self._slot_ids[:kv_len][None, None, :] <= positions[:, :, None]  # [B, N, S]
+        else:
+            mask = attn_mask
+        # additive mask shared by all layers; a fully masked row stays finite (HF eager uses dtype-min too)
+        c = self.config
+        g = c.num_heads // c.num_kv_heads
+        mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, torch.finfo(x.dtype).min)
+        mask = mask[:, None, None].expand(B, c.num_kv_heads, g, N, kv_len).reshape(
+            B * c.num_kv_heads, g * N, kv_len)  # [B*nkv, g*N, S]
+        wanted = {i: k for k, i in enumerate(hidden_layers)}
+        hidden: List[Optional[torch.Tensor]] = [None] * len(hidden_layers)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, batch_index, cache_slots, mask, kv_len)
+            if i in wanted:
+                for k, j in enumerate(hidden_layers):
+                    if j == i:
+                        hidden[k] = x
+        if logits_at is not None:
+            x = torch.gather(x, 1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))  # [B, M, H]
+        x = self.norm(x)
+        for k, j in enumerate(hidden_layers):
+            if j == L:
+                hidden[k] = x
+        return self.lm_head(x), hidden  # [B, N, V] fp32
+
+    def _check(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        B, N = input_ids.shape
+        if B > self.max_batch_size:
+            raise PromptError(f"batch of {B} rows exceeds the cache's max_batch_size={self.max_batch_size}")
+        if positions.shape != (B, N) or slots.shape != (B, N):
+            raise ValueError(f"positions {tuple(positions.shape)} and cache_slots {tuple(slots.shape)} "
+                             f"must match input_ids {(B, N)}")
+        hi = int(torch.maximum(positions.max(), slots.max())) if N else 0
+        lo = int(torch.minimum(positions.min(), slots.min())) if N else 0
+        if hi >= self.max_seq_len or lo < 0:
+            raise PromptError(f"sequence position {hi if hi >= self.max_seq_len else lo} is outside the KV cache "
+                              f"(length {self.max_seq_len}, max_model_len {self.config.max_model_len}); "
+                              f"shorten the prompt or max_new_tokens")
+        ids_hi = int(input_ids.max()) if N else 0
+        if ids_hi >= self.config.vocab_size or (N and int(input_ids.min()) < 0):
+            raise PromptError(f"token id {ids_hi} is outside the vocabulary (size {self.config.vocab_size})")
+
+
+# ----------------------------------------------------------------------------------- helpers
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, device: str | torch.device = "cpu",
+                max_len: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad token lists for one batched prefill (the convention of this module's docstring).
+
+    Returns ``input_ids [B, N]`` int64, ``positions [B, N]`` int64 (``0..N-1`` in every row) and
+    ``lengths [B]`` int64. Raises ``PromptError`` for an empty prompt or one of ``max_len`` tokens or
+    more (no room left to generate)."""
+    lengths = [len(p) for p in prompts]
+    if not prompts or min(lengths) == 0:
+        raise PromptError("every prompt needs at least one token")
+    if max_len is not None and max(lengths) >= max_len:
+        i = lengths.index(max(lengths))
+        raise PromptError(f"prompt {i} has {lengths[i]} tokens; max_model_len is {max_len}, which leaves no room "
+                          f"to generate (shorten the prompt or raise max_model_len)")
+    N = max(lengths)
+    ids = torch.full((len(prompts), N), pad_id, dtype=torch.int64)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.int64)
+    positions = torch.arange(N, dtype=torch.int64)[None, :].expand(len(prompts), N).contiguous()
+    return ids.to(device), positions.to(device), torch.tensor(lengths, dtype=torch.int64, device=device)
+
+
+@torch.inference_mode()
+def prefill(model: LlamaModel, prompts: Sequence[Sequence[int]],
+            hidden_layers: Sequence[int] = ()) -> Tuple[torch.Tensor, torch.Tensor, List[torch.Tensor]]:
+    """Batched prefill of right-padded prompts into cache rows ``0..B-1``.
+
+    Returns ``(last_logits [B, V] fp32, lengths [B] int64, hidden list of [B, N, H])``; the next
+    token of row ``b`` goes to position ``lengths[b]``. Raises ``PromptError`` if a prompt is empty or
+    leaves no room in the cache."""
+    dev = model.norm.weight.device
+    ids, pos, lengths = pad_prompts(prompts, device=dev, max_len=model.max_seq_len)
+    logits, hidden = model(ids, pos, hidden_layers=hidden_layers, logits_at=(lengths - 1)[:, None])
+    return logits[:, 0], lengths, hidden
