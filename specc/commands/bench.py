@@ -1,0 +1,59 @@
+"""``specc bench ARTIFACT``: the artifact's runtime against plain decoding (κ = 0 through the same
+runtime and target) at batch 1 over the shipped prompts (or ``--prompts``), per category: decode
+tokens/s, τ, speedup, and a check that greedy outputs are identical."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory")
+    parser.add_argument("--prompts", metavar="FILE", default=None, help="prompts file (default: shipped set)")
+    parser.add_argument("--limit", type=int, default=12, help="prompts (round-robin over categories)")
+    parser.add_argument("--category", action="append", default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+
+
+def run(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from specc.errors import PromptError
+    from specc.runtime.benchmark import format_table, summarize, time_requests
+    from specc.runtime.engine import Runtime
+    from specc.runtime.loader import load_runtime
+    from specc.runtime.prompts import encode_prompt, read_prompts, select, shipped_prompts_path
+    from specc.runtime.request import Request, SamplingParams
+    from specc.runtime.state import StateSpec
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.limit is not None and args.limit < 1:
+        raise PromptError(f"--limit must be >= 1, got {args.limit}")
+    records = select(read_prompts(args.prompts or shipped_prompts_path()), args.limit, args.category)
+    runtime, art = load_runtime(args.artifact, device=args.device)
+    plain = Runtime(runtime.target, runtime.tokenizer, None, [StateSpec("b1_k0_plain", "none", 1, 0)],
+                    max_model_len=runtime.max_model_len, device=runtime.device)
+    reqs = [Request(prompt_ids=encode_prompt(r, runtime.tokenizer),
+                    params=SamplingParams(max_new_tokens=args.max_new_tokens), request_id=r.id) for r in records]
+    cats = [r.category or "-" for r in records]
+    bar = tqdm(total=2 * len(reqs), desc="specc bench", unit="req", file=sys.stderr)
+    base = time_requests(plain, reqs, cats, bar.update)
+    spec = time_requests(runtime, reqs, cats, bar.update)
+    bar.close()
+    results = {"plain": summarize(base), art.manifest["plan_name"]: summarize(spec)}
+    exact = sum(a.tokens == b.tokens for a, b in zip(base, spec))
+    if args.json:
+        print(json.dumps({"artifact": art.path.name, "exact": f"{exact}/{len(reqs)}",
+                          "results": {m: {c: vars(s) for c, s in per.items()} for m, per in results.items()}}))
+    else:
+        print(f"{art.path.name} vs plain decoding, batch 1, {len(reqs)} prompts, max_new_tokens {args.max_new_tokens}")
+        print("per category: decode tokens/s (prefill excluded) | tau | speedup over plain")
+        print(format_table(results))
+        print(f"greedy outputs identical to plain: {exact}/{len(reqs)}")
+    return 0 if exact == len(reqs) else 1

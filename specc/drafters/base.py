@@ -1,0 +1,222 @@
+"""The drafter protocol: what the runtime asks of every draft method.
+
+A drafter proposes up to κ tokens per request each decode step; the runtime verifies them with the
+target and tells the drafter what was accepted. Every cache a drafter keeps is written **by position**
+(gpt-fast's ``KVCache``, anchors A1): a rejected draft's entries are simply overwritten by a later
+step and hidden by the causal-by-position mask, so there is never an explicit rollback.
+
+Call order, per batch of rows (one row = one request; rows are the runtime's batch slots, fixed for
+a request's lifetime, and are also the rows of every KV cache):
+
+1. ``setup(max_batch_size, max_seq_len, device)`` once, at load.
+2. ``prefill(batch, chunk)`` once per newly admitted set of rows, *after* the target's prefill and
+   after the first generated token was sampled (so ``batch.tokens`` already holds it: EAGLE needs the
+   token at position i+1 next to the target hidden state at position i).
+3. Per decode step: ``propose(batch, num_steps, sampling)`` -> :class:`Proposal`; the target verifies;
+   ``commit(batch, step)`` with the verify forward's hidden states and the accepted lengths.
+
+Conventions shared by all methods:
+
+- ``batch.tokens[b, :batch.seq_lens[b]]`` is row b's token history: prompt, then generated tokens.
+  The last one (position ``seq_lens[b] - 1``) is the *pending* token: emitted, but its KV is not yet
+  in the target cache; the next verify forward starts with it.
+- ``max_seq_len`` passed to ``setup`` includes slack for κ + 1 verify rows past ``max_model_len``;
+  slot ``max_seq_len - 1`` is the **trash slot**: padding rows/columns write their KV there and no
+  real query ever sees it (every real position is smaller).
+- Inactive rows (``batch.active[b] == False``) are padding: whatever a drafter proposes for them is
+  ignored, and their cache writes must go to the trash slot or to positions nobody reads.
+- Tensors are on the runtime's device; token ids are int64, probabilities fp32.
+
+Methods: ``ngram`` (specc.drafters.ngram), ``draft_model`` (specc.drafters.draft_model), and the
+EAGLE family, which implements this same class in ``specc.drafters.eagle`` (issue 5): it sets
+``hidden_layers`` to the target layers it fuses, keeps its own KV cache written by position, runs its
+layer over the accepted tokens in ``commit`` (``step.target_hidden`` holds the target's hidden states
+for all κ + 1 verify rows; rows past ``step.accepted[b]`` are rejected and must be ignored or
+overwritten later), and proposes from the last accepted row's output.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+
+@dataclass
+class BatchView:
+    """The runtime's per-row decode state, shared read-only with drafters.
+
+    Attributes:
+        tokens: ``[B, S]`` int64, each row's history (prompt + generated); entries at or past
+            ``seq_lens[b]`` are garbage.
+        seq_lens: ``[B]`` int64, history length including the pending token (its position is
+            ``seq_lens - 1``).
+        active: ``[B]`` bool, rows holding a live request.
+        prompt_lens: ``[B]`` int64, prompt length of each row's request.
+        max_draft: ``[B]`` int64, the most draft tokens row b may use this step (clipped so the
+            request cannot pass ``max_new_tokens`` or ``max_model_len``); the runtime applies it
+            after ``propose`` as well, so a drafter may ignore it (it is there to save work).
+        temperature, top_p: ``[B]`` fp32; top_k: ``[B]`` int64 (0 = off). Per-request sampling
+            parameters, for probabilistic drafts (temperature 0 = greedy).
+        trash_slot: the cache slot padding writes go to (``max_seq_len - 1``).
+    """
+
+    tokens: torch.Tensor
+    seq_lens: torch.Tensor
+    active: torch.Tensor
+    prompt_lens: torch.Tensor
+    max_draft: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    trash_slot: int
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class PrefillChunk:
+    """What the target saw at prefill, handed to the drafter (padding columns go to the trash slot).
+
+    Attributes:
+        input_ids: ``[B, N]`` int64, prompt tokens (padding: any id).
+        positions: ``[B, N]`` int64, absolute positions (row b's prompt is positions
+            ``0 .. prompt_lens[b]-1``).
+        cache_slots: ``[B, N]`` int64, KV slot of each column (``= positions`` for real columns,
+            the trash slot for padding columns and for rows not being prefilled).
+        rows: ``[B]`` bool, rows prefilled by this call (others: leave their state untouched).
+        target_hidden: list of ``[B, N, H]`` fp32, the target's hidden states at the drafter's
+            ``hidden_layers`` (empty when it asked for none).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    cache_slots: torch.Tensor
+    rows: torch.Tensor
+    target_hidden: List[torch.Tensor]
+
+
+@dataclass
+class DraftSampling:
+    """How drafts are drawn. ``greedy``: argmax, ``Proposal.probs`` is None (the verifier uses a
+    one-hot q). ``probabilistic``: tokens sampled from the processed draft distribution q (same
+    temperature/top-k/top-p as the target, ``specc.kernels.process_logits`` with ``batch``'s
+    rows), returned in ``Proposal.probs``.
+
+    Attributes:
+        mode: ``"greedy"`` or ``"probabilistic"``.
+        exp_noise: ``[B, K, V]`` fp32 i.i.d. Exp(1) (> 0) for probabilistic drafts, drawn by the
+            runtime from each request's generator; draft i of row b is
+            ``argmax_v q_i[b, v] / exp_noise[b, i, v]`` (exponential race = a draw from q_i; it never
+            picks a token with q = 0). None for greedy drafts. A drafter with a reduced vocabulary
+            uses the first V_draft columns.
+    """
+
+    mode: str = "greedy"
+    exp_noise: Optional[torch.Tensor] = None
+
+
+@dataclass
+class Proposal:
+    """Draft tokens for one step.
+
+    Attributes:
+        tokens: ``[B, K]`` int64, K = num_steps (κ); entries past ``num_valid[b]`` are ignored.
+        num_valid: ``[B]`` int64 in ``[0, K]``, draft tokens row b really proposes (n-gram lookup may
+            find fewer than κ, or none).
+        probs: ``[B, K, V]`` fp32 processed draft distribution q for probabilistic drafts, else None.
+    """
+
+    tokens: torch.Tensor
+    num_valid: torch.Tensor
+    probs: Optional[torch.Tensor] = None
+
+
+@dataclass
+class VerifyStep:
+    """The outcome of one verify + accept, handed to ``commit``.
+
+    Attributes:
+        input_ids: ``[B, K+1]`` int64, the verify input (pending token, then the drafts).
+        positions: ``[B, K+1]`` int64, their positions.
+        cache_slots: ``[B, K+1]`` int64 (trash slot for padding rows).
+        accepted: ``[B]`` int64, accepted draft tokens per row (0..num_valid); rows
+            ``0 .. accepted[b]`` of this step's input are now committed history, and the bonus token
+            (``bonus[b]``) is the new pending token at position ``positions[b, 0] + accepted[b] + 1``.
+        bonus: ``[B]`` int64.
+        target_hidden: list of ``[B, K+1, H]`` fp32 at the drafter's ``hidden_layers``.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    cache_slots: torch.Tensor
+    accepted: torch.Tensor
+    bonus: torch.Tensor
+    target_hidden: List[torch.Tensor]
+
+
+class Drafter(abc.ABC):
+    """Base class of every draft method. Subclasses set ``name`` and override the abstract methods.
+
+    Class attributes:
+        name: the plan's ``method.name`` this drafter implements.
+        hidden_layers: target layer indices whose hidden states the drafter needs (``()`` for ngram
+            and draft_model; EAGLE: e.g. the last layer; EAGLE-3: low/mid/high layers). The runtime
+            asks the target for exactly these in prefill and verify forwards.
+        supports_probabilistic: whether ``propose`` can return a draft distribution q.
+        capturable: whether ``propose``/``commit`` run on device tensors only with static shapes
+            (no host syncs), so the runtime may capture them as CUDA graphs.
+    """
+
+    name: str = "drafter"
+    hidden_layers: Tuple[int, ...] = ()
+    supports_probabilistic: bool = False
+    capturable: bool = False
+
+    def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
+        """Allocate caches for ``max_batch_size`` rows of ``max_seq_len`` slots (trash slot
+        included) on ``device``. Default: nothing to allocate."""
+
+    @abc.abstractmethod
+    def prefill(self, batch: BatchView, chunk: PrefillChunk) -> None:
+        """Absorb the prompts of the rows in ``chunk.rows`` (write their draft KV, by position)."""
+
+    @abc.abstractmethod
+    def propose(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
+        """Propose ``num_steps`` (κ ≥ 1) tokens per row continuing each row's history.
+
+        Returns: :class:`Proposal` with ``tokens [B, κ]``; ``probs [B, κ, V]`` only for
+        ``sampling.mode == "probabilistic"``. Must not change the target's state.
+        """
+
+    def commit(self, batch: BatchView, step: VerifyStep) -> None:
+        """Update the drafter after verification (the *extend* stage): EAGLE refreshes its KV over
+        the accepted tokens here. ``batch`` already reflects the new history. Default: nothing."""
+
+
+def check_same_vocab(draft_vocab_size: int, target_vocab_size: int, what: str) -> None:
+    """Raise CheckpointError unless the draft and target vocabularies have the same size."""
+    from specc.errors import CheckpointError
+
+    if int(draft_vocab_size) != int(target_vocab_size):
+        raise CheckpointError(
+            f"{what}: the draft vocabulary has {draft_vocab_size} tokens but the target's has "
+            f"{target_vocab_size}; draft_model speculation needs the same tokenizer. Point "
+            f"draft.path at a drafter built for this target (e.g. `python -m specc.models.shallow`).")
+
+
+def clip_num_valid(proposal_valid: torch.Tensor, max_draft: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """Per-row valid draft length: ``min(proposal_valid, max_draft)``, 0 for inactive rows.
+
+    Args: proposal_valid, max_draft: ``[B]`` int64; active: ``[B]`` bool. Returns ``[B]`` int64.
+    """
+    return torch.where(active, torch.minimum(proposal_valid, max_draft), torch.zeros_like(max_draft))
+
+
+__all__: Sequence[str] = (
+    "BatchView", "PrefillChunk", "DraftSampling", "Proposal", "VerifyStep", "Drafter",
+    "check_same_vocab", "clip_num_valid",
+)

@@ -1,0 +1,117 @@
+"""The decode batch: per-row token histories and sampling parameters, and per-request randomness.
+
+Rows are the runtime's batch slots (and the rows of every KV cache); a request keeps its row from
+admission to finish. All tensors live on the runtime's device; host mirrors of the few integers
+the scheduler branches on (``seq_lens``, ``active``) are kept in Python lists to avoid syncs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+
+from specc.drafters.base import BatchView
+from specc.runtime.request import Request, RequestCounters
+
+
+@dataclass
+class RowState:
+    """Host-side state of one live request."""
+
+    index: int                       # position of the request in the caller's list
+    request: Request
+    generator: Optional[torch.Generator]  # own generator for seeded requests, else None (shared)
+    generated: List[int] = field(default_factory=list)
+    counters: RequestCounters = field(default_factory=RequestCounters)
+    finish_reason: Optional[str] = None
+    stop_text: Optional[str] = None  # output text cut before a stop string
+    start_time: float = 0.0
+
+
+class DecodeBatch:
+    """Row-major decode state for up to ``max_rows`` requests with ``max_seq_len`` cache slots.
+
+    Tensors: ``tokens [R, S]`` int64, ``seq_lens [R]`` int64, ``active [R]`` bool,
+    ``prompt_lens [R]`` int64, ``temperature [R]`` fp32, ``top_p [R]`` fp32, ``top_k [R]`` int64.
+    """
+
+    def __init__(self, max_rows: int, max_seq_len: int, device: torch.device) -> None:
+        self.max_rows, self.max_seq_len, self.device = max_rows, max_seq_len, device
+        i64 = dict(dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(max_rows, max_seq_len, **i64)
+        self.seq_lens = torch.zeros(max_rows, **i64)
+        self.prompt_lens = torch.zeros(max_rows, **i64)
+        self.active = torch.zeros(max_rows, dtype=torch.bool, device=device)
+        self.temperature = torch.zeros(max_rows, dtype=torch.float32, device=device)
+        self.top_p = torch.ones(max_rows, dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(max_rows, **i64)
+        self.rows: List[Optional[RowState]] = [None] * max_rows
+        self.host_seq_lens: List[int] = [0] * max_rows
+
+    # ------------------------------------------------------------------ rows
+    def free_rows(self) -> List[int]:
+        return [r for r in range(self.max_rows) if self.rows[r] is None]
+
+    def live_rows(self) -> List[int]:
+        return [r for r in range(self.max_rows) if self.rows[r] is not None]
+
+    def num_rows_in_use(self) -> int:
+        """Highest live row index + 1 (the smallest bucket the batch fits in), 0 when empty."""
+        live = self.live_rows()
+        return live[-1] + 1 if live else 0
+
+    def assign_many(self, rows: List[int], states: List[RowState], prompts: List[List[int]]) -> None:
+        """Put requests into ``rows`` with histories ``prompts`` (one vectorized write)."""
+        if not rows:
+            return
+        for row, st, prompt in zip(rows, states, prompts):
+            self.rows[row] = st
+            self.host_seq_lens[row] = len(prompt)
+        idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=self.device)
+        self._scatter(rows, prompts, [0] * len(rows))
+        self.seq_lens[idx] = lens
+        self.prompt_lens[idx] = lens
+        self.active[idx] = True
+        self.temperature[idx] = torch.tensor([float(s.request.params.temperature) for s in states],
+                                             dtype=torch.float32, device=self.device)
+        self.top_p[idx] = torch.tensor([float(s.request.params.top_p) for s in states],
+                                       dtype=torch.float32, device=self.device)
+        self.top_k[idx] = torch.tensor([int(s.request.params.top_k) for s in states],
+                                       dtype=torch.int64, device=self.device)
+
+    def append_many(self, rows: List[int], new_tokens: List[List[int]]) -> None:
+        """Append emitted tokens to several rows' histories (one vectorized write)."""
+        if not rows:
+            return
+        starts = [self.host_seq_lens[r] for r in rows]
+        self._scatter(rows, new_tokens, starts)
+        for r, toks in zip(rows, new_tokens):
+            self.host_seq_lens[r] += len(toks)
+        idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        self.seq_lens[idx] = torch.tensor([self.host_seq_lens[r] for r in rows], dtype=torch.int64, device=self.device)
+
+    def _scatter(self, rows: List[int], seqs: List[List[int]], starts: List[int]) -> None:
+        """tokens[row, start + i] = seq[i] for every (row, seq, start)."""
+        r_idx, c_idx, vals = [], [], []
+        for r, seq, s0 in zip(rows, seqs, starts):
+            r_idx.extend([r] * len(seq))
+            c_idx.extend(range(s0, s0 + len(seq)))
+            vals.extend(seq)
+        if vals:
+            dev = self.device
+            self.tokens[torch.tensor(r_idx, device=dev), torch.tensor(c_idx, device=dev)] = torch.tensor(
+                vals, dtype=torch.int64, device=dev)
+
+    def release(self, row: int) -> None:
+        self.rows[row] = None
+        self.active[row] = False
+
+    def view(self, num_rows: int, max_draft: torch.Tensor, trash_slot: int) -> BatchView:
+        """The drafter-facing view of rows ``0..num_rows-1``."""
+        return BatchView(
+            tokens=self.tokens[:num_rows], seq_lens=self.seq_lens[:num_rows], active=self.active[:num_rows],
+            prompt_lens=self.prompt_lens[:num_rows], max_draft=max_draft,
+            temperature=self.temperature[:num_rows], top_p=self.top_p[:num_rows], top_k=self.top_k[:num_rows],
+            trash_slot=trash_slot)

@@ -1,0 +1,106 @@
+"""Run-level speculation metrics: vLLM's counters, τ, per-position acceptance, throughput and the
+time spent in each stage (draft / verify / accept / extend / prefill / emit)."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List
+
+from specc.runtime.request import RequestCounters
+
+STAGES = ("prefill", "draft", "verify", "accept", "emit", "extend")
+
+
+@dataclass
+class SpecMetrics:
+    """Counters summed over requests (vLLM `SpecDecodingStats` names) plus timings.
+
+    ``stage_time_s`` maps each of :data:`STAGES` to seconds of wall time (on CUDA the runtime
+    synchronizes at stage boundaries only when timing is on).
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: List[int] = field(default_factory=list)
+    num_steps: int = 0
+    num_emitted: int = 0
+    num_requests: int = 0
+    num_output_tokens: int = 0
+    num_prompt_tokens: int = 0
+    wall_time_s: float = 0.0
+    stage_time_s: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+
+    @contextmanager
+    def stage(self, name: str, sync=None) -> Iterator[None]:
+        """Time a block as stage ``name``; ``sync`` (callable) runs before reading the clock."""
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if sync is not None:
+                sync()
+            self.stage_time_s[name] = self.stage_time_s.get(name, 0.0) + time.perf_counter() - t0
+
+    def add_request(self, counters: RequestCounters, num_prompt: int, num_output: int) -> None:
+        self.num_requests += 1
+        self.num_prompt_tokens += num_prompt
+        self.num_output_tokens += num_output
+        self.num_drafts += counters.num_drafts
+        self.num_draft_tokens += counters.num_draft_tokens
+        self.num_accepted_tokens += counters.num_accepted_tokens
+        self.num_steps += counters.num_steps
+        self.num_emitted += counters.num_emitted
+        per = counters.num_accepted_tokens_per_pos
+        if len(self.num_accepted_tokens_per_pos) < len(per):
+            self.num_accepted_tokens_per_pos.extend([0] * (len(per) - len(self.num_accepted_tokens_per_pos)))
+        for i, n in enumerate(per):
+            self.num_accepted_tokens_per_pos[i] += n
+
+    @property
+    def tau(self) -> float:
+        """Mean emitted tokens per verify step incl. the bonus (Spec-Bench τ, anchors B1)."""
+        return self.num_emitted / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """num_accepted_tokens / num_draft_tokens (vLLM's draft acceptance rate)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def acceptance_per_pos(self) -> List[float]:
+        """Fraction of drafts whose i-th token was accepted (vLLM: per_pos / num_drafts)."""
+        return [n / self.num_drafts for n in self.num_accepted_tokens_per_pos] if self.num_drafts else []
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per second of wall time (prefill included)."""
+        return self.num_output_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def as_dict(self) -> Dict[str, object]:
+        return {
+            "num_requests": self.num_requests, "num_prompt_tokens": self.num_prompt_tokens,
+            "num_output_tokens": self.num_output_tokens,
+            "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "num_steps": self.num_steps, "tau": round(self.tau, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "acceptance_per_pos": [round(a, 4) for a in self.acceptance_per_pos],
+            "wall_time_s": round(self.wall_time_s, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+            "stage_time_s": {k: round(v, 4) for k, v in self.stage_time_s.items()},
+        }
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        acc = ", ".join(f"{a:.2f}" for a in self.acceptance_per_pos) or "-"
+        stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_time_s.items() if v > 0)
+        return (f"requests {self.num_requests}, output tokens {self.num_output_tokens}, "
+                f"{self.tokens_per_s:.1f} tok/s, tau {self.tau:.2f}\n"
+                f"num_drafts {self.num_drafts}, num_draft_tokens {self.num_draft_tokens}, "
+                f"num_accepted_tokens {self.num_accepted_tokens}, acceptance {self.acceptance_rate:.2f}, "
+                f"per position [{acc}]\n"
+                f"time: {stages}")

@@ -1,0 +1,147 @@
+"""Reading prompts for ``specc run`` / ``specc bench``: JSONL (``prompt`` or ``messages`` per line),
+plain text (one prompt per line), and the shipped prompt set ``specc/data/prompts.jsonl``.
+
+Nothing here imports torch; tokenization happens in :func:`encode_prompt` with the target's
+tokenizer (chat template applied through transformers).
+"""
+from __future__ import annotations
+
+import importlib.resources
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from specc.errors import PromptError
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One input: ``prompt`` (a user message, the chat template is applied) or ``messages`` (a chat
+    list of ``{"role", "content"}``), with an ``id`` and a ``category`` (Spec-Bench's names)."""
+
+    id: str
+    category: str = ""
+    prompt: Optional[str] = None
+    messages: Optional[List[Dict[str, str]]] = None
+    raw: bool = False  # plain text to encode without the chat template
+
+    @property
+    def text(self) -> str:
+        """A one-line display form of the input (the last user message for chats)."""
+        if self.prompt is not None:
+            return self.prompt
+        users = [m["content"] for m in self.messages or [] if m.get("role") == "user"]
+        return users[-1] if users else ""
+
+
+def shipped_prompts_path() -> Path:
+    """The shipped prompt set (~60 prompts in Spec-Bench's six categories)."""
+    return Path(str(importlib.resources.files("specc.data").joinpath("prompts.jsonl")))
+
+
+def _check_messages(messages, where: str) -> List[Dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise PromptError(f"{where}: 'messages' must be a non-empty list of {{\"role\", \"content\"}} objects")
+    for i, m in enumerate(messages):
+        if (not isinstance(m, dict) or not isinstance(m.get("role"), str)
+                or not isinstance(m.get("content"), str)):
+            raise PromptError(f"{where}: messages[{i}] must be an object with string 'role' and 'content', "
+                              f"got {json.dumps(m)[:80]}")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
+    """Parse prompt lines. JSONL when the first non-blank line starts with ``{``: each line an
+    object with ``prompt`` (string) or ``messages`` (chat list), optional ``id`` and ``category``.
+    Otherwise plain text: each non-blank line is one prompt.
+
+    Raises:
+        PromptError: naming ``source`` and the line: bad JSON, neither/both keys, wrong types, or no
+            prompt at all.
+    """
+    lines = list(lines)
+    first = next((l for l in lines if l.strip()), None)
+    if first is None:
+        raise PromptError(f"{source}: no prompts (the input is empty)")
+    records: List[PromptRecord] = []
+    if not first.lstrip().startswith("{"):
+        for i, line in enumerate(lines, 1):
+            text = line.rstrip("\n")
+            if text.strip():
+                records.append(PromptRecord(id=f"line-{i}", prompt=text))
+        return records
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{i}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); a JSONL prompts file "
+                              f"has one object per line, e.g. {{\"prompt\": \"...\"}}") from None
+        if not isinstance(obj, dict):
+            raise PromptError(f"{where}: each line must be a JSON object with 'prompt' or 'messages'")
+        has_p, has_m = "prompt" in obj, "messages" in obj
+        if has_p == has_m:
+            raise PromptError(f"{where}: give exactly one of 'prompt' (a string) or 'messages' (a chat list)")
+        pid = str(obj.get("id", f"line-{i}"))
+        cat = str(obj.get("category", ""))
+        if has_p:
+            if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
+                raise PromptError(f"{where}: 'prompt' must be a non-empty string")
+            records.append(PromptRecord(id=pid, category=cat, prompt=obj["prompt"]))
+        else:
+            records.append(PromptRecord(id=pid, category=cat, messages=_check_messages(obj["messages"], where)))
+    return records
+
+
+def read_prompts(path: str | Path) -> List[PromptRecord]:
+    """Read a prompts file (see :func:`parse_prompts`). Raises PromptError if unreadable."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PromptError(f"prompts file {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"cannot read prompts file {p}: {exc}") from None
+    return parse_prompts(text.splitlines(), str(p))
+
+
+def encode_prompt(record: PromptRecord, tokenizer) -> List[int]:
+    """Token ids of a prompt: the chat template applied to ``messages`` or to ``prompt`` as one user
+    message (when the tokenizer has a template and the record is not raw), else plain encoding.
+
+    Raises:
+        PromptError: the text encodes to no tokens, or the template rejects the messages.
+    """
+    if record.messages is not None:
+        ids = tokenizer.apply_chat_template(record.messages)
+    elif tokenizer.has_chat_template and not record.raw:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": record.prompt}])
+    else:
+        ids = tokenizer.encode(record.prompt)
+    if not ids:
+        raise PromptError(f"prompt {record.id}: encodes to no tokens")
+    return list(ids)
+
+
+def select(records: Sequence[PromptRecord], limit: Optional[int] = None,
+           categories: Optional[Sequence[str]] = None) -> List[PromptRecord]:
+    """Filter by category (if given) and keep the first ``limit`` (if given). ``--limit`` on the
+    shipped set takes prompts round-robin over categories so a small limit still covers them all."""
+    recs = [r for r in records if not categories or r.category in categories]
+    if limit is None or limit >= len(recs):
+        return list(recs)
+    by_cat: Dict[str, List[PromptRecord]] = {}
+    for r in recs:
+        by_cat.setdefault(r.category, []).append(r)
+    if len(by_cat) <= 1:
+        return list(recs[:limit])
+    out: List[PromptRecord] = []
+    queues = [list(v) for v in by_cat.values()]
+    while len(out) < limit:
+        for q in queues:
+            if q and len(out) < limit:
+                out.append(q.pop(0))
+    return out
