@@ -50,7 +50,7 @@ def test_specc_presets_compose(preset, method, steps, draft):
     if method in ("eagle", "eagle3", "draft_model"):
         assert (p.method.topk, p.method.num_draft_tokens) == (1, 4)
     if method == "ngram":
-        assert (p.method.ngram.min, p.method.ngram.max) == (1, 3)
+        assert (p.method.ngram.min, p.method.ngram.max) == (2, 3)  # the preset overrides the group's min 1
 
 
 def test_sources_name_the_file_and_line_that_wrote_each_key():
