@@ -152,7 +152,8 @@ ASSETS = __import__("pathlib").Path(__file__).resolve().parents[1] / "specc" / "
 def test_shipped_heads_on_smollm2_greedy_exact(kind):
     """The trained SmolLM2-135M heads through the runtime (κ = 3, batch 1 and 2): output equals plain
     greedy decoding of the real target on two shipped prompts, and some drafts are accepted."""
-    from specc.data import load_prompt_set
+    from specc.data import PROMPTS_FILE
+    from specc.runtime.prompts import encode_prompt, read_prompts
     from specc.drafters.eagle import build_drafter
     from specc.errors import CheckpointError
     from specc.models import load_target
@@ -174,9 +175,7 @@ def test_shipped_heads_on_smollm2_greedy_exact(kind):
             path = f"pkg://specc/assets/drafters/smollm2_135m_{kind}"
 
     drafter = build_drafter(_Plan, target, "cpu")
-    rows = load_prompt_set()[:2]
-    prompts = [tok.apply_chat_template(r.get("messages") or [{"role": "user", "content": r["prompt"]}])
-               for r in rows]
+    prompts = [encode_prompt(r, tok) for r in read_prompts(PROMPTS_FILE)[:2]]
     n_new = 20
     refs = [naive_greedy(target, p, n_new) for p in prompts]
     for b in (1, 2):

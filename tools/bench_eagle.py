@@ -31,18 +31,14 @@ HEADS = {"eagle": ROOT / "specc/assets/drafters/smollm2_135m_eagle",
 
 def load_prompts(tok, per_category: int):
     """The first ``per_category`` prompts of each category, chat-templated -> [(id, ids)]."""
-    from specc.data import load_prompt_set
+    from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
 
-    rows = load_prompt_set()
     seen, out = {}, []
-    for r in rows:
-        r = r if isinstance(r, dict) else r.__dict__
-        cat = r["category"]
-        if seen.get(cat, 0) >= per_category:
+    for r in read_prompts(shipped_prompts_path()):
+        if seen.get(r.category, 0) >= per_category:
             continue
-        seen[cat] = seen.get(cat, 0) + 1
-        msgs = r.get("messages") or [{"role": "user", "content": r["prompt"]}]
-        out.append((r["id"], tok.apply_chat_template(msgs)))
+        seen[r.category] = seen.get(r.category, 0) + 1
+        out.append((r.id, encode_prompt(r, tok)))
     return out
 
 

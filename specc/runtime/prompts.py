@@ -40,14 +40,18 @@ def shipped_prompts_path() -> Path:
     return Path(str(importlib.resources.files("specc.data").joinpath("prompts.jsonl")))
 
 
+ROLES = ("system", "user", "assistant")
+
+
 def _check_messages(messages, where: str) -> List[Dict[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise PromptError(f"{where}: 'messages' must be a non-empty list of {{\"role\", \"content\"}} objects")
     for i, m in enumerate(messages):
-        if (not isinstance(m, dict) or not isinstance(m.get("role"), str)
-                or not isinstance(m.get("content"), str)):
-            raise PromptError(f"{where}: messages[{i}] must be an object with string 'role' and 'content', "
-                              f"got {json.dumps(m)[:80]}")
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise PromptError(f"{where}: messages[{i}] must be {{\"role\": one of {list(ROLES)}, \"content\": "
+                              f"string}}, got {json.dumps(m)[:80]}")
+    if messages[-1]["role"] != "user":
+        raise PromptError(f"{where}: the last message must have role 'user' (the turn to answer)")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
@@ -65,6 +69,7 @@ def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
     if first is None:
         raise PromptError(f"{source}: no prompts (the input is empty)")
     records: List[PromptRecord] = []
+    seen: set = set()
     if not first.lstrip().startswith("{"):
         for i, line in enumerate(lines, 1):
             text = line.rstrip("\n")
@@ -85,8 +90,13 @@ def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
         has_p, has_m = "prompt" in obj, "messages" in obj
         if has_p == has_m:
             raise PromptError(f"{where}: give exactly one of 'prompt' (a string) or 'messages' (a chat list)")
-        pid = str(obj.get("id", f"line-{i}"))
-        cat = str(obj.get("category", ""))
+        pid = obj.get("id", f"line-{i}")
+        cat = obj.get("category", "")
+        if not isinstance(pid, str) or not pid or not isinstance(cat, str):
+            raise PromptError(f"{where}: field 'id' must be a non-empty string and 'category' a string")
+        if pid in seen:
+            raise PromptError(f"{where}: duplicate id {pid!r}")
+        seen.add(pid)
         if has_p:
             if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
                 raise PromptError(f"{where}: 'prompt' must be a non-empty string")
@@ -102,7 +112,7 @@ def read_prompts(path: str | Path) -> List[PromptRecord]:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PromptError(f"prompts file {p} does not exist") from None
+        raise PromptError(f"cannot read prompt file {p}: it does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PromptError(f"cannot read prompts file {p}: {exc}") from None
     return parse_prompts(text.splitlines(), str(p))
