@@ -51,16 +51,33 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=SUBCOMMANDS[name], description=SUBCOMMANDS[name])
         if name == wanted:
             importlib.import_module(f"specc.commands.{name}").add_arguments(p)
+            p.set_defaults(_subparser=p)
         else:
             p.set_defaults(_lazy=name)
     return parser
+
+
+def _take_trailing_positionals(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                               extra: List[str]) -> None:
+    """Let plan arguments and Hydra overrides follow options (``specc check PLAN --engine all
+    method.num_steps=5``): argparse stops filling a ``nargs="*"`` positional at the first option, so
+    leftover non-option words are appended to the subcommand's ``overrides`` (or ``inputs``) list.
+    Anything else left over is an error, reported by the subcommand's own parser."""
+    if not extra:
+        return
+    target = next((name for name in ("overrides", "inputs") if isinstance(getattr(args, name, None), list)), None)
+    if target is None or any(word.startswith("-") for word in extra):
+        sub = getattr(args, "_subparser", None) or parser
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    getattr(args, target).extend(extra)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0]] + list(argv)
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:])
+    args, extra = parser.parse_known_args(sys.argv[1:])
+    _take_trailing_positionals(parser, args, extra)
     if args.command is None:
         parser.print_help()
         return 2
@@ -73,6 +90,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
