@@ -147,15 +147,45 @@ def break_even_batch(alpha: float, num_steps: int, c: float, saturation_tokens: 
     B = T*(E − c)/(κ + 1) for parallel drafting (§6.2; zoo seed lines 28 and 46: ≈150 and ≈175 with
     T* = 295, E = 2.533, κ = 3, c = 0.165).
 
-    Derivation: past T* tokens a target step costs tokens/T* of its memory-bound time; speculation at
-    batch B costs B(κ + 1)/T* + draft and yields E, plain decode costs 1 and yields 1.
-    ``saturation_tokens`` is T*. κ = 0 returns +inf (plain decode never loses to itself).
+    Derivation (costs in batch-1 target-steps, d = κc chain or c parallel): a target pass over n
+    tokens costs max(1, n/T*). Per step at batch B ≤ T*, plain decode costs 1 and yields B tokens;
+    speculation costs max(1, B(κ + 1)/T*) + d and yields B·E. In the compute-bound branch
+    (B(κ + 1)/T* ≥ 1) the two tie at B(κ + 1)/T* + d = E, i.e. the formula above. That root lies in
+    the branch — so the formula is meaningful — iff E − d ≥ 1, i.e. iff speculation pays at batch 1
+    (E / (1 + d) ≥ 1). If E − d < 1 speculation costs 1 + d > E in the memory-bound branch and more
+    past it: it pays at no batch size, and the formula's value (some B < T*/(κ + 1), possibly > 1)
+    would be meaningless, so **0.0** is returned ("pays below batch 1", i.e. never; ``specc explain``
+    prints ``<1``). The root never exceeds T* because E ≤ κ + 1, so plain decode's memory-bound
+    assumption holds there.
+
+    Args:
+        alpha: per-position acceptance α in [0, 1].
+        num_steps: κ ≥ 0. κ = 0 returns +inf (plain decode never loses to itself).
+        c: draft cost ratio t_draft / t_target, finite and ≥ 0.
+        saturation_tokens: T*, tokens per target pass at which it turns compute-bound (> 0).
+        parallel: one draft pass per step (d = c) instead of κ (d = κc).
+    Returns: the break-even batch (requests, float), 0.0 if speculation never pays, +inf for κ = 0.
+    Raises: ValueError for c < 0 or non-finite, T* ≤ 0, or a bad α / κ (:func:`expected_tokens`).
     """
+    if not (math.isfinite(c) and c >= 0):
+        raise ValueError(f"draft cost ratio c must be finite and >= 0, got {c}")
+    if not saturation_tokens > 0:
+        raise ValueError(f"saturation_tokens (T*) must be > 0, got {saturation_tokens}")
     if num_steps == 0:
         return math.inf
     e = expected_tokens(alpha, num_steps)
     draft = c if parallel else num_steps * c
-    return saturation_tokens * (e - draft) / (num_steps + 1)
+    return break_even_from(e, draft, num_steps + 1, saturation_tokens)
+
+
+def break_even_from(expected: float, draft_cost: float, width: int, saturation_tokens: float) -> float:
+    """Break-even batch T*(E − d)/W for a step yielding ``expected`` tokens (E) with draft cost ``d``
+    (target-steps) and a verify of ``width`` tokens per request (W, κ + 1 for a chain); 0.0 when
+    E − d < 1, where speculation pays at no batch size (see :func:`break_even_batch` for the
+    derivation and why the formula only holds for E − d ≥ 1)."""
+    if expected - draft_cost < 1.0:
+        return 0.0
+    return saturation_tokens * (expected - draft_cost) / width
 
 
 def s_infinity(alpha: float, num_steps: int, c: float, parallel: bool = False) -> float:
@@ -594,7 +624,8 @@ class Prediction:
     ``speedup`` = E / step_cost at batch 1; ``speedup_at_batch`` at the state's bucket B in the
     saturating model (a pass over n tokens costs max(1, n/T*)); ``break_even_batch`` = T*(E − draft
     cost)/W, which is §6.2's T*(E − κc)/(κ + 1) for a chain and T*(E − c)/(κ + 1) for a parallel
-    block; ``s_infinity`` = E / (W + draft cost). ``draft_forward_passes`` counts every draft forward
+    block, and 0.0 when E − draft cost < 1 (speculation pays at no batch size: ``speedup`` < 1; see
+    :func:`break_even_batch`), +inf for plain decode; ``s_infinity`` = E / (W + draft cost). ``draft_forward_passes`` counts every draft forward
     the step runs (proposal + draft extend, from :func:`specc.graph.expected_forward_passes`); the
     cost formula charges c per proposal pass as the seeds do. Byte counts may be None when a size
     is unknown (e.g. a checkpoint that is not on disk).
@@ -668,6 +699,8 @@ def predict(plan, state, alpha: Optional[float] = None, c: Optional[float] = Non
     a, a_src = lower_mod.plan_alpha(plan, alpha)
     if c is not None:
         c_val, c_src = float(c), "--c"
+        if not (math.isfinite(c_val) and c_val >= 0):
+            raise PlanError(f"--c must be a finite number >= 0 (c = t_draft / t_target), got {c}")
     else:
         c_val, c_src = lower_mod.draft_cost_ratio(plan)
     hw_name = hardware or lower_mod.default_hardware(plan)
@@ -681,12 +714,9 @@ def predict(plan, state, alpha: Optional[float] = None, c: Optional[float] = Non
     w, bsz = state.num_draft_tokens, state.batch_size
     plain_b = max(1.0, bsz / t_star)
     spec_b = max(1.0, bsz * w / t_star) + draft_cost
-    if state.num_steps == 0:
-        be = math.inf
-    elif state.topk == 1 and state.tree_choices is None:
-        be = break_even_batch(a, state.num_steps, c_val, t_star, parallel=state.parallel)
-    else:
-        be = t_star * (e - draft_cost) / w
+    # chain: W = κ + 1, draft cost κc, so this is break_even_batch(); it also charges lookup drafters
+    # (0 proposal passes) the same draft cost as `step_cost`, keeping break-even and speedup consistent
+    be = math.inf if state.num_steps == 0 else break_even_from(e, draft_cost, w, t_star)
     g = graph_mod.build_graph(plan, state)
     passes = graph_mod.count_forward_passes(g)
     return Prediction(

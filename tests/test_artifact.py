@@ -192,3 +192,65 @@ def test_not_a_directory(tmp_path):
 def test_read_tree_matches_what_compile_wrote(compiled):
     manifest = _manifest(compiled)
     assert set(codegen.read_tree(compiled)) == set(manifest["files"]) | {"manifest.json"}
+
+
+def _edit_manifest(artifact, edit):
+    manifest = _manifest(artifact)
+    edit(manifest)
+    (artifact / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+@pytest.mark.parametrize("field, edit", [
+    ("states[0].parameters", lambda m: m["states"][0]["parameters"].update(batch_size=64)),
+    ("states[0].parameters", lambda m: m["states"][0]["parameters"].update(num_steps=9)),
+    ("states[1].parameters", lambda m: m["states"][1]["parameters"].update(verify_rule="standard")),
+    ("states[0].parameters", lambda m: m["states"][0]["parameters"].pop("topk")),
+    ("states[0].kernels", lambda m: m["states"][0]["kernels"].update(verify="greedy_verify_w9")),
+    ("kernels[0].constants.NUM_DRAFT_TOKENS", lambda m: m["kernels"][0]["constants"].update(NUM_DRAFT_TOKENS=9)),
+    ("kernels[0].family", lambda m: m["kernels"][0].update(family="rejection_verify")),
+    ("plan_name", lambda m: m.update(plan_name="smollm2_eagle")),
+    ("name", lambda m: m.update(name="smollm2_ngram-000000000000")),
+    ("name", lambda m: m.update(template_hash="sha256:" + "0" * 64)),
+    ("'states' entries", lambda m: m["states"].pop()),
+])
+def test_edited_manifest_content_is_refused_before_import(artifact, tmp_path, monkeypatch, field, edit):
+    """No hash covers manifest.json itself: every field the runtime or a reader relies on is
+    cross-checked against the hashed files, without executing any of them."""
+    import specc.runtime.artifact as art_mod
+
+    def no_exec(*a, **k):
+        raise AssertionError("a module was executed before the manifest was cross-checked")
+
+    _edit_manifest(artifact, edit)
+    monkeypatch.setattr(art_mod, "_exec_module", no_exec)
+    with pytest.raises(ArtifactError) as exc:
+        load_artifact(artifact)
+    msg = str(exc.value)
+    assert "manifest.json" in msg and field in msg and "specc compile" in msg, msg
+
+
+def test_edited_parameters_message_names_the_state_file_and_values(artifact):
+    state = _manifest(artifact)["states"][0]
+    _edit_manifest(artifact, lambda m: m["states"][0]["parameters"].update(batch_size=64))
+    with pytest.raises(ArtifactError) as exc:
+        load_artifact(artifact)
+    msg = str(exc.value)
+    assert state["module"] in msg and "'batch_size': 64" in msg
+    assert f"'batch_size': {state['parameters']['batch_size']}" in msg
+
+
+def test_reformatted_manifest_still_loads(artifact):
+    """Only content is checked: re-serialising the same manifest (other indentation) is fine."""
+    _edit_manifest(artifact, lambda m: None)
+    assert len(load_artifact(artifact).states) == len(_manifest(artifact)["states"])
+
+
+def test_module_literals_does_not_execute(tmp_path):
+    from specc.runtime.artifact import module_literals
+
+    marker = tmp_path / "ran"
+    src = f"X = {{'a': (1, 2)}}\nY = X\nopen({str(marker)!r}, 'w').close()\nZ = -3\n".encode()
+    assert module_literals(src, "m.py") == {"X": {"a": (1, 2)}, "Z": -3}
+    assert not marker.exists()
+    with pytest.raises(ArtifactError, match="m.py is not valid Python"):
+        module_literals(b"def (:\n", "m.py")

@@ -373,3 +373,41 @@ def test_cli_compile_refuses_non_identifier_name(tmp_path, capsys):
     assert rc == 2
     assert "not a valid identifier" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_drift_check_flags_an_artifact_of_an_older_preset(tmp_path, monkeypatch):
+    """The CI drift test (tests/test_generated_drift.py) against a generated/ holding the artifact of
+    an older version of smollm2_ngram (ngram.min 1 instead of today's value): the committed
+    artifact for today's preset is reported missing and the old directory is reported stale."""
+    import test_generated_drift as drift
+
+    today = resolved_preset("smollm2_ngram").method.ngram.min
+    old_min = 1 if today != 1 else 2
+    generated = tmp_path / "generated"
+    old = compile_preset("smollm2_ngram", generated, overrides=[f"method.ngram.min={old_min}"])
+    fresh = {"smollm2_ngram": compile_preset("smollm2_ngram", tmp_path / "fresh").path}
+    assert old.path.name != fresh["smollm2_ngram"].name  # the plan change renamed the directory
+    monkeypatch.setattr(drift, "GENERATED", generated)
+    with pytest.raises(AssertionError, match=re.escape(f"generated/{fresh['smollm2_ngram'].name}/ is missing")):
+        drift.test_committed_artifact_matches_a_fresh_compile("smollm2_ngram", fresh)
+    with pytest.raises(AssertionError, match=re.escape(old.path.name)):
+        drift.test_no_stale_artifacts(fresh)
+    # once regenerated (and the stale directory deleted) both checks pass
+    shutil.rmtree(old.path)
+    shutil.copytree(fresh["smollm2_ngram"], generated / fresh["smollm2_ngram"].name)
+    drift.test_committed_artifact_matches_a_fresh_compile("smollm2_ngram", fresh)
+    drift.test_no_stale_artifacts(fresh)
+
+
+def test_drift_check_flags_an_edited_committed_file(tmp_path, monkeypatch):
+    """Same name, different bytes (a hand edit of a generated file) is drift too."""
+    import test_generated_drift as drift
+
+    fresh = {"smollm2_ngram": compile_preset("smollm2_ngram", tmp_path / "fresh").path}
+    generated = tmp_path / "generated"
+    committed = generated / fresh["smollm2_ngram"].name
+    shutil.copytree(fresh["smollm2_ngram"], committed)
+    (committed / "report.md").write_text((committed / "report.md").read_text() + "edited\n")
+    monkeypatch.setattr(drift, "GENERATED", generated)
+    with pytest.raises(AssertionError, match=r"drifted in \['report.md'\]"):
+        drift.test_committed_artifact_matches_a_fresh_compile("smollm2_ngram", fresh)

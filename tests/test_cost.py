@@ -62,6 +62,54 @@ def test_break_even_and_s_infinity():
             assert cost.s_infinity(a, k, C) < 1 and cost.s_infinity(a, k, C, parallel=True) < 1
 
 
+def _saturating_speedup(batch, e, width, draft, t_star):
+    """§6.2's saturating model written out independently: per step plain decode costs
+    max(1, B/T*) and yields B; speculation costs max(1, B·W/T*) + draft and yields B·E."""
+    return (batch * e / (max(1.0, batch * width / t_star) + draft)) / (batch / max(1.0, batch / t_star))
+
+
+def test_break_even_is_the_root_of_the_saturating_model():
+    t_star = 295
+    for a, k, c in ((0.7, 3, 0.165), (0.5, 5, 0.05), (0.9, 7, 0.02)):
+        e = cost.expected_tokens(a, k)
+        be = cost.break_even_batch(a, k, c, t_star)
+        assert e - k * c >= 1 and be >= 1
+        # speculation pays just below the break-even batch and stops paying just above it
+        assert _saturating_speedup(be * 0.99, e, k + 1, k * c, t_star) > 1
+        assert _saturating_speedup(be * 1.01, e, k + 1, k * c, t_star) < 1
+
+
+def test_break_even_is_zero_when_speculation_never_pays():
+    t_star = 295
+    # α = 0: E = 1, chain cost 1 + 3·0.165 = 1.495 → speedup 0.67 < 1 at batch 1. The bare formula
+    # would give 295·(1 − 0.495)/4 ≈ 37 (> 1) although speculation pays at no batch size.
+    for a, k, c, parallel in ((0.0, 3, C, False), (0.0, 3, C, True), (0.3, 3, 0.5, False), (0.9, 3, 1e9, False)):
+        e = cost.expected_tokens(a, k)
+        d = c if parallel else k * c
+        assert e - d < 1
+        assert cost.break_even_batch(a, k, c, t_star, parallel=parallel) == 0.0
+        assert all(_saturating_speedup(b, e, k + 1, d, t_star) < 1 for b in (1, 2, 10, 37, 100, 295, 5000))
+    # c = 0 is fine (a free drafter); negative or non-finite c is rejected
+    assert cost.break_even_batch(0.7, 3, 0.0, t_star) == pytest.approx(295 * 2.533 / 4, rel=1e-3)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="c must be finite"):
+            cost.break_even_batch(0.7, 3, bad, t_star)
+
+
+def test_predict_break_even_agrees_with_speedup():
+    from specc.lower import lower
+    from specc.plan.schema import MethodConfig, Plan, ScheduleConfig
+
+    plan = Plan(method=MethodConfig(name="eagle3", num_steps=3, topk=1),
+                schedule=ScheduleConfig(capture_batch_sizes=[1]))
+    (state,) = lower(plan)
+    for a, c in ((0.0, C), (0.7, C), (0.7, 1e9), (0.2, 0.3), (1.0, 0.0)):
+        p = cost.predict(plan, state, alpha=a, c=c, hardware="h100")
+        assert (p.speedup >= 1) == (p.break_even_batch >= 1), (a, c, p.speedup, p.break_even_batch)
+    with pytest.raises(PlanError, match="--c"):
+        cost.predict(plan, state, alpha=0.7, c=-1.0, hardware="h100")
+
+
 def test_h100_profile_gives_t_star_295():
     hw = cost.load_hardware_profile("h100")
     # bf16: 2 bytes and 2 FLOPs per parameter -> T* = peak FLOPs / bandwidth ≈ 295 (zoo line 46)

@@ -85,3 +85,64 @@ def test_explain_does_not_import_torch(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--plot", "out.txt"), ("--plot", "'.txt'", ".png")),
+    (("--plot", "out"), ("--plot", ".png")),
+    (("--plot", "/proc/specc_no_such_dir/x.png"), ("--plot", "/proc/specc_no_such_dir/x.png", "writable")),
+    (("--c", "-1"), ("--c", ">= 0")),
+    (("--c", "nan"), ("--c", "finite")),
+    (("--c", "inf"), ("--c", "finite")),
+    (("--alpha", "nan"), ("--alpha",)),
+])
+def test_bad_flags_are_clean_errors(capsys, tmp_path, monkeypatch, argv, words):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli(capsys, PRESET, *argv)
+    assert rc == 2 and out == "" and err.startswith("specc explain: error: ")
+    for w in words:
+        assert w in err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_plot_extension_is_checked_before_computing(capsys, tmp_path, monkeypatch):
+    import specc.commands.explain as ex
+
+    def boom(*a, **k):
+        raise AssertionError("explain() ran before --plot was validated")
+
+    monkeypatch.setattr(ex, "explain", boom)
+    rc, _, err = run_cli(capsys, PRESET, "--plot", str(tmp_path / "out.txt"))
+    assert rc == 2 and "--plot" in err
+
+
+def test_graphs_onto_an_existing_file_is_a_clean_error(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    rc, _, err = run_cli(capsys, PRESET, "--graphs", str(afile))
+    assert rc == 2 and "--graphs" in err and "not a directory" in err
+    assert afile.read_text() == "keep me"
+
+
+def test_zero_c_is_accepted(capsys):
+    rc, out, _ = run_cli(capsys, PRESET, "--c", "0", "--alpha", "0.7", "--format", "json")
+    assert rc == 0
+    s = json.loads(out)["states"][0]
+    assert s["c"] == 0.0 and s["speedup"] == pytest.approx(s["expected_tokens"])
+
+
+def test_break_even_agrees_with_speedup(capsys):
+    # α = 0: E = 1 < 1 + κc, so speculation pays at no batch size: break-even must say so (<1),
+    # not a batch size above 1 (the bare formula T*(E − κc)/(κ + 1) would give one).
+    rc, out, _ = run_cli(capsys, PRESET, "--alpha", "0", "--format", "json")
+    assert rc == 0
+    for s in json.loads(out)["states"]:
+        if s["num_steps"] > 0:
+            assert s["speedup"] < 1 and s["break_even_batch"] == 0.0
+    rc, out, _ = run_cli(capsys, PRESET, "--alpha", "0")
+    rows = [ln for ln in out.splitlines() if "_chain" in ln]
+    assert rows and all(ln.split()[10] == "<1" for ln in rows)
+    rc, out, _ = run_cli(capsys, PRESET, "--alpha", "0.9", "--format", "json")
+    for s in json.loads(out)["states"]:
+        if s["num_steps"] > 0:
+            assert (s["speedup"] >= 1) == (s["break_even_batch"] >= 1)

@@ -5,7 +5,12 @@ predicted E and speedup at α, speedup at the bucket's batch, break-even batch, 
 token, programs (CUDA graphs) to capture and their static-buffer memory. Every state's stage graph is
 built and validated. ``--plot FILE.png`` draws speedup against batch per κ and the break-even curve on
 the (cost, acceptance) plane; ``--format json`` prints the same data as JSON; ``--graphs DIR`` writes
-each state's stage graph as JSON (networkx node_link_data) and DOT.
+each state's stage graph as JSON (networkx node_link_data) and DOT. The options are validated
+before anything is computed (:func:`validate_outputs`): a ``--plot`` extension matplotlib cannot
+write, an unwritable ``--plot`` path, a ``--graphs`` path that is an existing file, a negative or
+non-finite ``--c`` are ``SpeccError`` (``specc explain: error: ...``, exit 2). Break-even ``<1``
+means speculation pays at no batch size (E < 1 + draft cost; JSON ``0.0``), ``never`` that the
+state is plain decode (JSON ``null``).
 
 Formulas: :mod:`specc.cost` (the seeds' §6.2 and "The higher the load"). Torch is never imported.
 """
@@ -51,7 +56,72 @@ def _fmt_bytes(n: Optional[int]) -> str:
 
 
 def _fmt_be(x: float) -> str:
+    """``never`` (κ = 0: plain decode never loses to itself), ``<1`` (speculation does not pay even at
+    batch 1, see :func:`specc.cost.break_even_batch`), else the batch size to one decimal."""
     return "never" if math.isinf(x) else ("<1" if x < 1 else f"{x:.1f}")
+
+
+_PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
+
+
+def plot_formats() -> Dict[str, str]:
+    """File extensions (without dot) → description for ``--plot``: matplotlib's writable formats
+    (``FigureCanvasBase.get_supported_filetypes``) minus those needing more than matplotlib + Pillow
+    (pgf needs LaTeX) or that are not images (raw/rgba)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return {k: v for k, v in FigureCanvasBase.get_supported_filetypes().items() if k in _PLOT_FORMATS}
+
+
+def _probe_writable(path: Path, flag: str) -> None:
+    """Raise SpeccError naming ``flag`` if a file cannot be created at ``path`` (its folder is not a
+    directory, cannot be created or is not writable). Leaves no file behind that was not there."""
+    if path.is_dir():
+        raise SpeccError(f"{flag} {path}: is a directory; give a file name such as {path / 'explain.png'}")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise SpeccError(f"{flag} {path}: cannot write there ({exc.strerror or exc}); "
+                         f"give a path in a writable folder") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def validate_outputs(args: argparse.Namespace) -> None:
+    """Check ``--plot``, ``--graphs``, ``--alpha`` and ``--c`` before anything is computed.
+
+    Raises SpeccError (exit 2) for: a ``--plot`` extension matplotlib cannot write, a ``--plot`` path
+    that cannot be created, a ``--graphs`` path that exists and is not a directory (or cannot be
+    created), a non-finite or negative ``--c`` (c = t_draft / t_target ≥ 0; 0 is a free drafter),
+    a non-finite ``--alpha`` (the range [0, 1] is checked by :func:`specc.lower.plan_alpha`)."""
+    c = getattr(args, "draft_cost", None)
+    if c is not None and not (math.isfinite(c) and c >= 0):
+        raise SpeccError(f"--c must be a finite number >= 0 (c = t_draft / t_target, 0 = a free drafter), "
+                         f"got {c}")
+    a = getattr(args, "alpha", None)
+    if a is not None and not math.isfinite(a):
+        raise SpeccError(f"--alpha must lie in [0, 1], got {a}")
+    if getattr(args, "plot", None):
+        path = Path(args.plot)
+        ext = path.suffix.lower().lstrip(".")
+        formats = plot_formats()
+        if ext not in formats:
+            raise SpeccError(f"--plot {args.plot}: unsupported file extension {path.suffix or '(none)'!r}; "
+                             f"use one of {', '.join('.' + f for f in sorted(formats))} (e.g. explain.png)")
+        _probe_writable(path, "--plot")
+    if getattr(args, "graphs", None):
+        out = Path(args.graphs)
+        if out.exists() and not out.is_dir():
+            raise SpeccError(f"--graphs {out}: exists and is not a directory; give a directory path "
+                             f"(it is created if missing)")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpeccError(f"--graphs {out}: cannot create the directory ({exc.strerror or exc}); "
+                             f"give a path in a writable folder") from None
 
 
 COLUMNS = ("state", "B", "κ", "W", "draft fwd", "target fwd", "target tok", "E", "speedup",
@@ -145,9 +215,14 @@ def plot(path: str, plan, preds, title: str) -> None:
     ax2.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise SpeccError(f"--plot {path}: cannot write the plot ({exc.strerror or exc}); "
+                         f"give a path in a writable folder") from None
+    finally:
+        plt.close(fig)
 
 
 def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = None,
@@ -171,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
     from specc import graph
     from specc.plan.load import load_plan
 
+    validate_outputs(args)
     loaded = load_plan(args.plan, list(args.overrides or ()))
     plan = loaded.plan
     res = explain(plan, args.alpha, args.draft_cost, args.hardware)
@@ -180,10 +256,14 @@ def run(args: argparse.Namespace) -> int:
     bad = {k: v for k, v in issues.items() if v}
     if args.graphs:
         out = Path(args.graphs)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, g in res["graphs"].items():
-            (out / f"{name}.json").write_text(json.dumps(graph.to_json(g), indent=1))
-            (out / f"{name}.dot").write_text(graph.to_dot(g))
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for name, g in res["graphs"].items():
+                (out / f"{name}.json").write_text(json.dumps(graph.to_json(g), indent=1))
+                (out / f"{name}.dot").write_text(graph.to_dot(g))
+        except OSError as exc:
+            raise SpeccError(f"--graphs {out}: cannot write the stage graphs ({exc.strerror or exc}); "
+                             f"give a writable directory") from None
     if args.plot:
         plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}")
     p0 = preds[0]

@@ -11,6 +11,7 @@ The resolved plan is rebuilt from the artifact's own ``plan.yaml`` (never the us
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import itertools
@@ -197,7 +198,8 @@ def load_artifact(path: str | Path) -> Artifact:
 
     Steps: parse ``manifest.json``; check the specc version it was compiled with equals this
     specc's; verify every file's sha256 and refuse unlisted files; check ``plan.yaml``'s hash equals
-    the manifest's ``plan_hash`` and rebuild the ``Plan``; then import each kernel module and each
+    the manifest's ``plan_hash`` and rebuild the ``Plan``; cross-check the manifest's own content
+    against the hashed files without executing them (:func:`check_manifest_content`); then import each kernel module and each
     state module (unique module names ``_specc_artifact_<n>.<kind>.<name>``, so two artifacts, or
     the same one loaded twice, never share modules).
 
@@ -205,7 +207,8 @@ def load_artifact(path: str | Path) -> Artifact:
         :class:`Artifact`.
     Raises:
         ArtifactError: a missing/truncated/invalid manifest, a specc version mismatch, a missing,
-            changed or extra file, a bad plan, or a module that fails to import — each naming the
+            changed or extra file, a bad plan, a manifest whose content disagrees with the hashed
+            files (e.g. edited ``states[i].parameters``), or a module that fails to import — each naming the
             file and the fix ("re-run specc compile ...").
     """
     path = Path(path)
@@ -221,6 +224,7 @@ def load_artifact(path: str | Path) -> Artifact:
     if plan_digest != manifest["plan_hash"]:
         raise ArtifactError(f"{path / PLAN_FILE} does not match the manifest's plan_hash; {_fix(path, manifest)}")
     plan = plan_from_yaml(contents[PLAN_FILE].decode("utf-8"), str(path / PLAN_FILE))
+    check_manifest_content(path, manifest, contents, plan)
 
     prefix = f"_specc_artifact_{next(_load_counter)}"
     kernels: Dict[str, types.ModuleType] = {}
@@ -234,6 +238,111 @@ def load_artifact(path: str | Path) -> Artifact:
     if not states:
         raise ArtifactError(f"{path / MANIFEST} lists no candidate state; {_fix(path, manifest)}")
     return Artifact(path=path, manifest=manifest, plan=plan, states=states, kernels=kernels)
+
+
+def module_literals(source: bytes, where: str) -> Dict[str, Any]:
+    """The module-level ``NAME = <literal>`` assignments of a Python source, by parsing it with
+    :mod:`ast` and :func:`ast.literal_eval` — nothing is executed. Assignments whose value is not a
+    literal (e.g. ``NUM_STEPS = NUM_DRAFT_TOKENS - 1``) are left out.
+
+    Raises:
+        ArtifactError: the source does not parse (naming ``where``).
+    """
+    try:
+        tree = ast.parse(source, filename=where)
+    except (SyntaxError, ValueError) as exc:
+        raise ArtifactError(f"{where} is not valid Python ({exc}); re-run specc compile") from None
+    out: Dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+    return out
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as the manifest's JSON would hold it (tuples → lists), for comparison."""
+    return json.loads(json.dumps(value))
+
+
+def check_manifest_content(path: Path, manifest: Mapping[str, Any], contents: Mapping[str, bytes],
+                           plan: Plan) -> None:
+    """Cross-check what ``manifest.json`` says against the files whose sha256 it lists, so an edit to
+    the manifest itself (which no hash covers) cannot go unnoticed. Run after :func:`verify_files`
+    and before any import: the generated modules are parsed, never executed (:func:`module_literals`).
+
+    Checks: ``plan_name`` equals ``plan.yaml``'s ``name``; ``name`` is ``<plan_name>-<hash>``; every
+    ``states[i]``: ``name`` and ``parameters`` equal its module's ``STATE`` dict, ``kernels`` equals
+    its ``KERNELS``; every ``kernels[i]``: ``name``/``family``/``constants`` equal its module's
+    ``NAME``/``FAMILY``/constants; the ``states/`` and ``kernels/`` files hashed are exactly the
+    entries' modules; and ``name``'s hash is :func:`specc.codegen.artifact_hash` of ``plan.yaml``,
+    ``template_hash`` and ``specc_version`` (so those fields cannot be edited either). Not covered: ``states[i].prediction`` (advisory cost-model
+    numbers, shown by ``report.md``; nothing at run time reads them).
+
+    Raises:
+        ArtifactError: naming ``manifest.json``, the field, the file it disagrees with and the fix.
+    """
+    mpath = path / MANIFEST
+
+    def bad(field: str, other: str, said: Any, found: Any) -> ArtifactError:
+        return ArtifactError(f"{mpath}: {field} = {said!r} disagrees with {path / other} ({found!r}); "
+                             f"manifest.json was edited after compile — {_fix(path, manifest)}")
+
+    if manifest["plan_name"] != plan.name:
+        raise bad("plan_name", PLAN_FILE, manifest["plan_name"], plan.name)
+    name = manifest["name"]
+    if not (isinstance(name, str) and re.fullmatch(re.escape(plan.name) + r"-[0-9a-f]+", name)):
+        raise bad("name", PLAN_FILE, name, f"{plan.name}-<hash>")
+    states = manifest["states"]
+    kernels = manifest["kernels"]
+    if not isinstance(states, list) or not isinstance(kernels, list):
+        raise ArtifactError(f"{mpath}: 'states' and 'kernels' must be lists; {_fix(path, manifest)}")
+    for i, entry in enumerate(states):
+        sname, rel = _entry(entry, path, manifest, "state")
+        lits = module_literals(contents[rel], str(path / rel))
+        state = lits.get("STATE")
+        if not isinstance(state, dict):
+            raise ArtifactError(f"{path / rel} defines no literal STATE dict; {_fix(path, manifest)}")
+        if state.get("name") != sname:
+            raise bad(f"states[{i}].name", rel, sname, state.get("name"))
+        if _as_json(entry.get("parameters")) != _as_json(state):
+            said, found = entry.get("parameters"), state
+            if isinstance(said, dict):
+                keys = sorted(k for k in set(said) | set(state) if _as_json(said.get(k)) != _as_json(state.get(k)))
+                said = {k: said.get(k) for k in keys}
+                found = {k: state.get(k) for k in keys}
+            raise bad(f"states[{i}].parameters", rel, said, found)
+        if "KERNELS" in lits and _as_json(entry.get("kernels")) != _as_json(lits["KERNELS"]):
+            raise bad(f"states[{i}].kernels", rel, entry.get("kernels"), lits["KERNELS"])
+    for folder, entries in (("states", states), ("kernels", kernels)):
+        listed = {rel for rel in manifest["files"] if rel.startswith(folder + "/")}
+        named = {e.get("module") for e in entries if isinstance(e, dict)}
+        if listed != named:
+            raise ArtifactError(f"{mpath}: '{folder}' entries {sorted(map(str, named))} do not match the "
+                                f"{folder}/ files it hashes {sorted(listed)}; manifest.json was edited "
+                                f"after compile — {_fix(path, manifest)}")
+    template_digest = manifest.get("template_hash")
+    if isinstance(template_digest, str) and template_digest.startswith("sha256:"):
+        from specc.codegen import artifact_hash
+
+        expected = f"{plan.name}-{artifact_hash(contents[PLAN_FILE].decode('utf-8'), template_digest[7:], manifest['specc_version'])}"
+        if name != expected:
+            raise bad("name", PLAN_FILE, name, expected)
+    for i, entry in enumerate(kernels):
+        kname, rel = _entry(entry, path, manifest, "kernel")
+        lits = module_literals(contents[rel], str(path / rel))
+        if lits.get("NAME") != kname:
+            raise bad(f"kernels[{i}].name", rel, kname, lits.get("NAME"))
+        if "family" in entry and lits.get("FAMILY") != entry["family"]:
+            raise bad(f"kernels[{i}].family", rel, entry["family"], lits.get("FAMILY"))
+        constants = entry.get("constants", {})
+        if not isinstance(constants, dict):
+            raise ArtifactError(f"{mpath}: kernels[{i}].constants must be a mapping; {_fix(path, manifest)}")
+        for key, value in constants.items():
+            if key not in lits or _as_json(lits[key]) != _as_json(value):
+                raise bad(f"kernels[{i}].constants.{key}", rel, value, lits.get(key, "(not defined)"))
 
 
 def _entry(entry: Any, path: Path, manifest: Mapping[str, Any], kind: str) -> Tuple[str, str]:
