@@ -106,6 +106,8 @@ def test_specc_run_json_and_text(models, tmp_path, capsys):
     ('{"text": "w1"}\n', "exactly one of 'prompt'"),
     ('{"messages": [{"role": "user"}]}\n', "messages[0]"),
     ("\n\n", "no prompts"),
+    ('["w1", "w2"]\n', "JSON array; prompts are JSONL (one JSON object per line"),
+    ('\n  [\n  "w1"\n]\n', "JSON array"),
 ])
 def test_bad_prompt_files_are_refused(models, tmp_path, capsys, content, message):
     _, root = models
@@ -127,3 +129,143 @@ def test_specc_bench_reports_table_and_exactness(models, tmp_path, capsys):
     assert res["exact"] == "2/2"
     assert set(res["results"]["plain"]) == {"qa", "rag", "all"}
     assert res["results"]["plain"]["all"]["tau"] == 1.0
+
+
+# ---------------------------------------------------------------- flags, stdin, progress bar, counters
+
+BAD_FLAGS = [
+    ("--threads", "-2", ">= 1"), ("--threads", "0", ">= 1"), ("--max-new-tokens", "0", ">= 1"),
+    ("--temperature", "-1", ">= 0"), ("--top-p", "0", "(0, 1]"), ("--top-p", "1.5", "(0, 1]"),
+    ("--top-k", "-1", ">= 0"), ("--batch-size", "0", ">= 1"), ("--limit", "0", ">= 1"), ("--threads", "x", "integer"),
+]
+
+
+def _usage_error(argv, capsys):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        cli_main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value,rule", BAD_FLAGS)
+def test_run_refuses_bad_numeric_flags_while_parsing(tmp_path, capsys, flag, value, rule):
+    # the artifact does not exist: the flag is refused first, before anything is loaded
+    err = _usage_error(["run", str(tmp_path / "missing"), "--prompt", "hi", f"{flag}={value}"], capsys)
+    assert f"argument {flag}: " in err and repr(value) in err and rule in err
+    assert "Traceback" not in err and err.count("error:") == 1
+
+
+@pytest.mark.parametrize("flag,argv", [
+    ("--threads", ["bench", "ART", "--threads", "-1", "--limit", "1"]),
+    ("--max-new-tokens", ["bench", "ART", "--max-new-tokens", "0"]),
+    ("--limit", ["bench", "ART", "--limit=-3"]),
+    ("--threads", ["generate", "--threads", "-1", "--prompt", "hi"]),
+    ("--threads", ["generate", "--threads", "0", "--prompt", "hi"]),
+    ("--max-new-tokens", ["generate", "--max-new-tokens", "0", "--prompt", "hi"]),
+    ("--max-model-len", ["generate", "--max-model-len", "0", "--prompt", "hi"]),
+    ("--max-model-len", ["generate", "--max-model-len=-5", "--prompt", "hi"]),
+    ("--top-p", ["generate", "--top-p", "0", "--prompt", "hi"]),
+    ("--temperature", ["generate", "--temperature=-0.5", "--prompt", "hi"]),
+    ("--top-k", ["generate", "--top-k=-2", "--prompt", "hi"]),
+])
+def test_bench_and_generate_refuse_bad_numeric_flags_while_parsing(tmp_path, capsys, flag, argv):
+    argv = [str(tmp_path / "missing") if a == "ART" else a for a in argv]
+    err = _usage_error(argv, capsys)
+    assert f"argument {flag}: " in err and "Traceback" not in err and err.count("error:") == 1
+
+
+def test_batch_size_above_the_largest_bucket_is_refused_before_loading(models, tmp_path, capsys, monkeypatch):
+    import specc.models
+    from specc.runtime.artifact import load_artifact
+    from specc.runtime.loader import largest_bucket
+
+    _, root = models
+    path = _compile("smollm2_ngram", root, tmp_path / "art", capsys)
+    top = largest_bucket(load_artifact(path))
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before --batch-size was checked")
+
+    monkeypatch.setattr(specc.models, "load_target", no_load)
+    capsys.readouterr()
+    assert cli_main(["run", path, "--prompt", "w5", "--batch-size", str(top + 1), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--batch-size {top + 1} exceeds" in err and f"({top})" in err
+
+
+def test_errors_do_not_share_the_progress_bar_line(models, tmp_path, capsys):
+    _, root = models
+    path = _compile("smollm2_ngram", root, tmp_path / "art", capsys)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w5 w6\n" + "w7 " * 200 + "\n")  # the second prompt exceeds max_model_len=128
+    for argv, name in ((["bench", path, "--prompts", str(prompts), "--max-new-tokens", "2"], "bench"),
+                       (["run", path, "--prompts", str(prompts), "--max-new-tokens", "2"], "run")):
+        capsys.readouterr()
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"specc {name}: error:" in err and "max_model_len=128" in err
+        assert f"\nspecc {name}: error:" in err  # starts its own line, after the bar's
+        assert f"specc {name}:   " in err  # the bar was drawn (this is the case being tested)
+
+
+def test_run_reads_prompts_from_stdin_dash(models, tmp_path, capsys, monkeypatch):
+    import io
+
+    _, root = models
+    path = _compile("smollm2_ngram", root, tmp_path / "art", capsys)
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"id": "s1", "prompt": "w5 w6 w7"}\n{"id": "s2", "prompt": "w3"}\n'))
+    capsys.readouterr()
+    assert cli_main(["run", path, "--prompts", "-", "--max-new-tokens", "3", "--json", "--no-progress"]) == 0
+    lines = [json.loads(l) for l in capsys.readouterr().out.strip().splitlines()]
+    assert [l["id"] for l in lines[:-1]] == ["s1", "s2"]
+    monkeypatch.setattr("sys.stdin", io.StringIO('["w5"]\n'))
+    assert cli_main(["run", path, "--prompts", "-", "--no-progress"]) == 2
+    assert "<stdin>: looks like a JSON array" in capsys.readouterr().err
+
+
+def test_run_json_counts_every_draft_position(models, tmp_path, capsys):
+    from specc.runtime.artifact import load_artifact
+
+    _, root = models
+    path = _compile("smollm2_ngram", root, tmp_path / "art", capsys)
+    kappa = max(m.STATE["num_steps"] for m in load_artifact(path).states.values())
+    assert kappa >= 1
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w9 w8 w7 w9 w8 w7 w9 w8\nw5\nw20 w21 w22\n")
+    capsys.readouterr()
+    assert cli_main(["run", path, "--prompts", str(prompts), "--max-new-tokens", "1", "--json", "--no-progress"]) == 0
+    lines = [json.loads(l) for l in capsys.readouterr().out.strip().splitlines()]
+    # max_new_tokens 1: no verify step, yet each request reports κ zeros (was [])
+    assert [l["num_accepted_tokens_per_pos"] for l in lines[:-1]] == [[0] * kappa] * 3
+    assert lines[-1]["summary"]["num_accepted_tokens_per_pos"] == [0] * kappa
+    assert cli_main(["run", path, "--prompts", str(prompts), "--max-new-tokens", "12", "--json", "--no-progress"]) == 0
+    lines = [json.loads(l) for l in capsys.readouterr().out.strip().splitlines()]
+    assert all(len(l["num_accepted_tokens_per_pos"]) == kappa for l in lines[:-1])
+    assert all(sum(l["num_accepted_tokens_per_pos"]) == l["num_accepted_tokens"] for l in lines[:-1])
+
+
+def test_generate_reads_stdin_rejects_empty_and_stops_at_max_model_len(models, tmp_path, capsys, monkeypatch):
+    target, root = models
+    base = ["generate", "--path", str(root / "target"), "--format", "hf", "--no-chat", "--ignore-eos"]
+    capsys.readouterr()
+    assert cli_main(base + ["--prompt", ""]) == 2
+    assert "--prompt number 1 is empty" in capsys.readouterr().err
+    # prompts from stdin (a redirected file), one per line
+    stdin = tmp_path / "in.txt"
+    stdin.write_text("w5 w6 w7\n\nw9 w8\n")
+    with stdin.open() as fh:
+        monkeypatch.setattr("sys.stdin", fh)
+        assert cli_main(base + ["--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- prompt") == 2
+    words = out.split("--- prompt 1")[0].split("\n", 1)[1].split()
+    assert words == [f"w{t}" for t in reference_greedy(target, [5, 6, 7], 4)]
+    # a prompt that fits but leaves less room than --max-new-tokens: stops at max_model_len, as specc run
+    prompt = " ".join(f"w{20 + i}" for i in range(28))  # 28 tokens (no w1x: "w1" is the EOS token)
+    assert cli_main(base + ["--max-model-len", "32", "--max-new-tokens", "16", "--prompt", prompt]) == 0
+    res = capsys.readouterr()
+    assert len(res.out.split()) == 4 and "finish_reason max_model_len" in res.err
+    # a prompt that itself fills max_model_len: refused, as specc run
+    assert cli_main(base + ["--max-model-len", "28", "--prompt", prompt]) == 2
+    assert "leave no room to generate within max_model_len=28" in capsys.readouterr().err

@@ -176,3 +176,57 @@ def test_draft_model_vocabulary_is_checked(target):
     check_same_token_map(Tok({"a": 0, "b": 1}), Tok({"a": 0, "b": 1}), "d")
     with pytest.raises(CheckpointError, match="token map differs"):
         check_same_token_map(Tok({"a": 0, "b": 1}), Tok({"a": 1, "b": 0}), "d")
+
+
+def test_per_position_counters_have_one_entry_per_draft_position(target, draft):
+    # vLLM's num_accepted_tokens_per_pos has κ entries, zeros included, whatever the request did
+    k = 3
+    rt = _rt(target, draft, k)  # draft model: accepts often, not always
+    assert rt.metrics.num_accepted_tokens_per_pos == [0] * k  # before any request
+    reqs = [Request(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=24)),
+            Request(prompt_ids=[20], params=SamplingParams(max_new_tokens=1)),  # no verify step at all
+            Request(prompt_ids=list(range(20, 31)), params=SamplingParams(max_new_tokens=6))]
+    outs = rt.generate(reqs, batch_size=1)
+    assert outs[1].counters.num_steps == 0
+    for out in outs:
+        per = out.counters.num_accepted_tokens_per_pos
+        assert len(per) == k and len(out.counters.as_dict()["num_accepted_tokens_per_pos"]) == k
+        assert sum(per) == out.counters.num_accepted_tokens
+        assert all(n <= out.counters.num_drafts for n in per)
+    assert outs[1].counters.num_accepted_tokens_per_pos == [0, 0, 0]
+    assert sum(o.counters.num_accepted_tokens for o in outs) > 0
+    assert rt.metrics.num_accepted_tokens_per_pos == [sum(c) for c in zip(*(o.counters.num_accepted_tokens_per_pos
+                                                                           for o in outs))]
+    # plain decoding (κ = 0): no positions
+    plain = _rt(target, draft, 0)
+    assert plain.generate([Request(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3))])[0] \
+        .counters.num_accepted_tokens_per_pos == []
+
+
+def test_generate_and_runtime_agree_on_max_model_len(target):
+    """`specc generate` (generate_outputs) and `specc run` (Runtime) apply one rule: a prompt that fits
+    stops at max_model_len with that finish reason; a prompt without room is refused by both."""
+    from specc.commands.generate import generate_outputs
+
+    limit = 40
+    model = tiny_llama(seed=0, vocab_size=64, max_model_len=limit)  # same weights as `target`, 40 cache slots
+    rt = Runtime(target, None, None, [StateSpec("b2_k0", "none", 2, 0)], max_model_len=limit)
+    long_prompt = PROMPT + list(range(30, 48))  # 30 tokens: room for 10 of the 16 asked
+    prompts = [long_prompt, [5, 6, 7]]
+    ids, reasons = generate_outputs(model, prompts, 16)
+    outs = rt.generate([Request(prompt_ids=p, params=SamplingParams(max_new_tokens=16, ignore_eos=True))
+                        for p in prompts])
+    assert reasons == [o.finish_reason for o in outs] == ["max_model_len", "length"]
+    assert len(long_prompt) + len(ids[0]) == limit
+    assert ids == [o.token_ids for o in outs]
+    # the short row keeps decoding correctly after the long row stopped (its position stays in the cache)
+    assert ids[1] == reference_greedy(target, [5, 6, 7], 16)
+    for bad in (list(range(limit)), list(range(limit + 5))):
+        with pytest.raises(PromptError, match=f"max_model_len={limit}"):
+            generate_outputs(model, [bad], 4)
+        with pytest.raises(PromptError, match=f"max_model_len={limit}"):
+            rt.generate([Request(prompt_ids=bad, params=SamplingParams(max_new_tokens=4))])
+    with pytest.raises(PromptError, match="no tokens"):
+        generate_outputs(model, [[]], 4)
+    with pytest.raises(PromptError, match="batch size must be >= 1"):
+        rt.generate([Request(prompt_ids=[5])], batch_size=0)

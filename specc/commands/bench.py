@@ -9,12 +9,16 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from specc.runtime.args import positive_int
+
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory")
-    parser.add_argument("--prompts", metavar="FILE", default=None, help="prompts file (default: shipped set)")
-    parser.add_argument("--limit", type=int, default=12, help="prompts (round-robin over categories)")
+    parser.add_argument("--prompts", metavar="FILE", default=None,
+                        help="prompts file, - = stdin (default: shipped set)")
+    parser.add_argument("--limit", type=positive_int, default=12, metavar="N",
+                        help="prompts (round-robin over categories)")
     parser.add_argument("--category", action="append", default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N")
+    parser.add_argument("--threads", type=positive_int, default=None, metavar="N", help="torch CPU threads")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
@@ -31,11 +35,11 @@ def run(args) -> int:
     from specc.runtime.request import Request, SamplingParams
     from specc.runtime.state import StateSpec
 
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.limit is not None and args.limit < 1:
-        raise PromptError(f"--limit must be >= 1, got {args.limit}")
     records = select(read_prompts(args.prompts or shipped_prompts_path()), args.limit, args.category)
+    if not records:
+        raise PromptError(f"no prompts left after --category {args.category}")
     runtime, art = load_runtime(args.artifact, device=args.device)
     plain = Runtime(runtime.target, runtime.tokenizer, None, [StateSpec("b1_k0_plain", "none", 1, 0)],
                     max_model_len=runtime.max_model_len, device=runtime.device)
@@ -43,9 +47,11 @@ def run(args) -> int:
                     params=SamplingParams(max_new_tokens=args.max_new_tokens), request_id=r.id) for r in records]
     cats = [r.category or "-" for r in records]
     bar = tqdm(total=2 * len(reqs), desc="specc bench", unit="req", file=sys.stderr)
-    base = time_requests(plain, reqs, cats, bar.update)
-    spec = time_requests(runtime, reqs, cats, bar.update)
-    bar.close()
+    try:
+        base = time_requests(plain, reqs, cats, bar.update)
+        spec = time_requests(runtime, reqs, cats, bar.update)
+    finally:
+        bar.close()  # ends the bar's line, so an error message starts on a line of its own
     results = {"plain": summarize(base), art.manifest["plan_name"]: summarize(spec)}
     exact = sum(a.tokens == b.tokens for a, b in zip(base, spec))
     if args.json:

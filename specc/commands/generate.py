@@ -1,7 +1,10 @@
 """``specc generate``: plain decoding with the target model alone (no speculation), so the target can
 be used and measured by itself. Applies the checkpoint's chat template, decodes greedily
 (``--temperature 0``, the default) or by sampling (temperature, then top-k, then top-p, the order of
-transformers' logits processors), prints the text and the decode speed in tokens/s.
+transformers' logits processors), prints the text and the decode speed in tokens/s. Prompts come
+from ``--prompt`` (repeatable) or, without it, from stdin when stdin is a pipe or a file (JSONL with
+``prompt``/``messages`` per line, or one prompt per line). Limits follow ``specc run``: a prompt
+with no room under max_model_len is refused, one that fits stops at max_model_len (reported).
 
 ``generate_tokens`` is the library form (batched, right-padded prefill; see ``specc.models.llama``),
 used by tests and ``tools/bench_decode.py`` as the plain-decoding reference.
@@ -12,7 +15,7 @@ import argparse
 import pathlib
 import sys
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from specc.errors import CheckpointError, PromptError
 
@@ -67,72 +70,124 @@ def generate_tokens(model, prompts: Sequence[Sequence[int]], max_new_tokens: int
                     on_token: Optional[Callable[[int, int], None]] = None) -> List[List[int]]:
     """Plain decoding of a batch of prompts (token id lists) with ``model`` (a ``LlamaModel``).
 
-    Returns the generated ids per prompt (at most ``max_new_tokens``; a row stops after emitting one
-    of ``eos_token_ids``, which is included). ``on_token(row, token)`` is called per emitted token.
-    Raises ``PromptError`` when a prompt is empty or prompt + ``max_new_tokens`` exceeds the model's
-    ``max_model_len``."""
+    Returns the generated ids per prompt; see :func:`generate_outputs` (same arguments) for the
+    stopping rules, the errors raised, and the finish reasons."""
+    return generate_outputs(model, prompts, max_new_tokens, eos_token_ids, temperature, top_k, top_p, seed,
+                            on_token)[0]
+
+
+def generate_outputs(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                     eos_token_ids: Sequence[int] = (), temperature: float = 0.0, top_k: int = 0,
+                     top_p: float = 1.0, seed: Optional[int] = None,
+                     on_token: Optional[Callable[[int, int], None]] = None) -> Tuple[List[List[int]], List[str]]:
+    """Plain decoding of a batch of prompts (token id lists) with ``model`` (a ``LlamaModel``).
+
+    A row stops after emitting one of ``eos_token_ids`` (included; reason ``"eos"``), after
+    ``max_new_tokens`` tokens (``"length"``), or when prompt + output reach the model's
+    ``max_model_len`` (``"max_model_len"``) — the rules, order and names of ``specc run``
+    (``specc.runtime.engine.Runtime._emit``; vLLM's finish reasons). ``on_token(row, token)`` is
+    called per emitted token.
+
+    Returns:
+        ``(ids, finish_reasons)``: generated ids per prompt and each prompt's finish reason.
+    Raises:
+        PromptError: bad sampling parameters, an empty prompt, or a prompt of ``max_model_len``
+            tokens or more (no room to generate) — checked by ``specc.runtime.request.check_prompts``,
+            the check ``specc run`` applies.
+    """
     import torch
 
     from specc.models.llama import prefill
-    if max_new_tokens < 1:
-        raise PromptError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    longest = max((len(p) for p in prompts), default=0)
-    limit = model.config.max_model_len
-    if longest + max_new_tokens > limit:
-        raise PromptError(f"prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds max_model_len="
-                          f"{limit}; shorten the prompt or lower --max-new-tokens")
+    from specc.runtime.request import Request, SamplingParams, check_prompts
+
+    limit = int(model.config.max_model_len)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
+    check_prompts([Request(prompt_ids=list(p), params=params, request_id=str(i)) for i, p in enumerate(prompts)],
+                  limit, int(model.config.vocab_size))
     model.setup_cache(len(prompts), limit)
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     eos = set(int(e) for e in eos_token_ids)
     out: List[List[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
+    reasons: List[str] = [""] * len(prompts)
     with torch.inference_mode():
         last, lengths, _ = prefill(model, prompts)  # [B, V], [B]
         pos = lengths.clone()[:, None]  # [B, 1] position of the next token to feed
-        for step in range(max_new_tokens):
+        for _ in range(max_new_tokens):
             nxt = sample_next(last, temperature, top_k, top_p, gen)  # [B]
             for b, t in enumerate(nxt.tolist()):
-                if not done[b]:
-                    out[b].append(t)
-                    if on_token is not None:
-                        on_token(b, t)
-                    done[b] = t in eos
-            if all(done) or step == max_new_tokens - 1:
+                if reasons[b]:
+                    continue
+                out[b].append(t)
+                if on_token is not None:
+                    on_token(b, t)
+                if t in eos:
+                    reasons[b] = "eos"
+                elif len(out[b]) >= max_new_tokens:
+                    reasons[b] = "length"
+                elif len(prompts[b]) + len(out[b]) >= limit:
+                    reasons[b] = "max_model_len"
+            if all(reasons):
                 break
             logits, _ = model(nxt[:, None], pos)  # [B, 1, V]
             last = logits[:, 0]
-            pos = pos + 1
-    return out
+            live = torch.tensor([not r for r in reasons], dtype=torch.int64).view(-1, 1)  # [B, 1]
+            pos = pos + live  # finished rows stay at their last slot (< max_model_len); their output is unused
+    return out, reasons
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, unit_interval
+
     src = parser.add_argument_group("model")
     src.add_argument("--target", default="smollm2_135m", help="target preset (conf/target/<name>.yaml)")
     src.add_argument("--path", help="checkpoint: GGUF file, HF directory or pkg://<package>/<file> (overrides --target)")
     src.add_argument("--format", choices=("auto", "gguf", "hf"), default=None, help="checkpoint format")
-    src.add_argument("--max-model-len", type=int, default=None, help="KV-cache length (default: the preset's)")
-    src.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    src.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
+                     help="KV-cache length (default: the preset's)")
+    src.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                     help="torch CPU threads (default: torch's)")
     p = parser.add_argument_group("decoding")
-    p.add_argument("--prompt", action="append", required=True,
-                   help="user message (repeat for a batch of prompts)")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="user message (repeat for a batch of prompts); without --prompt, prompts are read "
+                        "from stdin when it is a pipe or file (JSONL with prompt/messages per line, or one "
+                        "prompt per line)")
     p.add_argument("--system", default=None, help="system message (default: the chat template's)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template; tokenize the raw prompt")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="0 = no top-k filter")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=unit_interval, default=1.0, help="in (0, 1]; 1 = off")
+    p.add_argument("--top-k", type=non_negative_int, default=0, help="0 = no top-k filter")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+
+
+def _inputs(args) -> list:
+    """The prompts as ``PromptRecord``s: each ``--prompt``, else stdin (see ``add_arguments``).
+    Raises PromptError for an empty prompt, no input at all, or chat messages with ``--no-chat``."""
+    from specc.runtime.prompts import PromptRecord, parse_prompts, read_stdin
+
+    if args.prompt is not None:
+        for i, text in enumerate(args.prompt):
+            if not text.strip():
+                raise PromptError(f"--prompt number {i + 1} is empty; give some text")
+        return [PromptRecord(id=str(i), prompt=text) for i, text in enumerate(args.prompt)]
+    piped = read_stdin()
+    if piped is None or not piped.strip():
+        raise PromptError("no prompt: pass --prompt TEXT (repeatable) or pipe prompts into stdin "
+                          "(one per line, or JSONL with 'prompt'/'messages')")
+    records = parse_prompts(piped.splitlines(), "<stdin>")
+    if args.no_chat and any(r.messages is not None for r in records):
+        raise PromptError("<stdin>: 'messages' lines need the chat template; drop --no-chat or give 'prompt' lines")
+    return records
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from specc.models import load_target
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        raise PromptError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    records = _inputs(args)
     if args.path:
         path, fmt, mml = args.path, args.format or "auto", args.max_model_len
     else:
@@ -142,23 +197,30 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, tok = load_target(path, fmt, max_model_len=mml)
     t_load = time.perf_counter() - t0
+    system = [{"role": "system", "content": args.system}] if args.system else []
     prompts = []
-    for text in args.prompt:
+    for rec in records:
         if args.no_chat:
-            prompts.append(tok.encode(text))
+            prompts.append(tok.encode(rec.prompt))
+        elif rec.messages is not None:
+            prompts.append(tok.apply_chat_template(rec.messages))
         else:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            prompts.append(tok.apply_chat_template(messages + [{"role": "user", "content": text}]))
+            prompts.append(tok.apply_chat_template(system + [{"role": "user", "content": rec.prompt}]))
     eos = () if args.ignore_eos else tok.eos_token_ids
     t1 = time.perf_counter()
     first: List[float] = []
-    outs = generate_tokens(model, prompts, args.max_new_tokens, eos, args.temperature, args.top_k, args.top_p,
-                           args.seed, on_token=lambda b, t: first.append(time.perf_counter()) if not first else None)
+    outs, reasons = generate_outputs(
+        model, prompts, args.max_new_tokens, eos, args.temperature, args.top_k, args.top_p, args.seed,
+        on_token=lambda b, t: first.append(time.perf_counter()) if not first else None)
     t2 = time.perf_counter()
     for i, ids in enumerate(outs):
         if len(outs) > 1:
             print(f"--- prompt {i}")
         print(tok.decode(ids, skip_special_tokens=True))
+        if reasons[i] == "max_model_len":
+            print(f"[specc generate] prompt {i}: stopped at max_model_len={model.config.max_model_len} "
+                  f"({len(prompts[i])} prompt + {len(ids)} generated tokens; finish_reason max_model_len)",
+                  file=sys.stderr)
     n = sum(len(o) for o in outs)
     decode_s = t2 - first[0] if first else 0.0
     steps = max(len(o) for o in outs) - 1

@@ -1,8 +1,10 @@
 """``specc run ARTIFACT``: decode prompts with a compiled artifact, printing outputs and metrics.
 
 Inputs: ``--prompt TEXT``, ``--prompts FILE`` (JSONL with ``prompt``/``messages`` per line, or plain
-text with one prompt per line), or prompts piped/redirected into stdin (same formats); otherwise the
-shipped prompt set (``specc/data/prompts.jsonl``). A progress bar goes to stderr; with ``--json`` stdout carries one
+text with one prompt per line; ``-`` reads stdin), or prompts piped/redirected into stdin (same
+formats); otherwise the shipped prompt set (``specc/data/prompts.jsonl``). Numeric flags are checked
+while parsing (``specc.runtime.args``) and ``--batch-size`` against the artifact's largest bucket,
+all before the models load. A progress bar goes to stderr; with ``--json`` stdout carries one
 JSON object per request and a last ``{"summary": ...}`` object.
 """
 from __future__ import annotations
@@ -14,30 +16,36 @@ from typing import List
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, unit_interval
+
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--prompt", metavar="TEXT", help="one prompt (the chat template is applied)")
-    src.add_argument("--prompts", metavar="FILE", help="JSONL (prompt or messages per line) or plain text file")
-    parser.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N prompts "
+    src.add_argument("--prompts", metavar="FILE", help="JSONL (prompt or messages per line) or plain text file; "
+                     "- = stdin")
+    parser.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use the first N prompts "
                         "(for the shipped set: round-robin over its categories)")
     parser.add_argument("--category", action="append", default=None, help="only prompts of this category")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N")
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=unit_interval, default=1.0, help="in (0, 1]; 1 = off")
+    parser.add_argument("--top-k", type=non_negative_int, default=0, help="0 = off")
     parser.add_argument("--seed", type=int, default=None, help="seed request i with SEED + i (reproducible "
                         "whatever the batch); default: one shared generator seeded 0")
     parser.add_argument("--stop", action="append", default=[], metavar="STRING", help="stop string (repeatable)")
-    parser.add_argument("--batch-size", type=int, default=1, help="requests decoded together (<= largest bucket)")
+    parser.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
+                        help="requests decoded together (<= the artifact's largest bucket)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                        help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", action="store_true", help="one JSON object per request, then a summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _records(args) -> list:
     from specc.errors import PromptError
-    from specc.runtime.prompts import PromptRecord, parse_prompts, read_prompts, select, shipped_prompts_path
+    from specc.runtime.prompts import (PromptRecord, parse_prompts, read_prompts, read_stdin, select,
+                                       shipped_prompts_path)
 
     if args.limit is not None and args.limit < 1:
         raise PromptError(f"--limit must be >= 1, got {args.limit}")
@@ -48,7 +56,7 @@ def _records(args) -> list:
     elif args.prompts is not None:
         recs = read_prompts(args.prompts)
     else:
-        piped = _read_stdin()
+        piped = read_stdin()
         if piped is not None and piped.strip():
             recs = parse_prompts(piped.splitlines(), "<stdin>")
         else:
@@ -59,40 +67,33 @@ def _records(args) -> list:
     return recs
 
 
-def _read_stdin(wait_s: float = 1.0):
-    """Prompts piped or redirected into stdin, or None when stdin is a terminal, /dev/null, or a
-    pipe that stays silent for ``wait_s`` seconds (so an inherited, idle pipe never hangs the run)."""
-    import os
-    import select as _select
-    import stat
+def check_batch_size(batch_size: int, art) -> None:
+    """Refuse ``--batch-size`` above the artifact's largest batch bucket (``SpeccError``)."""
+    from specc.errors import SpeccError
+    from specc.runtime.loader import largest_bucket
 
-    try:
-        fd = sys.stdin.fileno()
-        mode = os.fstat(fd).st_mode
-    except (OSError, ValueError, AttributeError):
-        return None
-    if sys.stdin.isatty():
-        return None
-    if stat.S_ISREG(mode):
-        return sys.stdin.read()
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-        ready, _, _ = _select.select([sys.stdin], [], [], wait_s)
-        return sys.stdin.read() if ready else None
-    return None
+    limit = largest_bucket(art)
+    if batch_size > limit:
+        raise SpeccError(f"--batch-size {batch_size} exceeds the largest batch bucket of {art.path.name} "
+                         f"({limit}); pass --batch-size {limit} or less, or compile a plan with larger "
+                         f"deploy batch sizes")
 
 
 def run(args) -> int:
     import torch
     from tqdm import tqdm
 
+    from specc.runtime.artifact import load_artifact
     from specc.runtime.loader import load_runtime
     from specc.runtime.prompts import encode_prompt
     from specc.runtime.request import Request, SamplingParams
 
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     records = _records(args)
-    runtime, art = load_runtime(args.artifact, device=args.device)
+    art = load_artifact(args.artifact)
+    check_batch_size(args.batch_size, art)
+    runtime, art = load_runtime(args.artifact, device=args.device, artifact=art)
     requests: List[Request] = []
     for i, rec in enumerate(records):
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -111,8 +112,10 @@ def run(args) -> int:
         bar.update(1)
         bar.set_postfix(tau=f"{runtime.metrics.tau:.2f}")
 
-    outputs = runtime.generate(requests, batch_size=args.batch_size, on_finish=done)
-    bar.close()
+    try:
+        outputs = runtime.generate(requests, batch_size=args.batch_size, on_finish=done)
+    finally:
+        bar.close()  # ends the bar's line, so an error message starts on a line of its own
     m = runtime.metrics
     if args.json:
         for rec, out in zip(records, outputs):

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from specc.runtime.metrics import SpecMetrics
 
 
 @dataclass
@@ -34,7 +33,7 @@ def time_requests(runtime, requests: Sequence, categories: Sequence[str], on_don
     """Run each request alone (batch 1), fresh metrics per request; returns one timing per request."""
     out = []
     for req, cat in zip(requests, categories):
-        runtime.metrics = SpecMetrics()
+        runtime.metrics = runtime.new_metrics()
         t0 = time.perf_counter()
         res = runtime.generate([req])[0]
         total = time.perf_counter() - t0

@@ -33,7 +33,7 @@ from specc.kernels import process_logits
 from specc.drafters.base import PrefillChunk
 from specc.runtime.batch import DecodeBatch, RowState
 from specc.runtime.metrics import SpecMetrics
-from specc.runtime.request import Request, RequestOutput, check_prompts
+from specc.runtime.request import Request, RequestCounters, RequestOutput, check_prompts
 from specc.runtime.state import SpecRuntimeState, StateContext, StateSpec, build_state
 
 StateBuilder = Callable[[StateContext], SpecRuntimeState]
@@ -81,6 +81,7 @@ class Runtime:
         self.max_model_len = self.cache_len - slack
         self.trash_slot = self.cache_len - 1
         self.max_rows = max(s.batch_size for s in specs)
+        self.k_max = k_max  # draft positions of per-request / run counters (κ of the deepest state)
         self.seed = int(seed)
         self.prefill_chunk = int(prefill_chunk)
         if eos_token_ids is None:
@@ -107,7 +108,12 @@ class Runtime:
         states.sort(key=lambda s: (s.spec.batch_size, s.spec.num_steps))
         self.states: List[SpecRuntimeState] = states
         self.num_captured = sum(1 for s in states if s.capture())
-        self.metrics = SpecMetrics()
+        self.metrics = self.new_metrics()
+
+    def new_metrics(self) -> SpecMetrics:
+        """Empty run metrics whose ``num_accepted_tokens_per_pos`` has one zero per draft position
+        (κ_max entries), as vLLM's ``SpecDecodingStats`` (`vllm/v1/spec_decode/metrics.py`)."""
+        return SpecMetrics(num_accepted_tokens_per_pos=[0] * self.k_max)
 
     # ------------------------------------------------------------------ routing
     def route(self, num_rows: int) -> SpecRuntimeState:
@@ -150,9 +156,9 @@ class Runtime:
                     f"prompt {r.request_id or i}: temperature {r.params.temperature} needs the standard verify "
                     f"rule, but this artifact verifies greedily (verify.rule=greedy); pass temperature 0 or "
                     f"compile the plan with verify.rule=standard")
-        limit = min(int(batch_size or self.max_rows), self.max_rows)
-        if limit < 1:
-            raise PromptError(f"batch size must be >= 1, got {batch_size}")
+        if batch_size is not None and int(batch_size) < 1:
+            raise PromptError(f"batch size must be >= 1 (None = the largest bucket), got {batch_size}")
+        limit = min(int(batch_size or self.max_rows), self.max_rows)  # the CLI refuses more than the cap
         batch = DecodeBatch(self.max_rows, self.cache_len, self.device)
         self.batch = batch
         self.generator = torch.Generator(device=self.device)
@@ -170,7 +176,8 @@ class Runtime:
                     gen = torch.Generator(device=self.device)
                     gen.manual_seed(int(req.params.seed))
                 new_rows.append(free.pop(0))
-                new_states.append(RowState(index=idx, request=req, generator=gen, start_time=time.perf_counter()))
+                new_states.append(RowState(index=idx, request=req, generator=gen, start_time=time.perf_counter(),
+                                           counters=RequestCounters.for_steps(self.k_max)))
             batch.assign_many(new_rows, new_states, [list(s.request.prompt_ids) for s in new_states])
             if new_rows:
                 with self.metrics.stage("prefill"):

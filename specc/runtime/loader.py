@@ -21,8 +21,20 @@ def resolve_device(requested: str) -> "torch.device":
     return torch.device(requested)
 
 
+def largest_bucket(art: "Artifact") -> int:
+    """The largest batch bucket among an artifact's states (``STATE["batch_size"]``): the most
+    requests its runtime decodes together. Raises ArtifactError for a state module without ``STATE``."""
+    sizes = []
+    for name, module in art.states.items():
+        if not hasattr(module, "STATE"):
+            raise ArtifactError(f"{art.path}/states/{name}.py defines no STATE; re-run specc compile")
+        sizes.append(int(module.STATE["batch_size"]))
+    return max(sizes)
+
+
 def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 0,
-                 kernel_backend: Optional[str] = None) -> Tuple["Runtime", "Artifact"]:
+                 kernel_backend: Optional[str] = None, artifact: Optional["Artifact"] = None,
+                 ) -> Tuple["Runtime", "Artifact"]:
     """Load the artifact at ``path`` and build its runtime.
 
     Args:
@@ -30,6 +42,8 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
         device: override of the plan's ``runtime.device`` (``auto``/``cpu``/``cuda``).
         seed: base seed for requests without their own.
         kernel_backend: override of ``runtime.kernel_backend``.
+        artifact: the artifact at ``path`` already loaded by ``load_artifact`` (so a command can
+            check its flags against it before the models load); loaded here when None.
     Returns:
         ``(Runtime, Artifact)``.
     Raises:
@@ -43,7 +57,7 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
     from specc.runtime.engine import Runtime
     from specc.runtime.state import StateSpec
 
-    art = load_artifact(path)
+    art = artifact if artifact is not None else load_artifact(path)
     plan = art.plan
     dev = resolve_device(device or plan.runtime.device)
     specs = []

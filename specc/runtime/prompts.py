@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
@@ -61,13 +62,16 @@ def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
     Otherwise plain text: each non-blank line is one prompt.
 
     Raises:
-        PromptError: naming ``source`` and the line: bad JSON, neither/both keys, wrong types, or no
-            prompt at all.
+        PromptError: naming ``source`` and the line: bad JSON, neither/both keys, wrong types, no
+            prompt at all, or a JSON array (first non-blank character ``[``), which is neither format.
     """
     lines = list(lines)
     first = next((l for l in lines if l.strip()), None)
     if first is None:
         raise PromptError(f"{source}: no prompts (the input is empty)")
+    if first.lstrip().startswith("["):
+        raise PromptError(f"{source}: looks like a JSON array; prompts are JSONL (one JSON object per line, "
+                          f"e.g. {{\"prompt\": \"...\"}}) or plain text (one prompt per line)")
     records: List[PromptRecord] = []
     seen: set = set()
     if not first.lstrip().startswith("{"):
@@ -107,7 +111,14 @@ def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
 
 
 def read_prompts(path: str | Path) -> List[PromptRecord]:
-    """Read a prompts file (see :func:`parse_prompts`). Raises PromptError if unreadable."""
+    """Read a prompts file (see :func:`parse_prompts`); ``-`` reads standard input.
+    Raises PromptError if unreadable."""
+    if str(path) == "-":
+        try:
+            text = sys.stdin.read()
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise PromptError(f"cannot read prompts from stdin: {exc}") from None
+        return parse_prompts(text.splitlines(), "<stdin>")
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -116,6 +127,27 @@ def read_prompts(path: str | Path) -> List[PromptRecord]:
     except (OSError, UnicodeDecodeError) as exc:
         raise PromptError(f"cannot read prompts file {p}: {exc}") from None
     return parse_prompts(text.splitlines(), str(p))
+
+
+def read_stdin(wait_s: float = 1.0) -> Optional[str]:
+    """Prompts piped or redirected into stdin, or None when stdin is a terminal, /dev/null, or a
+    pipe that stays silent for ``wait_s`` seconds (so an inherited, idle pipe never hangs a run)."""
+    import os
+    import select as _select
+    import stat
+
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+        if sys.stdin.isatty():
+            return None
+    except (OSError, ValueError, AttributeError):
+        return None
+    if stat.S_ISREG(mode):
+        return sys.stdin.read()
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        ready, _, _ = _select.select([sys.stdin], [], [], wait_s)
+        return sys.stdin.read() if ready else None
+    return None
 
 
 def encode_prompt(record: PromptRecord, tokenizer) -> List[int]:

@@ -62,7 +62,8 @@ class RequestCounters:
     num_drafts: verify steps in which this request had >= 1 draft token.
     num_draft_tokens: draft tokens proposed (after clipping).
     num_accepted_tokens: draft tokens accepted.
-    num_accepted_tokens_per_pos: accepted count at each draft position (length κ).
+    num_accepted_tokens_per_pos: accepted count at each draft position: one entry per position
+        (length κ, zeros included, like vLLM's counter) when built by :meth:`for_steps`.
     num_steps: decode (verify) steps the request took part in; τ = emitted / num_steps.
     num_emitted: tokens emitted by those steps (accepted + bonus; before EOS/stop truncation).
     """
@@ -73,6 +74,12 @@ class RequestCounters:
     num_accepted_tokens_per_pos: List[int] = field(default_factory=list)
     num_steps: int = 0
     num_emitted: int = 0
+
+    @classmethod
+    def for_steps(cls, num_steps: int) -> "RequestCounters":
+        """Zeroed counters for a runtime whose deepest state drafts ``num_steps`` (κ) tokens:
+        ``num_accepted_tokens_per_pos`` is ``[0] * κ``."""
+        return cls(num_accepted_tokens_per_pos=[0] * int(num_steps))
 
     def observe(self, num_draft: int, num_accepted: int) -> None:
         """Record one verify step with ``num_draft`` valid drafts of which ``num_accepted`` passed."""

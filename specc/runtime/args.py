@@ -1,0 +1,56 @@
+"""argparse value types shared by ``specc run``, ``specc bench`` and ``specc generate``: each numeric
+flag is checked while the command line is parsed, before anything is loaded, so a bad value gives
+one ``argument --flag: ...`` message naming the flag and the value and exit status 2 (argparse's
+usage error), never a deep traceback (e.g. ``torch.set_num_threads(-1)`` raises RuntimeError).
+
+Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(kind: type, text: str, what: str):
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An ``int >= 1`` (threads, max_new_tokens, batch size, max_model_len, limit).
+    Raises ``argparse.ArgumentTypeError`` otherwise."""
+    value = _number(int, text, "an integer >= 1")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An ``int >= 0`` (top-k, 0 = off). Raises ``argparse.ArgumentTypeError`` otherwise."""
+    value = _number(int, text, "an integer >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (0 = off), got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite ``float >= 0`` (temperature, 0 = greedy). Raises ``argparse.ArgumentTypeError`` otherwise."""
+    value = _number(float, text, "a number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0 = greedy), got {text!r}")
+    return value
+
+
+def unit_interval(text: str) -> float:
+    """A float in ``(0, 1]`` (top-p, 1 = off; nucleus sampling, Holtzman et al. 2020).
+    Raises ``argparse.ArgumentTypeError`` otherwise."""
+    value = _number(float, text, "a number in (0, 1]")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1] (1 = off), got {text!r}")
+    return value
+
