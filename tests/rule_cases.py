@@ -261,6 +261,8 @@ CASES = {
     "vllm.IG4": (V_E3, {"schedule.buckets": {1: {"candidates": [3]}}}, {"schedule.buckets": {}}, "warning"),
     "vllm.IG6": (V_E3, {"deploy.disagg.role": "decode"}, {"deploy.disagg.role": "none"}, "warning"),
     # ---------------- specc ----------------
+    # compile uses the name as a directory and module name (specc/codegen.py check_identifier).
+    "specc.S-NAME": (S_E3, {"name": "my-plan"}, {"name": "my_plan"}, "error"),
     "specc.S-METHOD": (S_E3, {"method.name": "dflash"}, {"method.name": "eagle3"}, "error"),
     "specc.S-K0": (S_PLAIN, {"method.num_steps": 2}, {"method.num_steps": 0}, "error"),
     "specc.S-K0-FILL": (S_PLAIN, {"method.num_steps": None}, {"method.num_steps": 0}, "filled"),
@@ -278,6 +280,10 @@ CASES = {
     "specc.S-VOCAB": (S_E3, {"method.name": "draft_model", "draft.vocab_size": 32000}, {"draft.vocab_size": 49152},
                       "error"),
     "specc.S-LEN": (S_E3, {"draft.max_model_len": 1024}, {"draft.max_model_len": 2048}, "fallback"),
+    # The runtime keeps κ + 2 cache slots per request inside max_model_len (specc/runtime/engine.py:9-11):
+    # κ = 2046 leaves 2048 - 2048 = 0 tokens, κ = 2045 leaves 1.
+    "specc.S-MAXLEN": (S_NG, {"method.num_steps": 2046, "method.num_draft_tokens": None},
+                       {"method.num_steps": 2045}, "error"),
     "specc.S-ARCH": (S_E3, {"target.architecture": "Qwen3ForCausalLM"}, {"target.architecture": "llama"}, "error"),
     "specc.S-TARGET": (S_E3, {"target.path": None}, {"target.path": SMOL["path"]}, "error"),
     "specc.S-NGRAM-FILL": (S_NG, {"method.ngram.min": None, "method.ngram.max": None},

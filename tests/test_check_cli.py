@@ -171,3 +171,90 @@ def test_show_resolved_marks_filled_and_overridden_values(capsys):
 
 def test_no_arguments_is_a_usage_error(capsys):
     assert _run(capsys)[0] == 2
+
+
+@pytest.mark.parametrize("preset", ["smollm2_draft_model", "smollm2_eagle", "smollm2_eagle3", "smollm2_ngram",
+                                    "sglang_eagle3_adaptive", "sglang_lora_eagle3", "sglang_disagg_decode",
+                                    "sglang_mtp", "sglang_frozen_kv_mtp", "sglang_multi_layer_eagle",
+                                    "vllm_batch_buckets", "vllm_p_eagle", "vllm_pard"])
+def test_changing_num_steps_on_a_chain_preset_stays_valid(capsys, preset):
+    for k in (1, 5):
+        if preset == "sglang_eagle3_adaptive" and k == 1:
+            continue
+        if preset == "sglang_eagle3_adaptive":
+            k = 5  # must be a bucket candidate
+        rc, out, _ = _run(capsys, preset, f"method.num_steps={k}")
+        assert rc == 0, out
+        assert "S-WIDTH]" not in out and "ML4" not in out
+
+
+def test_width_error_gives_the_override_that_unsets_it(capsys):
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method.num_steps=5", "method.num_draft_tokens=4")
+    assert rc == 1 and "[specc.S-WIDTH]" in out and "`method.num_draft_tokens=null`" in out
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method.num_steps=5", "method.num_draft_tokens=null")
+    assert rc == 0 and "method.num_draft_tokens = κ + 1 = 6" in out
+
+
+@pytest.mark.parametrize("name", ["my-plan", "my plan", "a'b", "two\nlines", "plän", "class", "3x"])
+def test_a_name_compile_refuses_is_an_error(capsys, tmp_path, name):
+    f = tmp_path / "p.yaml"
+    f.write_text("defaults:\n  - /target: smollm2_135m\n  - /method: ngram\n  - _self_\n"
+                 f"name: {json.dumps(name)}\nengine: specc\n")
+    rc, out, _ = _run(capsys, str(f))
+    assert rc == 1 and "[specc.S-NAME] name=" in out, out
+    assert f"{f}:5: error" in out and "letters, digits and underscores" in out
+    assert "specc codegen: artifact directory and module names" in out
+
+
+def test_identifier_name_passes_and_compile_agrees(capsys, tmp_path):
+    from specc.codegen import check_identifier
+    from specc.errors import PlanError
+    from specc.rules.specc_profile import bad_name
+
+    for name in ("my_plan", "_x1", "smollm2_eagle3"):
+        assert not bad_name(name) and check_identifier(name) == name
+    for name in ("my-plan", "my plan", "plän", "class", "3x", ""):
+        assert bad_name(name)
+        with pytest.raises(PlanError):
+            check_identifier(name)
+    rc, out, _ = _run(capsys, "smollm2_ngram", "name=my_plan")
+    assert rc == 0 and "S-NAME" not in out
+
+
+def test_verify_width_must_fit_max_model_len(capsys):
+    rc, out, _ = _run(capsys, "smollm2_ngram", "method.num_steps=3000")
+    assert rc == 1 and "[specc.S-MAXLEN] method.num_draft_tokens=3001" in out and "target.max_model_len=2048" in out
+    rc, out, _ = _run(capsys, "smollm2_ngram", "method.num_steps=2045")
+    assert rc == 0 and "S-MAXLEN" not in out
+
+
+def test_machine_formats_keep_the_location_of_unusable_plans(capsys, tmp_path):
+    f = tmp_path / "my plan.yaml"
+    f.write_text("defaults:\n  - /target: smollm2_135m\n  - _self_\nname: p\nmethod: ngram\n")
+    rc, out, _ = _run(capsys, str(f), "--format", "github")
+    assert rc == 2 and out.startswith(f"::error file={f},line=5,title=unusable plan::")
+    rc, out, _ = _run(capsys, str(f), "--format", "sarif")
+    (res,) = json.loads(out)["runs"][0]["results"]
+    loc = res["locations"][0]["physicalLocation"]
+    assert loc["region"]["startLine"] == 5
+    assert loc["artifactLocation"]["uri"] == f.as_uri() and "%20" in loc["artifactLocation"]["uri"]
+
+
+def test_sarif_relative_uris_are_percent_encoded():
+    from specc.commands.check import sarif_uri
+
+    assert sarif_uri("plans/my plan#1.yaml") == "plans/my%20plan%231.yaml"
+    assert sarif_uri("conf/method/eagle3.yaml") == "conf/method/eagle3.yaml"
+
+
+def test_rule_sources_cite_files_not_issues():
+    from specc.rules import PROFILES
+
+    for prof in PROFILES.values():
+        for rule in prof.rules:
+            assert "issue" not in rule.source, (prof.name, rule.id, rule.source)
+    for rule in PROFILES["specc"].rules:  # specc's own sources name a file of this repository
+        path = rule.source.split(" (")[0].split(":")[0].split()[0]
+        if path == "specc" and "codegen" in rule.source:
+            path = "specc/codegen.py"
+        assert (REPO / path).exists(), (rule.id, rule.source)

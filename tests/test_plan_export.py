@@ -96,3 +96,16 @@ def test_plans_without_an_engine_equivalent_are_refused():
     with pytest.raises(PlanError, match="exactly one K"):
         to_vllm(bad)
     assert json.loads(to_vllm(load_plan("vllm_pard").plan).command().split("--speculative-config ")[1].strip("'"))
+
+
+def test_sglang_chain_with_unset_width_exports_k_plus_1():
+    # The eagle3 group leaves num_draft_tokens unset (so num_steps can change); SGLang would fill κ + 1
+    # but warn (EG20), so the export passes it explicitly, following num_steps.
+    for steps in (3, 6):
+        plan = load_plan("sglang_lora_eagle3", [f"method.num_steps={steps}"]).plan
+        assert plan.method.num_draft_tokens is None
+        f = _pairs(to_sglang(plan).args)
+        assert f["--speculative-num-draft-tokens"] == str(steps + 1)
+    # A tree keeps its own width (topk 4, 8 draft tokens), not κ + 1.
+    f = _pairs(to_sglang(load_plan("sglang_eagle_tree").plan).args)
+    assert f["--speculative-num-draft-tokens"] == "8"

@@ -48,7 +48,12 @@ def test_specc_presets_compose(preset, method, steps, draft):
     assert (p.draft.path if p.draft else None) == draft
     assert p.schedule.kind == "static" and p.verify.rule == "greedy"
     if method in ("eagle", "eagle3", "draft_model"):
-        assert (p.method.topk, p.method.num_draft_tokens) == (1, 4)
+        # num_draft_tokens is left unset so changing num_steps keeps a valid chain; specc fills κ + 1.
+        assert (p.method.topk, p.method.num_draft_tokens) == (1, None)
+        from specc.rules import resolve
+
+        resolved, _ = resolve(p, "specc")
+        assert resolved.method.num_draft_tokens == steps + 1
     if method == "ngram":
         assert (p.method.ngram.min, p.method.ngram.max) == (2, 3)  # the preset overrides the group's min 1
 
@@ -188,3 +193,49 @@ def test_dump_round_trips_through_plan_from_dict(preset):
     for p in (plan, resolve(plan, plan.engine)[0]):
         again = plan_from_dict(yaml.safe_load(dump_resolved(p)))
         assert again == p and plan_hash(again) == plan_hash(p)
+
+
+def test_group_option_written_in_the_body_says_how_to_select_it(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("defaults:\n  - /target: smollm2_135m\n  - _self_\nname: p\nmethod: ngram\n")
+    msg = _err(str(f))
+    assert "has 1 problem" in msg and "Merge error" not in msg
+    assert f"{f}:5: method: 'ngram' is not a method section" in msg
+    assert "use `defaults: [/method: ngram]` or set `method.name`" in msg
+    # near miss: the same choice as a mapping loads
+    f.write_text("defaults:\n  - /target: smollm2_135m\n  - _self_\nname: p\nmethod:\n  name: ngram\n")
+    assert load_plan(str(f)).plan.method.name == "ngram"
+
+
+def test_unknown_group_lists_the_known_groups(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("defaults:\n  - /tgt: smollm2_135m\n  - _self_\nname: p\n")
+    msg = _err(str(f))
+    assert msg.startswith(f"{f}:2: unknown config group 'tgt'") and "did you mean /target?" in msg
+    assert "(groups: deploy, draft, method, runtime, schedule, target, verify)" in msg
+    assert "options: )" not in msg
+
+
+def test_unknown_override_key_is_one_message_and_a_bare_value_is_malformed():
+    msg = _err("smollm2_ngram", ["foo.bar=1"])
+    assert "has 1 problem" in msg and "foo: unknown key" in msg and "not in 'Plan'" not in msg
+    msg = _err("smollm2_ngram", ["=3"])
+    assert msg.startswith("override '=3': malformed override: no key before '='")
+    assert "unknown key" not in msg
+
+
+def test_empty_plan_file(tmp_path):
+    f = tmp_path / "empty.yaml"
+    f.write_text("# nothing yet\n")
+    assert _err(str(f)).startswith(f"{f}: empty plan file")
+
+
+def test_repeated_override_warns_naming_the_key(capsys):
+    lp = load_plan("smollm2_ngram", ["method.num_steps=2", "method.num_steps=3"])
+    assert lp.plan.method.num_steps == 3
+    err = capsys.readouterr().err
+    assert "warning: method.num_steps is overridden 2 times" in err and "(method.num_steps=3) wins" in err
+    # near misses: one override, or the same value twice, say nothing
+    load_plan("smollm2_ngram", ["method.num_steps=3"])
+    load_plan("smollm2_ngram", ["method.num_steps=3", "method.num_steps=3"])
+    assert capsys.readouterr().err == ""

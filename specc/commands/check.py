@@ -16,7 +16,9 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -149,6 +151,26 @@ def exit_code(results: List[Result]) -> int:
 # Output
 
 
+_ERR_LOC = re.compile(r"(?m)^\s*(?:<override>[^:]*|([^\s:][^:\n]*?\.ya?ml))(?::(\d+))?(?::\d+)?: ")
+
+
+def error_location(result: Result) -> Tuple[str, int]:
+    """(file, line) of the first problem named in an unusable plan's message (``file:line: ...``), so
+    machine formats keep the location text output shows; ``(plan_path, 0)`` if it names none."""
+    for m in _ERR_LOC.finditer(result.error or ""):
+        if m.group(1):
+            return m.group(1), int(m.group(2) or 0)
+    return result.plan_path, 0
+
+
+def sarif_uri(path: str) -> str:
+    """A SARIF ``artifactLocation.uri`` (RFC 3986): absolute paths as ``file://`` URIs, relative
+    paths percent-encoded with ``/`` separators (SARIF 2.1.0 §3.10)."""
+    if os.path.isabs(path):
+        return Path(path).as_uri()
+    return urllib.parse.quote(path.replace(os.sep, "/"), safe="/")
+
+
 def _loc_text(loc: Tuple[str, int]) -> str:
     return f"{loc[0]}:{loc[1]}" if loc[1] else loc[0]
 
@@ -251,7 +273,9 @@ def render_github(results: List[Result], show_resolved: bool) -> str:
     out: List[str] = []
     for r in results:
         if r.error:
-            out.append(f"::error file={_gh_escape(r.plan_path, True)},title=unusable plan::{_gh_escape(r.error)}")
+            file, ln = error_location(r)
+            line = f",line={ln}" if ln else ""
+            out.append(f"::error file={_gh_escape(file, True)}{line},title=unusable plan::{_gh_escape(r.error)}")
             continue
         for v, loc in zip(r.violations, r.locations):
             line = f",line={loc[1]}" if loc[1] else ""
@@ -273,13 +297,17 @@ def render_sarif(results: List[Result], show_resolved: bool) -> str:
         if r.error:
             rules.setdefault("specc.unusable", {"id": "specc.unusable",
                                                 "shortDescription": {"text": "plan cannot be loaded"}})
+            file, ln = error_location(r)
+            phys_err: Dict[str, Any] = {"artifactLocation": {"uri": sarif_uri(file)}}
+            if ln:
+                phys_err["region"] = {"startLine": ln}
             res.append({"ruleId": "specc.unusable", "level": "error", "message": {"text": r.error},
-                        "locations": [{"physicalLocation": {"artifactLocation": {"uri": r.plan_path}}}]})
+                        "locations": [{"physicalLocation": phys_err}]})
             continue
         for v, loc in zip(r.violations, r.locations):
             rules.setdefault(v.rule, {"id": v.rule, "shortDescription": {"text": v.rule},
                                       "helpUri": None, "properties": {"source": v.source}})
-            phys: Dict[str, Any] = {"artifactLocation": {"uri": loc[0] if loc[1] else r.plan_path}}
+            phys: Dict[str, Any] = {"artifactLocation": {"uri": sarif_uri(loc[0] if loc[1] else r.plan_path)}}
             if loc[1]:
                 phys["region"] = {"startLine": loc[1]}
             res.append({"ruleId": v.rule, "level": level[v.severity],

@@ -1,8 +1,9 @@
 """``specc export PLAN [OVERRIDES] --engine sglang|vllm``: the plan as engine launch settings.
 
 Checks the plan against the chosen engine's profile first and refuses on errors (exit 1), so what
-it prints is a launch the engine accepts; warnings and fallbacks are printed to stderr. Does not
-import torch.
+it prints is a launch the engine accepts; warnings and fallbacks are printed to stderr. ``pkg://``
+model paths are resolved to filesystem paths (engines cannot open them); one that cannot be resolved
+is kept and named in a warning on stderr. Does not import torch.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the launch command (or JSON settings). Exit 0, 1 on rule errors, 2 on unusable input."""
-    from specc.export import export
+    from specc.export import export, resolve_pkg_paths
     from specc.rules import check
 
     loaded = load_plan(args.plan, list(args.overrides))
@@ -43,7 +44,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"specc export: the plan has errors for {engine}; see `specc check {args.plan} "
               f"--engine {engine}`", file=sys.stderr)
         return 1
-    launch = export(loaded.plan, engine)
+    plan, path_warnings = resolve_pkg_paths(loaded.plan)
+    for w in path_warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    launch = export(plan, engine)
     if args.fmt == "json":
         print(json.dumps(asdict(launch), indent=2, sort_keys=True))
     else:

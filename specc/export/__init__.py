@@ -5,6 +5,8 @@
 :mod:`specc.rules`, so a plan that passes ``specc check --engine X`` exports to settings engine X
 accepts.
 """
+from typing import List, Tuple
+
 from specc.export.sglang import SGLangLaunch, to_sglang  # noqa: F401
 from specc.export.vllm import VLLMLaunch, to_vllm  # noqa: F401
 
@@ -17,3 +19,36 @@ def export(plan, engine: str):
         PlanError: the plan has no equivalent on that engine.
     """
     return {"sglang": to_sglang, "vllm": to_vllm}[engine](plan)
+
+
+#: Plan keys holding model paths that an engine opens.
+MODEL_PATH_KEYS = ("target.path", "draft.path")
+
+
+def resolve_pkg_paths(plan) -> Tuple[object, List[str]]:
+    """A copy of ``plan`` whose ``pkg://<package>/<relpath>`` model paths (``target.path``,
+    ``draft.path``) are real filesystem paths, for engines that cannot read ``pkg://``.
+
+    Resolution uses :func:`specc.models.resolve.resolve_model_path` (``importlib.util.find_spec``;
+    neither the package nor torch is imported). Other paths (HF ids, files) are left as written.
+
+    Returns:
+        (plan copy, warnings): one warning per ``pkg://`` path that could not be resolved, naming
+        the key and why; that key keeps its ``pkg://`` value. Never raises for a bad path.
+    """
+    from specc.errors import SpeccError
+    from specc.models.resolve import PKG_SCHEME, resolve_model_path
+    from specc.rules.base import clone, get, set_key
+
+    out = clone(plan)
+    warnings: List[str] = []
+    for key in MODEL_PATH_KEYS:
+        value = get(out, key)
+        if not isinstance(value, str) or not value.startswith(PKG_SCHEME):
+            continue
+        try:
+            set_key(out, key, str(resolve_model_path(value)))
+        except SpeccError as exc:
+            warnings.append(f"{key}={value} cannot be resolved to a filesystem path ({exc}); SGLang/vLLM "
+                            f"cannot open pkg:// paths: set {key} to a local path or a Hugging Face id")
+    return out, warnings

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from specc.errors import PlanError
 from specc.plan.schema import Plan
-from specc.rules.sglang_0_5_23 import ALGO
+from specc.rules.sglang_0_5_23 import ALGO, EAGLE_FAMILY
 
 ALGORITHM_FLAG = {"mtp": "NEXTN", "multi_layer_eagle": "EAGLE"}
 RAGGED_ENV = {"static": "static", "cap_accept": "cap-accept", "compact": "compact"}
@@ -97,8 +97,13 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
         if m.topk is not None:
             a += (["--speculative-ngram-max-bfs-breadth"] if m.name == "ngram" else ["--speculative-eagle-topk"]) \
                 + [str(m.topk)]
-        if m.num_draft_tokens is not None:
-            a += ["--speculative-num-draft-tokens", str(m.num_draft_tokens)]
+        ndt = m.num_draft_tokens
+        if ndt is None and m.topk == 1 and isinstance(m.num_steps, int) and algo in EAGLE_FAMILY:
+            # A chain left at its default width: SGLang sets κ + 1 itself but logs a warning for an unset
+            # value (EG20, speculative_hook.py:1255-1266), so pass κ + 1 explicitly.
+            ndt = m.num_steps + 1
+        if ndt is not None:
+            a += ["--speculative-num-draft-tokens", str(ndt)]
         if m.block_size is not None and m.name == "dflash":
             a += ["--speculative-dflash-block-size", str(m.block_size + 1)]  # block includes the bonus slot
         if m.block_size is not None and m.name == "dspark":

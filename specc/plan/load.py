@@ -118,12 +118,12 @@ def _read_yaml_nodes(path: Path):
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise PlanError(f"{_display(path)}: cannot read: {exc.strerror or exc}") from None
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader), text
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        where = f"{_display(path)}:{mark.line + 1}:{mark.column + 1}" if mark else _display(path)
         problem = getattr(exc, "problem", None) or str(exc)
         ctx = getattr(exc, "context", None)
         raise PlanError(f"{where}: invalid YAML: {problem}" + (f" ({ctx})" if ctx else "")) from None
@@ -177,6 +177,10 @@ def _parse_overrides(overrides: Sequence[str], groups: set) -> Tuple[List[str], 
             msg = str(exc).splitlines()[0]
             raise PlanError(f"override {text!r}: cannot parse ({msg}); write group=option or key=value") from None
         key = ov.key_or_group
+        if not key.strip(".+~") or key.startswith(".") or key.endswith(".") or ".." in key:
+            what = "no key before" if not key.strip(".+~") else "bad key before"
+            raise PlanError(f"override {text!r}: malformed override: {what} "
+                            f"'='; write key=value (e.g. method.num_steps=3) or group=option (e.g. method=eagle3)")
         if key in groups and "." not in key and "@" not in text.split("=")[0]:
             group_ovs.append(text)
         elif ov.is_delete() or (ov.is_add() and key in groups):
@@ -433,10 +437,26 @@ def _hydra_error(exc: Exception, path: Path) -> PlanError:
                 break
             if "Available" not in ln and ln.strip() != "schema":
                 opts_lines.append(ln.strip())
-        if len(lines) > 1:
+        m = re.search(r"'([\w/]+)/([^'/]+)'", first)
+        plan_keys = set(_field_types(S.Plan))
+        known_groups = sorted((_groups([conf_dir()]) & plan_keys) | _groups([path.parent]) - {"plan"})
+        if m and m.group(1) not in known_groups and not (path.parent / m.group(1)).is_dir():
+            group = m.group(1)
+            close = difflib.get_close_matches(group, known_groups, n=1)
+            hint = f"; did you mean /{close[0]}?" if close else ""
+            loc = _display(path)
+            try:
+                for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                    if re.search(rf"(^|[\s/+~\[]){re.escape(group)}\s*[:=]", ln):
+                        loc += f":{i}"
+                        break
+            except OSError:
+                pass
+            return PlanError(f"{loc}: unknown config group {group!r} in the defaults list{hint} "
+                             f"(groups: {', '.join(known_groups)})")
+        if opts_lines:
             msg += f" (options: {', '.join(opts_lines)})"
 
-        m = re.search(r"'([\w/]+)/([\w.]+)'", first)
         if m:
             group, opt = m.group(1), m.group(2)
             opts = [p.stem for base in (path.parent, conf_dir()) for p in (base / group).glob("*.yaml")]
@@ -468,7 +488,10 @@ def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
 
     path = locate(source)
     root, _ = _read_yaml_nodes(path)
-    if root is not None and not isinstance(root, yaml.MappingNode):
+    if root is None:
+        raise PlanError(f"{_display(path)}: empty plan file; write at least a defaults list and a name "
+                        f"(see conf/plan/smollm2_ngram.yaml), or pass a preset name")
+    if not isinstance(root, yaml.MappingNode):
         raise PlanError(f"{_display(path)}:{root.start_mark.line + 1}: a plan must be a YAML mapping "
                         f"(key: value lines), not a {root.tag.rsplit(':', 1)[-1]}")
     group_ovs, key_ovs = _parse_overrides(overrides, _groups([path.parent, conf_dir()]))
@@ -507,6 +530,7 @@ def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
     data.pop("hydra", None)
 
     problems: List[Tuple[str, str]] = []
+    _group_scalars(data, problems)
     _unknown_keys(data, S.Plan, "", problems)
     for text, key, value in key_ovs:
         tree: Dict[str, Any] = {}
@@ -520,8 +544,9 @@ def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
         problems += [(k, f"{m} (from override {text!r})") for k, m in ov_problems]
 
     typed = _typed(_drop_unknown(data, S.Plan), problems)
+    _warn_repeated(key_ovs)
     for text, key, value in key_ovs:
-        if any(k == key for k, _ in problems):
+        if any(k == key or key.startswith(k + ".") for k, _ in problems):
             continue
         try:
             if any(part.isdigit() for part in key.split(".")):
@@ -558,6 +583,36 @@ def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
         n = len(problems)
         raise PlanError(f"plan {_display(path)} has {n} problem{'s' if n > 1 else ''}:\n" + "\n".join(lines))
     return LoadedPlan(plan=plan, path=path, sources=sources, overrides=tuple(overrides))
+
+
+def _group_scalars(data: Dict[str, Any], problems: List[Tuple[str, str]]) -> None:
+    """Report (and drop from ``data``) sections written as a scalar, e.g. ``method: ngram`` in the plan
+    body: the user meant to pick a config-group option, which the defaults list does."""
+    types = _field_types(S.Plan)
+    for key in list(data):
+        tp = _strip_optional(types.get(key, object))
+        value = data[key]
+        if dataclasses.is_dataclass(tp) and value is not None and not isinstance(value, dict):
+            alt = f" or set `{key}.name`" if "name" in _field_types(tp) else ""
+            problems.append((key, f"{value!r} is not a {key} section; to select a config group option use "
+                                  f"`defaults: [/{key}: {value}]`{alt}, or write {key}: as a mapping of its keys"))
+            del data[key]
+
+
+def _warn_repeated(key_ovs) -> None:
+    """Print a warning to stderr for each plan key set by more than one ``key=value`` override with
+    different values (the last one wins, as in Hydra)."""
+    import sys
+
+    seen: Dict[str, List[str]] = {}
+    values: Dict[str, List[Any]] = {}
+    for text, key, value in key_ovs:
+        seen.setdefault(key, []).append(text)
+        values.setdefault(key, []).append(value)
+    for key, texts in seen.items():
+        if len(texts) > 1 and any(v != values[key][-1] for v in values[key]):
+            print(f"specc: warning: {key} is overridden {len(texts)} times ({', '.join(texts)}); the last one "
+                  f"({texts[-1]}) wins", file=sys.stderr)
 
 
 def _nest(key: str, value: Any) -> Dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The ``specc`` profile: what specc's own runtime (issue 4) runs today.
+"""The ``specc`` profile: what specc's own runtime (``specc/runtime/engine.py``) runs today.
 
 Supported: methods ``none`` (κ = 0), ``ngram``, ``draft_model``, ``eagle``, ``eagle3`` as chains
 (topk = 1, verify width κ + 1); verify rules ``greedy`` and ``standard``; a ``static`` schedule; one
@@ -11,13 +11,37 @@ Sources name the specc module that implements (or would implement) the capabilit
 """
 from __future__ import annotations
 
+import keyword
+import re
+
 from specc.rules.base import Profile, Rule, gt, ne, ngram_window_set, rejection_sampling, thresholds_set
 
 SUPPORTED = ("none", "ngram", "draft_model", "eagle", "eagle3")
 NEEDS_DRAFT = ("draft_model", "eagle", "eagle3")
 LLAMA_ARCHS = ("llama", "llamaforcausallm")
 NGRAM_DEFAULT = (1, 3)  # min, max suffix length tried by specc/drafters/ngram.py
-RT = "specc/runtime (issue 4)"
+RT = "specc/runtime/engine.py"
+#: The runtime's cache keeps κ + 2 slots of slack per row (κ + 1 verify rows + the trash slot) and
+#: caps the cache at the target's max_model_len, so prompt + output get max_model_len - κ - 2 tokens.
+RT_CACHE = "specc/runtime/engine.py:9-11, 75-78 (cache_len = max_model_len + κ + 2, capped)"
+#: The plan's ``name`` becomes the artifact directory and a Python module name.
+CODEGEN_NAMES = "specc codegen: artifact directory and module names (specc/codegen.py check_identifier)"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def bad_name(name) -> bool:
+    """True unless ``name`` is an ASCII Python identifier that is not a keyword (what
+    ``specc.codegen.check_identifier`` accepts for the plan name)."""
+    return not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name)
+
+
+def usable_len(p):
+    """Tokens (prompt + output) a request may hold in the runtime: max_model_len - κ - 2, or None
+    when either is unknown."""
+    m, k = p.target.max_model_len, p.method.num_steps
+    if not isinstance(m, int) or not isinstance(k, int):
+        return None
+    return m - k - 2
 
 
 def drafting(p) -> bool:
@@ -32,6 +56,10 @@ def _fill_ngram(p):
 
 R = Rule
 RULES = (
+    R("S-NAME", "error", ("name",), lambda p: bad_name(p.name),
+      "name={p.name!r} is not a valid identifier, and specc compile uses it as the artifact directory and a "
+      "Python module name; use letters, digits and underscores only, starting with a letter or underscore "
+      "(e.g. name: my_plan)", CODEGEN_NAMES),
     R("S-METHOD", "error", ("method.name",), lambda p: p.method.name not in SUPPORTED,
       "method.name={p.method.name} is not supported by the specc runtime yet (it runs none, ngram, "
       "draft_model, eagle, eagle3); target sglang or vllm (engine=sglang|vllm)", RT),
@@ -55,7 +83,8 @@ RULES = (
       lambda p: drafting(p) and p.method.topk == 1 and isinstance(p.method.num_steps, int)
       and ne(p.method.num_draft_tokens, p.method.num_steps + 1),
       "method.num_draft_tokens={p.method.num_draft_tokens}: a chain verifies κ + 1 = {p.method.num_steps} + 1 "
-      "tokens; drop num_draft_tokens or set it to num_steps + 1", RT),
+      "tokens; unset it with the override `method.num_draft_tokens=null` (it is then filled as κ + 1) or set it "
+      "to num_steps + 1", RT),
     R("S-WIDTH-FILL", "filled", ("method.num_draft_tokens",),
       lambda p: drafting(p) and isinstance(p.method.num_steps, int) and p.method.num_draft_tokens is None,
       "method.num_draft_tokens = κ + 1 = {new[method.num_draft_tokens]}", RT,
@@ -80,6 +109,12 @@ RULES = (
       and p.draft.max_model_len < p.target.max_model_len,
       "draft.max_model_len={p.draft.max_model_len} < target.max_model_len: sequences are capped at "
       "{new[target.max_model_len]} tokens", RT, lambda p: {"target.max_model_len": p.draft.max_model_len}),
+    R("S-MAXLEN", "error", ("method.num_draft_tokens", "method.num_steps", "target.max_model_len"),
+      lambda p: drafting(p) and usable_len(p) is not None and usable_len(p) < 1,
+      "method.num_draft_tokens={p.method.num_draft_tokens} (κ + 1) leaves no room in target.max_model_len="
+      "{p.target.max_model_len}: the runtime reserves κ + 2 cache slots per request, so num_draft_tokens must be "
+      "< target.max_model_len - 1; lower method.num_steps below target.max_model_len - 2 = "
+      "{p.target.max_model_len} - 2", RT_CACHE),
     R("S-ARCH", "error", ("target.architecture",),
       lambda p: p.target.architecture is not None and p.target.architecture.lower() not in LLAMA_ARCHS,
       "target.architecture={p.target.architecture}: the specc runtime runs llama-family targets only; "
