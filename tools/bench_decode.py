@@ -74,11 +74,13 @@ def main(argv=None) -> int:
     N = args.new_tokens
 
     def run_specc(n):
+        torch.set_num_threads(1)  # specc's matmuls run in OpenBLAS (args.threads); see configure_cpu_threads
         t = time.perf_counter()
         out = generate_tokens(model, [ids], n, eos_token_ids=())[0]
         return time.perf_counter() - t, out
 
     def run_hf(n):
+        torch.set_num_threads(args.threads)  # transformers' matmuls run in torch
         x = torch.tensor([ids])
         t = time.perf_counter()
         with torch.inference_mode():
@@ -101,7 +103,8 @@ def main(argv=None) -> int:
     ours = statistics.median(rates["specc"])
     theirs = statistics.median(rates["transformers"])
     print(f"model            SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32), {args.path}")
-    print(f"threads          {args.threads} (torch {torch.get_num_threads()}), load average "
+    print(f"threads          {args.threads} (specc: OpenBLAS {args.threads}, torch 1; transformers: torch "
+          f"{args.threads}), load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     print(f"load time        {t_load:.2f} s")
     print(f"prompt           {len(ids)} tokens; {N} new tokens, greedy, batch 1, {args.repeats} interleaved repeats")

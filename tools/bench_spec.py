@@ -2,7 +2,7 @@
 
 Methods, all greedy, on SmolLM2-135M (the default target preset):
   plain        κ = 0 through specc's runtime (the baseline)
-  ngram        specc runtime, prompt lookup (κ = --k-ngram, n = --ngram-window, default 1..3 as
+  ngram        specc runtime, prompt lookup (κ = --k-ngram, n = --ngram-window, default 2..3 as
                conf/plan/smollm2_ngram.yaml); ngram_<min>-<max> (e.g. ngram_2-3) names another window
   draft_model  specc runtime, the shallow SmolLM2 draft (κ = --k-draft)
   hf_plain     transformers `generate` (same weights), no speculation
