@@ -120,7 +120,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--methods", default=",".join(ALL))
     ap.add_argument("--k-ngram", type=int, default=4)
-    ap.add_argument("--ngram-window", default="1-3", help="method.ngram min-max, e.g. 1-3 (the preset) or 2-3")
+    ap.add_argument("--ngram-window", default="2-3", help="method.ngram min-max, e.g. 2-3 (the preset) or 1-3")
     ap.add_argument("--k-draft", type=int, default=3)
     ap.add_argument("--draft-layers", type=int, default=6, help="layers of the fallback shallow draft")
     ap.add_argument("--threads", type=int, default=1)
