@@ -25,7 +25,7 @@ Conventions (the public contract other modules rely on):
 
 CPU speed: torch's fp32 GEMM is slow here for the few-row matmuls of decoding; ``Linear`` stores its
 weight transposed (``[in, out]`` contiguous; the ``weight`` parameter is a view of it) and calls
-numpy's BLAS (OpenBLAS, thread count matched to torch's by ``set_blas_threads``) for inference on
+numpy's BLAS (OpenBLAS, threads set by ``configure_cpu_threads``) for inference on
 CPU. Attention is eager (one ``baddbmm`` for scale + mask, softmax, ``bmm``; GQA by grouping query
 heads, no K/V repeat), RoPE is applied to q and k in one ``addcmul``. tools/bench_decode.py
 measures batch-1 decode of SmolLM2-135M against transformers. CUDA and autograd use ``F.linear``;
@@ -48,33 +48,18 @@ from specc.models.cpu_matmul import path_table
 
 
 # ----------------------------------------------------------------------------------- BLAS threads
-_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
-                 "openblas_set_num_threads")
-
-
 def set_blas_threads(n: Optional[int] = None) -> bool:
-    """Set numpy's OpenBLAS thread count (default: ``torch.get_num_threads()``), so the numpy matmuls
-    of the CPU fast path use as many threads as torch's ops. Idle OpenBLAS workers spin; more workers
-    than torch threads slows a decode step several-fold on a busy machine (measured: 64 vs 338 ms
-    CPU per SmolLM2 token). Finds the library loaded by numpy (as threadpoolctl does) and calls its
-    ``*_set_num_threads``. Returns False when numpy does not use OpenBLAS (nothing is changed)."""
-    import ctypes
+    """Set numpy's OpenBLAS thread count for the whole process (default: ``torch.get_num_threads()``)
+    with threadpoolctl. Idle OpenBLAS workers spin, so a pool larger than the cores left free slows a
+    decode step several-fold (see :func:`configure_cpu_threads`). Returns False when numpy does not use
+    OpenBLAS (nothing is changed)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
     n = int(n or torch.get_num_threads())
-    try:
-        with open("/proc/self/maps") as fh:
-            paths = sorted({line.split()[-1] for line in fh if "openblas" in line.lower() and "/" in line})
-    except OSError:
+    if not any(info.get("internal_api") == "openblas" for info in threadpool_info()):
         return False
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _BLAS_SETTERS:
-            if hasattr(lib, name):
-                getattr(lib, name)(ctypes.c_int(n))
-                return True
-    return False
+    threadpool_limits(limits=n, user_api="blas")  # not used as a context manager: stays in force
+    return True
 
 
 def configure_cpu_threads(n: Optional[int] = None) -> None:
