@@ -44,6 +44,7 @@ from torch import nn
 
 from specc.errors import CheckpointError, PromptError
 from specc.models.config import LlamaConfig
+from specc.kernels.cpu_gemm import get_threads as skinny_threads, skinny_matmul
 from specc.models.cpu_matmul import path_table
 
 
@@ -67,10 +68,14 @@ def configure_cpu_threads(n: Optional[int] = None) -> None:
     OpenMP pool one thread. On the CPU fast path the matmuls run in OpenBLAS and torch only runs the
     small element-wise ops; when both pools have several threads their idle workers spin against each
     other. Measured on SmolLM2-135M, batch-1 decode on a 2-core machine with nothing else running
-    (torch threads / OpenBLAS threads): 1/1 18.4 tok/s, 1/2 19.4, 2/1 15.5, 2/2 2.6. Global process
+    (torch threads / OpenBLAS threads): 1/1 18.4 tok/s, 1/2 19.4, 2/1 15.5, 2/2 2.6. The skinny GEMM
+    of the 2..16-row products (``specc.kernels.cpu_gemm``) gets ``n`` threads too. Global process
     state, like ``torch.set_num_threads``: call it again after changing torch's thread count."""
+    from specc.kernels import cpu_gemm
+
     n = int(n or torch.get_num_threads())
     set_blas_threads(n)
+    cpu_gemm.set_threads(n)
     torch.set_num_threads(1)
 
 
@@ -95,10 +100,13 @@ class RMSNorm(nn.Module):
 class Linear(nn.Module):
     """``y = x @ W.T + b`` with ``W: [out, in]``. After ``use_cpu_fast()`` the weight is stored as a
     contiguous ``[in, out]`` tensor (``weight`` stays a ``[out, in]`` view of it) and inference on CPU
-    fp32 goes through numpy's BLAS, several times faster than torch's GEMM for 1..16 rows here. For
-    1..16 rows the product is split per ``specc.models.cpu_matmul.pick_path`` (per-row GEMVs for 2-3
-    rows, rows padded to a multiple of 4 for OpenBLAS's SGEMM kernel, MKL for a 2-row LM head);
-    autograd, CUDA and other dtypes keep ``F.linear``."""
+    fp32 goes through numpy's BLAS, several times faster than torch's GEMM for 1..16 rows here
+    (one row on one thread: numpy's GEMV, memory-bound). For 2..16 rows (a verify forward over κ+1
+    tokens), and for one row when it has several threads, it uses the skinny GEMM of
+    ``specc.kernels.cpu_gemm`` on a second, ``[out, in]`` copy of the weight, which streams the weight
+    once for all rows (~2x numpy's SGEMM at 5 rows on one thread, about a one-row step on two); where
+    that kernel is unavailable the product is split per ``specc.models.cpu_matmul.pick_path``. Autograd, CUDA and
+    other dtypes keep ``F.linear``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
@@ -106,17 +114,21 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._wt_np: Optional[np.ndarray] = None  # [in, out] fp32, shares storage with weight
+        self._w_np: Optional[np.ndarray] = None  # [out, in] fp32 copy for the skinny GEMM (2..16 rows)
         self._paths = path_table(in_features, out_features)  # [r] -> fn(x [r, in], wt [in, out]) for r <= 16
 
     def use_cpu_fast(self) -> None:
         """Re-store the weight as ``[in, out]`` contiguous and enable the numpy path (CPU fp32 only)."""
+        from specc.kernels import cpu_gemm
+
         w = self.weight.detach()
         if w.device.type != "cpu" or w.dtype != torch.float32:
-            self._wt_np = None
+            self._wt_np = self._w_np = None
             return
         wt = w.t().contiguous()  # [in, out]
         self.weight = nn.Parameter(wt.t(), requires_grad=False)
         self._wt_np = wt.numpy()
+        self._w_np = np.ascontiguousarray(self._wt_np.T) if cpu_gemm.available() else None  # [out, in]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -127,8 +139,12 @@ class Linear(nn.Module):
             if not x2.is_contiguous():
                 x2 = x2.contiguous()
             xn = x2.numpy()
-            mm = self._paths[xn.shape[0]] if xn.shape[0] < len(self._paths) else np.matmul
-            y = torch.from_numpy(mm(xn, self._wt_np))  # [R, out] C-contiguous
+            rows = xn.shape[0]
+            if self._w_np is not None and rows <= 16 and (rows >= 2 or skinny_threads() > 1):
+                y = torch.from_numpy(skinny_matmul(xn, self._w_np))  # [R, out]
+            else:
+                mm = self._paths[rows] if rows < len(self._paths) else np.matmul
+                y = torch.from_numpy(mm(xn, self._wt_np))  # [R, out] C-contiguous
             if self.bias is not None:
                 y += self.bias
             return y.view(*x.shape[:-1], self.out_features)
@@ -401,7 +417,7 @@ class LlamaModel(nn.Module):
         out = super().to(*args, **kwargs)
         for m in out.modules():
             if isinstance(m, Linear) and m._wt_np is not None and m._wt_np.ctypes.data != m.weight.data_ptr():
-                m._wt_np = None
+                m._wt_np = m._w_np = None
         return out
 
     def use_cpu_fast(self) -> "LlamaModel":
