@@ -60,6 +60,11 @@ def test_writes_into_out_and_checks_inputs():
         cpu_gemm.skinny_matmul(x, w, out=np.zeros((3, 2), dtype=np.float32))
     with pytest.raises(ValueError, match=">= 1"):
         cpu_gemm.set_threads(0)
+    with pytest.raises(ValueError, match="overlap"):
+        buf = np.zeros((2, 16), dtype=np.float32)
+        cpu_gemm.skinny_matmul(buf, np.ones((16, 16), dtype=np.float32), out=buf)
+    empty = cpu_gemm.skinny_matmul(np.zeros((2, 0), np.float32), np.zeros((3, 0), np.float32))
+    assert empty.shape == (2, 3) and np.all(empty == 0)  # K = 0: numpy's answer, zeros
 
 
 def test_llama_linear_uses_it_for_verify_rows():
@@ -77,6 +82,52 @@ def test_llama_linear_uses_it_for_verify_rows():
         x = torch.randn(rows, 48)
         with torch.inference_mode():
             torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def test_linear_follows_in_place_weight_updates():
+    """The skinny path's [out, in] copy is refreshed when the weight changes in place after
+    ``use_cpu_fast()`` (load_state_dict, copy_), so 1 and 2..16 rows agree with the new weight."""
+    from specc.models.llama import Linear
+
+    lin = Linear(32, 40)
+    torch.nn.init.normal_(lin.weight)
+    lin.use_cpu_fast()
+    new = torch.randn(40, 32)
+    lin.load_state_dict({"weight": new})
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 32)
+        with torch.inference_mode():
+            torch.testing.assert_close(lin(x), x @ new.t(), atol=1e-4, rtol=1e-5)
+
+
+def test_eagle_head_matmuls_follow_in_place_weight_updates():
+    from specc.models.eagle import _lin
+
+    from specc.models.eagle import _cache_weights
+
+    lin = torch.nn.Linear(32, 40, bias=False)
+    _cache_weights(lin)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    for rows in (1, 5, 20):
+        x = torch.randn(rows, 32)
+        with torch.inference_mode():
+            torch.testing.assert_close(_lin(lin, x), x @ lin.weight.detach().t(), atol=1e-4, rtol=1e-5)
+
+
+def test_configure_cpu_threads_keeps_the_count_across_calls():
+    """A second call without a count (every ``use_cpu_fast()`` makes one) keeps the first call's count."""
+    from specc.models import llama
+
+    before = (llama._cpu_threads, torch.get_num_threads(), cpu_gemm.get_threads())
+    try:
+        llama.configure_cpu_threads(2)
+        llama.configure_cpu_threads()
+        assert cpu_gemm.get_threads() == 2 and torch.get_num_threads() == 1
+    finally:
+        llama._cpu_threads = before[0]
+        torch.set_num_threads(before[1])
+        cpu_gemm.set_threads(before[2])
 
 
 def test_disabled_by_environment(monkeypatch):

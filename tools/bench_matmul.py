@@ -3,14 +3,15 @@
 
 For each weight shape of SmolLM2-135M (``in x out``: wqkv 576x960, wo 576x576, w13 576x3072,
 w2 1536x576, lm_head 576x49152) and each row count ``n`` it times every path of ``PATHS`` (plus
-``F.linear`` for reference) *interleaved* round by round, so that load from other users of the
-machine hits all paths alike, and prints the median time per call in microseconds. ``old`` is the
-previous ``Linear`` path (``gemm``: one ``numpy.matmul``), ``new`` is the path ``pick_path`` picks.
+``F.linear`` and the skinny GEMM of ``specc.kernels.cpu_gemm``) *interleaved* round by round, so that
+load from other users of the machine hits all paths alike, and prints the median time per call in
+microseconds (one weight, so cache-resident for all but the LM head; ``--model`` streams them all).
+``old`` is one ``numpy.matmul``, ``new`` the numpy path ``pick_path`` picks.
 Each path's result is checked against a float64 reference (max relative error printed; must be < 1e-5).
 
 With ``--model`` it instead times the whole target forward over ``N`` new tokens (the verify forward
-of speculative decoding, N = κ+1) after a 64-token prefix, old vs new ``Linear`` paths interleaved
-(old = every ``Linear`` forced to one ``numpy.matmul``, exactly the previous code), median ms.
+of speculative decoding, N = κ+1) after a 64-token prefix: numpy paths only against the default
+``Linear`` (the skinny GEMM of ``specc.kernels.cpu_gemm``), interleaved, median ms.
 
     OPENBLAS_NUM_THREADS=1 python tools/bench_matmul.py [--rows 1,2,4,8,16] [--rounds 15] [--shapes lm_head,w13]
     OPENBLAS_NUM_THREADS=1 python tools/bench_matmul.py --model [--rows 1,2,4,6,8] [--rounds 15]
@@ -40,7 +41,9 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(args.threads)
+    from specc.kernels import cpu_gemm
     from specc.models.cpu_matmul import PATHS, pick_path
+    cpu_gemm.set_threads(args.threads)
 
     rows = [int(r) for r in args.rows.split(",")]
     if args.model:
@@ -56,7 +59,8 @@ def main(argv=None) -> int:
         inner = max(1, int(2e5 // (k_in * k_out)))  # calls per timing so one timing is >= ~1 ms
         print(f"\n{shape} {k_in}x{k_out} ({inner} calls per sample)")
         names = [p for p in PATHS if not (p.startswith("cols") and int(p[4:]) >= k_out)]
-        print(f"{'n':>3} " + " ".join(f"{p:>9}" for p in names + ["F.linear"])
+        extra = ["F.linear"] + (["skinny"] if cpu_gemm.available() else [])
+        print(f"{'n':>3} " + " ".join(f"{p:>9}" for p in names + extra)
               + f" {'old':>9} {'new':>9} {'picked':>9} {'speedup':>7} {'max_rel_err':>11}")
         for n in rows:
             x = rng.standard_normal((n, k_in), dtype=np.float32)  # [n, in]
@@ -64,6 +68,9 @@ def main(argv=None) -> int:
             ref = x.astype(np.float64) @ w.T.astype(np.float64)
             fns = {p: (lambda p=p: PATHS[p](x, wt)) for p in names}
             fns["F.linear"] = lambda: F.linear(xt, w_torch).numpy()
+            if cpu_gemm.available():
+                w_c = np.ascontiguousarray(w)  # [out, in]
+                fns["skinny"] = lambda: cpu_gemm.skinny_matmul(x, w_c)
             err = 0.0
             for p, f in fns.items():
                 y = f()
@@ -89,8 +96,10 @@ def main(argv=None) -> int:
 
 
 def bench_model(args, rows) -> int:
-    """Median ms of ``model.forward`` over ``n`` new tokens for each ``n`` in ``rows``, old vs new."""
-    import numpy as np
+    """Median ms of ``model.forward`` over ``n`` new tokens for each ``n`` in ``rows``: numpy paths only
+    (``pick_path``, the skinny GEMM off) against the default ``Linear`` (skinny GEMM for 2..16 rows, and
+    for one row with several threads), interleaved; ``/1-row`` is each default time over the faster
+    one-row time (what a verify forward over ``n = κ + 1`` tokens costs in one-token steps)."""
     import torch
     from specc.models import load_target
     from specc.models.llama import Linear
@@ -99,41 +108,43 @@ def bench_model(args, rows) -> int:
     torch.set_num_threads(args.threads)
     model.use_cpu_fast()
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    new_tables = [m._paths for m in linears]
-    old_tables = [(np.matmul,) * len(t) for t in new_tables]
+    skinny = [m._w_np for m in linears]
 
-    def use(tables):
-        for m, t in zip(linears, tables):
-            m._paths = t
+    def use(variant):
+        for m, w in zip(linears, skinny):
+            m._w_np = w if variant == "skinny" else None
 
     prefix = 64
     model.setup_cache(1, prefix + max(rows) + 1)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, model.config.vocab_size, (1, prefix + max(rows)), generator=g)
+    variants = ("numpy", "skinny")
+    one_row = None
     with torch.inference_mode():
         model(ids[:, :prefix], torch.arange(prefix)[None])
         print(f"load average {os.getloadavg()}; threads {args.threads}; forward over n new tokens after a "
               f"{prefix}-token prefix; median ms of {args.rounds} interleaved rounds")
-        print(f"{'n':>3} {'old_ms':>8} {'new_ms':>8} {'speedup':>7} {'max|dlogit|':>11}")
-        for n in rows:
+        print(f"{'n':>3} {'numpy_ms':>9} {'skinny_ms':>9} {'speedup':>7} {'/1-row':>7} {'max|dlogit|':>11}")
+        for n in sorted(rows):
             x, pos = ids[:, prefix:prefix + n], torch.arange(prefix, prefix + n)[None]
             out = {}
-            for name, tables in (("old", old_tables), ("new", new_tables)):
-                use(tables)
+            for name in variants:
+                use(name)
                 out[name] = model(x, pos)[0]
                 model(x, pos)  # warm
-            samples = {"old": [], "new": []}
+            samples = {name: [] for name in variants}
             for r in range(args.rounds):
-                for name, tables in ((("old", old_tables), ("new", new_tables)) if r % 2 == 0
-                                     else (("new", new_tables), ("old", old_tables))):
-                    use(tables)
+                for name in (variants if r % 2 == 0 else variants[::-1]):
+                    use(name)
                     t = time.perf_counter()
                     model(x, pos)
                     samples[name].append((time.perf_counter() - t) * 1e3)
-            use(new_tables)
-            old, new = statistics.median(samples["old"]), statistics.median(samples["new"])
-            diff = float((out["old"] - out["new"]).abs().max())
-            print(f"{n:>3} {old:>8.1f} {new:>8.1f} {old / new:>6.2f}x {diff:>11.1e}", flush=True)
+            use("skinny")
+            old, new = statistics.median(samples["numpy"]), statistics.median(samples["skinny"])
+            if one_row is None:
+                one_row = min(old, new)
+            diff = float((out["numpy"] - out["skinny"]).abs().max())
+            print(f"{n:>3} {old:>9.1f} {new:>9.1f} {old / new:>6.2f}x {new / one_row:>6.2f}x {diff:>11.1e}", flush=True)
     return 0
 
 

@@ -5,7 +5,8 @@ verify forward over ``R = κ + 1`` tokens costs about what a one-token step cost
 compute-bound at a poor rate for 2..16 rows on this project's CPU; see ``skinny_gemm.c``). Results are
 batch-invariant: a row's outputs do not depend on ``R``.
 
-Build: the C file is compiled with the system C compiler (``$CC``, else ``cc``) into
+Build: the C file is compiled with the system C compiler (``$CC``, else ``cc``; with OpenMP when it
+can, else single-threaded) into
 ``$SPECC_CACHE_DIR`` (default ``~/.cache/specc``) ``/kernels/skinny_gemm-<hash>.so`` — the hash covers the
 source, the flags and the compiler's version — written to a temporary name and renamed, so concurrent
 first uses never load a half-written library. :func:`available` is ``False`` (and callers keep their
@@ -18,6 +19,7 @@ import hashlib
 import os
 import pathlib
 import platform
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -26,7 +28,8 @@ from typing import Optional
 import numpy as np
 
 SOURCE = pathlib.Path(__file__).with_name("skinny_gemm.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared"]
+OPENMP = ["-fopenmp"]  # dropped (one thread) when the compiler cannot build with it
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -41,7 +44,8 @@ def _cpu_has_avx2_fma() -> bool:
         flags = next((ln for ln in pathlib.Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
     except OSError:
         return False
-    return " avx2" in flags and " fma" in flags
+    tokens = set(flags.split())
+    return "avx2" in tokens and "fma" in tokens
 
 
 def _cache_dir() -> pathlib.Path:
@@ -50,32 +54,37 @@ def _cache_dir() -> pathlib.Path:
 
 def _build() -> ctypes.CDLL:
     """Compile (if not cached) and load the library. Raises ``RuntimeError`` with the reason."""
-    cc = os.environ.get("CC", "cc")
+    cc = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        raise RuntimeError(f"no C compiler ({cc}): {e}") from None
+        raise RuntimeError(f"no C compiler ({' '.join(cc)}): {e}") from None
     src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    out = _cache_dir() / f"skinny_gemm-{key}.so"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                raise RuntimeError(f"{cc} failed on {SOURCE.name}: {r.stderr.strip()[-500:]}")
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(out))
-    f = lib.skinny_gemm
-    f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
-                  ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]
-    return lib
+    errors = []
+    for extra in (OPENMP, []):
+        flags = FLAGS + extra
+        key = hashlib.sha256(src + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
+        out = _cache_dir() / f"skinny_gemm-{key}.so"
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out.parent)
+            os.close(fd)
+            try:
+                r = subprocess.run([*cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+                if r.returncode != 0:
+                    errors.append(f"{' '.join(cc)} {' '.join(flags)} failed on {SOURCE.name}: {r.stderr.strip()[-400:]}")
+                    continue
+                os.replace(tmp, out)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        lib = ctypes.CDLL(str(out))
+        f = lib.skinny_gemm
+        f.restype = ctypes.c_int
+        f.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                      ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]
+        return lib
+    raise RuntimeError("; ".join(errors))
 
 
 def _load() -> Optional[ctypes.CDLL]:
@@ -141,7 +150,14 @@ def skinny_matmul(x: np.ndarray, w: np.ndarray, out: Optional[np.ndarray] = None
         out = np.empty((R, O), dtype=np.float32)
     elif out.shape != (R, O) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous fp32 [{R}, {O}] array")
+    if np.shares_memory(out, x) or np.shares_memory(out, w):
+        raise ValueError("out must not overlap x or w")
     if R == 0 or O == 0:
         return out
-    lib.skinny_gemm(x.ctypes.data, K, w.ctypes.data, K, out.ctypes.data, O, R, 0, O, _threads)
+    if K == 0:
+        out.fill(0.0)
+        return out
+    rc = lib.skinny_gemm(x.ctypes.data, K, w.ctypes.data, K, out.ctypes.data, O, R, 0, O, _threads)
+    if rc != 0:
+        raise RuntimeError(f"skinny_gemm rejected R={R}, K={K}, O={O}, threads={_threads} (code {rc})")
     return out

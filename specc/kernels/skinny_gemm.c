@@ -5,17 +5,20 @@
  * Why: a verify forward multiplies every weight by only R = kappa + 1 rows. BLAS SGEMM packs and
  * tiles for large R and is compute-bound at a poor rate for R = 2..16, so the verify forward cost
  * 1.4-2x a one-token step on this project's CPU; with R this small the product should be bound by
- * streaming w from memory once, whatever R is. Here each weight row pair (o, o+1) is loaded once per
- * 8-wide K chunk and FMA'd into 2 x R accumulators (the R rows of x stay in L1); R is split into
- * chunks of at most 6 rows (12 accumulators + 3 operands = 15 of 16 ymm registers), and outputs are
- * walked in blocks of OBLOCK rows so that a block's weights (<= 64 rows) are still in L2 when the
- * next row chunk reads them.
+ * streaming w from memory once, whatever R is. Here a group of NO weight rows (4 for R <= 3, else 2)
+ * is loaded once per 8-wide K chunk and FMA'd into NO x R accumulators (the R rows of x stay in L1
+ * and are read as memory operands); R is split into chunks of at most 6 rows (at most 12
+ * accumulators), the next group's weights are prefetched while a group is multiplied, and outputs
+ * are walked in blocks of OBLOCK rows so that a block's weights are still in L2 when the next row
+ * chunk reads them.
  *
- * Batch invariance: every y[r, o] is the same sequence of fp32 operations (8 lane partial sums in
- * K order, a fixed horizontal reduction, then the K % 8 tail in order) for every R and every row r,
- * so the logits of a row do not depend on how many rows were verified with it.
+ * Invariance within this kernel: every y[r, o] is the same sequence of fp32 operations (8 lane
+ * partial sums in K order, a fixed horizontal reduction, then the K % 8 tail in order) for every R,
+ * every row r and every thread count. (specc.models.llama.Linear sends one row on one thread to
+ * numpy's GEMV instead, so across row counts the model's logits agree to ~1e-5, not bit for bit.)
  */
 #include <immintrin.h>
+#include <stdint.h>
 
 #define OBLOCK 64
 #ifndef PFG
@@ -56,12 +59,13 @@ static inline void one_output(int R, const float *x, long ldx, const float *wo, 
                 wr[j] = w + (o + j) * K;                                                                 \
                 _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();     \
             }                                                                                            \
-            const float *next = w + (o + PFG * NO) * K; /* a later group: one contiguous block */       \
+            /* a later group (one contiguous block); an address, never dereferenced, may pass the end */ \
+            const uintptr_t next = (uintptr_t)w + (uintptr_t)((o + PFG * NO) * K) * sizeof(float);         \
             long k = 0;                                                                                  \
             for (; k + 8 <= K; k += 8) {                                                                 \
                 __m256 v[NO];                                                                            \
                 _Pragma("GCC unroll 4") for (int j = 0; j < NO * 8; j += 16)                             \
-                    _mm_prefetch((const char *)(next + k * NO + j), _MM_HINT_T0);                        \
+                    _mm_prefetch((const char *)(next + (uintptr_t)(k * NO + j) * sizeof(float)), _MM_HINT_T0); \
                 _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) v[j] = _mm256_loadu_ps(wr[j] + k);  \
                 _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                                    \
                     __m256 xv = _mm256_loadu_ps(x + r * ldx + k);                                        \

@@ -347,10 +347,15 @@ class EagleModel(nn.Module):
         self.eval()
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                w = m.weight.detach().float()
-                m._w = w.contiguous()  # [out, in]
-                m._wt = w.t().contiguous()  # [in, out]
+                _cache_weights(m)
         return self
+
+
+def _cache_weights(m: nn.Linear) -> None:
+    w = m.weight.detach().float()
+    m._w = w.contiguous()  # [out, in]
+    m._wt = w.t().contiguous()  # [in, out]
+    m._wver = m.weight._version  # in-place updates (load_state_dict, copy_) bump it
 
 
 def _lin(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -358,17 +363,20 @@ def _lin(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     GEMM (1..16 rows, where available) or a numpy matmul (up to 64 rows) on the cached weights:
     identical maths, several times faster than ``F.linear`` for few rows on this CPU."""
     wt = getattr(m, "_wt", None)
-    if wt is None or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
+    if (wt is None or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32
+            or m.weight.device.type != "cpu"):
         return m(x)
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]
     if n > 64:
         return m(x)
+    if m._wver != m.weight._version or m._w.device != m.weight.device:  # weights changed since cached
+        _cache_weights(m)
     xn = rows.contiguous().numpy()
     if n <= 16 and cpu_gemm.available():
         y = torch.from_numpy(cpu_gemm.skinny_matmul(xn, m._w.numpy()))  # [n, out]
     else:
-        y = torch.from_numpy(xn @ wt.numpy())
+        y = torch.from_numpy(xn @ m._wt.numpy())
     if m.bias is not None:
         y = y + m.bias
     return y.view(*x.shape[:-1], -1)

@@ -64,7 +64,8 @@ def set_blas_threads(n: Optional[int] = None) -> bool:
 
 
 def configure_cpu_threads(n: Optional[int] = None) -> None:
-    """Give numpy's OpenBLAS ``n`` threads (default: ``torch.get_num_threads()``) and torch's own
+    """Give numpy's OpenBLAS ``n`` threads (default: the count of the previous call, else
+    ``torch.get_num_threads()``) and torch's own
     OpenMP pool one thread. On the CPU fast path the matmuls run in OpenBLAS and torch only runs the
     small element-wise ops; when both pools have several threads their idle workers spin against each
     other. Measured on SmolLM2-135M, batch-1 decode on a 2-core machine with nothing else running
@@ -73,10 +74,15 @@ def configure_cpu_threads(n: Optional[int] = None) -> None:
     state, like ``torch.set_num_threads``: call it again after changing torch's thread count."""
     from specc.kernels import cpu_gemm
 
-    n = int(n or torch.get_num_threads())
+    global _cpu_threads
+    n = int(n or _cpu_threads or torch.get_num_threads())
     set_blas_threads(n)
     cpu_gemm.set_threads(n)
     torch.set_num_threads(1)
+    _cpu_threads = n
+
+
+_cpu_threads = 0  # the last configure_cpu_threads count (0 = never called); torch's own is 1 after it
 
 
 # ----------------------------------------------------------------------------------- building blocks
@@ -115,6 +121,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._wt_np: Optional[np.ndarray] = None  # [in, out] fp32, shares storage with weight
         self._w_np: Optional[np.ndarray] = None  # [out, in] fp32 copy for the skinny GEMM (2..16 rows)
+        self._w_version = -1  # weight._version when _w_np was copied
         self._paths = path_table(in_features, out_features)  # [r] -> fn(x [r, in], wt [in, out]) for r <= 16
 
     def use_cpu_fast(self) -> None:
@@ -129,6 +136,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(wt.t(), requires_grad=False)
         self._wt_np = wt.numpy()
         self._w_np = np.ascontiguousarray(self._wt_np.T) if cpu_gemm.available() else None  # [out, in]
+        self._w_version = self.weight._version  # in-place updates (load_state_dict, copy_) bump it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -141,6 +149,9 @@ class Linear(nn.Module):
             xn = x2.numpy()
             rows = xn.shape[0]
             if self._w_np is not None and rows <= 16 and (rows >= 2 or skinny_threads() > 1):
+                if self._w_version != w._version:  # the weight changed in place: refresh the copy
+                    self._w_np = np.ascontiguousarray(self._wt_np.T)
+                    self._w_version = w._version
                 y = torch.from_numpy(skinny_matmul(xn, self._w_np))  # [R, out]
             else:
                 mm = self._paths[rows] if rows < len(self._paths) else np.matmul
