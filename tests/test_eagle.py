@@ -155,6 +155,34 @@ def test_training_time_test_unroll_equals_inference_chain(kind):
                 torch.testing.assert_close(outs[k][:, p], gx[:, 0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_training_unroll_on_selected_chain_starts_equals_full_unroll(kind):
+    """Unrolling only the chains with a loss (``sel``) gives those chains' outputs of the full unroll;
+    ``loss_positions`` picks each row's answer range from the labels."""
+    trainer = _load_trainer()
+    target = tiny_target()
+    head = random_head(kind, target, draft_vocab=50)
+    g = torch.Generator().manual_seed(9)
+    B, T, steps = 2, 12, 3
+    tokens = torch.randint(0, V, (B, T + 1), generator=g)
+    feats = torch.randn(B, T, head.cfg.feature_size, generator=g)
+    labels = torch.randint(0, V, (B, T), generator=g)
+    labels[0, :5] = -100  # row 0: prompt labels 0..4 -> chains 4..10 carry a loss
+    labels[1, :8] = -100
+    labels[1, 10:] = -100  # row 1: right padding too -> chains 7..8
+    sel, valid = trainer.loss_positions(labels)
+    assert sel[0].tolist() == list(range(4, 11)) and valid[0].all()
+    assert sel[1, :2].tolist() == [7, 8] and valid[1].tolist() == [True, True] + [False] * 5
+    with torch.no_grad():
+        full = trainer.ttt_forward(head, tokens, feats, steps)
+        part = trainer.ttt_forward(head, tokens, feats, steps, sel=sel)
+    for k in range(steps):
+        for b in range(B):
+            for j in range(sel.shape[1]):
+                if valid[b, j]:
+                    torch.testing.assert_close(part[k][b, j], full[k][b, sel[b, j]], atol=1e-5, rtol=1e-5)
+
+
 def test_default_aux_layers_follow_safeailab_capture_points():
     # SafeAILab appends the hidden state *entering* layers {2, N//2, N-3}: outputs of {1, N//2-1, N-4}
     assert default_aux_layer_ids(32) == (1, 15, 28)

