@@ -11,7 +11,9 @@ Each path's result is checked against a float64 reference (max relative error pr
 
 With ``--model`` it instead times the whole target forward over ``N`` new tokens (the verify forward
 of speculative decoding, N = κ+1) after a 64-token prefix: numpy paths only against the default
-``Linear`` (the skinny GEMM of ``specc.kernels.cpu_gemm``), interleaved, median ms.
+``Linear`` (the skinny GEMM of ``specc.kernels.cpu_gemm``), median ms; interleaved on one thread, one
+variant after the other on several (alternating OpenBLAS's and the kernel's thread pools makes their
+idle workers spin against each other: 2x slower calls).
 
     OPENBLAS_NUM_THREADS=1 python tools/bench_matmul.py [--rows 1,2,4,8,16] [--rounds 15] [--shapes lm_head,w13]
     OPENBLAS_NUM_THREADS=1 python tools/bench_matmul.py --model [--rows 1,2,4,6,8] [--rounds 15]
@@ -123,7 +125,8 @@ def bench_model(args, rows) -> int:
     with torch.inference_mode():
         model(ids[:, :prefix], torch.arange(prefix)[None])
         print(f"load average {os.getloadavg()}; threads {args.threads}; forward over n new tokens after a "
-              f"{prefix}-token prefix; median ms of {args.rounds} interleaved rounds")
+              f"{prefix}-token prefix; median ms of {args.rounds} rounds"
+              f"{' (interleaved)' if args.threads == 1 else ' per variant'}")
         print(f"{'n':>3} {'numpy_ms':>9} {'skinny_ms':>9} {'speedup':>7} {'/1-row':>7} {'max|dlogit|':>11}")
         for n in sorted(rows):
             x, pos = ids[:, prefix:prefix + n], torch.arange(prefix, prefix + n)[None]
@@ -133,12 +136,18 @@ def bench_model(args, rows) -> int:
                 out[name] = model(x, pos)[0]
                 model(x, pos)  # warm
             samples = {name: [] for name in variants}
-            for r in range(args.rounds):
-                for name in (variants if r % 2 == 0 else variants[::-1]):
-                    use(name)
-                    t = time.perf_counter()
+            if args.threads == 1:  # interleaved rounds: load drift hits both variants alike
+                schedule = [v for r in range(args.rounds) for v in (variants if r % 2 == 0 else variants[::-1])]
+            else:  # one variant at a time: OpenBLAS's and the kernel's idle workers spin against each other
+                schedule = [v for v in variants for _ in range(args.rounds)]
+            for i, name in enumerate(schedule):
+                use(name)
+                if i and schedule[i - 1] != name:
+                    time.sleep(0.5)  # let the other pool's spinning workers park
                     model(x, pos)
-                    samples[name].append((time.perf_counter() - t) * 1e3)
+                t = time.perf_counter()
+                model(x, pos)
+                samples[name].append((time.perf_counter() - t) * 1e3)
             use("skinny")
             old, new = statistics.median(samples["numpy"]), statistics.median(samples["skinny"])
             if one_row is None:

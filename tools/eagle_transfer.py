@@ -6,8 +6,8 @@ data``), then the head is run teacher-forced over each answer with the training-
 (``ttt_forward``): per draft step k, the fraction of answer positions where the head's top-1 equals the
 target's token (the quantity training maximises), per category; and, for EAGLE-3, the fraction of
 the target's answer tokens inside the head's draft vocabulary (a token outside it can never be
-drafted). With ``--data-file`` the same agreement is printed for the validation split of training
-data (every 20th record, as ``train``), for comparison.
+drafted). With ``--data-file`` (the training command's list, in its order) the same agreement is
+printed for the training run's validation split (every 20th record, as ``train``), for comparison.
 
 Usage: ``OMP_NUM_THREADS=1 python tools/eagle_transfer.py --head specc/assets/drafters/smollm2_135m_eagle3
 [--per-category 2] [--max-new 64] [--steps 4] [--data-file .cache/eagle_data/...pt ...]``
@@ -103,10 +103,11 @@ def main(argv=None) -> None:
         print(f"draft vocabulary ({head.cfg.draft_vocab_size} tokens) covers {inside / max(1, total):.3f} of the "
               f"target's answer tokens on these prompts")
     if args.data_file:
-        records = td.load_data(args.data_file)["records"][::20]
+        records = td.load_data(args.data_file)["records"]
+        records = records[::20][: max(4, len(records) // 20)]  # train_head's validation split
         h, n = agreement(td, head, kind, records, args.steps)
         print(f"  {'train val split':15s} " + " ".join(f"{a / max(1, b):.3f}" for a, b in zip(h, n))
-              + f" ({len(records)} records)")
+              + f" ({len(records)} validation records)")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from torch import nn
 
 from specc.errors import CheckpointError, PromptError
 from specc.models.config import LlamaConfig
-from specc.kernels.cpu_gemm import get_threads as skinny_threads, skinny_matmul
+from specc.kernels.cpu_gemm import skinny_matmul
 from specc.models.cpu_matmul import path_table
 
 
@@ -107,11 +107,12 @@ class Linear(nn.Module):
     """``y = x @ W.T + b`` with ``W: [out, in]``. After ``use_cpu_fast()`` the weight is stored as a
     contiguous ``[in, out]`` tensor (``weight`` stays a ``[out, in]`` view of it) and inference on CPU
     fp32 goes through numpy's BLAS, several times faster than torch's GEMM for 1..16 rows here
-    (one row on one thread: numpy's GEMV, memory-bound). For 2..16 rows (a verify forward over κ+1
-    tokens), and for one row when it has several threads, it uses the skinny GEMM of
+    (one row: numpy's GEMV, memory-bound, the fastest one-row path measured on one and two threads).
+    For 2..16 rows (a verify forward over κ+1 tokens) it uses the skinny GEMM of
     ``specc.kernels.cpu_gemm`` on a second, ``[out, in]`` copy of the weight, which streams the weight
-    once for all rows (~2x numpy's SGEMM at 5 rows on one thread, about a one-row step on two); where
-    that kernel is unavailable the product is split per ``specc.models.cpu_matmul.pick_path``. Autograd, CUDA and
+    once for all rows (``python tools/bench_matmul.py --model``: 1.3-1.6x numpy's SGEMM paths for a
+    whole forward); where that kernel is unavailable the product is split per
+    ``specc.models.cpu_matmul.pick_path``. Autograd, CUDA and
     other dtypes keep ``F.linear``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -148,7 +149,7 @@ class Linear(nn.Module):
                 x2 = x2.contiguous()
             xn = x2.numpy()
             rows = xn.shape[0]
-            if self._w_np is not None and rows <= 16 and (rows >= 2 or skinny_threads() > 1):
+            if self._w_np is not None and 2 <= rows <= 16:
                 if self._w_version != w._version:  # the weight changed in place: refresh the copy
                     self._w_np = np.ascontiguousarray(self._wt_np.T)
                     self._w_version = w._version
