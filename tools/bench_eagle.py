@@ -130,8 +130,14 @@ def main(argv=None) -> None:
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({
             "prompts": [p for p, _ in prompts], "max_new": args.max_new, "threads": args.threads,
-            "heads": {k: str(v) for k, v in heads.items()}, "load_average_after": list(os.getloadavg()),
+            "heads": {k: _rel(v) for k, v in heads.items()}, "load_average_after": list(os.getloadavg()),
             "command": _command(), "rows": rows}, indent=1) + "\n")
+
+
+def _rel(path) -> str:
+    """``path`` relative to the repository when inside it (no machine paths in recorded results)."""
+    p = pathlib.Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def _command() -> str:
