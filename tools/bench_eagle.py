@@ -64,6 +64,8 @@ def run(target, tok, drafter, kind: str, k: int, prompts, max_new: int):
 
 
 def main(argv=None) -> None:
+    from train_drafter import _command, _rel  # the training tool's recorders: one definition
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category (10 = all 60)")
     ap.add_argument("--max-new", type=int, default=64)
@@ -132,19 +134,6 @@ def main(argv=None) -> None:
             "prompts": [p for p, _ in prompts], "max_new": args.max_new, "threads": args.threads,
             "heads": {k: _rel(v) for k, v in heads.items()}, "load_average_after": list(os.getloadavg()),
             "command": _command(), "rows": rows}, indent=1) + "\n")
-
-
-def _rel(path) -> str:
-    """``path`` relative to the repository when inside it (no machine paths in recorded results)."""
-    p = pathlib.Path(path).resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
-
-
-def _command() -> str:
-    """This process's command line as typed, with the thread variables it ran under."""
-    import shlex
-    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ)
-    return (env + " " if env else "") + "python " + " ".join(shlex.quote(a) for a in ["tools/bench_eagle.py"] + sys.argv[1:])
 
 
 if __name__ == "__main__":
