@@ -91,7 +91,7 @@ def test_all_presets_against_all_engines(all_presets_json):
     assert errors("sglang_eagle_tree", "vllm") == ["vllm.T1"]          # no tree speculation in vLLM 0.33
     assert errors("sglang_eagle_tree", "specc") == ["specc.S-TREE"]    # chains only
     assert errors("sglang_eagle3_adaptive", "vllm") == ["vllm.A1"]     # no κ controller
-    assert errors("sglang_eagle3_adaptive", "specc") == ["specc.S-SCHED"]
+    assert errors("sglang_eagle3_adaptive", "specc") == []              # specc runs SGLang's controller
     assert errors("vllm_batch_buckets", "sglang") == ["sglang.BB1"]    # no per-batch static κ in SGLang
     assert errors("vllm_pard", "sglang") == ["sglang.PAR1"]
     assert errors("vllm_suffix", "sglang") == ["sglang.N5"]

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts (round-robin over categories)")
     parser.add_argument("--category", action="append", default=None)
     parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N", help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, metavar="N", help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
@@ -36,7 +36,9 @@ def run(args) -> int:
     from specc.runtime.state import StateSpec
 
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        from specc.models.llama import configure_cpu_threads
+
+        configure_cpu_threads(args.threads)
     records = select(read_prompts(args.prompts or shipped_prompts_path()), args.limit, args.category)
     if not records:
         raise PromptError(f"no prompts left after --category {args.category}")

@@ -227,19 +227,18 @@ def plot(path: str, plan, preds, title: str) -> None:
 
 def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = None,
             hardware: Optional[str] = None) -> dict:
-    """Lower, graph, validate and predict every state of ``plan``. Returns a dict with ``lowering``
+    """Lower, graph, validate and predict every state of ``plan`` (:func:`specc.analyze.analyze`).
+    Returns a dict with ``inputs`` (:class:`specc.sizing.CostInputs`), ``lowering``
     (:class:`specc.lower.Lowering`), ``predictions`` (list of :class:`specc.cost.Prediction`),
     ``graphs`` (state name → DiGraph) and ``issues`` (state name → list of GraphIssue)."""
-    from specc import cost, graph, lower
+    from specc import analyze, graph
 
-    low = lower.lower_report(plan, alpha)
-    preds, graphs, issues = [], {}, {}
-    for s in low.states:
-        g = graph.build_graph(plan, s)
-        graphs[s.name] = g
-        issues[s.name] = graph.validate_graph(g)
-        preds.append(cost.predict(plan, s, alpha=alpha, c=draft_cost, hardware=hardware))
-    return {"lowering": low, "predictions": preds, "graphs": graphs, "issues": issues}
+    res = analyze.analyze(plan, alpha=alpha, c=draft_cost, hardware=hardware)
+    low = res.lowering
+    preds = [res.predictions[s.name] for s in low.states]
+    issues = {name: graph.validate_graph(g) for name, g in res.graphs.items()}
+    return {"inputs": res.inputs, "lowering": low, "predictions": preds, "graphs": res.graphs,
+            "issues": issues}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -270,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         data = {
             "plan": plan.name, "path": str(loaded.path), "method": plan.method.name,
-            "schedule": plan.schedule.kind, "alpha": low.alpha, "alpha_source": low.alpha_source,
+            "schedule": plan.schedule.kind, "alpha": res["inputs"].alpha, "alpha_source": res["inputs"].alpha_source,
             "c": p0.c, "c_source": p0.c_source, "hardware": p0.hardware,
             "saturation_tokens": p0.saturation_tokens, "capture_sizes": list(low.capture_sizes),
             "buckets": {str(k): list(v) for k, v in low.buckets.items()},
@@ -282,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"plan {plan.name} ({loaded.path}): method {plan.method.name}, verify {plan.verify.rule}, "
               f"schedule {plan.schedule.kind}")
-        print(f"α = {low.alpha:.3f} ({low.alpha_source}); c = {p0.c:.4f} ({p0.c_source}); "
+        print(f"α = {res['inputs'].alpha:.3f} ({res['inputs'].alpha_source}); c = {p0.c:.4f} ({p0.c_source}); "
               f"hardware {p0.hardware}: T* = {p0.saturation_tokens:.1f} tokens")
         print(f"captured batch sizes: {list(low.capture_sizes)}")
         from specc.lower import route_slot

@@ -1,10 +1,11 @@
 """Artifact → Runtime: verify and import the artifact (``specc.runtime.artifact.load_artifact``),
-load the target and the drafter the artifact's plan names, and build one runtime state per
-generated state module (``build(ctx)``)."""
+load the target and the drafter its manifest's runtime section names, and build one runtime state
+per generated state module (``build(ctx)``) under the manifest's schedule. The runtime reads the
+manifest, never ``plan.yaml`` (DESIGN.md)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from specc.errors import ArtifactError
 
@@ -32,6 +33,42 @@ def largest_bucket(art: "Artifact") -> int:
     return max(sizes)
 
 
+def runtime_spec(art: "Artifact") -> Dict[str, Any]:
+    """The manifest's ``runtime`` section (checkpoints, method options, verify rule, device settings,
+    schedule). Raises ArtifactError when it is missing or malformed."""
+    spec = art.manifest.get("runtime")
+    if not isinstance(spec, dict) or not isinstance(spec.get("target"), dict) or "method" not in spec:
+        raise ArtifactError(f"{art.path}/manifest.json has no usable 'runtime' section; re-run specc compile")
+    return spec
+
+
+def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: int = 0):
+    """The target, its tokenizer and the drafter a runtime section names (``manifest.json``
+    ``runtime``, or :func:`specc.codegen.runtime_section` of a plan): ``(target, tokenizer, drafter,
+    device)``. The target's cache is sized for ``target.max_model_len + max_steps + 2`` slots.
+
+    Raises:
+        ArtifactError: ``cuda`` asked without CUDA. CheckpointError: a checkpoint missing or
+            mismatched. PlanError: a method the runtime does not run.
+    """
+    from specc import methods
+    from specc.models import load_target
+
+    dev = resolve_device(device or spec.get("device") or "auto")
+    tgt = spec["target"]
+    dtype = spec.get("dtype") if spec.get("dtype") not in (None, "auto") else (
+        tgt.get("dtype") if tgt.get("dtype") not in (None, "auto") else "float32")
+    if dev.type == "cpu":
+        dtype = "float32"  # bf16/fp16 matmuls are orders of magnitude slower on this CPU
+    want_len = tgt.get("max_model_len")
+    cache_len = (want_len + max_steps + 2) if want_len else None
+    target, tokenizer = load_target(tgt["path"], tgt.get("format") or "auto", dtype=dtype,
+                                    max_model_len=cache_len, device=str(dev))
+    drafter = methods.build_drafter(spec["method"]["name"], spec, target, tokenizer, dev,
+                                    max_seq_len=target.config.max_model_len)
+    return target, tokenizer, drafter, dev
+
+
 def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 0,
                  kernel_backend: Optional[str] = None, artifact: Optional["Artifact"] = None,
                  ) -> Tuple["Runtime", "Artifact"]:
@@ -39,7 +76,7 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
 
     Args:
         path: an artifact directory (``generated/<plan>-<hash>``).
-        device: override of the plan's ``runtime.device`` (``auto``/``cpu``/``cuda``).
+        device: override of the manifest's ``runtime.device`` (``auto``/``cpu``/``cuda``).
         seed: base seed for requests without their own.
         kernel_backend: override of ``runtime.kernel_backend``.
         artifact: the artifact at ``path`` already loaded by ``load_artifact`` (so a command can
@@ -51,37 +88,24 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
         CheckpointError: target or draft checkpoint missing or mismatched.
         PlanError: a method this runtime does not run.
     """
-    from specc.drafters import build_drafter
-    from specc.models import load_target
     from specc.runtime.artifact import load_artifact
     from specc.runtime.engine import Runtime
     from specc.runtime.state import StateSpec
 
     art = artifact if artifact is not None else load_artifact(path)
-    plan = art.plan
-    dev = resolve_device(device or plan.runtime.device)
+    spec = runtime_spec(art)
     specs = []
     for name, module in art.states.items():
         for attr in ("STATE", "build"):
             if not hasattr(module, attr):
                 raise ArtifactError(f"{art.path}/states/{name}.py defines no {attr}; re-run specc compile")
         specs.append(StateSpec.from_dict(module.STATE))
-    k_max = max(s.num_steps for s in specs)
-    dtype = plan.runtime.dtype if plan.runtime.dtype not in (None, "auto") else (
-        plan.target.dtype if plan.target.dtype not in (None, "auto") else "float32")
-    if dev.type == "cpu":
-        dtype = "float32"  # bf16/fp16 matmuls are orders of magnitude slower on this CPU
-    want_len = plan.target.max_model_len
-    cache_len = (want_len + k_max + 2) if want_len else None
-    target, tokenizer = load_target(plan.target.path, plan.target.format or "auto", dtype=dtype,
-                                    max_model_len=cache_len, device=str(dev))
-    drafter = build_drafter(plan, target, tokenizer, dev, max_seq_len=target.config.max_model_len)
-    first = next(iter(art.states.values()))
-    backend = kernel_backend or plan.runtime.kernel_backend or "auto"
-    use_graphs = dev.type == "cuda" and plan.deploy.cuda_graphs is not False
+    target, tokenizer, drafter, dev = load_models(spec, device, max(s.num_steps for s in specs))
+    want_len = spec["target"].get("max_model_len")
+    backend = kernel_backend or spec.get("kernel_backend") or "auto"
+    use_graphs = dev.type == "cuda" and spec.get("cuda_graphs") is not False
     runtime = Runtime(target, tokenizer, drafter, specs,
                       builders={name: m.build for name, m in art.states.items()},
                       max_model_len=want_len, device=dev, kernel_backend=backend, use_cuda_graphs=use_graphs,
-                      method_options=dict(getattr(first, "METHOD_OPTIONS", {})), seed=seed,
-                      kernel_modules=art.kernels)
+                      seed=seed, kernel_modules=art.kernels, schedule=spec.get("schedule"))
     return runtime, art
