@@ -540,9 +540,16 @@ class CostTable:
 def load_cost_table(path: str) -> CostTable:
     """Read a cost-table JSON (format in :class:`CostTable`). Raises PlanError naming
     ``schedule.cost_table`` and the file when it is missing, not JSON, or lacks ``verify_ms``."""
+    if str(path).startswith("pkg://"):
+        from specc.models.resolve import resolve_model_path
+
+        try:
+            path = str(resolve_model_path(str(path)))
+        except SpeccError as exc:
+            raise PlanError(f"schedule.cost_table: {exc}") from None
     p = Path(path)
     if not p.is_file():
-        raise PlanError(f"schedule.cost_table: file not found: {p} (run `specc profile` to create it)")
+        raise PlanError(f"schedule.cost_table: file not found: {p} (`specc profile PLAN --out FILE` writes one)")
     try:
         data = json.loads(p.read_text())
         verify = {int(k): float(v) for k, v in data["verify_ms"].items()}
@@ -622,7 +629,8 @@ class Prediction:
 
     ``step_cost`` is in batch-1 target-steps (§6.2: chain 1 + κc, parallel 1 + c, tree 1 + κc);
     ``speedup`` = E / step_cost at batch 1; ``speedup_at_batch`` at the state's bucket B in the
-    saturating model (a pass over n tokens costs max(1, n/T*)); ``break_even_batch`` = T*(E − draft
+    saturating model (a pass over n tokens costs max(1, n/T*)), or, with a profiled cost table, the
+    second seed's batch throughput over the table's step times (:func:`batch_throughput`); ``break_even_batch`` = T*(E − draft
     cost)/W, which is §6.2's T*(E − κc)/(κ + 1) for a chain and T*(E − c)/(κ + 1) for a parallel
     block, and 0.0 when E − draft cost < 1 (speculation pays at no batch size: ``speedup`` < 1; see
     :func:`break_even_batch`), +inf for plain decode; ``s_infinity`` = E / (W + draft cost).
@@ -698,12 +706,18 @@ def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
     # chain: W = κ + 1, draft cost κc, so this is break_even_batch(); it also charges lookup drafters
     # (0 proposal passes) the same draft cost as `step_cost`, keeping break-even and speedup consistent
     be = math.inf if state.num_steps == 0 else break_even_from(e, draft_cost, w, t_star)
+    speedup_b = e * plain_b / spec_b
+    model = getattr(inputs, "batch_model", None)
+    if model is not None and state.kind in ("plain", "chain", "parallel"):
+        # a profiled cost table: the second seed's throughput model at the bucket (measured step times)
+        speedup_b = (batch_throughput(bsz, state.num_steps, a, model, state.parallel)
+                     / batch_throughput(bsz, 0, a, model, state.parallel))
     return Prediction(
         state=state.name, kind=state.kind, batch_size=bsz, num_steps=state.num_steps,
         num_draft_tokens=w, alpha=a, alpha_source=inputs.alpha_source, c=c_val, c_source=inputs.c_source,
         hardware=inputs.hardware, saturation_tokens=t_star, draft_forward_passes=int(graph_stats["draft_passes"]),
         target_forward_passes=int(graph_stats["target_passes"]), target_tokens_per_step=bsz * w, expected_tokens=e,
-        step_cost=step_cost, speedup=e / step_cost, speedup_at_batch=e * plain_b / spec_b,
+        step_cost=step_cost, speedup=e / step_cost, speedup_at_batch=speedup_b,
         break_even_batch=be, s_infinity=e / (w + draft_cost),
         draft_kv_bytes_per_token=inputs.draft_kv_bytes_per_token,
         graphs_to_capture=int(graph_stats["graphs_to_capture"]), graph_buffer_bytes=graph_stats["graph_buffer_bytes"])

@@ -312,6 +312,9 @@ class CostInputs:
         draft_kv_bytes_per_token: draft KV bytes per token (None when unknown).
         draft_hidden_size: the draft's ``hidden_size`` for methods that read target hidden states
             (None when unknown), for stage-graph shapes.
+        batch_model: the profiled :class:`specc.cost.BatchModel` of ``schedule.cost_table`` (None
+            without a readable specc cost table); predictions at a batch size then use it instead of
+            the hardware roofline.
     """
 
     alpha: float
@@ -323,6 +326,7 @@ class CostInputs:
     saturation_tokens: float
     draft_kv_bytes_per_token: Optional[int]
     draft_hidden_size: Optional[int]
+    batch_model: Optional[cost.BatchModel] = None
 
 
 def cost_inputs(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = None,
@@ -351,6 +355,14 @@ def cost_inputs(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = 
     if methods.get(plan.method.name).consumes_hidden:
         h = (draft_config(plan) or {}).get("hidden_size")
         hidden = int(h) if isinstance(h, int) else None
+    model = None
+    if plan.schedule.cost_table:
+        try:  # an engine's own table (SGLang's SPS table) is not a specc cost table
+            table = cost.load_cost_table(plan.schedule.cost_table)
+            model = cost.batch_model_from_table(table, fallback_draft_ratio=c_val)
+        except PlanError:
+            model = None
     return CostInputs(alpha=a, alpha_source=a_src, c=c_val, c_source=c_src, hardware=hw.name,
                       bytes_per_param=bpp, saturation_tokens=cost.saturation_tokens(hw, bpp),
-                      draft_kv_bytes_per_token=draft_kv_bytes_per_token(plan), draft_hidden_size=hidden)
+                      draft_kv_bytes_per_token=draft_kv_bytes_per_token(plan), draft_hidden_size=hidden,
+                      batch_model=model)

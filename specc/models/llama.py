@@ -547,8 +547,8 @@ class LlamaModel(nn.Module):
           logits_at: optional ``[B, M]`` int64 indices into ``N``; only those rows get logits
             (prefill asks for the last real token of each row).
           num_tokens: optional ``[B]`` int64: row ``b``'s first ``num_tokens[b]`` tokens are real, the
-            rest padding (a ragged verify). Padding tokens cost no GEMM work (:class:`TokenPacking`),
-            write no K/V, and get zero logits and hidden states. Not together with ``logits_at``.
+            rest padding (a ragged verify or prefill). Padding tokens cost no GEMM work
+            (:class:`TokenPacking`), write no K/V, and get zero logits and hidden states.
           rows: optional ``[B]`` int64, the cache row of each batch row (default ``0..B-1``): a prefill
             of a few new requests among many runs over their rows only.
 
@@ -570,8 +570,6 @@ class LlamaModel(nn.Module):
                 raise ValueError(f"hidden_layers index {i} outside 0..{L} (num_layers={L})")
         if logits_at is not None and L in hidden_layers:
             raise ValueError("hidden_layers may not include num_layers together with logits_at")
-        if logits_at is not None and num_tokens is not None:
-            raise ValueError("num_tokens (a ragged batch) cannot be combined with logits_at")
         on_cpu = input_ids.device.type == "cpu"
         if attn_mask is not None:
             kv_len = attn_mask.shape[-1]
@@ -612,6 +610,10 @@ class LlamaModel(nn.Module):
                 for k, j in enumerate(hidden_layers):
                     if j == i:
                         hidden[k] = x
+        if packing is not None and logits_at is not None:  # a ragged prefill: back to [B, N, ...] first
+            x = packing.unpack(x)
+            hidden = [packing.unpack(h) if h is not None else h for h in hidden]
+            packing = None
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))  # [B, M, H]
         x = self.norm(x)

@@ -231,8 +231,10 @@ class Runtime:
         for c0 in range(0, width, chunk):
             c1 = min(width, c0 + chunk)
             at = (last_idx - c0).clamp(0, c1 - c0 - 1).view(R, 1)  # [R, 1]
+            real_here = (last_idx + 1 - c0).clamp(0, c1 - c0)  # [R] prompt tokens of each row in this chunk
             logits, hidden = self.target.forward(ids[:, c0:c1], positions[:, c0:c1], slots[:, c0:c1], None,
-                                                 hidden_layers=self.ctx.hidden_layers, logits_at=at, rows=rows_t)
+                                                 hidden_layers=self.ctx.hidden_layers, logits_at=at, rows=rows_t,
+                                                 num_tokens=real_here if dev.type == "cpu" else None)
             here = (last_idx >= c0) & (last_idx < c1)  # [R]
             last_logits = torch.where(here.view(-1, 1), logits[:, 0], last_logits)
             hidden_parts.append(list(hidden))

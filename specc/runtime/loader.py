@@ -109,3 +109,39 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
                       max_model_len=want_len, device=dev, kernel_backend=backend, use_cuda_graphs=use_graphs,
                       seed=seed, kernel_modules=art.kernels, schedule=spec.get("schedule"))
     return runtime, art
+
+
+def runtime_from_plan(plan, target, tokenizer, drafter, *, cost_table: Optional[dict] = None,
+                      max_model_len: Optional[int] = None, seed: int = 0, prefill_chunk: int = 512,
+                      device: Optional[Any] = None) -> "Runtime":
+    """A runtime for ``plan``'s candidate states and schedule over models already loaded — the same
+    lowering (:func:`specc.analyze.lower_plan`) and schedule spec ``specc compile`` writes, without
+    an artifact. Benchmarks that compare many schedules on one target use it; tests of schedules too.
+
+    Args:
+        plan: a resolved ``Plan``. target, tokenizer, drafter: loaded models (drafter None for κ = 0).
+        cost_table: the manifest's ``runtime.schedule.cost_table`` mapping (``verify_ms`` by tokens,
+            ``draft_ms`` by requests, ``capture_limit``) for ``budget``; default: read from
+            ``schedule.cost_table`` when the plan names one.
+    Raises:
+        PlanError: a plan that does not lower. ArtifactError: a state the runtime cannot run.
+    """
+    from specc import programs
+    from specc.analyze import lower_plan
+    from specc.runtime.engine import Runtime
+    from specc.runtime.state import StateSpec
+
+    low = lower_plan(plan)
+    if cost_table is None and plan.schedule.cost_table:
+        from specc.codegen import runtime_section
+
+        cost_table = runtime_section(plan, low.schedule.as_dict(), 0)["schedule"]["cost_table"]
+    schedule = dict(low.schedule.as_dict(), cost_table=cost_table)
+    rates = None
+    if plan.verify.rule == "synthetic":
+        syn = plan.verify.synthetic
+        rates = programs.synthetic_conditional_rates(syn.acceptance_rates, syn.acceptance_length,
+                                                     max(s.num_steps for s in low.states))
+    specs = [StateSpec.from_candidate(s) for s in low.states]
+    return Runtime(target, tokenizer, drafter, specs, max_model_len=max_model_len, seed=seed, schedule=schedule,
+                   synthetic_rates=rates, prefill_chunk=prefill_chunk, device=device)

@@ -87,27 +87,8 @@ def shallow_copy(model: LlamaModel, num_layers: int) -> LlamaModel:
 
 def runtime_for_plan(plan, target, drafter, *, cost_table: Optional[dict] = None, max_model_len: int = 128,
                      seed: int = 0, tokenizer=None, prefill_chunk: int = 512):
-    """A :class:`specc.runtime.engine.Runtime` over in-memory models for ``plan``'s candidate states
-    and schedule, through the same lowering and schedule spec ``specc compile`` writes (no artifact):
-    tests of schedules use the real pipeline, not a hand-made state list.
+    """:func:`specc.runtime.loader.runtime_from_plan` with test defaults (no tokenizer, 128 tokens)."""
+    from specc.runtime.loader import runtime_from_plan
 
-    Args:
-        plan: a ``specc.plan.schema.Plan`` (method, verify, schedule, capture sizes).
-        cost_table: the manifest's ``runtime.schedule.cost_table`` mapping (``verify_ms`` by tokens,
-            ``draft_ms`` by requests, ``capture_limit``) for ``budget``.
-    """
-    from specc import programs
-    from specc.analyze import lower_plan
-    from specc.runtime.engine import Runtime
-    from specc.runtime.state import StateSpec
-
-    low = lower_plan(plan)
-    schedule = dict(low.schedule.as_dict(), cost_table=cost_table)
-    rates = None
-    if plan.verify.rule == "synthetic":
-        syn = plan.verify.synthetic
-        rates = programs.synthetic_conditional_rates(syn.acceptance_rates, syn.acceptance_length,
-                                                     max(s.num_steps for s in low.states))
-    specs = [StateSpec.from_candidate(s) for s in low.states]
-    return Runtime(target, tokenizer, drafter, specs, max_model_len=max_model_len, seed=seed, schedule=schedule,
-                   synthetic_rates=rates, prefill_chunk=prefill_chunk)
+    return runtime_from_plan(plan, target, tokenizer, drafter, cost_table=cost_table, max_model_len=max_model_len,
+                             seed=seed, prefill_chunk=prefill_chunk)
