@@ -70,6 +70,19 @@ def table(parser: argparse.ArgumentParser) -> dict:
     return {"prog": parser.prog, "allow_abbrev": parser.allow_abbrev, "actions": rows}
 
 
+def vllm_speculative_config() -> dict:
+    """The keys ``--speculative-config`` accepts (``SpeculativeConfig`` fields; extra keys are
+    refused, ``vllm/config/utils.py``) and the ``method`` literals (``SpeculativeMethod``)."""
+    import dataclasses
+    import typing
+
+    from vllm.config import speculative as sp
+
+    fields = [f.name for f in dataclasses.fields(sp.SpeculativeConfig) if f.init]
+    methods = sorted(typing.get_args(sp.SpeculativeMethod))
+    return {"speculative_config_fields": fields, "speculative_methods": methods}
+
+
 def build(engine: str):
     if engine == "sglang":
         from sglang.srt.server_args import ServerArgs
@@ -95,6 +108,8 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.source).resolve()))
     data = table(build(args.engine))
+    if args.engine == "vllm":
+        data.update(vllm_speculative_config())
     data = {"engine": args.engine, "version": args.version,
             "generated_by": "tools/engine_flags.py from the engine's own parser", **data}
     OUT.mkdir(parents=True, exist_ok=True)
