@@ -176,7 +176,7 @@ def _loc_text(loc: Tuple[str, int]) -> str:
 
 
 def _counts(results: List[Result]) -> Dict[str, int]:
-    out = {"error": 0, "warning": 0, "fallback": 0, "filled": 0}
+    out = {"error": 0, "warning": 0, "fallback": 0, "filled": 0, "undecided": 0}
     for r in results:
         for v in r.violations:
             out[v.severity] = out.get(v.severity, 0) + 1
@@ -219,8 +219,10 @@ def render_text(results: List[Result], show_resolved: bool) -> str:
         if not r.violations:
             out.append(f"{head}: ok")
         else:
-            c = {s: sum(v.severity == s for v in r.violations) for s in ("error", "warning", "fallback", "filled")}
-            plural = {"error": "errors", "warning": "warnings", "fallback": "fallbacks", "filled": "filled"}
+            c = {s: sum(v.severity == s for v in r.violations)
+                 for s in ("error", "warning", "fallback", "filled", "undecided")}
+            plural = {"error": "errors", "warning": "warnings", "fallback": "fallbacks", "filled": "filled",
+                      "undecided": "undecided"}
             out.append(f"{head}: " + ", ".join(f"{n} {s if n == 1 else plural[s]}" for s, n in c.items() if n))
             for v, loc in zip(r.violations, r.locations):
                 out.append(f"  {_loc_text(loc)}: {v.severity}: [{v.rule}] {v.message}")
@@ -236,6 +238,7 @@ def render_text(results: List[Result], show_resolved: bool) -> str:
 
     out.append(f"checked {n_plans} plan{'s' if n_plans != 1 else ''}: {n('error', 'error')}, "
                f"{n('warning', 'warning')}, {n('fallback', 'fallback')}, {c['filled']} filled"
+               + (f", {c['undecided']} undecided" if c["undecided"] else "")
                + (f", {bad} unusable" if bad else ""))
     return "\n".join(out) + "\n"
 
@@ -269,7 +272,7 @@ def _gh_escape(text: str, prop: bool = False) -> str:
 
 def render_github(results: List[Result], show_resolved: bool) -> str:
     """GitHub workflow commands (``::error file=...,line=...,title=...::message``)."""
-    level = {"error": "error", "warning": "warning", "fallback": "notice", "filled": "notice"}
+    level = {"error": "error", "warning": "warning", "fallback": "notice", "filled": "notice", "undecided": "notice"}
     out: List[str] = []
     for r in results:
         if r.error:
@@ -290,7 +293,7 @@ def render_sarif(results: List[Result], show_resolved: bool) -> str:
     """SARIF 2.1.0 (one run, rules from the violations seen)."""
     from specc import __version__
 
-    level = {"error": "error", "warning": "warning", "fallback": "note", "filled": "note"}
+    level = {"error": "error", "warning": "warning", "fallback": "note", "filled": "note", "undecided": "note"}
     rules: Dict[str, Dict[str, Any]] = {}
     res = []
     for r in results:
