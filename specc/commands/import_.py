@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None, help="write the plan here (default: stdout)")
     parser.add_argument("--name", default=None,
                         help="the plan's name (default: the output file's stem, else 'imported')")
-    parser.add_argument("launch", nargs=argparse.REMAINDER, metavar="COMMAND",
+    parser.add_argument("launch", nargs="*", metavar="COMMAND",
                         help="after `--`: the launch command (or just its flags)")
 
 
