@@ -138,7 +138,7 @@ def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]
                 results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name,
                                       error=str(exc).strip("'\"")))
                 continue
-            resolved, violations = resolve(loaded.plan, prof.version)
+            resolved, violations = resolve(loaded.plan, prof.version, checkpoints=True)
             results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name, engine=prof.version,
                                   violations=violations,
                                   locations=[_location(loaded, [k for k, _ in v.sets] + list(v.keys))
@@ -363,7 +363,7 @@ def check_command(engine: str, words: List[str], pinned: Optional[str]) -> List[
         plan = imported_plan(imp, "command")
     except (CommandError, SpeccError) as exc:
         return [Result(plan_path=label, error=str(exc))]
-    resolved, violations = resolve(plan, prof.version, flags=imp.flags)
+    resolved, violations = resolve(plan, prof.version, flags=imp.flags, checkpoints=True)
     src = f"{prof.version} argparse ({imp.table.prog})"
     argv_errors = [Violation(rule=f"{engine}.argv", severity="error", keys=(), message=e, source=src)
                    for e in imp.errors]

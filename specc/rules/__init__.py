@@ -65,21 +65,24 @@ def profile(engine: str) -> Profile:
     raise KeyError(f"unknown engine {engine!r}; known: {', '.join(known_engines())}")
 
 
-def resolve(plan: Plan, engine: str, flags: Optional[Dict[str, Any]] = None) -> Tuple[Plan, List[Violation]]:
-    """The plan as ``engine`` would run it (every ``filled``/``fallback`` value applied) and every
-    violation: the engine table's, then the checkpoint rules'. ``flags`` are a launch command's
-    engine flags without a plan key (``dest -> value``; None when a plan is checked on its own).
-    ``plan`` itself is not modified. Never raises on a plan; KeyError for an unknown engine."""
-    from specc import checkpoints
-
+def resolve(plan: Plan, engine: str, flags: Optional[Dict[str, Any]] = None,
+            checkpoints: bool = False) -> Tuple[Plan, List[Violation]]:
+    """The plan as ``engine`` would run it (every ``filled``/``fallback`` value applied) and the
+    engine table's violations, then (``checkpoints=True``) the checkpoint rules' of
+    :mod:`specc.checkpoints`. ``flags`` are a launch command's engine flags without a plan key
+    (``dest -> value``; None when a plan is checked on its own). ``plan`` itself is not modified.
+    Never raises on a plan; KeyError for an unknown engine."""
     prof = profile(engine)
-    facts = Facts(plan, flags)
-    work, out = run_profile(prof, plan, facts)
-    _, more = run_profile(checkpoints.PROFILE, work, Facts(work, flags), work=work)
-    return work, out + more
+    work, out = run_profile(prof, plan, Facts(plan, flags))
+    if checkpoints:
+        from specc import checkpoints as ck
+
+        out = out + run_profile(ck.PROFILE, work, Facts(work, flags), work=work)[1]
+    return work, out
 
 
-def check(plan: Plan, engine: str, flags: Optional[Dict[str, Any]] = None) -> List[Violation]:
-    """Every rule of ``engine``'s table (and the checkpoint rules) that applies to ``plan``, in table
-    order. Never raises on a plan; raises KeyError only for an unknown engine name."""
-    return resolve(plan, engine, flags)[1]
+def check(plan: Plan, engine: str, flags: Optional[Dict[str, Any]] = None,
+          checkpoints: bool = True) -> List[Violation]:
+    """Every rule of ``engine``'s table and (by default) the checkpoint rules that apply to ``plan``,
+    in table order. Never raises on a plan; raises KeyError only for an unknown engine name."""
+    return resolve(plan, engine, flags, checkpoints)[1]
