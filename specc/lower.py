@@ -359,8 +359,8 @@ def _bucket_table(plan: Plan, sizes: Sequence[int], alpha: Optional[float],
     s = plan.schedule
     notes: List[str] = []
     kind = s.kind
-    if plan.method.name == "none":
-        return {min(sizes): (0,)}, {min(sizes): "method none: plain decode only"}, notes
+    if not methods.get(plan.method.name).drafts:
+        return {min(sizes): (0,)}, {min(sizes): f"method {plan.method.name}: plain decode only"}, notes
     if kind == "auto":
         if auto_model is None or alpha is None:
             raise PlanError("schedule.kind = auto is lowered with the cost model's inputs; call "
@@ -411,7 +411,7 @@ def start_steps(plan: Plan, buckets: Dict[int, Tuple[int, ...]]) -> int:
 def schedule_spec(plan: Plan, sizes: Sequence[int], buckets: Dict[int, Tuple[int, ...]]) -> ScheduleSpec:
     """The :class:`ScheduleSpec` of a plan whose bucket table lowering has decided."""
     s = plan.schedule
-    kind = s.kind if plan.method.name != "none" else "static"
+    kind = s.kind if methods.get(plan.method.name).drafts else "static"
     rows = []
     for key in sorted(buckets):
         src = s.buckets.get(key) if kind in ("adaptive", "batch_buckets") else None
