@@ -154,6 +154,59 @@ class EagleDrafter(Drafter):
         positions = step.positions.clamp(max=batch.trash_slot)
         self._extend(nxt, self._features(step.target_hidden), positions, slots, acc, active, B)
 
+    # ------------------------------------------------------------------ disaggregation seed
+    @torch.inference_mode()
+    def export_seed(self, row: int, prompt_len: int) -> dict:
+        """The seed a prefill instance ships for row ``row`` after its prefill (SGLang's
+        ``EagleDraftInput``, sglang-0.5.23.md §6): ``draft_k``/``draft_v`` ``[kv_heads, P, head_dim]``
+        (the head's KV over the prompt pairs, positions ``0 .. P-1``), ``hidden`` ``[H]`` (the head's
+        output at the last pair, which the first draft reads), ``last_pos`` ``[1]`` int64 (= P - 1),
+        and the draft's top-1 at that state: ``topk_p`` ``[1]`` fp32, ``topk_index`` ``[1]`` int64
+        (target ids; chain drafting, topk = 1)."""
+        g = self.g_last[row].clone()
+        logits = self.model.draft_logits(g.view(1, 1, -1))[0, 0].float()  # [Vd]
+        p, d = torch.softmax(logits, dim=-1).max(dim=-1)
+        return {"draft_k": self.cache.k[row, :, :prompt_len].clone(),
+                "draft_v": self.cache.v[row, :, :prompt_len].clone(),
+                "hidden": g, "last_pos": self.last_pos[row].view(1).clone(),
+                "topk_p": p.view(1), "topk_index": self.model.draft_to_target(d.view(1))}
+
+    def check_seed(self, seed: dict, prompt_len: int) -> str:
+        """Why ``seed`` cannot seed this head for a ``prompt_len``-token prompt ('' when it can):
+        missing tensors, wrong shapes or dtypes, a position that is not ``P - 1``."""
+        kv, d = self.cache.k.shape[1], self.cache.k.shape[3]
+        want = {"draft_k": ((kv, prompt_len, d), self.cache.k.dtype), "draft_v": ((kv, prompt_len, d), self.cache.v.dtype),
+                "hidden": ((self.g_last.shape[1],), self.g_last.dtype), "last_pos": ((1,), torch.int64),
+                "topk_p": ((1,), torch.float32), "topk_index": ((1,), torch.int64)}
+        for name, (shape, dtype) in want.items():
+            t = seed.get(name)
+            if t is None:
+                return f"EAGLE seed tensor {name!r} is missing"
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                return f"EAGLE seed {name} is {tuple(t.shape)} {t.dtype}, this head needs {shape} {dtype}"
+        extra = sorted(set(seed) - set(want))
+        if extra:
+            return f"unexpected EAGLE seed tensors {extra}"
+        if int(seed["last_pos"][0]) != prompt_len - 1:
+            return f"EAGLE seed position {int(seed['last_pos'][0])} is not the prompt's last ({prompt_len - 1})"
+        return ""
+
+    @torch.inference_mode()
+    def import_seed(self, row: int, seed: dict, prompt_len: int) -> None:
+        """Install a shipped seed (:meth:`export_seed`) into row ``row`` of the decode instance, so its
+        first ``propose`` drafts from it. Raises ValueError when the shipped top-1 is not the head's
+        own top-1 at the shipped hidden state (the seed is inconsistent)."""
+        dev = self.g_last.device
+        self.cache.k[row, :, :prompt_len] = seed["draft_k"].to(dev)
+        self.cache.v[row, :, :prompt_len] = seed["draft_v"].to(dev)
+        self.g_last[row] = seed["hidden"].to(dev)
+        self.last_pos[row] = int(seed["last_pos"][0])
+        logits = self.model.draft_logits(self.g_last[row].view(1, 1, -1))[0, 0]
+        top = self.model.draft_to_target(logits.argmax(dim=-1).view(1))
+        if int(top[0]) != int(seed["topk_index"][0]):
+            raise ValueError(f"EAGLE seed: shipped top-1 {int(seed['topk_index'][0])} is not the head's top-1 "
+                             f"{int(top[0])} at the shipped hidden state")
+
 
 def build_drafter(spec: Any, target: Any, tokenizer: Any = None, device: Any = "cpu",
                   max_seq_len: Optional[int] = None) -> EagleDrafter:

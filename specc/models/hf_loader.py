@@ -92,3 +92,24 @@ def build_model(config: LlamaConfig, hf_state: Dict[str, torch.Tensor], source: 
     if torch.device(device).type == "cpu" and dtype == torch.float32:
         model.use_cpu_fast()
     return model
+
+
+def to_transformers(model: LlamaModel):
+    """Our ``LlamaModel`` as a transformers ``LlamaForCausalLM`` with the same fp32 weights (the
+    inverse of :func:`build_model`, through ``LlamaModel.hf_state_dict``): the reference that LoRA
+    adapters are trained on and checked against with ``peft``. Raises ``CheckpointError`` when
+    transformers' model does not take exactly our tensors."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in model.config.to_hf_dict().items()
+                                      if k not in ("architectures", "model_type", "torch_dtype")})
+    hf = transformers.LlamaForCausalLM(cfg)
+    state = {k: v.detach().clone().float() for k, v in model.hf_state_dict().items()}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "lm_head.weight" or not cfg.tie_word_embeddings]
+    if missing or unexpected:
+        raise CheckpointError(f"transformers' LlamaForCausalLM does not take this model's tensors "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if cfg.tie_word_embeddings:
+        hf.tie_weights()
+    return hf.eval()

@@ -7,7 +7,7 @@ the scheduler branches on (``seq_lens``, ``active``) are kept in Python lists to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -28,6 +28,11 @@ class RowState:
     stop_text: Optional[str] = None  # output text cut before a stop string
     start_time: float = 0.0          # admission (perf_counter seconds)
     first_token_time: float = 0.0    # when its first token was emitted
+    num_reported: int = 0            # generated tokens already handed out in token events
+    error: str = ""                  # why the request failed (finish_reason "error")
+    prefill_only: bool = False       # disaggregated prefill: export the seed after prefill, then finish
+    prefilled: Any = None            # a disaggregated prefill's payload to install at admission
+    payload: Any = None              # the payload a prefill-only row exported
 
 
 class DecodeBatch:

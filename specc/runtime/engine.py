@@ -20,12 +20,19 @@ Rows are the runtime's batch slots: a request keeps its row from admission to fi
 admits at most ``max(bucket)`` requests at a time and refills freed rows from the queue (continuous
 batching; a refill prefill runs over the rows in use with every other row's writes sent to the trash
 slot).
+
+Two front ends share one loop: the incremental API (``reset`` → ``submit`` … → ``step`` → token
+events, ``cancel``), which a server drives from its engine thread while requests arrive and leave,
+and ``generate``, a batch call on top of it. An iteration of the loop admits queued requests into
+free rows and prefills them (or installs a disaggregated prefill's payload), else runs one decode
+step; then it reports each request's new tokens and finishes the ones that ended.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -40,6 +47,39 @@ from specc.runtime.schedule import Schedule, make_schedule
 from specc.runtime.state import SpecRuntimeState, StateContext, StateSpec, build_state
 
 StateBuilder = Callable[[StateContext], SpecRuntimeState]
+
+
+@dataclass
+class TokenEvent:
+    """What one :meth:`Runtime.step` did for one request.
+
+    Attributes:
+        handle: the request's handle (:meth:`Runtime.submit`).
+        token_ids: tokens emitted to it since its previous event (accepted drafts and bonus, cut at
+            EOS / stop / limits); may be empty in its last event.
+        output: the finished request (its last event), else None.
+        counters: the request's running speculation counters (vLLM's names).
+        payload: a prefill-only request's exported disaggregation payload
+            (:class:`specc.runtime.disagg.Prefilled`), else None.
+    """
+
+    handle: int
+    token_ids: List[int]
+    output: Optional[RequestOutput] = None
+    counters: Optional[RequestCounters] = None
+    payload: Any = None
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None
+
+
+@dataclass
+class _Queued:
+    handle: int
+    request: Request
+    prefilled: Any = None
+    prefill_only: bool = False
 
 
 class Runtime:
@@ -122,6 +162,14 @@ class Runtime:
         self._stale_conf = torch.ones(self.max_rows, k_max, dtype=torch.float32, device=self.device)
         self._active_key: Optional[Tuple[int, int]] = None
         self.metrics = self.new_metrics()
+        self.lora = None  # specc.runtime.lora.LoraSet once adapters are attached (attach_lora)
+        self.batch: Optional[DecodeBatch] = None
+
+    def attach_lora(self, lora) -> None:
+        """Serve LoRA adapters (:class:`specc.runtime.lora.LoraSet`, already hooked into the target):
+        requests name theirs in ``Request.adapter``; admission keeps at most
+        ``lora.max_loras_per_batch`` distinct adapters among the live rows."""
+        self.lora = lora
 
     def new_metrics(self) -> SpecMetrics:
         """Empty run metrics whose ``num_accepted_tokens_per_pos`` has one zero per draft position
@@ -153,7 +201,8 @@ class Runtime:
     @torch.inference_mode()
     def generate(self, requests: Sequence[Request], batch_size: Optional[int] = None,
                  on_finish: Optional[Callable[[RequestOutput], None]] = None) -> List[RequestOutput]:
-        """Decode every request; returns outputs in the order of ``requests``.
+        """Decode every request; returns outputs in the order of ``requests``. A batch front end over
+        the incremental API (:meth:`reset`, :meth:`submit`, :meth:`step`).
 
         Args:
             requests: prompts (token ids) with their sampling parameters.
@@ -165,51 +214,290 @@ class Runtime:
         """
         check_prompts(requests, self.max_model_len, self.vocab_size)
         for i, r in enumerate(requests):
-            if r.params.temperature > 0 and any(s.spec.verify_rule == "greedy" and s.spec.num_steps > 0
-                                                for s in self.states):
-                raise PromptError(
-                    f"prompt {r.request_id or i}: temperature {r.params.temperature} needs the standard verify "
-                    f"rule, but this artifact verifies greedily (verify.rule=greedy); pass temperature 0 or "
-                    f"compile the plan with verify.rule=standard")
-        if batch_size is not None and int(batch_size) < 1:
-            raise PromptError(f"batch size must be >= 1 (None = the largest bucket), got {batch_size}")
-        limit = min(int(batch_size or self.max_rows), self.max_rows)  # the CLI refuses more than the cap
-        batch = DecodeBatch(self.max_rows, self.cache_len, self.device)
-        self.batch = batch
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(self.seed)
-        queue = deque(enumerate(requests))
+            self._check_rule(r, i)
+        self.reset(batch_size)
+        for i, r in enumerate(requests):
+            self.submit(r, handle=i, checked=True)
         outputs: List[Optional[RequestOutput]] = [None] * len(requests)
         t_start = time.perf_counter()
-        while queue or batch.live_rows():
-            free = [r for r in batch.free_rows() if r < limit]
-            new_rows, new_states = [], []
-            while free and queue:
-                idx, req = queue.popleft()
-                gen = None
-                if req.params.seed is not None:
-                    gen = torch.Generator(device=self.device)
-                    gen.manual_seed(int(req.params.seed))
-                new_rows.append(free.pop(0))
-                new_states.append(RowState(index=idx, request=req, generator=gen, start_time=time.perf_counter(),
-                                           counters=RequestCounters.for_steps(self.k_max)))
-            batch.assign_many(new_rows, new_states, [list(s.request.prompt_ids) for s in new_states])
-            if new_rows:
-                self._stale_conf[new_rows] = 1.0  # vLLM: a new request starts with confidence 1.0
-                with self.metrics.stage("prefill"):
-                    self._prefill(batch, new_rows)
-            else:
-                self._step(batch)
-            for row in batch.live_rows():
-                st = batch.rows[row]
-                if st.finish_reason is not None:
-                    out = self._finish(st)
-                    outputs[st.index] = out
-                    batch.release(row)
+        while self.has_work():
+            for ev in self.step():
+                if ev.output is not None:
+                    outputs[ev.handle] = ev.output
                     if on_finish is not None:
-                        on_finish(out)
+                        on_finish(ev.output)
         self.metrics.wall_time_s += time.perf_counter() - t_start
         return outputs  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ incremental API
+    def check_request(self, request: Request, index: int = 0) -> None:
+        """Validate one request as :meth:`generate` does (prompt length and ids, sampling
+        parameters, the verify rule's sampling support, a known LoRA adapter).
+
+        Raises:
+            PromptError: naming the request (``request_id`` or ``index``) and the bad field.
+        """
+        check_prompts([request], self.max_model_len, self.vocab_size)
+        self._check_rule(request, index)
+
+    def _check_rule(self, r: Request, i: int) -> None:
+        if r.params.temperature > 0 and any(s.spec.verify_rule == "greedy" and s.spec.num_steps > 0
+                                            for s in self.states):
+            raise PromptError(
+                f"prompt {r.request_id or i}: temperature {r.params.temperature} needs the standard verify "
+                f"rule, but this artifact verifies greedily (verify.rule=greedy); pass temperature 0 or "
+                f"compile the plan with verify.rule=standard")
+        if r.adapter is not None and (self.lora is None or r.adapter not in self.lora.names):
+            known = ", ".join(self.lora.names) if self.lora is not None else "none loaded"
+            raise PromptError(f"prompt {r.request_id or i}: LoRA adapter {r.adapter!r} is not loaded ({known}); "
+                              f"list it in deploy.lora.adapters")
+
+    def reset(self, batch_size: Optional[int] = None, isolate_failures: bool = False) -> None:
+        """Start a new decoding session: an empty batch and queue, the shared generator re-seeded.
+
+        Args:
+            batch_size: live requests at most (default and cap: the largest bucket).
+            isolate_failures: when a prefill or decode step raises, find the request(s) it fails
+                for by re-running the step per request, finish those alone with ``finish_reason
+                "error"`` and keep decoding the others (a server); False re-raises (``generate``).
+        Raises:
+            PromptError: ``batch_size < 1``.
+        """
+        if batch_size is not None and int(batch_size) < 1:
+            raise PromptError(f"batch size must be >= 1 (None = the largest bucket), got {batch_size}")
+        self._limit = min(int(batch_size or self.max_rows), self.max_rows)  # the CLI refuses more than the cap
+        self.batch = DecodeBatch(self.max_rows, self.cache_len, self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(self.seed)
+        self._queue: Deque[_Queued] = deque()
+        self._next_handle = 0
+        self.isolate_failures = bool(isolate_failures)
+
+    def submit(self, request: Request, handle: Optional[int] = None, *, prefilled: Any = None,
+               prefill_only: bool = False, checked: bool = False) -> int:
+        """Queue a request; it is admitted into a free row by a later :meth:`step` (FIFO, within the
+        LoRA adapter limit). Starts a session (:meth:`reset`) when none is open.
+
+        Args:
+            request: the prompt and its sampling parameters.
+            handle: the request's id in token events (default: the next free integer).
+            prefilled: a disaggregated prefill's payload (:class:`specc.runtime.disagg.Prefilled`):
+                admission installs its KV and seed instead of running the prompt.
+            prefill_only: run the prompt only and finish with ``finish_reason "prefilled"``, the
+                event carrying the exported payload (the prefill role of disaggregation).
+            checked: the request was validated already (:meth:`check_request`).
+        Returns: the handle.
+        Raises:
+            PromptError: the request is invalid (see :meth:`check_request`).
+        """
+        if not checked:
+            self.check_request(request, self._next_handle if getattr(self, "batch", None) is not None else 0)
+        if getattr(self, "batch", None) is None:
+            self.reset()
+        h = self._next_handle if handle is None else int(handle)
+        self._next_handle = max(self._next_handle, h + 1)
+        self._queue.append(_Queued(h, request, prefilled, prefill_only))
+        return h
+
+    def has_work(self) -> bool:
+        """Requests are queued or decoding."""
+        return getattr(self, "batch", None) is not None and bool(self._queue or self.batch.live_rows())
+
+    @property
+    def num_waiting(self) -> int:
+        """Queued requests not yet admitted."""
+        return len(self._queue) if getattr(self, "batch", None) is not None else 0
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding a row."""
+        return len(self.batch.live_rows()) if getattr(self, "batch", None) is not None else 0
+
+    @property
+    def active_state(self) -> Optional[SpecRuntimeState]:
+        """The state the last decode step ran (None before the first)."""
+        return self.by_key.get(self._active_key) if self._active_key is not None else None
+
+    def cancel(self, handle: int) -> Optional[RequestOutput]:
+        """Drop a queued request or free the row of a decoding one (a client went away). Returns its
+        output with ``finish_reason "abort"`` (tokens emitted so far), or None for an unknown or
+        already finished handle. Call between steps (the engine loop's thread)."""
+        if getattr(self, "batch", None) is None:
+            return None
+        for item in list(self._queue):
+            if item.handle == handle:
+                self._queue.remove(item)
+                return RequestOutput(request=item.request, token_ids=[], text="", finish_reason="abort",
+                                     counters=RequestCounters.for_steps(self.k_max))
+        for row in self.batch.live_rows():
+            st = self.batch.rows[row]
+            if st.index == handle:
+                st.finish_reason = st.finish_reason or "abort"
+                out = self._finish(st)
+                self.batch.release(row)
+                return out
+        return None
+
+    @torch.inference_mode()
+    def step(self) -> List[TokenEvent]:
+        """One iteration of the decode loop: admit queued requests into free rows and prefill them
+        (or install their disaggregated payloads), else run one decode step over the live rows; then
+        report, per request that advanced, its new tokens, and finish the requests that ended.
+
+        Returns: :class:`TokenEvent` per request with new tokens or finished, in row order.
+        Raises: whatever a prefill or decode step raises, unless the session isolates failures
+            (:meth:`reset`).
+        """
+        batch = self.batch
+        new_rows = self._admit_queued(batch)
+        if new_rows:
+            self._stale_conf[new_rows] = 1.0  # vLLM: a new request starts with confidence 1.0
+            with self.metrics.stage("prefill"):
+                self._prefill_new(batch, new_rows)
+        elif batch.live_rows():
+            self._decode_step(batch)
+        return self._collect(batch)
+
+    # ------------------------------------------------------------------ loop control flow
+    def _admit_queued(self, batch: DecodeBatch) -> List[int]:
+        """Move queued requests into free rows (below the session's batch limit), FIFO; with LoRA, a
+        request whose adapter would exceed ``max_loras_per_batch`` distinct adapters among the live
+        rows waits and later ones that fit go first (SGLang's LoRA-aware admission)."""
+        free = [r for r in batch.free_rows() if r < self._limit]
+        new_rows, new_states, prompts = [], [], []
+        adapters = None
+        if self.lora is not None:
+            adapters = {batch.rows[r].request.adapter for r in batch.live_rows()} - {None}
+        skipped: List[_Queued] = []
+        while free and self._queue:
+            item = self._queue.popleft()
+            req = item.request
+            if adapters is not None and req.adapter is not None and req.adapter not in adapters:
+                if len(adapters) >= self.lora.max_loras_per_batch:
+                    skipped.append(item)
+                    continue
+                adapters.add(req.adapter)
+            gen = None
+            if req.params.seed is not None:
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(int(req.params.seed))
+            row = free.pop(0)
+            new_rows.append(row)
+            st = RowState(index=item.handle, request=req, generator=gen, start_time=time.perf_counter(),
+                          counters=RequestCounters.for_steps(self.k_max), prefill_only=item.prefill_only,
+                          prefilled=item.prefilled)
+            new_states.append(st)
+            prompts.append(list(req.prompt_ids))
+            if self.lora is not None:
+                self.lora.assign_row(row, req.adapter)
+        self._queue.extendleft(reversed(skipped))
+        batch.assign_many(new_rows, new_states, prompts)
+        return new_rows
+
+    def _prefill_new(self, batch: DecodeBatch, new_rows: List[int]) -> None:
+        """Prefill the new rows (one chunked forward over all of them), or install the ones that
+        arrived with a disaggregated payload; then export the seed of prefill-only rows."""
+        from specc.runtime import disagg
+
+        local = [r for r in new_rows if batch.rows[r].prefilled is None]
+        remote = [r for r in new_rows if r not in local]
+        if local:
+            try:
+                self._prefill(batch, local)
+            except Exception:
+                if not self.isolate_failures:
+                    raise
+                for r in local:  # one at a time from a clean row: a failing prompt fails alone
+                    self._restart_row(batch, r)
+                    self._guard(batch.rows[r], lambda r=r: self._prefill(batch, [r]))
+        for r in remote:
+            st = batch.rows[r]
+            payload, st.prefilled = st.prefilled, None
+            if self.isolate_failures:
+                self._guard(st, lambda: disagg.install(self, batch, r, payload))
+            else:
+                disagg.install(self, batch, r, payload)
+        for r in local:
+            st = batch.rows[r]
+            if st.prefill_only and st.finish_reason != "error":
+                st.payload = disagg.export(self, batch, r)
+                st.finish_reason = "prefilled"
+
+    def _restart_row(self, batch: DecodeBatch, row: int) -> None:
+        """Put a row back to its just-admitted state (prompt only, no output, fresh seeded generator)."""
+        st = batch.rows[row]
+        st.generated.clear()
+        st.finish_reason, st.stop_text, st.first_token_time = None, None, 0.0
+        if st.request.params.seed is not None:
+            st.generator = torch.Generator(device=self.device)
+            st.generator.manual_seed(int(st.request.params.seed))
+        batch.assign_many([row], [st], [list(st.request.prompt_ids)])
+
+    def _guard(self, st: RowState, fn: Callable[[], Any]) -> bool:
+        """Run ``fn``; on an exception finish ``st`` with ``finish_reason "error"`` (its message kept).
+        Returns whether ``fn`` succeeded."""
+        try:
+            fn()
+            return True
+        except Exception as exc:  # one request's failure must not end the others
+            st.finish_reason = "error"
+            st.error = f"{type(exc).__name__}: {exc}"
+            return False
+
+    def _decode_step(self, batch: DecodeBatch) -> None:
+        """One decode step (:meth:`_step`) over the live rows. When it raises and the session isolates
+        failures, the rows' emitted-but-unappended tokens are rolled back and the step is re-run for
+        each live request alone (the others parked), so only the request(s) it fails for finish
+        with ``"error"``. KV is written by position, so a failed step leaves nothing to undo."""
+        live = [r for r in batch.live_rows() if batch.rows[r].finish_reason is None]
+        marks = {r: (len(batch.rows[r].generated), batch.host_seq_lens[r], batch.rows[r].finish_reason,
+                     batch.rows[r].stop_text) for r in live}
+        try:
+            self._step(batch)
+            return
+        except Exception:
+            if not self.isolate_failures:
+                raise
+        for r, (n, seq, reason, stop) in marks.items():  # tokens emitted but not appended: undo
+            st = batch.rows[r]
+            if batch.host_seq_lens[r] == seq and len(st.generated) > n:
+                del st.generated[n:]
+                st.finish_reason, st.stop_text = reason, stop
+        for r in live:
+            st = batch.rows[r]
+            if st.finish_reason is not None:
+                continue
+            parked = {x: batch.rows[x] for x in batch.live_rows() if x != r}
+            for x in parked:
+                batch.rows[x] = None
+                batch.active[x] = False
+            n, seq = len(st.generated), batch.host_seq_lens[r]
+            try:
+                ok = self._guard(st, lambda: self._step(batch))
+                if not ok and batch.host_seq_lens[r] == seq:
+                    del st.generated[n:]
+            finally:
+                for x, other in parked.items():
+                    batch.rows[x] = other
+                    batch.active[x] = True
+
+    def _collect(self, batch: DecodeBatch) -> List[TokenEvent]:
+        """Token events of the rows that advanced; finished rows are released (in row order)."""
+        events: List[TokenEvent] = []
+        for row in batch.live_rows():
+            st = batch.rows[row]
+            new = st.generated[st.num_reported:]
+            st.num_reported = len(st.generated)
+            if st.finish_reason is not None:
+                out = self._finish(st)
+                payload, st.payload = st.payload, None
+                batch.release(row)
+                if self.lora is not None:
+                    self.lora.assign_row(row, None)
+                events.append(TokenEvent(st.index, list(new), out, st.counters, payload))
+            elif new:
+                events.append(TokenEvent(st.index, list(new), None, st.counters))
+        return events
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self, batch: DecodeBatch, new_rows: List[int]) -> None:
@@ -461,4 +749,4 @@ class Runtime:
         self.metrics.add_request(st.counters, len(st.request.prompt_ids), len(ids))
         return RequestOutput(request=st.request, token_ids=ids, text=text, finish_reason=st.finish_reason or "",
                              counters=st.counters, time_s=time.perf_counter() - st.start_time,
-                             ttft_s=(st.first_token_time or st.start_time) - st.start_time)
+                             ttft_s=(st.first_token_time or st.start_time) - st.start_time, error=st.error)

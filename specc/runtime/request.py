@@ -47,12 +47,15 @@ class SamplingParams:
 
 @dataclass
 class Request:
-    """One prompt to continue. ``prompt_ids`` are token ids (chat template already applied)."""
+    """One prompt to continue. ``prompt_ids`` are token ids (chat template already applied).
+    ``adapter``: the LoRA adapter the target applies to this request's rows (None: the base model;
+    :mod:`specc.runtime.lora`)."""
 
     prompt_ids: List[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     prompt: str = ""
     request_id: str = ""
+    adapter: Optional[str] = None
 
 
 @dataclass
@@ -114,7 +117,9 @@ class RequestOutput:
 
     token_ids: generated ids (EOS included when it ended the request; stop-string tokens kept).
     text: decoded output, EOS dropped and cut before a stop string.
-    finish_reason: ``"eos"``, ``"stop"``, ``"length"`` (max_new_tokens) or ``"max_model_len"``.
+    finish_reason: ``"eos"``, ``"stop"``, ``"length"`` (max_new_tokens) or ``"max_model_len"``;
+        with the incremental API also ``"abort"`` (cancelled), ``"error"`` (an internal failure of this
+        request alone, described by ``error``) and ``"prefilled"`` (a disaggregated prefill's export).
     time_s: seconds from admission to finish; ttft_s: seconds from admission to the first token
         (prefill included). Time per output token = (time_s - ttft_s) / (len(token_ids) - 1).
     """
@@ -126,6 +131,7 @@ class RequestOutput:
     counters: RequestCounters
     time_s: float = 0.0
     ttft_s: float = 0.0
+    error: str = ""
 
     @property
     def tpot_s(self) -> float:
