@@ -163,6 +163,7 @@ class Runtime:
         self._active_key: Optional[Tuple[int, int]] = None
         self.metrics = self.new_metrics()
         self.lora = None  # specc.runtime.lora.LoraSet once adapters are attached (attach_lora)
+        self.plan_hash: Optional[str] = None  # the manifest runtime section's hash (disaggregation checks)
         self.batch: Optional[DecodeBatch] = None
 
     def attach_lora(self, lora) -> None:

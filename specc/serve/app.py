@@ -1,0 +1,364 @@
+"""The FastAPI application of ``specc serve``: OpenAI's completions and chat completions (streaming
+over server-sent events, or one JSON body), ``/v1/models``, ``/health``, ``/metrics``, and the
+prefill endpoint of disaggregated serving.
+
+Status codes: 400 for a bad request (unknown field, out-of-range value, a prompt longer than
+``max_model_len``, a sampling parameter the plan's verify rule cannot honour exactly), 404 for an
+unknown model name, 429 when the engine's queue is full, 500 for an internal failure of that request
+alone, 502 when the decode role cannot get or install its prefill, 503 while the engine is down.
+Every error body is OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Dict, List, Optional
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from specc.errors import PromptError
+from specc.runtime.request import Request, SamplingParams
+from specc.serve.protocol import (FINISH_REASONS, ApiError, ChatCompletionRequest, CompletionRequest, error_body,
+                                  validation_error_to_api)
+from specc.serve.textstream import TextStream
+
+ROLES = ("none", "prefill", "decode")
+
+
+@dataclass
+class ServerState:
+    """Everything the handlers use.
+
+    Attributes:
+        runtime: the ``Runtime`` (read-only from handlers: tokenizer, limits, checks).
+        loop: the ``EngineLoop``. metrics: ``ServeMetrics``.
+        model_name: the served base model name; adapters: LoRA adapter names (also model names).
+        role: ``none`` | ``prefill`` | ``decode``. prefill: the decode role's ``PrefillClient``.
+        greedy_only: the plan verifies greedily (then temperature > 0 is refused, and an omitted
+            temperature means 0; otherwise it means OpenAI's default, 1).
+        info: facts for ``/v1/models`` and logs (artifact, plan hash, states).
+    """
+
+    runtime: Any
+    loop: Any
+    metrics: Any
+    model_name: str
+    adapters: List[str] = field(default_factory=list)
+    role: str = "none"
+    prefill: Any = None
+    greedy_only: bool = False
+    info: Dict[str, Any] = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _json_error(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """The application over ``state`` (its engine loop starts and stops with the app's lifespan)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.loop.start()
+        if state.prefill is not None:
+            await state.prefill.start()
+        try:
+            yield
+        finally:
+            if state.prefill is not None:
+                await state.prefill.close()
+            state.loop.stop()
+
+    app = FastAPI(title="specc serve", lifespan=lifespan)
+    app.state.specc = state
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        state.metrics.rejected.labels(reason="invalid").inc()
+        return _json_error(validation_error_to_api(list(exc.errors())))
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        if exc.status in (400, 404):
+            state.metrics.rejected.labels(reason="invalid").inc()
+        return _json_error(exc)
+
+    @app.get("/health")
+    async def health():
+        if not state.loop.alive:
+            return JSONResponse(error_body("the engine loop is not running", "server_error"), status_code=503)
+        return {"status": "ok", "role": state.role, "running": state.runtime.num_running,
+                "waiting": state.runtime.num_waiting}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        base = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specc",
+                "root": state.model_name, "parent": None, "max_model_len": state.runtime.max_model_len}
+        data = [base] + [{"id": a, "object": "model", "created": state.created, "owned_by": "specc", "root": a,
+                          "parent": state.model_name, "max_model_len": state.runtime.max_model_len}
+                         for a in state.adapters]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: HttpRequest):
+        _serving_role(state)
+        body.refuse_unsupported()
+        adapter = _adapter(state, body.model)
+        prompt_ids = _completion_prompt(state, body)
+        req = _request(state, body, prompt_ids, adapter, "prompt")
+        return await _run(state, http, body, req, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, http: HttpRequest):
+        _serving_role(state)
+        body.refuse_unsupported()
+        adapter = _adapter(state, body.model)
+        tok = state.runtime.tokenizer
+        try:
+            prompt_ids = tok.apply_chat_template(body.chat())
+        except PromptError as exc:
+            raise ApiError(400, str(exc), "messages") from None
+        except Exception as exc:  # the template itself refused the conversation (e.g. role order)
+            raise ApiError(400, f"the chat template rejects these messages ({type(exc).__name__}: {exc})",
+                           "messages") from None
+        req = _request(state, body, prompt_ids, adapter, "messages")
+        return await _run(state, http, body, req, chat=True)
+
+    if state.role == "prefill":
+        from specc.serve.disagg_client import add_prefill_route
+
+        add_prefill_route(app, state)
+    return app
+
+
+# ------------------------------------------------------------------------------------ request building
+def _serving_role(state: ServerState) -> None:
+    if state.role == "prefill":
+        raise ApiError(400, "this is a prefill instance (--role prefill); send completions to the decode "
+                            "instance", None, code="wrong_role")
+
+
+def _adapter(state: ServerState, model: str) -> Optional[str]:
+    if model == state.model_name:
+        return None
+    if model in state.adapters:
+        return model
+    known = ", ".join([state.model_name] + list(state.adapters))
+    raise ApiError(404, f"the model {model!r} does not exist; this server serves {known}", "model",
+                   type="not_found_error", code="model_not_found")
+
+
+def _completion_prompt(state: ServerState, body: CompletionRequest) -> List[int]:
+    p = body.prompt
+    if isinstance(p, list) and p and isinstance(p[0], (list, str)):
+        if len(p) != 1:
+            raise ApiError(400, f"{len(p)} prompts in one request: send one prompt per request", "prompt")
+        p = p[0]
+    if isinstance(p, str):
+        if not p:
+            raise ApiError(400, "prompt is empty", "prompt")
+        return state.runtime.tokenizer.encode(p)
+    if not p:
+        raise ApiError(400, "prompt is empty", "prompt")
+    return [int(t) for t in p]
+
+
+def _request(state: ServerState, body, prompt_ids: List[int], adapter: Optional[str], prompt_field: str) -> Request:
+    rt = state.runtime
+    n = len(prompt_ids)
+    if n == 0:
+        raise ApiError(400, f"{prompt_field} encodes to no tokens", prompt_field)
+    if n >= rt.max_model_len:
+        raise ApiError(400, f"{prompt_field} has {n} tokens, max_model_len is {rt.max_model_len}: no room to "
+                            f"generate; shorten it", prompt_field, code="context_length_exceeded")
+    bad = [t for t in prompt_ids if not 0 <= t < rt.vocab_size]
+    if bad:
+        raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary [0, {rt.vocab_size})", prompt_field)
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    field_name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+    room = rt.max_model_len - n
+    if max_tokens is None:
+        max_tokens = room
+    elif max_tokens > room:
+        raise ApiError(400, f"{field_name}={max_tokens} plus the {n} prompt tokens exceeds max_model_len="
+                            f"{rt.max_model_len}; ask for at most {room}", field_name, code="context_length_exceeded")
+    temperature = body.temperature
+    if temperature is None:
+        temperature = 0.0 if state.greedy_only else 1.0
+    if temperature > 0 and state.greedy_only:
+        raise ApiError(400, f"temperature={temperature}: this plan verifies greedily (verify.rule=greedy), which "
+                            f"reproduces temperature 0 only; pass temperature 0 or serve a plan compiled with "
+                            f"verify.rule=standard", "temperature")
+    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+    params = SamplingParams(max_new_tokens=int(max_tokens), temperature=float(temperature),
+                            top_p=float(body.top_p) if body.top_p is not None else 1.0, top_k=int(top_k),
+                            seed=body.seed, stop=tuple(body.stop_list()))
+    req = Request(prompt_ids=list(prompt_ids), params=params, adapter=adapter,
+                  request_id=f"{'chatcmpl' if prompt_field == 'messages' else 'cmpl'}-{uuid.uuid4().hex[:24]}")
+    try:
+        rt.check_request(req)
+    except PromptError as exc:
+        raise ApiError(400, str(exc), None) from None
+    return req
+
+
+# ------------------------------------------------------------------------------------ running a request
+async def _run(state: ServerState, http: HttpRequest, body, req: Request, chat: bool):
+    t_arrival = time.perf_counter()
+    if state.loop.full():
+        state.metrics.rejected.labels(reason="queue_full").inc()
+        raise ApiError(429, f"the server's queue is full ({state.loop.capacity} requests in flight); retry later",
+                       None, type="rate_limit_error", code="queue_full")
+    prefilled = None
+    if state.role == "decode":
+        prefilled = await state.prefill.fetch(req)
+    handle, events = state.loop.submit(req, prefilled=prefilled)
+    model = req.adapter or state.model_name
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_stream(state, handle, events, req, model, chat, include_usage, t_arrival),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    out, first = await _wait(state, http, handle, events)
+    if out is None:  # the client went away: nothing to answer
+        return Response(status_code=499)
+    _observe_latency(state, model, t_arrival, first, out)
+    if out.finish_reason == "error":
+        raise ApiError(500, f"this request failed inside the engine ({out.error}); other requests are unaffected",
+                       None, type="server_error", code="internal_error")
+    text = out.text
+    reason = FINISH_REASONS.get(out.finish_reason, out.finish_reason)
+    usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": len(out.token_ids),
+             "total_tokens": len(req.prompt_ids) + len(out.token_ids)}
+    spec = dict(out.counters.as_dict())
+    created = int(time.time())
+    if chat:
+        return {"id": req.request_id, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                             "finish_reason": reason}], "usage": usage, "spec_decode": spec}
+    return {"id": req.request_id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+            "usage": usage, "spec_decode": spec}
+
+
+async def _wait(state: ServerState, http: HttpRequest, handle: int, events: "asyncio.Queue"):
+    """The final output of a non-streamed request, or None when the client disconnected first (its
+    row is then freed). Also returns the time of its first token."""
+    first = None
+
+    async def result():
+        nonlocal first
+        while True:
+            ev = await events.get()
+            if ev.token_ids and first is None:
+                first = time.perf_counter()
+            if ev.output is not None:
+                return ev.output
+
+    async def disconnected():
+        while True:
+            msg = await http.receive()
+            if msg.get("type") == "http.disconnect":
+                return None
+
+    waiter = asyncio.ensure_future(result())
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        waiter.cancel()
+        watcher.cancel()
+        state.loop.cancel(handle)
+        raise
+    watcher.cancel()
+    if waiter in done:
+        return waiter.result(), first
+    waiter.cancel()
+    state.loop.cancel(handle)
+    return None, first
+
+
+def _observe_latency(state: ServerState, model: str, t_arrival: float, first: Optional[float], out) -> None:
+    now = time.perf_counter()
+    m = state.metrics
+    if first is not None:
+        m.ttft.labels(model_name=model).observe(first - t_arrival)
+        n = len(out.token_ids)
+        if n > 1:
+            m.tpot.labels(model_name=model).observe((now - first) / (n - 1))
+    m.e2e.labels(model_name=model).observe(now - t_arrival)
+
+
+def _sse(obj: Dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _stream(state: ServerState, handle: int, events: "asyncio.Queue", req: Request, model: str, chat: bool,
+                  include_usage: bool, t_arrival: float) -> AsyncIterator[str]:
+    """Server-sent events of one request: a chunk per step with new text, a last chunk with the
+    finish reason, an optional usage chunk, then ``[DONE]``. Cancelled (client gone): frees the row."""
+    rt = state.runtime
+    text = TextStream(rt.tokenizer, rt.eos_token_ids, req.params.stop)
+    created = int(time.time())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    finished = False
+    first = None
+
+    def chunk(delta: Optional[str], reason: Optional[str], role: bool = False) -> Dict[str, Any]:
+        if chat:
+            d: Dict[str, Any] = {}
+            if role:
+                d["role"] = "assistant"
+            if delta is not None:
+                d["content"] = delta
+            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+        return {"id": req.request_id, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+    try:
+        if chat:
+            yield _sse(chunk("", None, role=True))
+        while True:
+            ev = await events.get()
+            if ev.token_ids and first is None:
+                first = time.perf_counter()
+            if ev.output is None:
+                delta = text.push(ev.token_ids)
+                if delta:
+                    yield _sse(chunk(delta, None))
+                continue
+            finished = True
+            out = ev.output
+            _observe_latency(state, model, t_arrival, first, out)
+            if out.finish_reason == "error":
+                yield _sse(error_body(f"this request failed inside the engine ({out.error}); other requests are "
+                                      f"unaffected", "server_error", None, "internal_error"))
+                yield "data: [DONE]\n\n"
+                return
+            text.push(ev.token_ids)
+            rest = text.finish(out.text)
+            reason = FINISH_REASONS.get(out.finish_reason, out.finish_reason)
+            if rest:
+                yield _sse(chunk(rest, None))
+            yield _sse(chunk(None if chat else "", reason))
+            if include_usage:
+                n = len(out.token_ids)
+                yield _sse({"id": req.request_id, "object": obj, "created": created, "model": model, "choices": [],
+                            "usage": {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n,
+                                      "total_tokens": len(req.prompt_ids) + n}})
+            yield "data: [DONE]\n\n"
+            return
+    finally:
+        if not finished:  # the client disconnected (or the response was cancelled): free the row
+            state.loop.cancel(handle)
