@@ -434,8 +434,10 @@ def gather(plan: Plan) -> CompileInputs:
 
 def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dict[str, Any]:
     """The manifest's ``runtime`` section: everything the runtime reads (it never reads ``plan.yaml``):
-    target and draft checkpoints, the method's drafter options, the verify rule (with the synthetic
-    rule's conditional rates), device settings, and the schedule (:class:`specc.lower.ScheduleSpec`
+    target and draft checkpoints, the method's drafter options (``method.plugin`` for a custom
+    drafter), the verify rule (with the synthetic rule's conditional rates), device settings, the
+    serving settings (``deploy``: LoRA adapters, the disaggregation role; only when the plan sets
+    them), and the schedule (:class:`specc.lower.ScheduleSpec`
     plus the profiled cost table of ``schedule.cost_table``, embedded, and the budget's confidence
     source from the method table).
 
@@ -470,6 +472,16 @@ def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dic
         "schedule": dict(schedule, cost_table=table,
                          confidence=info.runtime.confidence if info.runtime is not None else ""),
     }
+    if m.plugin:
+        section["method"]["plugin"] = m.plugin
+    deploy = {}
+    if plan.deploy.lora.adapters:  # name=path entries; paths as the plan gives them (pkg:// allowed)
+        deploy["lora"] = {"adapters": list(plan.deploy.lora.adapters),
+                          "max_loras_per_batch": plan.deploy.lora.max_loras_per_batch}
+    if plan.deploy.disagg.role != "none":
+        deploy["disagg"] = {"role": plan.deploy.disagg.role}
+    if deploy:  # serving settings (specc serve); absent for plans without them, so their hashes stay
+        section["deploy"] = deploy
     return plain_data(_finite_or_none(section), "runtime section", FLOAT_DIGITS)
 
 

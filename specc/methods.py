@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from specc.errors import PlanError
 
@@ -194,7 +194,10 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            seed="lengths", always_parallel=True, default_num_steps=7),
     Method("custom", "a user drafter plugin (method.plugin)", "chain",
            needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,
-           seed="draft_prefill"),
+           seed="draft_prefill",
+           runtime=RuntimeSupport(drafter="specc.methods:build_plugin_drafter",
+                                  verify_rules=("greedy", "standard"), draft_sampling=("greedy", "probabilistic"),
+                                  schedules=SCHEDULES, shapes=("plain", "chain"))),
 )}
 
 
@@ -276,3 +279,177 @@ def resolve_factory(ref: str) -> Callable[..., Any]:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise PlanError(f"drafter factory {ref!r} cannot be imported ({exc})") from None
+
+
+# ------------------------------------------------------------------------------------ drafter plugins
+#: The drafter protocol the runtime calls (``specc/drafters/base.py``): methods with the number of
+#: positional arguments each is called with (``self`` excluded), and attributes with their types.
+#: A plugin class must answer all of it; :func:`check_drafter_protocol` says what it lacks (SGLang
+#: refuses a plugin missing its duck-typed methods at registration, spec_registry.py:199-231, N8).
+DRAFTER_METHODS: Dict[str, Tuple[int, str]] = {
+    "from_spec": (5, "from_spec(spec, target, tokenizer, device, max_seq_len) (a classmethod building the drafter)"),
+    "setup": (3, "setup(max_batch_size, max_seq_len, device)"),
+    "prefill": (2, "prefill(batch, chunk)"),
+    "propose": (3, "propose(batch, num_steps, sampling)"),
+    "commit": (2, "commit(batch, step)"),
+}
+DRAFTER_ATTRIBUTES: Dict[str, type] = {"name": str, "hidden_layers": tuple, "supports_probabilistic": bool,
+                                       "capturable": bool, "prefill_row_index": bool}
+ENTRY_POINT_GROUP = "specc.drafters"
+_PLUGINS: Dict[str, Any] = {}
+
+
+def reserved_names() -> Tuple[str, ...]:
+    """Names a plugin may not take: the builtin methods (SGLang N6, spec_registry.py:246-250)."""
+    return tuple(METHODS)
+
+
+def _arity_problem(fn: Any, n: int) -> Optional[str]:
+    """Why ``fn`` cannot be called with ``n`` positional arguments ('' / None when it can)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # builtins without a signature: trust them
+    params = list(sig.parameters.values())
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        required = [p for p in pos if p.default is p.empty]
+        return None if len(required) <= n else f"needs {len(required)} positional arguments"
+    required = [p for p in pos if p.default is p.empty]
+    if len(required) > n or len(pos) < n:
+        return f"takes {len(required)}..{len(pos)} positional arguments" if len(required) != len(pos) else \
+            f"takes {len(pos)} positional argument{'s' if len(pos) != 1 else ''}"
+    return None
+
+
+def check_drafter_protocol(obj: Any) -> List[str]:
+    """What a drafter class (or instance) lacks of the protocol the runtime calls: each missing or
+    wrongly shaped method (:data:`DRAFTER_METHODS`, arity checked on the bound method) and each
+    missing or mistyped attribute (:data:`DRAFTER_ATTRIBUTES`). Empty when it answers all of it."""
+    import inspect
+
+    problems: List[str] = []
+    for name, (n, shape) in DRAFTER_METHODS.items():
+        fn = getattr(obj, name, None)
+        if fn is None or not callable(fn):
+            problems.append(f"method {shape} is missing")
+            continue
+        unbound = isinstance(obj, type) and inspect.isfunction(fn) and not isinstance(
+            inspect.getattr_static(obj, name, None), staticmethod)
+        why = _arity_problem(fn, n + 1 if unbound else n)  # a plain function on the class: self counts
+        if why:
+            problems.append(f"method {shape} {why}")
+        if getattr(fn, "__isabstractmethod__", False):
+            problems.append(f"method {shape} is abstract (not implemented)")
+    for name, typ in DRAFTER_ATTRIBUTES.items():
+        if not hasattr(obj, name):
+            problems.append(f"attribute {name} ({typ.__name__}) is missing")
+            continue
+        value = getattr(obj, name)
+        if isinstance(value, property) or callable(value) and not isinstance(value, (str, tuple, bool)):
+            continue  # a property on the class: checked on the instance
+        if typ is tuple and isinstance(value, list):
+            continue
+        if not isinstance(value, typ):
+            problems.append(f"attribute {name} must be a {typ.__name__}, got {type(value).__name__}")
+    return problems
+
+
+def register_plugin(name: str, cls: Any) -> Any:
+    """Register a drafter plugin class under ``name`` (then ``method.plugin: NAME`` finds it).
+
+    Raises:
+        PlanError: ``name`` is a builtin method name (reserved), already registered to another class,
+            or the class misses part of the drafter protocol (listing every missing piece).
+    """
+    if name in reserved_names():
+        raise PlanError(f"drafter plugin name {name!r} is reserved for the builtin method; pick another name")
+    if name in _PLUGINS and _PLUGINS[name] is not cls:
+        raise PlanError(f"drafter plugin {name!r} is already registered ({_qualname(_PLUGINS[name])})")
+    _check_plugin_class(cls, name)
+    _PLUGINS[name] = cls
+    return cls
+
+
+def _qualname(cls: Any) -> str:
+    return f"{getattr(cls, '__module__', '?')}:{getattr(cls, '__qualname__', cls)}"
+
+
+def _check_plugin_class(cls: Any, ref: str) -> None:
+    if not isinstance(cls, type):
+        raise PlanError(f"method.plugin {ref!r} names {type(cls).__name__} {cls!r}, not a class")
+    missing = check_drafter_protocol(cls)
+    if missing:
+        raise PlanError(f"method.plugin {ref!r} ({_qualname(cls)}) does not implement the drafter protocol "
+                        f"(specc/drafters/base.py): " + "; ".join(missing))
+    plugin_name = getattr(cls, "name", None)
+    if plugin_name in reserved_names():
+        raise PlanError(f"method.plugin {ref!r} ({_qualname(cls)}) calls itself {plugin_name!r}, a builtin method's "
+                        f"name; builtin names are reserved (set the class attribute name to your own)")
+
+
+def resolve_plugin(ref: str) -> Any:
+    """The drafter class ``method.plugin`` names, checked against the protocol.
+
+    ``ref`` is ``package.module:Class``, ``package.module.Class`` (vLLM's ``custom_class`` style), a
+    name registered with :func:`register_plugin`, or the name of a Python entry point in the
+    ``specc.drafters`` group.
+
+    Raises:
+        PlanError: an empty or reserved name, an import that fails, no such entry point, or a class
+            missing part of the protocol.
+    """
+    ref = (ref or "").strip()
+    if not ref:
+        raise PlanError("method.name=custom needs method.plugin: 'package.module:Class' or the name of a "
+                        f"'{ENTRY_POINT_GROUP}' entry point")
+    if ref in reserved_names():
+        raise PlanError(f"method.plugin {ref!r} is a builtin method's name (reserved); use method.name={ref}")
+    if ":" in ref or "." in ref:
+        module, _, attr = ref.partition(":") if ":" in ref else ref.rpartition(".")
+        try:
+            obj = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except Exception as exc:  # an import error inside the plugin, or a missing attribute
+            raise PlanError(f"method.plugin {ref!r} cannot be imported ({type(exc).__name__}: {exc}); check the "
+                            f"module is installed and the class name") from None
+        _check_plugin_class(obj, ref)
+        return obj
+    if ref in _PLUGINS:
+        return _PLUGINS[ref]
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == ref]
+    if not found:
+        known = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(_PLUGINS))
+        raise PlanError(f"method.plugin {ref!r}: no drafter plugin of that name (registered or entry points in "
+                        f"group {ENTRY_POINT_GROUP!r}: {', '.join(known) or 'none'}); or give package.module:Class")
+    try:
+        cls = found[0].load()
+    except Exception as exc:
+        raise PlanError(f"method.plugin {ref!r}: entry point {found[0].value!r} cannot be loaded "
+                        f"({type(exc).__name__}: {exc})") from None
+    _check_plugin_class(cls, ref)
+    return cls
+
+
+def build_plugin_drafter(spec: Dict[str, Any], target: Any, tokenizer: Any, device: Any,
+                         max_seq_len: Optional[int]) -> Any:
+    """Runtime factory of ``method.name: custom``: resolves ``spec["method"]["plugin"]``
+    (:func:`resolve_plugin`) and builds the drafter with ``Class.from_spec(spec, target, tokenizer,
+    device, max_seq_len)``, then checks the instance answers the protocol too.
+
+    Raises:
+        PlanError: see :func:`resolve_plugin`, or an instance missing part of the protocol.
+    """
+    ref = (spec.get("method") or {}).get("plugin") or ""
+    cls = resolve_plugin(ref)
+    drafter = cls.from_spec(spec, target, tokenizer, device, max_seq_len)
+    missing = [p for p in check_drafter_protocol(drafter) if not p.startswith("method from_spec")]
+    if missing:
+        raise PlanError(f"method.plugin {ref!r}: the drafter {_qualname(cls)}.from_spec built does not implement the "
+                        f"drafter protocol: " + "; ".join(missing))
+    return drafter

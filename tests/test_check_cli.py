@@ -97,8 +97,8 @@ def test_all_presets_against_all_engines(all_presets_json):
     assert errors("vllm_pard", "sglang") == ["sglang.EG21T", "sglang.PAR1"]
     assert errors("vllm_suffix", "sglang") == ["sglang.N5"]
     assert errors("sglang_frozen_kv_mtp", "vllm") == ["vllm.M1"]
-    assert errors("sglang_lora_eagle3", "specc") == ["specc.S-LORA"]
-    assert errors("sglang_disagg_decode", "specc") == ["specc.S-DISAGG"]
+    assert errors("sglang_lora_eagle3", "specc") == []                 # specc serve runs LoRA + EAGLE-3
+    assert errors("sglang_disagg_decode", "specc") == []               # and the decode role
     # SGLang fills max_running_requests = 48 for EAGLE-family plans (EG3), and says so:
     eg3 = [v for v in by[("smollm2_eagle3", "sglang")]["violations"] if v["rule"] == "sglang.EG3"]
     assert eg3 and eg3[0]["severity"] == "filled" and eg3[0]["sets"] == {"deploy.max_running_requests": 48}

@@ -219,6 +219,14 @@ class Drafter(abc.ABC):
         ``step.num_steps == 0`` and ``propose`` was not called), so a schedule may switch κ between
         any two steps. ``batch`` already reflects the new history. Default: nothing."""
 
+    @classmethod
+    def from_spec(cls, spec, target, tokenizer, device, max_seq_len) -> "Drafter":
+        """Build the drafter from an artifact's runtime section ``spec`` (``manifest.json`` ``runtime``:
+        ``method``, ``draft``) over the loaded ``target`` and ``tokenizer``, for caches of
+        ``max_seq_len`` slots on ``device``. How ``method.name: custom`` plugins are built
+        (:func:`specc.methods.build_plugin_drafter`). Default: ``cls()``."""
+        return cls()
+
 
 def check_same_vocab(draft_vocab_size: int, target_vocab_size: int, what: str) -> None:
     """Raise CheckpointError unless the draft and target vocabularies have the same size."""

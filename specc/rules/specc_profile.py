@@ -4,8 +4,10 @@ What the runtime runs per method — which methods, state shapes (chain), verify
 sampling, schedules — comes from the method table (:mod:`specc.methods`, ``Method.runtime``); this
 table turns it into rules with messages. One device, llama-family targets (the model team's
 ``LlamaModel``). Everything else is an error saying "not supported by the specc runtime" with the
-fix "target sglang or vllm". Server-only settings (LoRA, disaggregation, parallelism, page size,
-attention backend) are errors or warnings because the runtime would silently ignore them.
+fix "target sglang or vllm". Server settings the runtime does not implement (parallelism, page size,
+attention backend) are errors or warnings because it would silently ignore them; LoRA adapters and
+the disaggregation role are run by ``specc serve`` (LoRA with the schedules that keep each
+request's verify width, as SGLang and vLLM require).
 
 Sources name the specc module that implements (or would implement) the capability.
 """
@@ -20,6 +22,8 @@ from specc.rules.base import Profile, Rule, gt, ne, ngram_window_set, rejection_
 SUPPORTED = methods.runtime_methods()
 NEEDS_DRAFT = tuple(n for n in SUPPORTED if methods.get(n).needs_draft_checkpoint)
 SCHED = "specc/runtime/schedule.py"
+#: schedules that change κ between steps or per request: refused with LoRA (uniform verify width)
+LORA_REFUSED_SCHEDULES = ("adaptive", "auto", "budget")
 
 
 def _rt(p):
@@ -74,8 +78,8 @@ RULES = (
       "Python module name; use letters, digits and underscores only, starting with a letter or underscore "
       "(e.g. name: my_plan)", CODEGEN_NAMES),
     R("S-METHOD", "error", ("method.name",), lambda p: p.method.name not in SUPPORTED,
-      "method.name={p.method.name} is not supported by the specc runtime yet (it runs none, ngram, "
-      "draft_model, eagle, eagle3); target sglang or vllm (engine=sglang|vllm)", RT),
+      "method.name={p.method.name} is not supported by the specc runtime yet (it runs "
+      + ", ".join(SUPPORTED) + "); target sglang or vllm (engine=sglang|vllm)", RT),
     R("S-K0", "error", ("method.name", "method.num_steps"),
       lambda p: p.method.name == "none" and gt(p.method.num_steps, 0),
       "method.name=none is plain decoding (κ = 0) but method.num_steps={p.method.num_steps}; set num_steps 0 "
@@ -115,7 +119,7 @@ RULES = (
       "specc/models/resolve.py"),
     R("S-DRAFT-IGN", "warning", ("draft.path",),
       lambda p: p.method.name in SUPPORTED and not methods.get(p.method.name).needs_draft_checkpoint
-      and p.draft is not None and bool(p.draft.path),
+      and p.method.name != "custom" and p.draft is not None and bool(p.draft.path),
       "draft.path is ignored for method.name={p.method.name}; drop the draft section", RT),
     R("S-VOCAB", "error", ("draft.vocab_size", "target.vocab_size"),
       lambda p: p.method.name == "draft_model" and p.draft is not None and p.target.vocab_size is not None
@@ -226,11 +230,28 @@ RULES = (
                                                  or p.schedule.warmup_batches is not None),
       "schedule.buckets/ema_alpha/update_interval/warmup_batches are ignored with schedule.kind={p.schedule.kind}",
       SCHED),
-    R("S-LORA", "error", ("deploy.lora.adapters",), lambda p: bool(p.deploy.lora.adapters),
-      "deploy.lora.adapters: LoRA is not supported by the specc runtime yet; target sglang", RT),
-    R("S-DISAGG", "error", ("deploy.disagg.role",), lambda p: p.deploy.disagg.role != "none",
-      "deploy.disagg.role={p.deploy.disagg.role}: disaggregated serving is not supported by the specc runtime "
-      "yet; target sglang", RT),
+    R("S-LORA", "error", ("deploy.lora.adapters", "schedule.kind"),
+      lambda p: bool(p.deploy.lora.adapters) and drafting(p) and p.schedule.kind in LORA_REFUSED_SCHEDULES,
+      "deploy.lora.adapters with schedule.kind={p.schedule.kind}: LoRA needs each request's verify to keep one "
+      "width, but this schedule changes κ between steps (adaptive, auto: SGLang refuses LoRA + adaptive, "
+      "lora_hook.py:277-282) or per request (budget: vLLM refuses LoRA with adaptive verification, "
+      "VC:3153-3182); use schedule.kind=static or batch_buckets", "specc/runtime/lora.py"),
+    R("S-LORA-IGN", "warning", ("deploy.lora.max_loras_per_batch",),
+      lambda p: p.deploy.lora.max_loras_per_batch is not None and not p.deploy.lora.adapters,
+      "deploy.lora.max_loras_per_batch is ignored without deploy.lora.adapters", "specc/runtime/lora.py"),
+    R("S-DISAGG", "warning", ("deploy.disagg.role",), lambda p: p.deploy.disagg.role != "none",
+      "deploy.disagg.role={p.deploy.disagg.role} is a serving role: `specc serve` runs it (the prefill instance "
+      "ships the prompt's KV and {p.method.name}'s seed, per the method table's seed kind); `specc run` and "
+      "`specc bench` decode prefill and decode in one process", "specc/runtime/disagg.py"),
+    R("S-PLUGIN", "error", ("method.plugin",), lambda p: p.method.name == "custom" and not p.method.plugin,
+      "method.name=custom needs method.plugin: 'package.module:Class' (a drafter class) or the name of a "
+      "'specc.drafters' entry point; see docs/plugins.md", "specc/methods.py (resolve_plugin)"),
+    R("S-PLUGIN-NAME", "error", ("method.plugin",),
+      lambda p: p.method.name == "custom" and bool(p.method.plugin) and p.method.plugin in methods.METHODS,
+      "method.plugin={p.method.plugin} is a builtin method's name (reserved); use method.name={p.method.plugin}",
+      "specc/methods.py (reserved_names; SGLang spec_registry.py:246-250)"),
+    R("S-PLUGIN-IGN", "warning", ("method.plugin",), lambda p: p.method.name != "custom" and bool(p.method.plugin),
+      "method.plugin is ignored unless method.name=custom", RT),
     R("S-PAR", "error", ("deploy.parallel",),
       lambda p: gt(p.deploy.parallel.tp, 1) or gt(p.deploy.parallel.dp, 1) or gt(p.deploy.parallel.pp, 1)
       or p.deploy.parallel.dp_attention or p.deploy.parallel.two_batch_overlap,
