@@ -95,7 +95,11 @@ def load_adapter(name: str, path: str | Path, config) -> LoraAdapter:
     from specc.models.resolve import resolve_model_path
 
     where = f"LoRA adapter {name!r} ({path})"
-    d = resolve_model_path(path)
+    try:
+        d = resolve_model_path(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where}: {exc}; expected a PEFT adapter directory (adapter_config.json + "
+                              f"adapter_model.safetensors)") from None
     cfg_path, w_path = d / "adapter_config.json", d / "adapter_model.safetensors"
     if not d.is_dir() or not cfg_path.is_file() or not w_path.is_file():
         raise CheckpointError(f"{where}: expected a PEFT adapter directory with adapter_config.json and "
