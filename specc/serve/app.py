@@ -346,8 +346,7 @@ async def _stream(state: ServerState, handle: int, events: "asyncio.Queue", req:
                                       f"unaffected", "server_error", None, "internal_error"))
                 yield "data: [DONE]\n\n"
                 return
-            text.push(ev.token_ids)
-            rest = text.finish(out.text)
+            rest = text.finish(out.text)  # the final text (cut at a stop string) is known now
             reason = FINISH_REASONS.get(out.finish_reason, out.finish_reason)
             if rest:
                 yield _sse(chunk(rest, None))
