@@ -304,8 +304,9 @@ def reserved_names() -> Tuple[str, ...]:
     return tuple(METHODS)
 
 
-def _arity_problem(fn: Any, n: int) -> Optional[str]:
-    """Why ``fn`` cannot be called with ``n`` positional arguments ('' / None when it can)."""
+def _arity_problem(fn: Any, n: int, skip: int = 0) -> Optional[str]:
+    """Why ``fn`` cannot be called with ``n`` positional arguments after its first ``skip`` ones
+    (``self`` of a plain function on a class), or None when it can."""
     import inspect
 
     try:
@@ -313,14 +314,14 @@ def _arity_problem(fn: Any, n: int) -> Optional[str]:
     except (TypeError, ValueError):
         return None  # builtins without a signature: trust them
     params = list(sig.parameters.values())
-    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        required = [p for p in pos if p.default is p.empty]
-        return None if len(required) <= n else f"needs {len(required)} positional arguments"
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][skip:]
     required = [p for p in pos if p.default is p.empty]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None if len(required) <= n else f"needs {len(required)} positional arguments"
     if len(required) > n or len(pos) < n:
-        return f"takes {len(required)}..{len(pos)} positional arguments" if len(required) != len(pos) else \
-            f"takes {len(pos)} positional argument{'s' if len(pos) != 1 else ''}"
+        if len(required) != len(pos):
+            return f"takes {len(required)} to {len(pos)} positional arguments"
+        return f"takes {len(pos)} positional argument{'s' if len(pos) != 1 else ''}"
     return None
 
 
@@ -338,7 +339,7 @@ def check_drafter_protocol(obj: Any) -> List[str]:
             continue
         unbound = isinstance(obj, type) and inspect.isfunction(fn) and not isinstance(
             inspect.getattr_static(obj, name, None), staticmethod)
-        why = _arity_problem(fn, n + 1 if unbound else n)  # a plain function on the class: self counts
+        why = _arity_problem(fn, n, skip=1 if unbound else 0)  # a plain function on the class: skip self
         if why:
             problems.append(f"method {shape} {why}")
         if getattr(fn, "__isabstractmethod__", False):
