@@ -1,6 +1,7 @@
 """``specc bench ARTIFACT``: the artifact's runtime against plain decoding (κ = 0 through the same
 runtime and target) at batch 1 over the shipped prompts (or ``--prompts``), per category: decode
-tokens/s, τ, speedup, and a check that greedy outputs are identical."""
+tokens/s (prefill excluded) next to end-to-end tokens/s (prefill included), τ, the speedup on each,
+and a check that greedy outputs are identical."""
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,8 @@ def run(args) -> int:
                           "results": {m: {c: vars(s) for c, s in per.items()} for m, per in results.items()}}))
     else:
         print(f"{art.path.name} vs plain decoding, batch 1, {len(reqs)} prompts, max_new_tokens {args.max_new_tokens}")
-        print("per category: decode tokens/s (prefill excluded) | tau | speedup over plain")
+        print("decode tok/s: tokens after the first per second of decode (prefill excluded); e2e tok/s: all "
+              "output tokens per second of wall time (prefill included); x: over plain decoding")
         print(format_table(results))
         print(f"greedy outputs identical to plain: {exact}/{len(reqs)}")
     return 0 if exact == len(reqs) else 1
