@@ -746,6 +746,9 @@ def write_artifact(out_dir: Path, name: str, files: Mapping[str, bytes],
     """
     out_dir = Path(out_dir)
     final = out_dir / check_identifier_path(name)
+    if os.path.exists(out_dir) and not out_dir.is_dir():
+        raise ArtifactError(f"output directory {out_dir} exists and is not a directory; pass a directory as "
+                            f"--out DIR (it is created if missing)")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -294,8 +294,10 @@ def _summary_object(text: str, where: str) -> dict:
         whole = json.loads(text)
     except ValueError:
         whole = None
-    if isinstance(whole, dict):
-        return whole.get("summary", whole) if isinstance(whole.get("summary", whole), dict) else {}
+    if isinstance(whole, dict) and isinstance(whole.get("summary"), dict):
+        return whole["summary"]
+    if isinstance(whole, dict) and "num_accepted_tokens_per_pos" in whole:
+        return whole
     found = None
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -367,6 +369,28 @@ def refuse_rule_errors(args: argparse.Namespace, engine: str) -> int:
     return check.exit_code(results) or 1
 
 
+def _violation_line(v, where) -> str:
+    """``file:line: severity: [rule] message`` as ``specc check`` prints it (location of the first
+    of the rule's keys, or of the values it sets, that the plan or an override wrote)."""
+    loc = ""
+    for key in [k for k, _ in v.sets] + list(v.keys):
+        src = where(key)
+        if src:
+            loc = f"{src[0]}:{src[1]}: " if src[1] else f"{src[0]}: "
+            break
+    return f"{loc}{v.severity}: [{v.rule}] {v.message}"
+
+
+def planning_only(plan, violations) -> list:
+    """The errors that only say no engine *runs* ``schedule.kind: auto`` (they name the key
+    ``schedule.kind`` alone). ``auto`` is explain's planning mode: it derives the κ candidates per
+    batch bucket from the cost model, which the user then writes into ``schedule.buckets`` of an
+    adaptive or batch-bucket schedule; explain reports these errors as notes instead of refusing."""
+    if plan.schedule.kind != "auto":
+        return []
+    return [v for v in violations if v.severity == "error" and tuple(v.keys) == ("schedule.kind",)]
+
+
 def _legend(preds) -> List[str]:
     """What the two speedup columns mean, and which batch-1 rows differ and why."""
     t_star = preds[0].saturation_tokens
@@ -391,7 +415,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_plan(args.plan, list(args.overrides or ()))
     engine = args.engine or loaded.plan.engine
     resolved, violations = resolve(loaded.plan, engine)
-    if any(v.severity == "error" for v in violations):
+    planning = planning_only(loaded.plan, violations)
+    if any(v.severity == "error" and v not in planning for v in violations):
         return refuse_rule_errors(args, engine)
     plan = resolved  # as the engine runs it: filled defaults and fallbacks applied, as check reports
     measured: Optional[MeasuredAcceptance] = getattr(args, "measured", None)
@@ -425,9 +450,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}")
     p0 = preds[0]
-    from specc.codegen import format_violation
-
-    notes = [format_violation(v, loaded.where) for v in violations]
+    notes = [_violation_line(v, loaded.where) for v in violations if v not in planning]
+    notes += [f"note: {_violation_line(v, loaded.where)} — schedule.kind=auto is a planning mode: the "
+              f"buckets below are what to write into schedule.buckets (kind adaptive or batch_buckets) "
+              f"to run it" for v in planning]
     if args.format == "json":
         data = {
             "plan": plan.name, "path": str(loaded.path), "engine": engine, "method": plan.method.name,

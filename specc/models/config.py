@@ -187,8 +187,13 @@ def read_hf_config(directory: pathlib.Path, max_model_len: Optional[int] = None)
     if not path.is_file():
         raise CheckpointError(f"{directory}: no config.json; an HF checkpoint directory needs config.json "
                               f"and *.safetensors")
+    from specc.io import CONFIG_JSON_LIMIT, read_bounded
+
+    text = read_bounded(path, CONFIG_JSON_LIMIT, "checkpoint config", error=CheckpointError)
     try:
-        d = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: not a JSON object; an HF config.json maps keys to values")
     return LlamaConfig.from_hf_dict(d, source=str(path), max_model_len=max_model_len)

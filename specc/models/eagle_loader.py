@@ -100,10 +100,16 @@ def read_config_json(directory: pathlib.Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{directory}: no config.json (an EAGLE head directory needs config.json "
                               f"and model.safetensors or pytorch_model.bin)")
+    from specc.io import CONFIG_JSON_LIMIT, read_bounded
+
+    text = read_bounded(path, CONFIG_JSON_LIMIT, "checkpoint config", error=CheckpointError)
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: not a JSON object; config.json maps keys to values")
+    return d
 
 
 def parse_eagle_config(cfg: dict, kind: str, target, source: str) -> EagleConfig:

@@ -81,7 +81,8 @@ def read_manifest(path: Path) -> Dict[str, Any]:
     """
     path = Path(path)
     if not path.is_dir():
-        raise ArtifactError(f"artifact {path} is not a directory; compile one with `specc compile PLAN` "
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise ArtifactError(f"artifact {path} {what}; compile one with `specc compile PLAN` "
                             f"and pass the directory it prints")
     mpath = path / MANIFEST
     if not os.path.lexists(mpath):
