@@ -596,8 +596,12 @@ def same_tree(path: Path, files: Mapping[str, bytes]) -> bool:
             st = os.lstat(p)
             if rel not in files or not stat.S_ISREG(st.st_mode) or st.st_size != len(files[rel]):
                 return False
-            with open(p, "rb") as fh:
-                if fh.read(len(files[rel]) + 1) != files[rel]:
+            try:
+                fd = os.open(str(p), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError:
+                return False
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode) or fh.read(len(files[rel]) + 1) != files[rel]:
                     return False
             seen.add(rel)
     return seen == set(files)

@@ -184,7 +184,7 @@ class LlamaConfig:
 def read_hf_config(directory: pathlib.Path, max_model_len: Optional[int] = None) -> LlamaConfig:
     """Read ``directory/config.json``. Raises ``CheckpointError`` if it is missing or not JSON."""
     path = pathlib.Path(directory) / "config.json"
-    if not path.is_file():
+    if not path.exists():  # a FIFO or device is refused by read_bounded
         raise CheckpointError(f"{directory}: no config.json; an HF checkpoint directory needs config.json "
                               f"and *.safetensors")
     from specc.io import CONFIG_JSON_LIMIT, read_bounded

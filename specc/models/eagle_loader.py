@@ -97,7 +97,7 @@ def read_weights(directory: pathlib.Path) -> Dict[str, torch.Tensor]:
 def read_config_json(directory: pathlib.Path) -> dict:
     """``directory/config.json`` as a dict; ``CheckpointError`` if missing or not JSON."""
     path = pathlib.Path(directory) / "config.json"
-    if not path.is_file():
+    if not path.exists():  # a FIFO or device is refused by read_bounded
         raise CheckpointError(f"{directory}: no config.json (an EAGLE head directory needs config.json "
                               f"and model.safetensors or pytorch_model.bin)")
     from specc.io import CONFIG_JSON_LIMIT, read_bounded
