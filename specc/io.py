@@ -13,7 +13,8 @@ too).
 path is opened with ``O_NOFOLLOW`` relative to the previous directory's descriptor, so no symbolic
 link — to a file outside the directory, a device or a FIFO — is ever followed (artifact files).
 
-:func:`read_stdin_bounded` reads standard input up to a limit. :func:`compose_yaml_bounded`
+:func:`read_stream_bounded` reads a stream (an HTTP request body, a pipe) and
+:func:`read_stdin_bounded` standard input, each up to a limit. :func:`compose_yaml_bounded`
 parses YAML to a node graph and refuses documents whose aliases expand to more than a bounded
 number of nodes ("billion laughs"): PyYAML's composer shares aliased nodes, but every consumer that
 builds a tree from them (OmegaConf, Hydra) expands them.
@@ -103,8 +104,8 @@ def _decode(data: bytes, display: str, what: str, error: Type[SpeccError]) -> st
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{what} {display}: not UTF-8 text (byte {exc.start}: {exc.reason}); "
-                    f"give a UTF-8 text file") from None
+        where = f"{what} {display}" if display else what
+        raise error(f"{where}: not UTF-8 text (byte {exc.start}: {exc.reason}); give UTF-8 text") from None
 
 
 def _os_error(exc: OSError, display: str, what: str, error: Type[SpeccError]) -> SpeccError:
@@ -206,26 +207,35 @@ def read_inside(root: PathLike, rel: str, limit: int, what: str, *, text: bool =
     return _decode(data, display, what, error) if text else data
 
 
-def read_stdin_bounded(limit: int, what: str = "standard input", *,
-                       error: Type[SpeccError] = SpeccError, stream=None) -> str:
-    """Read standard input (``stream`` or ``sys.stdin``) as UTF-8 up to ``limit`` bytes.
+def read_stream_bounded(stream, limit: int, what: str, *, error: Type[SpeccError] = SpeccError) -> bytes:
+    """Read a binary stream (an HTTP request body, a pipe) to its end, refusing more than ``limit``
+    bytes: at most ``limit + 1`` bytes are ever read, so memory stays bounded whatever the sender
+    does. Text streams without a ``buffer`` are read as characters and encoded (a close bound).
 
     Raises:
-        ``error``: more than ``limit`` bytes (after reading ``limit + 1``: memory stays bounded),
-            not UTF-8, or unreadable.
+        ``error``: more than ``limit`` bytes, or the stream cannot be read.
     """
-    stream = sys.stdin if stream is None else stream
     try:
-        buf = getattr(stream, "buffer", None)
-        if buf is not None:
-            data = buf.read(limit + 1)
-        else:  # a text stream without a buffer (tests): count characters, a close bound
-            data = stream.read(limit + 1)
-            data = data.encode("utf-8") if isinstance(data, str) else data
+        buf = getattr(stream, "buffer", stream)
+        data = buf.read(limit + 1)
+        if isinstance(data, str):
+            data = data.encode("utf-8")
     except (OSError, ValueError) as exc:
         raise error(f"cannot read {what}: {exc}") from None
     if len(data) > limit:
         raise error(f"{what}: more than the {human_size(limit)} limit; pass a smaller input")
+    return data
+
+
+def read_stdin_bounded(limit: int, what: str = "standard input", *,
+                       error: Type[SpeccError] = SpeccError, stream=None) -> str:
+    """Read standard input (``stream`` or ``sys.stdin``) as UTF-8 text, up to ``limit`` bytes
+    (:func:`read_stream_bounded`); a leading byte-order mark is dropped.
+
+    Raises:
+        ``error``: more than ``limit`` bytes, not UTF-8, or unreadable.
+    """
+    data = read_stream_bounded(sys.stdin if stream is None else stream, limit, what, error=error)
     return _decode(data, "", what, error).lstrip("\ufeff") if data else ""
 
 
