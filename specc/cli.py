@@ -23,7 +23,14 @@ SUBCOMMANDS = {
     "bench": "benchmark a compiled artifact against plain decoding",
     "export": "lower a plan to SGLang or vLLM launch settings",
     "profile": "measure a cost table (step time by verify token count) on this machine",
+    "import": "read an SGLang or vLLM launch command back into a plan",
 }
+#: subcommands whose module name differs from the command (``import`` is a Python keyword)
+MODULES = {"import": "import_"}
+
+
+def _module(name: str) -> str:
+    return f"specc.commands.{MODULES.get(name, name)}"
 
 
 class UsageError(Exception):
@@ -34,7 +41,7 @@ def _available() -> List[str]:
     names = []
     for name in SUBCOMMANDS:
         try:
-            spec = importlib.util.find_spec(f"specc.commands.{name}")
+            spec = importlib.util.find_spec(_module(name))
         except (ImportError, ValueError):
             spec = None
         if spec is not None:
@@ -50,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in _available():
         p = sub.add_parser(name, help=SUBCOMMANDS[name], description=SUBCOMMANDS[name])
         if name == wanted:
-            importlib.import_module(f"specc.commands.{name}").add_arguments(p)
+            importlib.import_module(_module(name)).add_arguments(p)
             p.set_defaults(_subparser=p)
         else:
             p.set_defaults(_lazy=name)
@@ -81,7 +88,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    module = importlib.import_module(f"specc.commands.{args.command}")
+    module = importlib.import_module(_module(args.command))
     try:
         return int(module.run(args) or 0)
     except (UsageError, SpeccError) as exc:

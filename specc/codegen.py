@@ -43,10 +43,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import jinja2
 
 import specc
+from specc import programs
 from specc.errors import ArtifactError, PlanError
 from specc.plan.schema import Plan, plan_to_dict
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Version of the artifact layout; bump when manifest keys or the directory layout change."""
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -197,11 +198,17 @@ def template_hash(templates_dir: Path = TEMPLATES_DIR) -> str:
     return h.hexdigest()
 
 
-def artifact_hash(plan_yaml: str, templates_digest: str, specc_version: str = specc.__version__) -> str:
+def artifact_hash(plan_yaml: str, templates_digest: str, specc_version: str = specc.__version__,
+                  runtime: Optional[Mapping[str, Any]] = None) -> str:
     """The hash in the artifact's directory name: sha256 of the format version, specc version,
-    canonical plan bytes and template digest, truncated to :data:`HASH_CHARS` hex characters."""
-    key = "\0".join(["specc-artifact", str(FORMAT_VERSION), specc_version,
-                     sha256_hex(plan_yaml.encode()), templates_digest])
+    canonical plan bytes, template digest and the manifest's runtime section (canonical JSON: it
+    carries data from outside the plan, such as an embedded cost table), truncated to
+    :data:`HASH_CHARS` hex characters."""
+    parts = ["specc-artifact", str(FORMAT_VERSION), specc_version, sha256_hex(plan_yaml.encode()),
+             templates_digest]
+    if runtime is not None:
+        parts.append(sha256_hex(json.dumps(runtime, sort_keys=True, separators=(",", ":")).encode()))
+    key = "\0".join(parts)
     return sha256_hex(key.encode())[:HASH_CHARS]
 
 
@@ -253,7 +260,7 @@ def _verify_variant(state: Any) -> KernelVariant:
     if width != int(state.num_steps) + 1:
         raise PlanError(f"state {state.name}: a chain verifies num_draft_tokens = num_steps + 1 = "
                         f"{int(state.num_steps) + 1} tokens, not {width}")
-    if state.verify_rule == "greedy":
+    if state.verify_rule == "greedy" or (state.verify_rule == "synthetic" and int(state.num_steps) == 0):
         return KernelVariant("greedy_verify", (("NUM_DRAFT_TOKENS", width),))
     if state.verify_rule == "standard":
         probabilistic = state.draft_sampling == "probabilistic"
@@ -269,11 +276,14 @@ KERNEL_ROLES: Dict[str, Callable[[Any], KernelVariant]] = {
 
 
 def kernel_variants_for(state: Any) -> Dict[str, KernelVariant]:
-    """Role → kernel variant for every role ``state`` needs (roles in sorted order).
+    """Role → kernel variant for every role ``state`` needs (roles in sorted order). The synthetic
+    rule accepts by its curve in the accept program itself and needs no verify kernel.
 
     Raises:
         PlanError: if the state needs a kernel specc does not have (a tree, an unsupported verify rule).
     """
+    if state.verify_rule == "synthetic" and int(state.num_steps) > 0:
+        return {}
     return {role: KERNEL_ROLES[role](state) for role in sorted(KERNEL_ROLES)}
 
 
@@ -373,28 +383,31 @@ class CompileInputs:
     """Everything rendering needs, computed by :func:`gather` (or given directly by tests).
 
     ``graphs`` maps state name → JSON-ready graph data; ``predictions`` maps state name → plain
-    prediction dict; ``graph_summaries`` maps state name → short summary dict for the report."""
+    prediction dict; ``graph_summaries`` maps state name → short summary dict for the report;
+    ``runtime`` is the manifest's runtime section (:func:`runtime_section`), ``None`` for tests that
+    render states alone (then it is built from the plan and a static schedule)."""
 
     plan: Plan
     states: List[Any]
     graphs: Dict[str, Any]
     predictions: Dict[str, Dict[str, Any]]
     graph_summaries: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    runtime: Optional[Dict[str, Any]] = None
 
 
 def gather(plan: Plan) -> CompileInputs:
-    """Lower ``plan`` and compute each state's stage graph and cost prediction.
-
-    Calls ``specc.lower.lower``, ``specc.graph`` (build + JSON export) and ``specc.cost``; see
-    :func:`_graph_for` and :func:`_predict_for` for the exact functions used.
+    """Size, lower and analyse ``plan`` (:func:`specc.analyze.analyze`): each state's stage graph
+    (validated) and cost prediction, and the manifest's runtime section.
 
     Raises:
         PlanError: if lowering yields no state, or a state name is not an identifier, or two states
             share a name.
+        SpeccError: an invalid stage graph.
     """
-    from specc.lower import lower
+    from specc import analyze, graph as graph_mod
 
-    states = list(lower(plan))
+    res = analyze.analyze(plan)
+    states = list(res.lowering.states)
     if not states:
         raise PlanError(f"plan {plan.name!r} lowers to no candidate state; check schedule.buckets "
                         f"and method.num_steps")
@@ -407,33 +420,58 @@ def gather(plan: Plan) -> CompileInputs:
         seen.add(s.name)
     graphs, summaries, predictions = {}, {}, {}
     for s in states:
-        graphs[s.name], summaries[s.name] = _graph_for(plan, s)
-        predictions[s.name] = prediction_data(_predict_for(plan, s))
-    return CompileInputs(plan, states, graphs, predictions, summaries)
+        g = res.graphs[s.name]
+        graph_mod.check_graph(g)
+        stats = analyze.graph_stats(g)
+        summaries[s.name] = {"stages": g.number_of_nodes(), "edges": g.number_of_edges(),
+                             "draft_passes": stats["draft_passes"], "target_passes": stats["target_passes"],
+                             "target_tokens_per_step": graph_mod.target_tokens_per_step(g)}
+        graphs[s.name] = plain_data(_finite_or_none(graph_mod.to_json(g)), f"graph of {s.name}", FLOAT_DIGITS)
+        predictions[s.name] = prediction_data(res.predictions[s.name])
+    return CompileInputs(plan, states, graphs, predictions, summaries,
+                         runtime=runtime_section(plan, res.lowering.schedule.as_dict(),
+                                                 max(s.num_steps for s in states)))
 
 
-def _graph_for(plan: Plan, state: Any) -> Tuple[Any, Dict[str, Any]]:
-    """The state's stage graph as JSON data (``specc.graph.to_json``) and a summary for the report.
+def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dict[str, Any]:
+    """The manifest's ``runtime`` section: everything the runtime reads (it never reads ``plan.yaml``):
+    target and draft checkpoints, the method's drafter options, the verify rule (with the synthetic
+    rule's conditional rates), device settings, and the schedule (:class:`specc.lower.ScheduleSpec`
+    plus the profiled cost table of ``schedule.cost_table``, embedded, and the budget's confidence
+    source from the method table).
 
     Raises:
-        SpeccError: if the graph is invalid (``specc.graph.check_graph`` lists every issue)."""
-    from specc import graph as graph_mod
+        PlanError: an unreadable cost table (``specc.cost.load_cost_table``).
+    """
+    from specc import cost, methods, programs
 
-    g = graph_mod.build_graph(plan, state)
-    graph_mod.check_graph(g)
-    passes = graph_mod.count_forward_passes(g)
-    summary = {"stages": g.number_of_nodes(), "edges": g.number_of_edges(),
-               "draft_passes": passes["draft"], "target_passes": passes["target"],
-               "target_tokens_per_step": graph_mod.target_tokens_per_step(g)}
-    data = graph_mod.to_json(g)
-    return plain_data(_finite_or_none(data), f"graph of {state.name}", FLOAT_DIGITS), summary
-
-
-def _predict_for(plan: Plan, state: Any) -> Any:
-    """``specc.cost.predict(plan, state)`` (α and c from the plan and its checkpoints)."""
-    from specc import cost
-
-    return cost.predict(plan, state)
+    m, v = plan.method, plan.verify
+    rates = None
+    if v.rule == "synthetic" and max_steps > 0:
+        rates = list(programs.synthetic_conditional_rates(v.synthetic.acceptance_rates,
+                                                          v.synthetic.acceptance_length, max_steps))
+    table = None
+    if plan.schedule.cost_table:
+        t = cost.load_cost_table(plan.schedule.cost_table)
+        table = {"device": t.device, "capture_limit": t.capture_limit,
+                 "verify_ms": {str(x): y for x, y in zip(t.verify_x, t.verify_ms)},
+                 "draft_ms": {str(x): y for x, y in zip(t.draft_x, t.draft_ms)}}
+    info = methods.get(m.name)
+    draft = None if plan.draft is None else {"path": plan.draft.path, "format": plan.draft.format,
+                                             "max_model_len": plan.draft.max_model_len}
+    section = {
+        "target": {"path": plan.target.path, "format": plan.target.format, "dtype": plan.target.dtype,
+                   "max_model_len": plan.target.max_model_len},
+        "draft": draft,
+        "method": {"name": m.name, "num_steps": m.num_steps, "parallel_drafting": bool(m.parallel_drafting),
+                   "ngram": {"min": m.ngram.min, "max": m.ngram.max}},
+        "verify": {"rule": v.rule, "draft_sampling": v.draft_sampling, "synthetic_rates": rates},
+        "device": plan.runtime.device, "dtype": plan.runtime.dtype,
+        "kernel_backend": plan.runtime.kernel_backend, "cuda_graphs": plan.deploy.cuda_graphs,
+        "schedule": dict(schedule, cost_table=table,
+                         confidence=info.runtime.confidence if info.runtime is not None else ""),
+    }
+    return plain_data(_finite_or_none(section), "runtime section", FLOAT_DIGITS)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -460,8 +498,17 @@ def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
     plan_yaml = canonical_plan_yaml(plan)
     plan_hash = "sha256:" + sha256_hex(plan_yaml.encode())
     digest = template_hash(templates_dir)
-    name = f"{plan_name}-{artifact_hash(plan_yaml, digest)}"
+    runtime = inputs.runtime
+    if runtime is None:
+        from specc import lower
+
+        sizes = tuple(sorted({int(s.batch_size) for s in inputs.states}))
+        spec = lower.ScheduleSpec(kind="static", capture_sizes=sizes, buckets=(), start_steps=max(
+            int(s.num_steps) for s in inputs.states))
+        runtime = runtime_section(plan, spec.as_dict(), spec.start_steps)
+    name = f"{plan_name}-{artifact_hash(plan_yaml, digest, runtime=runtime)}"
     plan_data = plain_data(plan_to_dict(plan), "plan")
+    synthetic_rates = runtime["verify"]["synthetic_rates"]
 
     files: Dict[str, bytes] = {}
 
@@ -484,8 +531,14 @@ def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
             variants[v.name] = v
         module = f"states/{s.name}.py"
         prediction = inputs.predictions.get(s.name, {})
+        try:
+            progs = programs.state_programs(s, synthetic_rates)
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
         context = {
             "state": params, "state_name": s.name, "kernels": [dict(v.as_dict(), role=role) for role, v in used.items()],
+            "programs": [{"stage": stage, "fn": call.fn, "args": list(call.args),
+                          "doc": programs.PROGRAM_DOCS[call.fn]} for stage, call in progs.items()],
             "tree": tree_buffers(params.get("tree_choices")), "plan": plan_data,
             "plan_name": plan_name, "plan_hash": plan_hash, "prediction": prediction,
             "specc_version": specc.__version__, "format_version": FORMAT_VERSION,
@@ -525,6 +578,7 @@ def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
         "plan_name": plan_name,
         "plan_hash": plan_hash,
         "template_hash": "sha256:" + digest,
+        "runtime": runtime,
         "states": state_entries,
         "kernels": [variants[k].as_dict() for k in sorted(variants)],
         "files": {p: "sha256:" + sha256_hex(b) for p, b in sorted(files.items())},

@@ -538,38 +538,46 @@ class CostTable:
         return max(0.0, _step_lookup(xs, np.array(self.draft_ms), int(xs[-1]), num_requests))
 
 
-COST_TABLE_SCHEMA = ('a JSON object {"format": "specc-cost-table/1", "verify_ms": {"1": 7.9, "2": 8.1, ...}} '
-                     '(token count -> milliseconds of one target forward; optional "draft_ms" by requests and '
-                     '"capture_sizes"), the format documented in specc.cost.CostTable')
+COST_TABLE_HINT = ('give a cost table JSON (see `specc profile`: `specc profile PLAN --out FILE` writes one; '
+                   'format {"format": "specc-cost-table/1", "verify_ms": {"1": 7.9, "2": 8.1, ...}}, '
+                   'token count -> milliseconds, as specc.cost.CostTable documents)')
 
 
 def load_cost_table(path: str) -> CostTable:
     """Read a cost-table JSON (format in :class:`CostTable`): a regular file of at most
     :data:`specc.io.COST_TABLE_LIMIT` bytes (:func:`specc.io.read_bounded`) whose ``verify_ms``
     (and optional ``draft_ms``) map positive integer counts to finite milliseconds >= 0.
+    ``pkg://<package>/<file>`` paths are resolved first.
 
     Raises:
-        PlanError: naming ``schedule.cost_table``, the file and the expected format, when the file
-            is missing, not a regular file, too large, not JSON, or its tables are malformed.
+        PlanError: naming ``schedule.cost_table``, the file and how to get a table, when the file is
+            missing, not a regular file, too large, not JSON, or its tables are malformed.
     """
     from specc.io import COST_TABLE_LIMIT, read_bounded
 
+    if str(path).startswith("pkg://"):
+        from specc.models.resolve import resolve_model_path
+
+        try:
+            path = str(resolve_model_path(str(path)))
+        except SpeccError as exc:
+            raise PlanError(f"schedule.cost_table: {exc}") from None
     p = Path(path)
     if not os.path.lexists(p):
-        raise PlanError(f"schedule.cost_table: file not found: {p}; give {COST_TABLE_SCHEMA}")
+        raise PlanError(f"schedule.cost_table: file not found: {p}; {COST_TABLE_HINT}")
     try:
         text = read_bounded(p, COST_TABLE_LIMIT, "cost table", error=PlanError)
     except PlanError as exc:
         raise PlanError(f"schedule.cost_table: {exc}") from None
 
-    def table(obj, key: str, lo: int) -> Dict[int, float]:
+    def table(obj, key: str) -> Dict[int, float]:
         if not isinstance(obj, dict):
             raise ValueError(f"{key!r} must be an object mapping counts to milliseconds")
         out = {}
         for k, v in obj.items():
             n, ms = int(k), float(v)
-            if n < lo or not math.isfinite(ms) or ms < 0:
-                raise ValueError(f"{key}[{k!r}] = {v!r}: counts must be integers >= {lo} and times finite ms >= 0")
+            if n < 1 or not math.isfinite(ms) or ms < 0:
+                raise ValueError(f"{key}[{k!r}] = {v!r}: counts must be integers >= 1 and times finite ms >= 0")
             out[n] = ms
         return out
 
@@ -579,15 +587,15 @@ def load_cost_table(path: str) -> CostTable:
             raise ValueError("the file must hold a JSON object")
         if "verify_ms" not in data:
             raise ValueError("no 'verify_ms' key")
-        verify = table(data["verify_ms"], "verify_ms", 1)
-        draft = table(data.get("draft_ms") or {}, "draft_ms", 1)
+        verify = table(data["verify_ms"], "verify_ms")
+        draft = table(data.get("draft_ms") or {}, "draft_ms")
         if len(verify) < 1:
             raise ValueError("verify_ms is empty")
         captures = data.get("capture_sizes") or list(verify)
         if not isinstance(captures, list) or not all(isinstance(c, int) and c >= 1 for c in captures):
             raise ValueError("capture_sizes must be a list of integers >= 1")
     except (ValueError, TypeError, OverflowError) as exc:
-        raise PlanError(f"schedule.cost_table: {p} is not a cost table ({exc}); give {COST_TABLE_SCHEMA}") from None
+        raise PlanError(f"schedule.cost_table: {p} is not a cost table ({exc}); {COST_TABLE_HINT}") from None
     vx, vy = _monotone_table(verify)
     dx, dy = _monotone_table(draft) if draft else (np.array([], dtype=np.int64), np.array([]))
     return CostTable(verify_x=tuple(int(x) for x in vx), verify_ms=tuple(float(y) for y in vy),
@@ -657,12 +665,13 @@ class Prediction:
 
     ``step_cost`` is in batch-1 target-steps (§6.2: chain 1 + κc, parallel 1 + c, tree 1 + κc);
     ``speedup`` = E / step_cost at batch 1; ``speedup_at_batch`` at the state's bucket B in the
-    saturating model (a pass over n tokens costs max(1, n/T*)); ``break_even_batch`` = T*(E − draft
+    saturating model (a pass over n tokens costs max(1, n/T*)), or, with a profiled cost table, the
+    second seed's batch throughput over the table's step times (:func:`batch_throughput`); ``break_even_batch`` = T*(E − draft
     cost)/W, which is §6.2's T*(E − κc)/(κ + 1) for a chain and T*(E − c)/(κ + 1) for a parallel
     block, and 0.0 when E − draft cost < 1 (speculation pays at no batch size: ``speedup`` < 1; see
-    :func:`break_even_batch`), +inf for plain decode; ``s_infinity`` = E / (W + draft cost). ``draft_forward_passes`` counts every draft forward
-    the step runs (proposal + draft extend, from :func:`specc.graph.expected_forward_passes`); the
-    cost formula charges c per proposal pass as the seeds do. Byte counts may be None when a size
+    :func:`break_even_batch`), +inf for plain decode; ``s_infinity`` = E / (W + draft cost).
+    ``draft_forward_passes`` counts every draft forward the step runs (proposal + draft extend, from
+    the state's stage graph); the cost formula charges c per proposal pass as the seeds do. Byte counts may be None when a size
     is unknown (e.g. a checkpoint that is not on disk).
     """
 
@@ -708,42 +717,23 @@ def state_expected_tokens(state, alpha: float) -> float:
     return expected_tokens(alpha, state.num_steps)
 
 
-def proposal_passes(state) -> int:
-    """Draft passes that propose tokens (the seeds' c is charged per pass): chain κ, parallel or
-    static tree 1, dynamic tree κ (one per level), plain / lookup 0."""
-    if state.num_steps == 0 or state.method in ("ngram", "suffix", "none"):
-        return 0
-    if state.parallel or state.tree_choices is not None:
-        return 1
-    return state.num_steps
+def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
+    """Predict one candidate state (see :class:`Prediction` for every field's formula).
 
-
-def predict(plan, state, alpha: Optional[float] = None, c: Optional[float] = None,
-            hardware: Optional[str] = None) -> Prediction:
-    """Predict one candidate state of ``plan`` (see :class:`Prediction` for every field's formula).
-
-    α: ``alpha`` or the plan's (:func:`specc.lower.plan_alpha`). c: ``c``, else the draft/target
-    parameter ratio from the checkpoints (memory-bound passes), else the method default
-    (:data:`specc.lower.DEFAULT_DRAFT_COST_RATIO`). T*: from ``hardware`` / ``schedule.hardware`` /
-    the runtime device (cuda → h100, else cpu) at the plan's dtype. Raises PlanError for a bad α
-    or hardware name.
+    Args:
+        state: a candidate state (``name``, ``method``, ``batch_size``, ``num_steps``, ``topk``,
+            ``num_draft_tokens``, ``parallel``, ``tree_choices``, ``kind``).
+        inputs: the plan's cost inputs (``specc.sizing.CostInputs``: α, c, hardware, T*, draft KV bytes).
+        graph_stats: from the state's stage graph: ``draft_passes``, ``target_passes``,
+            ``graphs_to_capture``, ``graph_buffer_bytes`` (``specc.analyze`` builds it).
+    Draft passes charged by the formula come from the method table
+    (:func:`specc.methods.proposal_passes`); the graph's count includes draft-extend passes.
     """
-    from specc import graph as graph_mod
-    from specc import lower as lower_mod
+    from specc import methods
 
-    a, a_src = lower_mod.plan_alpha(plan, alpha)
-    if c is not None:
-        c_val, c_src = float(c), "--c"
-        if not (math.isfinite(c_val) and c_val >= 0):
-            raise PlanError(f"--c must be a finite number >= 0 (c = t_draft / t_target), got {c}")
-    else:
-        c_val, c_src = lower_mod.draft_cost_ratio(plan)
-    hw_name = hardware or lower_mod.default_hardware(plan)
-    hw = load_hardware_profile(hw_name)
-    bpp, _ = lower_mod.bytes_per_param(plan, hw)
-    t_star = saturation_tokens(hw, bpp)
+    a, c_val, t_star = inputs.alpha, inputs.c, inputs.saturation_tokens
     e = state_expected_tokens(state, a)
-    p = proposal_passes(state)
+    p = methods.proposal_passes(state.method, state.num_steps, state.topk, state.parallel, state.tree_choices)
     draft_cost = p * c_val
     step_cost = 1.0 + draft_cost
     w, bsz = state.num_draft_tokens, state.batch_size
@@ -752,14 +742,18 @@ def predict(plan, state, alpha: Optional[float] = None, c: Optional[float] = Non
     # chain: W = κ + 1, draft cost κc, so this is break_even_batch(); it also charges lookup drafters
     # (0 proposal passes) the same draft cost as `step_cost`, keeping break-even and speedup consistent
     be = math.inf if state.num_steps == 0 else break_even_from(e, draft_cost, w, t_star)
-    g = graph_mod.build_graph(plan, state)
-    passes = graph_mod.count_forward_passes(g)
+    speedup_b = e * plain_b / spec_b
+    model = getattr(inputs, "batch_model", None)
+    if model is not None and state.kind in ("plain", "chain", "parallel"):
+        # a profiled cost table: the second seed's throughput model at the bucket (measured step times)
+        speedup_b = (batch_throughput(bsz, state.num_steps, a, model, state.parallel)
+                     / batch_throughput(bsz, 0, a, model, state.parallel))
     return Prediction(
         state=state.name, kind=state.kind, batch_size=bsz, num_steps=state.num_steps,
-        num_draft_tokens=w, alpha=a, alpha_source=a_src, c=c_val, c_source=c_src, hardware=hw.name,
-        saturation_tokens=t_star, draft_forward_passes=passes["draft"],
-        target_forward_passes=passes["target"], target_tokens_per_step=bsz * w, expected_tokens=e,
-        step_cost=step_cost, speedup=e / step_cost, speedup_at_batch=e * plain_b / spec_b,
+        num_draft_tokens=w, alpha=a, alpha_source=inputs.alpha_source, c=c_val, c_source=inputs.c_source,
+        hardware=inputs.hardware, saturation_tokens=t_star, draft_forward_passes=int(graph_stats["draft_passes"]),
+        target_forward_passes=int(graph_stats["target_passes"]), target_tokens_per_step=bsz * w, expected_tokens=e,
+        step_cost=step_cost, speedup=e / step_cost, speedup_at_batch=speedup_b,
         break_even_batch=be, s_infinity=e / (w + draft_cost),
-        draft_kv_bytes_per_token=lower_mod.draft_kv_bytes_per_token(plan),
-        graphs_to_capture=graph_mod.graphs_to_capture(g), graph_buffer_bytes=graph_mod.buffer_bytes(g))
+        draft_kv_bytes_per_token=inputs.draft_kv_bytes_per_token,
+        graphs_to_capture=int(graph_stats["graphs_to_capture"]), graph_buffer_bytes=graph_stats["graph_buffer_bytes"])

@@ -23,27 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import networkx as nx
 
+from specc import methods
 from specc.errors import SpeccError
 from specc.lower import CandidateState
-
-# Methods whose drafter keeps a KV cache / hidden state that a draft-extend pass refreshes after
-# verify (SGLang: every algorithm with a draft KV pool runs draft-extend, sglang-0.5.23.md §4
-# "At steps = 0 ... Draft-extend still runs"; has_draft_kv(), spec_info.py:174-178).
-EXTEND_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "multi_layer_eagle", "dflash", "dspark",
-                  "custom")
-# Frozen-KV MTP reads the target's KV and keeps none of its own: the extend pass is replaced by a
-# hidden-state hand-off (second seed "Draft layers without KV"; SGLang FROZEN_KV_MTP).
-FROZEN_METHODS = ("frozen_kv_mtp",)
-# Drafts from a lookup, no model forward (vLLM ngram/suffix; SGLang NGRAM has no draft KV).
-LOOKUP_METHODS = ("ngram", "suffix")
-# Methods whose first draft pass consumes the target's hidden state (EAGLE family, MTP, DFlash
-# context KV, Medusa heads); draft_model/custom consume tokens only.
-HIDDEN_FED = ("eagle", "eagle3", "mtp", "frozen_kv_mtp", "multi_layer_eagle", "dflash", "dspark",
-              "medusa")
-# Disaggregation: methods whose prefill→decode seed carries the draft hidden state and top-k
-# (SGLang carries_draft_hidden_states(): EAGLE, EAGLE3, FROZEN_KV_MTP; sglang-0.5.23.md §6).
-SEED_CARRIES_HIDDEN = ("eagle", "eagle3", "frozen_kv_mtp", "mtp", "multi_layer_eagle")
-
 
 def expected_forward_passes(state: CandidateState) -> Dict[str, int]:
     """Forward passes one step of ``state`` is known to run, from the methods' definitions (not from
@@ -51,24 +33,14 @@ def expected_forward_passes(state: CandidateState) -> Dict[str, int]:
 
     Target: one verify forward (plain decode included). Draft proposal: chain κ (one pass per token,
     zoo seed §6.2 "1 + κc"), parallel 1 ("1 + c"), tree κ (one pass per level, sglang-0.5.23.md §5),
-    static tree or Medusa 1 (the heads, one pass over the target's hidden), lookups 0, plain 0; plus one
-    draft-extend pass for methods with a draft KV (:data:`EXTEND_METHODS`), at κ = 0 too (SGLang runs
-    draft-extend at steps = 0 unless SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND).
+    static tree or Medusa 1 (the heads, one pass over the target's hidden), lookups 0, plain 0
+    (:func:`specc.methods.proposal_passes`); plus one draft-extend pass for methods with a draft KV
+    (:func:`specc.methods.extend_passes`), at κ = 0 too (SGLang runs draft-extend at steps = 0 unless
+    SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND).
     """
-    k, m = state.num_steps, state.method
-    if m == "none" or m in LOOKUP_METHODS or k == 0:
-        draft = 0
-    elif state.tree_choices is not None or m == "medusa":
-        draft = 1
-    elif state.topk > 1:
-        draft = k
-    elif state.parallel:
-        draft = 1
-    else:
-        draft = k
-    if m in EXTEND_METHODS:
-        draft += 1
-    return {"draft": draft, "target": 1}
+    draft = methods.proposal_passes(state.method, state.num_steps, state.topk, state.parallel,
+                                    state.tree_choices)
+    return {"draft": draft + methods.extend_passes(state.method), "target": 1}
 
 
 @dataclass(frozen=True)
@@ -86,15 +58,13 @@ class GraphContext:
     budget: bool = False
 
 
-def context_from_plan(plan) -> GraphContext:
-    """A :class:`GraphContext` from a :class:`specc.plan.schema.Plan`."""
+def context_from_plan(plan, draft_hidden_size: Optional[int] = None) -> GraphContext:
+    """A :class:`GraphContext` from a :class:`specc.plan.schema.Plan`; ``draft_hidden_size`` (H of the
+    draft, for methods that read target hidden states) comes from ``specc.sizing.CostInputs``."""
     dtype = plan.runtime.dtype if plan.runtime.dtype != "auto" else plan.target.dtype
     if dtype == "auto":
         dtype = "float32" if plan.runtime.device in ("cpu", "auto") else "bfloat16"
-    from specc.lower import draft_config
-
-    cfg = draft_config(plan) or {}
-    hidden = cfg.get("hidden_size") if plan.method.name in HIDDEN_FED else None
+    hidden = draft_hidden_size if methods.get(plan.method.name).consumes_hidden else None
     return GraphContext(
         vocab_size=plan.target.vocab_size, hidden_size=int(hidden) if hidden else None, max_seq_len=plan.target.max_model_len,
         act_dtype=dtype, lora=bool(plan.deploy.lora.adapters), disagg_role=plan.deploy.disagg.role,
@@ -138,11 +108,11 @@ class _Builder:
                 self.g.edges[src, n]["tensors"][t] = dict(spec)
 
 
-def build_graph(plan, state: CandidateState) -> nx.DiGraph:
+def build_graph(plan, state: CandidateState, draft_hidden_size: Optional[int] = None) -> nx.DiGraph:
     """The stage graph of one decode step of ``state`` lowered from ``plan`` (the plan supplies
     vocab size, dtype, LoRA, disaggregation role and the confidence head; see
     :func:`build_state_graph`)."""
-    return build_state_graph(state, context_from_plan(plan))
+    return build_state_graph(state, context_from_plan(plan, draft_hidden_size))
 
 
 def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None) -> nx.DiGraph:
@@ -159,14 +129,15 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
     k, kind, m = s.num_steps, s.kind, s.method
     sampled = s.verify_rule in ("standard", "block", "synthetic")
     q_probs = sampled and s.draft_sampling == "probabilistic" and s.verify_rule != "synthetic"
-    model_draft = m not in LOOKUP_METHODS and m != "none"
+    info = methods.get(m)
+    hidden_fed = info.consumes_hidden
 
     # -- step inputs (state carried from the previous step) and optional seed / LoRA layout --------
     inputs = {"last_tokens": (["B"], i64), "seq_lens": (["B"], i64), "kv_cache": (["B", "S"], act)}
-    hidden_from_seed = ctx.disagg_role == "decode" and m in SEED_CARRIES_HIDDEN
-    if m in HIDDEN_FED and not hidden_from_seed:
+    hidden_from_seed = ctx.disagg_role == "decode" and info.seed_carries_hidden
+    if hidden_fed and not hidden_from_seed:
         inputs["draft_hidden"] = (["B", "H"], act)
-    if m in LOOKUP_METHODS:
+    if info.lookup:
         inputs["token_history"] = (["B", "S"], i64)
     b.stage("step_inputs", "input", produces=inputs,
             note="bonus token, lengths and caches from the previous step (KV rolled back by position)")
@@ -187,20 +158,20 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
     # -- drafting ------------------------------------------------------------------------------------
     draft_out: Dict[str, Tuple[list, str]] = {}
     if k > 0 and kind == "chain":
-        prev_tok, prev_hid = "last_tokens", "draft_hidden" if m in HIDDEN_FED else None
+        prev_tok, prev_hid = "last_tokens", "draft_hidden" if hidden_fed else None
         for i in range(k):
             cons = {prev_tok: (["B"], i64)}
             if prev_hid:
                 cons[prev_hid] = (["B", "H"], act)
             prod = {f"draft_token_{i}": (["B"], i64)}
-            if m in HIDDEN_FED or m == "custom" or m == "draft_model":
+            if hidden_fed or info.draft_shape == "chain":
                 prod[f"draft_hidden_{i}"] = (["B", "H"], act)
             if q_probs:
                 prod[f"draft_probs_{i}"] = (["B", "V"], f32)
             b.stage(f"draft_step_{i}", "draft_forward", "draft", prod, cons,
                     note=f"chain draft pass {i + 1}/{k}")
             prev_tok = f"draft_token_{i}"
-            prev_hid = f"draft_hidden_{i}" if m in HIDDEN_FED else None
+            prev_hid = f"draft_hidden_{i}" if hidden_fed else None
         cons = {f"draft_token_{i}": (["B"], i64) for i in range(k)}
         prod = {"draft_tokens": (["B", "K"], i64)}
         if q_probs:
@@ -209,7 +180,7 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
         b.stage("draft_stack", "assemble", None, prod, cons)
     elif k > 0 and kind == "parallel":
         cons = {"last_tokens": (["B"], i64)}
-        if m in HIDDEN_FED:
+        if hidden_fed:
             cons["draft_hidden"] = (["B", "H"], act)
         if m == "dspark":
             b.stage("draft_block", "draft_block_forward", "draft",
@@ -233,7 +204,7 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
         for i in range(k):
             if i == 0:
                 cons = {"last_tokens": (["B"], i64)}
-                if m in HIDDEN_FED:
+                if hidden_fed:
                     cons["draft_hidden"] = (["B", "H"], act)
             else:
                 cons = {f"tree_tokens_{i - 1}": (["B", "T"], i64),
@@ -259,11 +230,11 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
                 note="tree shape compiled to static buffers (Medusa tree buffers)")
         b.stage("draft_heads", "draft_heads_forward", "draft",
                 {"head_topk": (["B", "K", "T"], i64)},
-                {"draft_hidden": (["B", "H"], act)} if m in HIDDEN_FED else {"last_tokens": (["B"], i64)},
+                {"draft_hidden": (["B", "H"], act)} if hidden_fed else {"last_tokens": (["B"], i64)},
                 note="one pass of the draft heads over the last hidden state")
         b.stage("tree_gather", "tree_build", None, {"draft_tokens": (["B", "W-1"], i64)},
                 {"head_topk": (["B", "K", "T"], i64), "retrieve_index": (["B", "W"], i64)})
-    if k > 0 and m in LOOKUP_METHODS:
+    if k > 0 and info.lookup:
         # lookups replace whatever model drafting was built above
         for n in [n for n, d in b.g.nodes(data=True) if d["forward"] == "draft"]:
             b.g.remove_node(n)
@@ -274,7 +245,7 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
                 {"token_history": (["B", "S"], i64), "last_tokens": (["B"], i64)},
                 note="suffix n-gram match in the context (no model forward)")
 
-    tree = k > 0 and kind == "tree" and m not in LOOKUP_METHODS
+    tree = k > 0 and kind == "tree" and not info.lookup
     if k > 0 and ctx.budget and "draft_confidence" in {t for _, d in b.g.nodes(data=True) for t in d["produces"]}:
         b.stage("budget_select", "budget", None, {"verify_lens": (["B"], i64)},
                 {"draft_confidence": (["B", "K"], f32)},
@@ -328,11 +299,11 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
     if k > 0:
         ext_cons["accept_index"] = (["B", "K+1"], i64)
     next_state = {}
-    if m in EXTEND_METHODS:
+    if info.has_draft_kv:
         b.stage("draft_extend", "draft_extend", "draft", {"next_draft_hidden": (["B", "H"], act)},
                 ext_cons, note="draft forward over accepted tokens: refreshes draft KV / hidden")
         next_state["next_draft_hidden"] = (["B", "H"], act)
-    elif m in FROZEN_METHODS or m == "medusa":
+    elif info.frozen_kv or info.draft_shape == "heads":
         b.stage("draft_handoff", "frozen_extend", None, {"next_draft_hidden": (["B", "H"], act)},
                 ext_cons, note="no draft KV: hand the accepted target hidden state to the next step")
         next_state["next_draft_hidden"] = (["B", "H"], act)

@@ -24,51 +24,17 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import bisect
-import functools
 import hashlib
-import importlib.util
 import json
-import struct
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from specc import cost
+from specc import cost, methods
 from specc.errors import PlanError
 from specc.plan.schema import Plan
 
-# Methods whose draft is proposed in one forward pass for the whole block (zoo seed lines 42-60;
-# vLLM method table: dflash and dspark default parallel_drafting True, SP:1581-1582; Medusa's heads
-# all read the same last hidden state, so its κ tokens come from one pass too).
-ALWAYS_PARALLEL = ("dflash", "dspark", "medusa")
-# Methods with no draft model forward (CPU/GPU lookup): vLLM ngram/suffix, SGLang NGRAM (no draft KV,
-# spec_info.py:174-178).
-MODEL_FREE = ("ngram", "suffix")
-# Methods whose drafter can run in parallel-drafting mode when ``method.parallel_drafting`` is set
-# (vLLM: PARD for draft_model, P-EAGLE for eagle/eagle3; vllm-0.33.0.md §2).
-PARALLEL_CAPABLE = ("draft_model", "eagle", "eagle3")
-
 # SGLang's default adaptive config (adaptive_spec_params.py:28-53; sglang-0.5.23.md §4).
 SGLANG_DEFAULT_ADAPTIVE = {1: (1, 3, 5, 7), 8: (0, 1, 3), 32: (0, 1), 64: (0,)}
-
-# Fallback κ when the plan leaves method.num_steps unset and no bucket names candidates:
-# SGLang's EG12 default (speculative_hook.py:1164-1174: "anything else -> (3, 1, 4)"), DFlash's
-# block 16 (DF13, speculative_hook.py:389-425, κ = 15) and DSpark's γ = 7 (DS13, dspark_config.py:21).
-DEFAULT_NUM_STEPS = {"dflash": 15, "dspark": 7}  # γ (DFlash block 16 = γ + 1)
-DEFAULT_NUM_STEPS_OTHER = 3
-
-# Default draft cost ratio c = t_draft / t_target when nothing better is known (used by `auto` and
-# `explain`): §6.2's 1B-for-8B draft (0.165) for draft_model; the second seed's one-layer head
-# (T_DRAFT 0.25 ms over a 5.97 ms memory floor = 0.042) for heads and block drafters; 0 for lookups.
-DEFAULT_DRAFT_COST_RATIO = {
-    "none": 0.0, "ngram": 0.0, "suffix": 0.0, "draft_model": 0.165, "custom": 0.165,
-    "eagle": 0.042, "eagle3": 0.042, "mtp": 0.042, "frozen_kv_mtp": 0.042,
-    "multi_layer_eagle": 0.042, "medusa": 0.01, "dflash": 0.042, "dspark": 0.042,
-}
-
-# Default per-position acceptance when the plan gives none: §6.2's configuration (zoo seed line 38).
-DEFAULT_ALPHA = 0.70
-
 
 @dataclass(frozen=True)
 class CandidateState:
@@ -105,13 +71,7 @@ class CandidateState:
         return state_kind(self.num_steps, self.topk, self.parallel, self.tree_choices)
 
 
-def state_kind(num_steps: int, topk: int, parallel: bool,
-               tree_choices: Optional[Tuple[Tuple[int, ...], ...]]) -> str:
-    if num_steps == 0:
-        return "plain"
-    if tree_choices is not None or topk > 1:
-        return "tree"
-    return "parallel" if parallel else "chain"
+state_kind = methods.state_kind
 
 
 def tree_digest(tree_choices: Tuple[Tuple[int, ...], ...]) -> str:
@@ -139,17 +99,64 @@ def state_name(batch_size: int, num_steps: int, topk: int, num_draft_tokens: int
 
 
 @dataclass(frozen=True)
+class BucketSpec:
+    """One slot of the schedule's table, keyed by batch size (floor lookup).
+
+    ``candidates``: the κ values allowed (ascending); ``up_hysteresis`` / ``down_hysteresis`` /
+    ``ceiling_coeff``: the adaptive controller's per-slot parameters (SGLang's per-slot defaults
+    0.0 / −0.25 / 0 when the plan leaves them unset, adaptive_spec_params.py:171-176)."""
+
+    key: int
+    candidates: Tuple[int, ...]
+    up_hysteresis: float = 0.0
+    down_hysteresis: float = -0.25
+    ceiling_coeff: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What the runtime's schedule policy needs (written to the artifact's manifest, read by
+    ``specc.runtime.schedule``): the kind, the captured batch sizes, the bucket table, the startup
+    κ, the adaptive controller's constants (SGLang defaults: EMA α 0.2, 10 warm-up batches, a
+    decision every 5th; adaptive_spec_params.py:171-176), for ``batch_buckets`` the cap
+    ``num_steps_cap`` (vLLM looks up ``min(K_entry, K)``, DYN:77-148), and for ``budget`` the
+    ``ragged_verify`` mode (SGLang's: ``compact`` verifies only the admitted tokens, ``cap_accept``
+    verifies every draft and caps acceptance at the admitted ones, ``static`` admits everything;
+    sglang-0.5.23.md §5). ``auto`` runs as the adaptive controller over its derived candidates."""
+
+    kind: str
+    capture_sizes: Tuple[int, ...]
+    buckets: Tuple[BucketSpec, ...]
+    start_steps: int
+    ema_alpha: float = 0.2
+    warmup_batches: int = 10
+    update_interval: int = 5
+    num_steps_cap: Optional[int] = None
+    ragged_verify: str = "static"
+
+    def as_dict(self) -> Dict[str, Any]:
+        """Plain data (JSON-safe; bucket keys as strings)."""
+        return {"kind": self.kind, "capture_sizes": list(self.capture_sizes),
+                "buckets": {str(b.key): {"candidates": list(b.candidates), "up_hysteresis": b.up_hysteresis,
+                                         "down_hysteresis": b.down_hysteresis, "ceiling_coeff": b.ceiling_coeff}
+                            for b in self.buckets},
+                "start_steps": self.start_steps, "ema_alpha": self.ema_alpha,
+                "warmup_batches": self.warmup_batches, "update_interval": self.update_interval,
+                "num_steps_cap": self.num_steps_cap, "ragged_verify": self.ragged_verify}
+
+
+@dataclass(frozen=True)
 class Lowering:
     """Everything lowering decided: the states, the capture sizes, the bucket table actually used
-    (key → κ candidates), a reason per bucket (for ``auto``: why these κ) and notes on defaults."""
+    (key → κ candidates), a reason per bucket (for ``auto``: why these κ), notes on defaults, and
+    the :class:`ScheduleSpec` the runtime's schedule policy reads."""
 
     states: Tuple[CandidateState, ...]
     capture_sizes: Tuple[int, ...]
     buckets: Dict[int, Tuple[int, ...]]
+    schedule: ScheduleSpec
     reasons: Dict[int, str] = field(default_factory=dict)
     notes: Tuple[str, ...] = ()
-    alpha: float = DEFAULT_ALPHA
-    alpha_source: str = ""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -158,10 +165,9 @@ class Lowering:
 
 
 def is_parallel(plan: Plan) -> bool:
-    """True when one draft pass emits the whole block (dflash, dspark; or PARD / P-EAGLE when
-    ``method.parallel_drafting`` is set)."""
-    m = plan.method
-    return m.name in ALWAYS_PARALLEL or (bool(m.parallel_drafting) and m.name in PARALLEL_CAPABLE)
+    """True when one draft pass emits the whole block (dflash, dspark, medusa; or PARD / P-EAGLE when
+    ``method.parallel_drafting`` is set): :func:`specc.methods.is_parallel`."""
+    return methods.is_parallel(plan.method.name, plan.method.parallel_drafting)
 
 
 def plan_tree_choices(plan: Plan) -> Optional[Tuple[Tuple[int, ...], ...]]:
@@ -193,7 +199,7 @@ def base_num_steps(plan: Plan) -> Tuple[int, Optional[str]]:
     tc = plan_tree_choices(plan)
     if tc is not None:
         return max(len(p) for p in tc), None
-    if m.num_steps is not None and not (m.name in ("dflash", "dspark") and m.num_steps == 1
+    if m.num_steps is not None and not (methods.get(m.name).draft_shape == "block" and m.num_steps == 1
                                         and (m.num_draft_tokens or m.block_size)):
         # SGLang pins DFlash/DSpark num_steps to 1 (DF8, DS11); then the block comes from the width.
         return int(m.num_steps), None
@@ -206,7 +212,7 @@ def base_num_steps(plan: Plan) -> Tuple[int, Optional[str]]:
             return int(m.block_size), None
     if m.topk is not None and m.topk == 1 and m.num_draft_tokens is not None:
         return int(m.num_draft_tokens) - 1, None
-    k = DEFAULT_NUM_STEPS.get(m.name, DEFAULT_NUM_STEPS_OTHER)
+    k = methods.get(m.name).default_num_steps
     return k, (f"method.num_steps unset: using κ = {k} (engine default: SGLang "
                "speculative_hook.py:1164-1174 (3,1,4); DFlash block 16, DSpark γ 7)")
 
@@ -272,283 +278,22 @@ def route_slot(keys: Sequence[int], batch_size: int) -> int:
     return keys[max(i, 0)]
 
 
-def plan_alpha(plan: Plan, override: Optional[float] = None) -> Tuple[float, str]:
-    """The α the cost model assumes, and where it came from: ``override`` (``--alpha``), else the
-    plan's synthetic acceptance (``verify.synthetic.acceptance_rates`` — unconditional, so
-    E = 1 + Σ r_i — or ``acceptance_length`` = E, each inverted through E(α, κ)), else
-    :data:`DEFAULT_ALPHA` (§6.2)."""
-    if override is not None:
-        if not 0.0 <= override <= 1.0:
-            raise PlanError(f"--alpha must lie in [0, 1], got {override}")
-        return float(override), "--alpha"
-    syn = plan.verify.synthetic
-    if syn.acceptance_rates:
-        # vLLM's rates are unconditional: r_i = P(first i+1 drafts accepted), so E = 1 + Σ r_i
-        # (vllm-0.33.0.md §5 "Synthetic"); α is the constant per-position rate with the same E.
-        rates = [min(max(float(r), 0.0), 1.0) for r in syn.acceptance_rates]
-        e = 1.0 + sum(rates)
-        return cost.alpha_for_expected_tokens(min(e, len(rates) + 1.0), len(rates)), (
-            f"verify.synthetic.acceptance_rates (E = {e:.3f} over {len(rates)} positions)")
-    if syn.acceptance_length is not None:
-        k, _ = base_num_steps(plan)
-        k = max(k, 1)
-        e = min(max(float(syn.acceptance_length), 1.0), k + 1.0)
-        return cost.alpha_for_expected_tokens(e, k), (
-            f"verify.synthetic.acceptance_length = {syn.acceptance_length} inverted at κ = {k}")
-    return DEFAULT_ALPHA, "default (§6.2's α = 0.70)"
-
-
-# ----------------------------------------------------------------------------------------------------
-# schedule.kind: auto
-# ----------------------------------------------------------------------------------------------------
-
-
-def _resolve_path(path: str) -> Optional[Path]:
-    """Map a plan model path to a file; ``pkg://`` through specc.models.resolve when available."""
-    if path.startswith("pkg://"):
-        try:
-            from specc.models.resolve import resolve_model_path  # no torch (TEAM.md)
-
-            return Path(resolve_model_path(path))
-        except Exception:
-            pkg, _, rel = path[len("pkg://"):].partition("/")
-            spec = importlib.util.find_spec(pkg)
-            if spec is None or not spec.submodule_search_locations:
-                return None
-            return Path(list(spec.submodule_search_locations)[0]) / rel
-    return Path(path)
-
-
-EMBEDDING_NAMES = ("embed_tokens", "token_embd", "wte")
-
-_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def gguf_tensor_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
-    """Tensor name → shape from a GGUF file's header (GGUF v2/v3 layout: magic, version, tensor and
-    metadata counts, metadata key/values, then tensor infos), without reading tensor data. Much faster
-    than ``gguf.GGUFReader``, which maps every tensor. Raises ValueError on a malformed header."""
-    with open(path, "rb") as fh:
-        def read(fmt):
-            size = struct.calcsize(fmt)
-            data = fh.read(size)
-            if len(data) != size:
-                raise ValueError("truncated GGUF header")
-            return struct.unpack(fmt, data)
-
-        def read_str():
-            (n,) = read("<Q")
-            return fh.read(n).decode("utf-8", "replace")
-
-        def skip_value(vtype):
-            if vtype in _GGUF_SCALAR:
-                fh.seek(_GGUF_SCALAR[vtype], 1)
-            elif vtype == 8:
-                (n,) = read("<Q")
-                fh.seek(n, 1)
-            elif vtype == 9:
-                etype, count = read("<IQ")
-                if etype in _GGUF_SCALAR:
-                    fh.seek(_GGUF_SCALAR[etype] * count, 1)
-                else:
-                    for _ in range(count):
-                        skip_value(etype)
-            else:
-                raise ValueError(f"unknown GGUF value type {vtype}")
-
-        if fh.read(4) != b"GGUF":
-            raise ValueError("not a GGUF file")
-        (version,) = read("<I")
-        if version < 2:
-            raise ValueError(f"GGUF version {version} not supported")
-        n_tensors, n_kv = read("<QQ")
-        for _ in range(n_kv):
-            read_str()
-            (vtype,) = read("<I")
-            skip_value(vtype)
-        shapes = {}
-        for _ in range(n_tensors):
-            name = read_str()
-            (n_dims,) = read("<I")
-            dims = read(f"<{n_dims}Q")
-            read("<IQ")  # type, offset
-            shapes[name] = tuple(int(d) for d in dims)
-        return shapes
-
-
-@functools.lru_cache(maxsize=16)
-def _count_params_cached(path: str, mtime: float, skip_embeddings: bool = False) -> int:
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.gguf"))
-    else:
-        files = [p]
-    files = [f for f in files if f.is_file()]  # never open a FIFO or device (it would block or never end)
-    total = 0
-    for f in files:
-        if f.suffix == ".gguf":
-            for name, shape in gguf_tensor_shapes(str(f)).items():
-                if not (skip_embeddings and any(e in name for e in EMBEDDING_NAMES)):
-                    count = 1
-                    for d in shape:
-                        count *= d
-                    total += count
-        elif f.suffix == ".safetensors":
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if n > 100_000_000:  # safetensors' own header limit
-                    raise ValueError(f"{f}: safetensors header of {n} bytes")
-                header = json.loads(fh.read(n))
-            for key, meta in header.items():
-                if key != "__metadata__" and not (skip_embeddings and any(e in key for e in EMBEDDING_NAMES)):
-                    count = 1
-                    for d in meta["shape"]:
-                        count *= int(d)
-                    total += count
-    return total
-
-
-def count_params(path: Optional[str], skip_embeddings: bool = False) -> Optional[int]:
-    """Parameter count of a checkpoint (GGUF tensor table or safetensors headers), or None when the
-    path is unset or unreadable. ``skip_embeddings`` leaves out input-embedding tables (a step gathers
-    a few rows of them; it does not stream them), used for a draft's per-pass cost. Reads headers
-    only; no torch."""
-    if not path:
-        return None
-    p = _resolve_path(path)
-    if p is None or not p.exists():
-        return None
-    try:
-        n = _count_params_cached(str(p), p.stat().st_mtime, skip_embeddings)
-    except Exception:
-        return None
-    return n or None
-
-
-def bytes_per_param(plan: Plan, hw: cost.HardwareProfile) -> Tuple[float, str]:
-    """Bytes per weight as the runtime holds it and the dtype name: ``target.dtype``, else
-    ``runtime.dtype``, else the hardware's native dtype (fp32 on the CPU profile, bf16 on GPUs)."""
-    dtype = plan.target.dtype if plan.target.dtype != "auto" else plan.runtime.dtype
-    if dtype == "auto":
-        dtype = hw.dtype
-    return {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}.get(dtype, 2.0), dtype
-
-
-def auto_batch_model(plan: Plan) -> Tuple[cost.BatchModel, str]:
-    """The :class:`specc.cost.BatchModel` behind ``schedule.kind: auto`` and a one-line description.
-
-    From ``schedule.cost_table`` when set (profiled step function), else from
-    ``schedule.hardware`` (roofline) with the target's parameter count read from its checkpoint and
-    the draft pass time from the draft checkpoint (memory-bound) or the method's default ratio
-    (:data:`DEFAULT_DRAFT_COST_RATIO`). Raises PlanError when neither is usable."""
-    ratio = DEFAULT_DRAFT_COST_RATIO.get(plan.method.name, 0.165)
-    if plan.schedule.cost_table:
-        table = cost.load_cost_table(plan.schedule.cost_table)
-        model = cost.batch_model_from_table(table, fallback_draft_ratio=ratio)
-        return model, f"cost table {table.path} ({table.device or 'unknown device'})"
-    if not plan.schedule.hardware:
-        raise PlanError("schedule.kind = auto needs schedule.hardware (one of conf/hardware/*.yaml, "
-                        "e.g. h100, h200, cpu) or schedule.cost_table (a `specc profile` JSON)")
-    hw = cost.load_hardware_profile(plan.schedule.hardware)
-    params = count_params(plan.target.path)
-    if params is None:
-        raise PlanError(f"schedule.kind = auto with schedule.hardware = {plan.schedule.hardware} "
-                        f"needs the target's size, but target.path = {plan.target.path!r} is not a "
-                        "readable checkpoint; fix target.path or set schedule.cost_table")
-    bpp, dtype = bytes_per_param(plan, hw)
-    floor = params * bpp / hw.effective_bandwidth
-    draft_params = count_params(plan.draft.path, skip_embeddings=True) if plan.draft is not None else None
-    if plan.method.name in MODEL_FREE or plan.method.name == "none":
-        draft_time, how = 0.0, "no draft model"
-    elif draft_params:
-        draft_time = draft_params * bpp / hw.effective_bandwidth
-        how = f"draft {draft_params / 1e6:.1f}M params memory-bound"
-    else:
-        draft_time = ratio * floor
-        how = f"draft c = {ratio} (method default)"
-    model = cost.batch_model_from_hardware(hw, params, bpp, draft_time)
-    desc = (f"{hw.name} roofline: target {params / 1e6:.1f}M params {dtype}, memory floor "
-            f"{floor * 1e3:.3f} ms, compute-bound past {model.saturation_tokens:.0f} tokens; {how} "
-            f"({draft_time * 1e3:.3f} ms/pass)")
-    return model, desc
-
-
-def default_hardware(plan: Plan) -> str:
-    """The hardware profile the cost model assumes: ``schedule.hardware``, else ``h100`` when
-    ``runtime.device`` is cuda, else ``cpu``."""
-    if plan.schedule.hardware:
-        return plan.schedule.hardware
-    return "h100" if plan.runtime.device == "cuda" else "cpu"
-
-
-def draft_config(plan: Plan) -> Optional[dict]:
-    """The draft checkpoint's HF ``config.json`` as a dict, or None (no draft, GGUF, not on disk)."""
-    if plan.draft is None or not plan.draft.path:
-        return None
-    p = _resolve_path(plan.draft.path)
-    if p is None:
-        return None
-    cfg = p / "config.json" if p.is_dir() else p.with_name("config.json")
-    from specc.errors import SpeccError
-    from specc.io import CONFIG_JSON_LIMIT, read_bounded
-
-    try:
-        data = json.loads(read_bounded(cfg, CONFIG_JSON_LIMIT, "draft config"))
-    except (SpeccError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def draft_kv_bytes_per_token(plan: Plan) -> Optional[int]:
-    """Draft KV-cache bytes per token: 2 (K and V) · layers · kv_heads · head_dim · bytes, from the
-    draft's config.json. 0 for methods without a draft KV (none, ngram, suffix, medusa; frozen-KV MTP
-    reads the target's KV — SGLang FROZEN_KV_MTP); None when the draft config is unavailable."""
-    if plan.method.name in ("none", "ngram", "suffix", "medusa", "frozen_kv_mtp"):
-        return 0
-    cfg = draft_config(plan)
-    if not cfg:
-        return None
-    try:
-        layers = int(cfg.get("num_hidden_layers", 1))
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads", heads))
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError):
-        return None
-    hw = cost.load_hardware_profile(default_hardware(plan))
-    bpp, _ = bytes_per_param(plan, hw)
-    return int(2 * layers * kv_heads * head_dim * bpp)
-
-
-def draft_cost_ratio(plan: Plan) -> Tuple[float, str]:
-    """c = t_draft / t_target for one draft pass, and its source: 0 for lookups and plain decode;
-    draft/target parameter ratio when both checkpoints are readable (both passes memory-bound, §6.2;
-    the draft's input embeddings are left out, a pass gathers only a few rows of them);
-    else :data:`DEFAULT_DRAFT_COST_RATIO` for the method."""
-    m = plan.method.name
-    if m in MODEL_FREE or m == "none":
-        return 0.0, f"{m}: no draft model"
-    if plan.draft is not None and plan.draft.path:
-        dp = count_params(plan.draft.path, skip_embeddings=True)
-        tp = count_params(plan.target.path) if dp else None
-        if dp and tp:
-            return dp / tp, f"draft/target params {dp / 1e6:.1f}M/{tp / 1e6:.1f}M"
-    ratio = DEFAULT_DRAFT_COST_RATIO.get(m, 0.165)
-    return ratio, f"method default for {m}"
-
-
-def derive_auto_buckets(plan: Plan, sizes: Sequence[int], alpha: float,
+def derive_auto_buckets(plan: Plan, sizes: Sequence[int], alpha: float, model: cost.BatchModel,
                         max_steps: Optional[int] = None, spread: float = 0.1
-                        ) -> Tuple[Dict[int, Tuple[int, ...]], Dict[int, str], str]:
+                        ) -> Tuple[Dict[int, Tuple[int, ...]], Dict[int, str]]:
     """``schedule.kind: auto``: each captured size's κ candidates from the batch model.
 
     For every captured batch b the best κ (max tokens/s, second seed's search over 0..max_steps;
-    default 0..max(8, method.num_steps) for chains, 0..γ for block drafters) is
-    found at α − spread, α and α + spread; the candidates are those (deduplicated), so an adaptive
-    controller can follow acceptance within that band. Consecutive sizes with equal candidates merge
-    into one bucket keyed by the smallest size. Returns (buckets, reason per bucket, model line).
+    default 0..max(8, method.num_steps) for chains, 0..γ for block drafters) is found at α − spread,
+    α and α + spread; the candidates are those (deduplicated), so an adaptive controller can follow
+    acceptance within that band (``spread`` 0 gives one κ per bucket). Consecutive sizes with equal
+    candidates merge into one bucket keyed by the smallest size.
+
+    Args:
+        model: the :class:`specc.cost.BatchModel` (``specc.sizing.auto_batch_model``: a profiled cost
+            table or a hardware roofline).
+    Returns: (buckets, reason per bucket).
     """
-    model, desc = auto_batch_model(plan)
     par = is_parallel(plan)
     if max_steps is None:
         if par:  # a block drafter emits γ tokens; verifying a prefix of the block is the only knob
@@ -586,7 +331,7 @@ def derive_auto_buckets(plan: Plan, sizes: Sequence[int], alpha: float,
     for key, end in last_size.items():
         if end != key:
             reasons[key] += f" (same candidates up to batch {end})"
-    return buckets, reasons, desc
+    return buckets, reasons
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -594,28 +339,40 @@ def derive_auto_buckets(plan: Plan, sizes: Sequence[int], alpha: float,
 # ----------------------------------------------------------------------------------------------------
 
 
-def _bucket_table(plan: Plan, sizes: Sequence[int], alpha: float
+def _plan_buckets(plan: Plan) -> Dict[int, Tuple[int, ...]]:
+    table = {}
+    for key, bucket in plan.schedule.buckets.items():
+        cands = bucket.candidates if hasattr(bucket, "candidates") else bucket["candidates"]
+        if not cands:
+            raise PlanError(f"schedule.buckets.{key}.candidates is empty; list the κ values "
+                            "allowed at this batch size (0 = plain decode)")
+        bad = [c for c in cands if int(c) < 0]
+        if bad:
+            raise PlanError(f"schedule.buckets.{key}.candidates: κ must be >= 0, got {bad}")
+        table[int(key)] = tuple(sorted({int(c) for c in cands}))
+    return table
+
+
+def _bucket_table(plan: Plan, sizes: Sequence[int], alpha: Optional[float],
+                  auto_model: Optional[Tuple[cost.BatchModel, str]]
                   ) -> Tuple[Dict[int, Tuple[int, ...]], Dict[int, str], List[str]]:
     s = plan.schedule
     notes: List[str] = []
     kind = s.kind
-    if plan.method.name == "none":
-        return {min(sizes): (0,)}, {min(sizes): "method none: plain decode only"}, notes
+    if not methods.get(plan.method.name).drafts:
+        return {min(sizes): (0,)}, {min(sizes): f"method {plan.method.name}: plain decode only"}, notes
     if kind == "auto":
-        buckets, reasons, desc = derive_auto_buckets(plan, sizes, alpha)
-        notes.append(f"auto schedule from {desc}")
+        if auto_model is None or alpha is None:
+            raise PlanError("schedule.kind = auto is lowered with the cost model's inputs; call "
+                            "specc.analyze.lower_plan (explain, compile) rather than lower() alone")
+        buckets, reasons = derive_auto_buckets(plan, sizes, alpha, auto_model[0])
+        notes.append(f"auto schedule from {auto_model[1]}")
         return buckets, reasons, notes
     if kind in ("adaptive", "batch_buckets") and s.buckets:
-        table = {}
-        for key, bucket in s.buckets.items():
-            cands = bucket.candidates if hasattr(bucket, "candidates") else bucket["candidates"]
-            if not cands:
-                raise PlanError(f"schedule.buckets.{key}.candidates is empty; list the κ values "
-                                "allowed at this batch size (0 = plain decode)")
-            bad = [c for c in cands if int(c) < 0]
-            if bad:
-                raise PlanError(f"schedule.buckets.{key}.candidates: κ must be >= 0, got {bad}")
-            table[int(key)] = tuple(sorted({int(c) for c in cands}))
+        table = _plan_buckets(plan)
+        if kind == "batch_buckets" and plan.method.num_steps is not None:
+            cap = int(plan.method.num_steps)
+            table = {k: tuple(sorted({min(c, cap) for c in v})) for k, v in table.items()}
         return table, {k: f"schedule.buckets.{k}" for k in table}, notes
     if kind == "adaptive":
         notes.append("schedule.buckets empty: SGLang DEFAULT_ADAPTIVE_CONFIG "
@@ -627,24 +384,77 @@ def _bucket_table(plan: Plan, sizes: Sequence[int], alpha: float
     return {min(sizes): (k,)}, {min(sizes): f"{kind}: method.num_steps = {k}"}, notes
 
 
-def lower_report(plan: Plan, alpha: Optional[float] = None) -> Lowering:
+def reachable_steps(kind: str, keys: Sequence[int], buckets: Dict[int, Tuple[int, ...]],
+                    sizes: Sequence[int], size: int) -> Tuple[int, ...]:
+    """The κ values a schedule can select while running in captured size ``size`` — the states that
+    size needs. ``batch_buckets`` looks κ up by the number of running requests n (vLLM, SCH:1711-1714),
+    and every n in (previous captured size, size] pads to ``size``: the union of their slots. The other
+    kinds look up the slot of the padded size itself (SGLang's ``cuda_graph_bs_for_step``,
+    adaptive_spec_params.py:328-340)."""
+    if kind != "batch_buckets":
+        return buckets[route_slot(keys, size)]
+    out = set()
+    for n in range(1, size + 1):
+        out.update(buckets[route_slot(keys, n)])
+    return tuple(sorted(out))
+
+
+def start_steps(plan: Plan, buckets: Dict[int, Tuple[int, ...]]) -> int:
+    """The startup κ of the schedule: ``method.num_steps`` when set, else the middle of the union of
+    every slot's candidates (SGLang, speculative_hook.py:1409-1414)."""
+    if plan.method.num_steps is not None:
+        return int(plan.method.num_steps)
+    union = sorted({k for v in buckets.values() for k in v})
+    return union[len(union) // 2]
+
+
+def schedule_spec(plan: Plan, sizes: Sequence[int], buckets: Dict[int, Tuple[int, ...]]) -> ScheduleSpec:
+    """The :class:`ScheduleSpec` of a plan whose bucket table lowering has decided."""
+    s = plan.schedule
+    kind = s.kind if methods.get(plan.method.name).drafts else "static"
+    rows = []
+    for key in sorted(buckets):
+        src = s.buckets.get(key) if kind in ("adaptive", "batch_buckets") else None
+        get = (lambda name, default: default if src is None or getattr(src, name, None) is None
+               else float(getattr(src, name)))
+        down_default = -0.25 if kind in ("adaptive", "auto") else 0.0
+        rows.append(BucketSpec(key=int(key), candidates=tuple(buckets[key]),
+                               up_hysteresis=get("up_hysteresis", 0.0),
+                               down_hysteresis=get("down_hysteresis", down_default),
+                               ceiling_coeff=get("ceiling_coeff", 0.0)))
+    cap = int(plan.method.num_steps) if kind == "batch_buckets" and plan.method.num_steps is not None else None
+    return ScheduleSpec(
+        kind=kind, capture_sizes=tuple(sizes), buckets=tuple(rows), start_steps=start_steps(plan, buckets),
+        ema_alpha=float(s.ema_alpha) if s.ema_alpha is not None else 0.2,
+        warmup_batches=int(s.warmup_batches) if s.warmup_batches is not None else 10,
+        update_interval=int(s.update_interval) if s.update_interval is not None else 5,
+        num_steps_cap=cap, ragged_verify=s.ragged_verify if kind == "budget" else "static")
+
+
+def lower_report(plan: Plan, alpha: Optional[float] = None,
+                 auto_model: Optional[Tuple[cost.BatchModel, str]] = None) -> Lowering:
     """Lower ``plan`` to its candidate states and report every decision (see module docstring).
 
+    Args:
+        alpha, auto_model: the cost model's α and ``(BatchModel, description)``
+            (``specc.sizing.plan_alpha`` / ``auto_batch_model``); needed only by ``schedule.kind:
+            auto`` (:func:`specc.analyze.lower_plan` passes them). Lowering reads no files.
     States are sorted by (batch size, κ). Raises PlanError for a plan that cannot be lowered (empty
-    bucket, bad widths, auto schedule without hardware/cost table), naming the field.
+    bucket, bad widths, auto schedule without its cost inputs), naming the field.
     """
-    if plan.verify.rule not in ("greedy", "standard", "block", "synthetic"):
+    if plan.verify.rule not in methods.VERIFY_RULES:
         raise PlanError(f"verify.rule: unknown rule {plan.verify.rule!r}")
+    methods.get(plan.method.name)
     sizes = capture_sizes(plan)
-    a, a_src = plan_alpha(plan, alpha)
-    buckets, reasons, notes = _bucket_table(plan, sizes, a)
+    buckets, reasons, notes = _bucket_table(plan, sizes, alpha, auto_model)
     keys = sorted(buckets)
+    spec = schedule_spec(plan, sizes, buckets)
     par = is_parallel(plan)
     tc = plan_tree_choices(plan)
     topk = plan_topk(plan)
     states: Dict[str, CandidateState] = {}
     for b in sizes:
-        for k in buckets[route_slot(keys, b)]:
+        for k in reachable_steps(spec.kind, keys, buckets, sizes, b):
             plain = k == 0
             st_topk = 1 if plain else topk
             st_tc = None if plain else tc
@@ -657,13 +467,15 @@ def lower_report(plan: Plan, alpha: Optional[float] = None) -> Lowering:
                 num_draft_tokens=w, verify_rule=plan.verify.rule,
                 draft_sampling=plan.verify.draft_sampling, parallel=st_par, tree_choices=st_tc)
     ordered = tuple(sorted(states.values(), key=lambda s: (s.batch_size, s.num_steps, s.name)))
-    return Lowering(states=ordered, capture_sizes=tuple(sizes), buckets=buckets, reasons=reasons,
-                    notes=tuple(notes), alpha=a, alpha_source=a_src)
+    return Lowering(states=ordered, capture_sizes=tuple(sizes), buckets=buckets, schedule=spec,
+                    reasons=reasons, notes=tuple(notes))
 
 
-def lower(plan: Plan) -> List[CandidateState]:
+def lower(plan: Plan, alpha: Optional[float] = None,
+          auto_model: Optional[Tuple[cost.BatchModel, str]] = None) -> List[CandidateState]:
     """Plan → its candidate states, one per (captured batch size, κ, tree shape, verify width,
     verify rule) the schedule can select, pruned as SGLang prunes graph sizes per step
     (``cuda_graph_bs_for_step``, adaptive_spec_params.py:328-340). Sorted by (batch size, κ).
-    Raises PlanError naming the offending field."""
-    return list(lower_report(plan).states)
+    Raises PlanError naming the offending field (see :func:`lower_report` for ``alpha`` and
+    ``auto_model``)."""
+    return list(lower_report(plan, alpha, auto_model).states)

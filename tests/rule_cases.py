@@ -7,6 +7,42 @@ worked out from the reference tables (shared/reference/*.md), not from running t
 from __future__ import annotations
 
 import copy
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+
+def make_checkpoint(root: Path, name: str, config: dict, vocab_rows=None) -> str:
+    """A small Hugging Face checkpoint directory (config.json + a safetensors embedding) for the rules
+    that read config.json; returns its path."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(config))
+    rows = vocab_rows if vocab_rows is not None else int(config.get("vocab_size", 32))
+    save_file({"model.embed_tokens.weight": np.zeros((rows, 2), dtype=np.float16)}, str(d / "model.safetensors"))
+    return str(d)
+
+
+CKPT = Path(tempfile.mkdtemp(prefix="specc-rule-ckpts-"))
+#: DeepSeek-V3-style target with 2 MTP layers (vLLM n_predict = num_nextn_predict_layers = 2)
+MTP2_TARGET = make_checkpoint(CKPT, "dsv3_mtp2", {"architectures": ["DeepseekV3ForCausalLM"],
+                                                   "model_type": "deepseek_v3", "num_nextn_predict_layers": 2,
+                                                   "vocab_size": 64})
+LLAMA_TARGET = make_checkpoint(CKPT, "llama_target", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                      "vocab_size": 64})
+#: DFlash draft: block_size and a mask token, no n_predict (z-lab/Qwen3-8B-DFlash-b16 layout)
+DFLASH_LOCAL = make_checkpoint(CKPT, "dflash_b16", {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+                                                    "block_size": 16, "dflash_config": {"mask_token_id": 63},
+                                                    "vocab_size": 64})
+PARD_NOMASK = make_checkpoint(CKPT, "llama_draft", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                    "vocab_size": 64})
+PARD_MASK = make_checkpoint(CKPT, "pard_draft", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                 "pard_token": 63, "vocab_size": 64})
+NPRED3 = make_checkpoint(CKPT, "npredict3", {"architectures": ["MLPSpeculatorPreTrainedModel"], "n_predict": 3,
+                                             "vocab_size": 64})
 
 LLAMA = {"path": "meta-llama/Llama-3.1-8B-Instruct", "format": "hf", "architecture": "LlamaForCausalLM",
          "vocab_size": 128256, "max_model_len": 8192}
@@ -110,6 +146,7 @@ CASES = {
     "sglang.EG19": (SGL_E3, _m({"method.name": "multi_layer_eagle", "method.topk": 2}, PROB), {"method.topk": 1},
                     "error"),
     "sglang.EG20": (SGL_E3, {"method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4}, "fallback"),
+    "sglang.EG21T": (SGL_E3, {"method.name": "eagle", "method.topk": None}, {"method.topk": 1}, "error"),
     "sglang.EG21": (SGL_E3, _m(TREE, {"deploy.page_size": 16, "deploy.attention_backend": "fa4"}),
                     {"deploy.attention_backend": "fa3"}, "error"),
     "sglang.RS1": (SGL_NGRAM, PROB, {"verify.draft_sampling": "greedy"}, "warning"),
@@ -134,6 +171,8 @@ CASES = {
     "sglang.ML4": (SGL_E3, {"method.name": "multi_layer_eagle", "method.topk": 2, "method.num_draft_tokens": 6},
                    {"method.num_draft_tokens": 4}, "error"),
     "sglang.DF1": (SGL_DFLASH, {"runtime.device": "cpu"}, {"runtime.device": "cuda"}, "error"),
+    "sglang.DF3": (SGL_DFLASH, {"deploy.parallel.dp_attention": True}, {"deploy.parallel.dp_attention": False},
+                   "error"),
     "sglang.DF6": (SGL_DFLASH, {"deploy.parallel.pp": 2}, {"deploy.parallel.pp": 1}, "error"),
     "sglang.DF7": (SGL_DFLASH, {"draft": None}, {"draft.path": DFLASH_DRAFT["path"]}, "error"),
     "sglang.DF8": (SGL_DFLASH, {"method.num_steps": 4}, {"method.num_steps": 1}, "fallback"),
@@ -144,6 +183,8 @@ CASES = {
     "sglang.DF13": (SGL_DFLASH, {"method.block_size": None}, {"method.block_size": 15}, "filled"),
     "sglang.DF17": (SGL_DFLASH, {"deploy.max_running_requests": None}, {"deploy.max_running_requests": 64}, "filled"),
     "sglang.DS1": (SGL_DSPARK, {"runtime.device": "cpu"}, {"runtime.device": "cuda"}, "error"),
+    "sglang.DS2": (SGL_DSPARK, {"deploy.parallel.dp_attention": True}, {"deploy.parallel.dp_attention": False},
+                   "error"),
     "sglang.DS7": (SGL_DSPARK, {"deploy.parallel.pp": 2}, {"deploy.disagg.role": "prefill"}, "error"),
     "sglang.DS10": (SGL_DSPARK, {"draft": None}, {"draft.path": DSPARK_DRAFT["path"]}, "warning"),
     "sglang.DS11": (SGL_DSPARK, {"method.num_steps": 3}, {"method.num_steps": 1}, "fallback"),
@@ -184,6 +225,8 @@ CASES = {
     "sglang.L4": (SGL_ADAPT, LORA, {"deploy.lora.adapters": []}, "error"),
     "sglang.X3": (SGL_E3, {"method.name": "draft_model", "deploy.parallel.pp": 2}, {"deploy.disagg.role": "prefill"},
                   "error"),
+    "sglang.TBO1": (SGL_E3, {"deploy.parallel.two_batch_overlap": True, "deploy.parallel.tp": 2},
+                    {"deploy.parallel.dp_attention": True}, "error"),
     "sglang.PD1": (SGL_E3, {"deploy.disagg.role": "decode", "method.topk": 20, "method.num_draft_tokens": 8},
                    {"method.topk": 16}, "error"),
     "sglang.SY1": (SGL_E3, {"verify.rule": "synthetic", "verify.synthetic.acceptance_rates": [0.9, 0.5]},
@@ -214,8 +257,24 @@ CASES = {
     "vllm.R16": (V_E3, {"method.name": "mtp", "draft": None}, {"method.num_steps": 1}, "warning"),
     "vllm.R21": (V_DFLASH, {}, {"method.parallel_drafting": True}, "filled"),
     "vllm.R23": (V_DSPARK, {"method.block_size": None}, {"method.block_size": 7}, "warning"),
-    "vllm.R26": (V_E3, {"method.num_steps": None, "method.num_draft_tokens": None}, {"method.num_steps": 3}, "warning"),
-    "vllm.K1": (V_DFLASH, {"method.num_steps": 4}, {"method.num_steps": 1}, "warning"),
+    "vllm.R24": (V_E3, {"draft.path": NPRED3, "method.num_steps": None, "method.num_draft_tokens": None},
+                 {"method.num_steps": 3}, "filled"),
+    "vllm.R26": (V_DFLASH, {"draft.path": DFLASH_LOCAL, "method.num_steps": None, "method.block_size": 16},
+                 {"method.num_steps": 15}, "error"),
+    "vllm.R25": (V_E3, {"method.name": "mtp", "draft": None, "target.path": MTP2_TARGET,
+                        "target.architecture": "DeepseekV3ForCausalLM", "method.num_steps": 3},
+                 {"method.num_steps": 4}, "error"),
+    "vllm.MTP1": (V_E3, {"method.name": "mtp", "draft": None, "method.num_steps": 1},
+                  {"target.architecture": "DeepseekV3ForCausalLM"}, "error"),
+    "vllm.R36": (V_NGRAM, {"method.num_steps": None, "method.ngram.min": 2, "method.ngram.max": 4},
+                 {"method.num_steps": 4}, "error"),
+    "vllm.R92": (V_E3, {"method.name": "draft_model", "draft.path": PARD_NOMASK, "draft.vocab_size": None,
+                        "method.parallel_drafting": True, "method.num_steps": 4, "method.num_draft_tokens": None},
+                 {"draft.path": PARD_MASK}, "error"),
+    "vllm.R61": (V_E3, _m(LORA, {"method.num_steps": 8, "method.num_draft_tokens": None}),
+                 {"method.num_steps": 7}, "error"),
+    "vllm.K1": (V_DSPARK, {"method.num_steps": 4}, {"method.num_steps": 1}, "warning"),
+    "vllm.K2": (V_DFLASH, {"method.block_size": 15}, {"method.block_size": None}, "warning"),
     "vllm.R29c": (V_E3, {"draft.max_model_len": 16384}, {"draft.max_model_len": 8192}, "error"),
     "vllm.R30": (V_NGRAM, {"method.name": "suffix"}, {"method.name": "ngram"}, "warning"),
     "vllm.R30b": (V_NGRAM, {"method.name": "suffix", "method.num_steps": None}, {"method.num_steps": 8}, "filled"),
@@ -298,8 +357,21 @@ CASES = {
     "specc.S-THRESH": (S_E3, {"verify.accept_threshold.acc": 0.8}, {"verify.accept_threshold.acc": None}, "error"),
     "specc.S-SYN-IGN": (S_E3, {"verify.synthetic.acceptance_length": 2.0}, {"verify.synthetic.acceptance_length": None},
                         "warning"),
-    "specc.S-SCHED": (S_E3, {"schedule.kind": "adaptive"}, {"schedule.kind": "static"}, "error"),
-    "specc.S-RAGGED": (S_E3, {"schedule.ragged_verify": "compact"}, {"schedule.ragged_verify": "static"}, "error"),
+    "specc.S-SCHED": (S_PLAIN, {"schedule.kind": "adaptive"}, {"schedule.kind": "static"}, "warning"),
+    "specc.S-BUCKET-ONE": (S_E3, {"schedule.kind": "batch_buckets", "schedule.buckets": {1: {"candidates": [3, 4]}}},
+                           {"schedule.buckets": {1: {"candidates": [3]}}}, "error"),
+    "specc.S-BUDGET-TABLE": (S_E3, {"schedule.kind": "budget", "schedule.ragged_verify": "compact"},
+                             {"schedule.cost_table": "cpu_table.json"}, "error"),
+    "specc.S-AUTO-INPUT": (S_E3, {"schedule.kind": "auto"}, {"schedule.hardware": "cpu"}, "error"),
+    "specc.S-RAGGED": (S_E3, {"schedule.kind": "budget", "schedule.cost_table": "cpu_table.json"},
+                       {"schedule.ragged_verify": "compact"}, "warning"),
+    "specc.S-RAGGED-IGN": (S_E3, {"schedule.ragged_verify": "compact"}, {"schedule.ragged_verify": "static"},
+                           "warning"),
+    "specc.S-SYNTHETIC": (S_E3, {"verify.rule": "synthetic", "verify.synthetic.acceptance_length": 2.0},
+                          {"verify.rule": "greedy", "verify.synthetic.acceptance_length": None}, "warning"),
+    "specc.S-SYN-RATES": (S_E3, {"verify.rule": "synthetic"}, {"verify.synthetic.acceptance_length": 2.0}, "error"),
+    "specc.S-SYN-RANGE": (S_E3, {"verify.rule": "synthetic", "verify.synthetic.acceptance_length": 9.0},
+                          {"verify.synthetic.acceptance_length": 2.0}, "error"),
     "specc.S-SCHED-IGN": (S_E3, {"schedule.buckets": {1: {"candidates": [3]}}}, {"schedule.buckets": {}}, "warning"),
     "specc.S-LORA": (S_E3, LORA, {"deploy.lora.adapters": []}, "error"),
     "specc.S-DISAGG": (S_E3, {"deploy.disagg.role": "decode"}, {"deploy.disagg.role": "none"}, "error"),

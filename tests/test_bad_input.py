@@ -236,9 +236,9 @@ def test_explain_refuses_what_check_refuses_with_the_same_messages(capsys, tmp_p
     assert rc_check == 1 and rc == 1 and out == ""
     assert _error_lines(err) == _error_lines(out_check) != []
     assert "[sglang.EG16]" in err and "exceeds the draft tree" not in err
-    # the specc profile's rules too: compile refuses an adaptive schedule, so does explain
-    rc, _, err = run_cli(capsys, "explain", "smollm2_eagle3", "schedule=sglang_adaptive")
-    assert rc == 1 and "[specc.S-SCHED]" in err
+    # the specc profile's rules too: compile refuses a draft tree on our runtime, so does explain
+    rc, _, err = run_cli(capsys, "explain", "smollm2_eagle3", "method.topk=4")
+    assert rc == 1 and "<override> method.topk=4: error: [specc.S-TREE]" in err
 
 
 # ------------------------------------------------------------------------------------------------

@@ -73,8 +73,8 @@ def test_all_presets_against_all_engines(all_presets_json):
         assert set(o) >= {"plan", "engine", "violations"}
         for v in o["violations"]:
             assert set(v) >= {"rule", "severity", "keys", "message", "source"}
-            assert v["severity"] in ("error", "warning", "fallback", "filled")
-            assert v["source"].startswith(o["engine"])
+            assert v["severity"] in ("error", "warning", "fallback", "filled", "undecided")
+            assert v["source"].startswith(o["engine"] if not v["rule"].startswith("checkpoint.") else "specc==")
             assert (REPO / v["location"]["file"]).is_file()
 
     def errors(plan, engine):
@@ -91,9 +91,10 @@ def test_all_presets_against_all_engines(all_presets_json):
     assert errors("sglang_eagle_tree", "vllm") == ["vllm.T1"]          # no tree speculation in vLLM 0.33
     assert errors("sglang_eagle_tree", "specc") == ["specc.S-TREE"]    # chains only
     assert errors("sglang_eagle3_adaptive", "vllm") == ["vllm.A1"]     # no κ controller
-    assert errors("sglang_eagle3_adaptive", "specc") == ["specc.S-SCHED"]
+    assert errors("sglang_eagle3_adaptive", "specc") == []              # specc runs SGLang's controller
     assert errors("vllm_batch_buckets", "sglang") == ["sglang.BB1"]    # no per-batch static κ in SGLang
-    assert errors("vllm_pard", "sglang") == ["sglang.PAR1"]
+    # PARD leaves topk unset with num_steps set: SGLang's `topk > 1` comparison raises a TypeError (EG21T)
+    assert errors("vllm_pard", "sglang") == ["sglang.EG21T", "sglang.PAR1"]
     assert errors("vllm_suffix", "sglang") == ["sglang.N5"]
     assert errors("sglang_frozen_kv_mtp", "vllm") == ["vllm.M1"]
     assert errors("sglang_lora_eagle3", "specc") == ["specc.S-LORA"]

@@ -97,17 +97,16 @@ def test_break_even_is_zero_when_speculation_never_pays():
 
 
 def test_predict_break_even_agrees_with_speedup():
-    from specc.lower import lower
+    from specc.analyze import analyze
     from specc.plan.schema import MethodConfig, Plan, ScheduleConfig
 
     plan = Plan(method=MethodConfig(name="eagle3", num_steps=3, topk=1),
                 schedule=ScheduleConfig(capture_batch_sizes=[1]))
-    (state,) = lower(plan)
     for a, c in ((0.0, C), (0.7, C), (0.7, 1e9), (0.2, 0.3), (1.0, 0.0)):
-        p = cost.predict(plan, state, alpha=a, c=c, hardware="h100")
+        (p,) = analyze(plan, alpha=a, c=c, hardware="h100").predictions.values()
         assert (p.speedup >= 1) == (p.break_even_batch >= 1), (a, c, p.speedup, p.break_even_batch)
     with pytest.raises(PlanError, match="--c"):
-        cost.predict(plan, state, alpha=0.7, c=-1.0, hardware="h100")
+        analyze(plan, alpha=0.7, c=-1.0, hardware="h100")
 
 
 def test_h100_profile_gives_t_star_295():
@@ -293,13 +292,12 @@ def test_cost_table_errors_name_the_field(tmp_path):
 
 
 def test_predict_parallel_and_plain_states():
-    from specc.lower import lower
+    from specc.analyze import analyze
     from specc.plan.schema import MethodConfig, Plan, ScheduleConfig
 
     plan = Plan(method=MethodConfig(name="dspark", num_steps=1, topk=1, block_size=3),
                 schedule=ScheduleConfig(capture_batch_sizes=[1]))
-    (state,) = lower(plan)
-    p = cost.predict(plan, state, alpha=ALPHA, c=C, hardware="h100")
+    (p,) = analyze(plan, alpha=ALPHA, c=C, hardware="h100").predictions.values()
     # a κ = 3 parallel block is the zoo seed's "parallel drafting" example: 2.17x
     assert round(p.speedup, 2) == 2.17 and p.step_cost == pytest.approx(1.165)
     t_star = cost.saturation_tokens(cost.load_hardware_profile("h100"), 2.0)
@@ -307,6 +305,5 @@ def test_predict_parallel_and_plain_states():
     assert p.s_infinity == pytest.approx(2.533 / 4.165, rel=1e-3)
     assert (p.draft_forward_passes, p.target_forward_passes) == (2, 1)  # block + extend
     plain = Plan(method=MethodConfig(name="none"), schedule=ScheduleConfig(capture_batch_sizes=[4]))
-    (s0,) = lower(plain)
-    p0 = cost.predict(plain, s0, hardware="cpu")
+    (p0,) = analyze(plain, hardware="cpu").predictions.values()
     assert (p0.expected_tokens, p0.speedup, p0.break_even_batch) == (1.0, 1.0, math.inf)

@@ -105,3 +105,46 @@ def test_seeded_requests_reproducible_across_batches(target, draft):
     alone = [rt.generate([r])[0].token_ids for r in reqs]
     assert together == alone
     assert len({tuple(t) for t in together}) > 1
+
+
+# ------------------------------------------------------------------ under the load-aware schedules
+def _schedule_runtime(target, draft, schedule, cost_table=None, sampling="probabilistic", seed=13):
+    from specc.plan.schema import MethodConfig, Plan, VerifyConfig
+    from specc.runtime.loader import runtime_from_plan
+
+    plan = Plan(method=MethodConfig(name="draft_model", num_steps=K),
+                verify=VerifyConfig(rule="standard", draft_sampling=sampling), schedule=schedule)
+    return runtime_from_plan(plan, target, None, DraftModelDrafter(draft, V), cost_table=cost_table,
+                             max_model_len=16, seed=seed, prefill_chunk=1 << 15)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_sampling_under_the_adaptive_controller_matches_target(target, draft, temperature):
+    """κ switches between 0, 1 and 3 after every verify (warm-up 0, interval 1) while requests are
+    mid-sequence; the sampled tokens still follow the target's distribution."""
+    from specc.plan.schema import BucketConfig, ScheduleConfig
+
+    sched = ScheduleConfig(kind="adaptive", warmup_batches=0, update_interval=1, capture_batch_sizes=[ROWS],
+                           buckets={1: BucketConfig([0, 1, 3], down_hysteresis=0.3, up_hysteresis=-0.3)})
+    rt = _schedule_runtime(target, draft, sched)
+    emp = empirical_marginals(rt, temperature, 0.9)
+    m = rt.metrics
+    assert m.num_kappa_switches >= 2 and len(m.kappa_steps) >= 2, m.kappa_steps
+    assert tv(emp, exact_marginals(target, temperature, 0.9)).max() < 0.01
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "probabilistic"])
+def test_sampling_under_budgeted_verification_matches_target(target, draft, sampling):
+    """A verify cost linear in tokens makes the budget admit only part of the drafts (ragged verify);
+    the sampled tokens still follow the target's distribution (probabilistic drafts are admitted from
+    the previous step's confidences, greedy drafts from their own)."""
+    from specc.plan.schema import ScheduleConfig
+
+    table = {"verify_ms": {"1": 0.01, "40000": 400.0}, "capture_limit": 1}
+    sched = ScheduleConfig(kind="budget", ragged_verify="compact", cost_table="t.json", capture_batch_sizes=[ROWS])
+    rt = _schedule_runtime(target, draft, sched, cost_table=table, sampling=sampling)
+    emp = empirical_marginals(rt, 1.0, 0.9)
+    m = rt.metrics
+    drafts_per_step = m.num_draft_tokens / max(1, m.num_steps)
+    assert 0.2 * K < drafts_per_step < 0.9 * K, drafts_per_step  # really trimmed, not all or nothing
+    assert tv(emp, exact_marginals(target, 1.0, 0.9)).max() < 0.01

@@ -167,14 +167,8 @@ def test_shipped_heads_on_smollm2_greedy_exact(kind):
         pytest.skip(f"SmolLM2 GGUF not installed: {exc}")
     target.use_cpu_fast()
 
-    class _Plan:  # the two plan fields build_drafter reads
-        class method:
-            name = kind
-
-        class draft:
-            path = f"pkg://specc/assets/drafters/smollm2_135m_{kind}"
-
-    drafter = build_drafter(_Plan, target, "cpu")
+    spec = {"method": {"name": kind}, "draft": {"path": f"pkg://specc/assets/drafters/smollm2_135m_{kind}"}}
+    drafter = build_drafter(spec, target, tok, "cpu")
     prompts = [encode_prompt(r, tok) for r in read_prompts(PROMPTS_FILE)[:2]]
     n_new = 20
     refs = [naive_greedy(target, p, n_new) for p in prompts]

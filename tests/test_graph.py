@@ -5,6 +5,7 @@ import networkx as nx
 import pytest
 
 from specc import cost, graph
+from specc.analyze import analyze
 from specc.lower import lower
 from specc.plan.schema import (DeployConfig, DisaggConfig, LoraConfig, MethodConfig, Plan,
                                ScheduleConfig, TargetConfig, VerifyConfig)
@@ -156,10 +157,11 @@ def test_every_preset_lowers_graphs_and_validates():
     assert len(presets) >= 20, presets  # every method and scenario of the seeds has a preset
     for name in presets:
         plan = load.load_plan(name).plan
-        states = lower(plan)
+        res = analyze(plan)
+        states = res.lowering.states
         assert states, name
         for s in states:
-            issues = graph.validate_graph(graph.build_graph(plan, s))
+            issues = graph.validate_graph(res.graphs[s.name])
             assert issues == [], f"{name}/{s.name}: {[str(i) for i in issues]}"
-            p = cost.predict(plan, s)
+            p = res.predictions[s.name]
             assert p.expected_tokens >= 1.0 and p.target_tokens_per_step == s.batch_size * s.num_draft_tokens

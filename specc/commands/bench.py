@@ -1,7 +1,14 @@
 """``specc bench ARTIFACT``: the artifact's runtime against plain decoding (κ = 0 through the same
-runtime and target) at batch 1 over the shipped prompts (or ``--prompts``), per category: decode
-tokens/s (prefill excluded) next to end-to-end tokens/s (prefill included), τ, the speedup on each,
-and a check that greedy outputs are identical."""
+runtime and target) over the shipped prompts (or ``--prompts``), with a check that greedy outputs
+are identical:
+
+* default: batch 1, per category: decode tokens/s (prefill excluded) next to end-to-end tokens/s
+  (prefill included), τ, the speedup on each;
+* ``--concurrency 1,4,16,64``: continuous batching with at most C requests in flight (the prompts
+  cycled to ``--requests-per-slot`` × C requests): output and decode tokens/s, τ, time per output
+  token p50/p99, the κ the schedule chose, speedup over plain — and, when the artifact carries a
+  profiled cost table, the cost model's predicted decode speedup.
+"""
 from __future__ import annotations
 
 import argparse
@@ -19,8 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts (round-robin over categories)")
     parser.add_argument("--category", action="append", default=None)
     parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N", help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, metavar="N", help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    parser.add_argument("--concurrency", metavar="C[,C...]", default=None,
+                        help="continuous batching at these concurrencies instead of batch 1 (e.g. 1,4,16,64)")
+    parser.add_argument("--requests-per-slot", type=positive_int, default=2, metavar="N",
+                        help="with --concurrency: N x C requests per run (default 2)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
 
@@ -36,12 +47,17 @@ def run(args) -> int:
     from specc.runtime.request import Request, SamplingParams
     from specc.runtime.state import StateSpec
 
+    concurrency = _concurrency_list(args.concurrency) if args.concurrency else None
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        from specc.models.llama import configure_cpu_threads
+
+        configure_cpu_threads(args.threads)
     records = select(read_prompts(args.prompts or shipped_prompts_path()), args.limit, args.category)
     if not records:
         raise PromptError(f"no prompts left after --category {args.category}")
     runtime, art = load_runtime(args.artifact, device=args.device)
+    if concurrency:
+        return _run_concurrency(args, runtime, art, records, concurrency)
     plain = Runtime(runtime.target, runtime.tokenizer, None, [StateSpec("b1_k0_plain", "none", 1, 0)],
                     max_model_len=runtime.max_model_len, device=runtime.device)
     reqs = [Request(prompt_ids=encode_prompt(r, runtime.tokenizer),
@@ -65,3 +81,81 @@ def run(args) -> int:
         print(format_table(results))
         print(f"greedy outputs identical to plain: {exact}/{len(reqs)}")
     return 0 if exact == len(reqs) else 1
+
+
+def _concurrency_list(text: str) -> list:
+    from specc.errors import SpeccError
+
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals or any(v < 1 for v in vals):
+        raise SpeccError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,4,16,64")
+    return vals
+
+
+def _run_concurrency(args, runtime, art, records, concurrency) -> int:
+    from tqdm import tqdm
+
+    from specc import methods
+    from specc.errors import SpeccError
+    from specc.runtime.benchmark import predicted_decode_tok_s, run_concurrency
+    from specc.runtime.engine import Runtime
+    from specc.runtime.prompts import encode_prompt
+    from specc.runtime.request import Request, SamplingParams
+    from specc.runtime.schedule import BudgetSchedule
+    from specc.runtime.state import StateSpec
+
+    if max(concurrency) > runtime.max_rows:
+        raise SpeccError(f"--concurrency {max(concurrency)} exceeds the artifact's largest batch bucket "
+                         f"({runtime.max_rows}); compile the plan with runtime.max_batch_size={max(concurrency)}")
+    sizes = sorted({s.spec.batch_size for s in runtime.states})
+    plain = Runtime(runtime.target, runtime.tokenizer, None, [StateSpec(f"b{b}_k0_plain", "none", b, 0) for b in sizes],
+                    max_model_len=runtime.max_model_len, device=runtime.device)
+    encoded = [encode_prompt(r, runtime.tokenizer) for r in records]
+    spec = art.manifest["runtime"]
+    table = None
+    if (spec.get("schedule") or {}).get("cost_table"):
+        table = BudgetSchedule({"cost_table": spec["schedule"]["cost_table"], "buckets": {}}, [(1, 0)]).table
+    method = methods.get(spec["method"]["name"])
+    rows = []
+    bar = tqdm(total=2 * len(concurrency), desc="specc bench", unit="run", file=sys.stderr)
+    try:
+        for c in concurrency:
+            n = args.requests_per_slot * c
+            reqs = [Request(prompt_ids=encoded[i % len(encoded)], request_id=f"r{i}",
+                            params=SamplingParams(max_new_tokens=args.max_new_tokens)) for i in range(n)]
+            base = run_concurrency(plain, reqs, c)
+            bar.update(1)
+            res = run_concurrency(runtime, reqs, c)
+            bar.update(1)
+            k_mean = sum(k * v for k, v in res.kappa_steps.items()) / max(1, sum(res.kappa_steps.values()))
+            passes = methods.proposal_passes(method.name, max(1, round(k_mean))) if k_mean > 0 else 0
+            pred = None
+            if table is not None:
+                pred = predicted_decode_tok_s(res, table, passes) / predicted_decode_tok_s(base, table, 0)
+            rows.append({"concurrency": c, "requests": n, "plain_decode_tok_s": base.decode_tok_s,
+                         "decode_tok_s": res.decode_tok_s, "output_tok_s": res.output_tok_s,
+                         "speedup": res.decode_tok_s / base.decode_tok_s if base.decode_tok_s else 0.0,
+                         "predicted_speedup": pred, "tau": res.tau, "tpot_ms_p50": res.tpot_ms_p50,
+                         "tpot_ms_p99": res.tpot_ms_p99, "kappa_steps": res.kappa_steps,
+                         "exact": sum(a == b for a, b in zip(base.outputs, res.outputs)), "n": n})
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps({"artifact": art.path.name, "results": rows}))
+    else:
+        print(f"{art.path.name} vs plain decoding, continuous batching, max_new_tokens {args.max_new_tokens}")
+        print("decode tok/s: tokens after each request's first per second of decode (prefill excluded); e2e "
+              "tok/s: all output tokens per second of wall time (prefill included); speedup: on decode tok/s")
+        print(f"{'C':>4s} {'plain decode':>12s} {'decode tok/s':>12s} {'e2e tok/s':>9s} {'speedup':>8s} "
+              f"{'predicted':>9s} {'tau':>5s} {'TPOT p50/p99 ms':>16s}  kappa steps")
+        for r in rows:
+            pred = f"{r['predicted_speedup']:.2f}x" if r["predicted_speedup"] is not None else "-"
+            print(f"{r['concurrency']:4d} {r['plain_decode_tok_s']:12.1f} {r['decode_tok_s']:12.1f} "
+                  f"{r['output_tok_s']:9.1f} {r['speedup']:7.2f}x {pred:>9s} {r['tau']:5.2f} "
+                  f"{r['tpot_ms_p50']:7.1f}/{r['tpot_ms_p99']:<8.1f}  "
+                  + " ".join(f"k{k}:{v}" for k, v in sorted(r["kappa_steps"].items())))
+        print("greedy outputs identical to plain: " + ", ".join(f"C={r['concurrency']} {r['exact']}/{r['n']}" for r in rows))
+    return 0 if all(r["exact"] == r["n"] for r in rows) else 1

@@ -3,6 +3,9 @@
     specc check conf/plan/ --engine all
     specc check my_plan.yaml method=eagle3 method.num_steps=5 --engine sglang --show-resolved
     specc check 'plans/*.yaml' --format github
+    specc check --engine sglang==0.5.23 conf/plan/
+    specc check --sglang-args python -m sglang.launch_server --model-path X --speculative-algorithm EAGLE3 ...
+    specc check --vllm-args launch.sh
 
 Arguments are plan files, directories (their ``*.yaml``), globs or preset names, mixed with
 Hydra-style overrides (``group=option``, ``key=value``) applied to every plan. Without ``--engine``
@@ -34,8 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="*", metavar="PLAN|OVERRIDE",
                         help="plan files, directories, globs or preset names; group=option / key=value "
                              "overrides apply to every plan")
-    parser.add_argument("--engine", choices=ENGINES + ("all",), default=None,
-                        help="profile(s) to check against (default: each plan's own `engine` key)")
+    parser.add_argument("--engine", default=None, metavar="ENGINE",
+                        help="specc, sglang, vllm (newest release), a pinned release (sglang==0.5.23, "
+                             "vllm==0.33.0) or all (default: each plan's own `engine` key)")
+    parser.add_argument("--sglang-args", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
+                        help="check an SGLang launch command instead of a plan: the rest of the line (or one "
+                             "quoted string, or a file holding the command)")
+    parser.add_argument("--vllm-args", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
+                        help="check a vLLM serve command instead of a plan (as --sglang-args)")
     parser.add_argument("--format", choices=FORMATS, default="text", dest="fmt",
                         help="text (default), json (one object per plan and engine), github (workflow "
                              "annotations) or sarif")
@@ -129,7 +138,7 @@ def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]
                 results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name,
                                       error=str(exc).strip("'\"")))
                 continue
-            resolved, violations = resolve(loaded.plan, prof.name)
+            resolved, violations = resolve(loaded.plan, prof.version, checkpoints=True)
             results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name, engine=prof.version,
                                   violations=violations,
                                   locations=[_location(loaded, [k for k, _ in v.sets] + list(v.keys))
@@ -176,7 +185,7 @@ def _loc_text(loc: Tuple[str, int]) -> str:
 
 
 def _counts(results: List[Result]) -> Dict[str, int]:
-    out = {"error": 0, "warning": 0, "fallback": 0, "filled": 0}
+    out = {"error": 0, "warning": 0, "fallback": 0, "filled": 0, "undecided": 0}
     for r in results:
         for v in r.violations:
             out[v.severity] = out.get(v.severity, 0) + 1
@@ -219,8 +228,10 @@ def render_text(results: List[Result], show_resolved: bool) -> str:
         if not r.violations:
             out.append(f"{head}: ok")
         else:
-            c = {s: sum(v.severity == s for v in r.violations) for s in ("error", "warning", "fallback", "filled")}
-            plural = {"error": "errors", "warning": "warnings", "fallback": "fallbacks", "filled": "filled"}
+            c = {s: sum(v.severity == s for v in r.violations)
+                 for s in ("error", "warning", "fallback", "filled", "undecided")}
+            plural = {"error": "errors", "warning": "warnings", "fallback": "fallbacks", "filled": "filled",
+                      "undecided": "undecided"}
             out.append(f"{head}: " + ", ".join(f"{n} {s if n == 1 else plural[s]}" for s, n in c.items() if n))
             for v, loc in zip(r.violations, r.locations):
                 out.append(f"  {_loc_text(loc)}: {v.severity}: [{v.rule}] {v.message}")
@@ -236,6 +247,7 @@ def render_text(results: List[Result], show_resolved: bool) -> str:
 
     out.append(f"checked {n_plans} plan{'s' if n_plans != 1 else ''}: {n('error', 'error')}, "
                f"{n('warning', 'warning')}, {n('fallback', 'fallback')}, {c['filled']} filled"
+               + (f", {c['undecided']} undecided" if c["undecided"] else "")
                + (f", {bad} unusable" if bad else ""))
     return "\n".join(out) + "\n"
 
@@ -269,7 +281,7 @@ def _gh_escape(text: str, prop: bool = False) -> str:
 
 def render_github(results: List[Result], show_resolved: bool) -> str:
     """GitHub workflow commands (``::error file=...,line=...,title=...::message``)."""
-    level = {"error": "error", "warning": "warning", "fallback": "notice", "filled": "notice"}
+    level = {"error": "error", "warning": "warning", "fallback": "notice", "filled": "notice", "undecided": "notice"}
     out: List[str] = []
     for r in results:
         if r.error:
@@ -290,7 +302,7 @@ def render_sarif(results: List[Result], show_resolved: bool) -> str:
     """SARIF 2.1.0 (one run, rules from the violations seen)."""
     from specc import __version__
 
-    level = {"error": "error", "warning": "warning", "fallback": "note", "filled": "note"}
+    level = {"error": "error", "warning": "warning", "fallback": "note", "filled": "note", "undecided": "note"}
     rules: Dict[str, Dict[str, Any]] = {}
     res = []
     for r in results:
@@ -325,11 +337,52 @@ def render_sarif(results: List[Result], show_resolved: bool) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
+def check_command(engine: str, words: List[str], pinned: Optional[str]) -> List[Result]:
+    """Check a launch command: read it as the engine version's parser does (:mod:`specc.importer`), then
+    run the rules on the plan it amounts to, with its flags that have no plan key as launch facts.
+    What the engine's parser would refuse is reported as ``<engine>.argv`` errors."""
+    from specc.importer import CommandError, import_command, imported_plan
+    from specc.rules import profile, resolve
+    from specc.rules.base import Violation
+
+    label = f"<{engine} command>"
+    try:
+        prof = profile(pinned or engine)
+    except KeyError as exc:
+        return [Result(plan_path=label, error=str(exc).strip("'\""))]
+    if prof.name != engine:
+        return [Result(plan_path=label, error=f"--engine {pinned} does not match --{engine}-args")]
+    text, argv, base = None, list(words), None
+    if len(argv) == 1 and os.path.isfile(argv[0]):
+        label, base = argv[0], Path(argv[0]).resolve().parent
+        text, argv = Path(argv[0]).read_text(encoding="utf-8"), None
+    elif len(argv) == 1 and " " in argv[0]:
+        text, argv = argv[0], None
+    try:
+        imp = import_command(engine, text=text, argv=argv, version=prof.release, base_dir=base or Path.cwd())
+        plan = imported_plan(imp, "command")
+    except (CommandError, SpeccError) as exc:
+        return [Result(plan_path=label, error=str(exc))]
+    resolved, violations = resolve(plan, prof.version, flags=imp.flags, checkpoints=True)
+    src = f"{prof.version} argparse ({imp.table.prog})"
+    argv_errors = [Violation(rule=f"{engine}.argv", severity="error", keys=(), message=e, source=src)
+                   for e in imp.errors]
+    allv = argv_errors + violations
+    return [Result(plan_path=label, name="command", engine=prof.version, violations=allv,
+                   locations=[(label, 0)] * len(allv), resolved=resolved)]
+
+
 RENDER = {"text": render_text, "json": render_json, "github": render_github, "sarif": render_sarif}
 
 
 def run(args: argparse.Namespace) -> int:
     """Check every plan named by ``args.inputs``; print in ``args.fmt``; return the exit code."""
+    commands = [(e, getattr(args, f"{e}_args")) for e in ("sglang", "vllm") if getattr(args, f"{e}_args", None)]
+    if commands:
+        pinned = args.engine if args.engine and "==" in args.engine else None
+        results = [r for e, words in commands for r in check_command(e, words, pinned)]
+        sys.stdout.write(RENDER[args.fmt](results, args.show_resolved))
+        return exit_code(results)
     sources, overrides, problems = split_inputs(list(args.inputs or []))
     if not sources and not problems:
         print("specc check: error: no plans given (pass files, directories, globs or preset names)",

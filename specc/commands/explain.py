@@ -247,19 +247,18 @@ def plot(path: str, plan, preds, title: str) -> None:
 
 def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = None,
             hardware: Optional[str] = None) -> dict:
-    """Lower, graph, validate and predict every state of ``plan``. Returns a dict with ``lowering``
+    """Lower, graph, validate and predict every state of ``plan`` (:func:`specc.analyze.analyze`).
+    Returns a dict with ``inputs`` (:class:`specc.sizing.CostInputs`), ``lowering``
     (:class:`specc.lower.Lowering`), ``predictions`` (list of :class:`specc.cost.Prediction`),
     ``graphs`` (state name → DiGraph) and ``issues`` (state name → list of GraphIssue)."""
-    from specc import cost, graph, lower
+    from specc import analyze, graph
 
-    low = lower.lower_report(plan, alpha)
-    preds, graphs, issues = [], {}, {}
-    for s in low.states:
-        g = graph.build_graph(plan, s)
-        graphs[s.name] = g
-        issues[s.name] = graph.validate_graph(g)
-        preds.append(cost.predict(plan, s, alpha=alpha, c=draft_cost, hardware=hardware))
-    return {"lowering": low, "predictions": preds, "graphs": graphs, "issues": issues}
+    res = analyze.analyze(plan, alpha=alpha, c=draft_cost, hardware=hardware)
+    low = res.lowering
+    preds = [res.predictions[s.name] for s in low.states]
+    issues = {name: graph.validate_graph(g) for name, g in res.graphs.items()}
+    return {"inputs": res.inputs, "lowering": low, "predictions": preds, "graphs": res.graphs,
+            "issues": issues}
 
 
 @dataclass(frozen=True)
@@ -391,14 +390,22 @@ def planning_only(plan, violations) -> list:
     return [v for v in violations if v.severity == "error" and tuple(v.keys) == ("schedule.kind",)]
 
 
-def _legend(preds) -> List[str]:
-    """What the two speedup columns mean, and which batch-1 rows differ and why."""
+def _legend(preds, inputs=None) -> List[str]:
+    """What the two speedup columns mean, and which batch-1 rows differ and why (``inputs``: the
+    plan's :class:`specc.sizing.CostInputs`; with a profiled cost table, speedup@B of chain,
+    parallel and plain states comes from its measured step times)."""
     t_star = preds[0].saturation_tokens
+    table = getattr(inputs, "batch_model", None) is not None
     lines = [f"speedup: §6.2's E / (1 + draft cost) at batch 1, every verify costing one target step whatever "
-             f"its width W; speedup@B: at the bucket's batch B, a pass over n tokens costing max(1, n / T*) "
-             f"(T* = {t_star:.1f} tokens on {preds[0].hardware})"]
+             f"its width W; speedup@B: at the bucket's batch B, "
+             + ("from the profiled cost table's step times (the second seed's throughput model; tree states: "
+                f"a pass over n tokens costing max(1, n / T*), T* = {t_star:.1f})" if table else
+                f"a pass over n tokens costing max(1, n / T*) (T* = {t_star:.1f} tokens on {preds[0].hardware})")]
     differ = [p.state for p in preds if p.batch_size == 1 and abs(p.speedup - p.speedup_at_batch) > 5e-3]
-    if differ:
+    if differ and table:
+        lines.append(f"  at batch 1 they differ for {', '.join(differ)}: the measured cost of the verify and "
+                     f"draft passes replaces §6.2's one step per verify and c per draft pass")
+    elif differ:
         lines.append(f"  at batch 1 they differ where W > T*: the verify of {', '.join(differ)} is compute-bound, "
                      f"so speedup@B is the lower, saturating-model figure")
     return lines
@@ -423,14 +430,15 @@ def run(args: argparse.Namespace) -> int:
     alpha = measured.alpha if measured is not None else args.alpha
     res = explain(plan, alpha, args.draft_cost, args.hardware)
     low, preds, issues = res["lowering"], res["predictions"], res["issues"]
+    alpha_used, alpha_source = res["inputs"].alpha, res["inputs"].alpha_source
     if measured is not None:
-        low = replace(low, alpha_source=measured.source)
+        alpha_source = measured.source
         preds = [replace(p, alpha_source=measured.source) for p in preds]
     if not preds:
         raise SpeccError(f"plan {plan.name!r} lowers to no candidate state")
     alpha_note = None
-    if low.alpha_source.startswith("default"):
-        alpha_note = (f"α = {low.alpha:.2f} is §6.2's textbook value, not a measurement of this drafter: the "
+    if alpha_source.startswith("default"):
+        alpha_note = (f"α = {alpha_used:.2f} is §6.2's textbook value, not a measurement of this drafter: the "
                       f"speedups are illustrative. Measure it (`specc run ARTIFACT --json > run.jsonl`) and "
                       f"pass --acceptance run.jsonl, or --alpha")
     elif measured is not None and any(p.num_steps > len(measured.rates) for p in preds):
@@ -457,7 +465,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         data = {
             "plan": plan.name, "path": str(loaded.path), "engine": engine, "method": plan.method.name,
-            "schedule": plan.schedule.kind, "alpha": low.alpha, "alpha_source": low.alpha_source,
+            "schedule": plan.schedule.kind, "alpha": alpha_used, "alpha_source": alpha_source,
             "alpha_measured": measured is not None, "alpha_note": alpha_note,
             "measured_acceptance": None if measured is None else {
                 "path": measured.path, "artifact": measured.artifact, "rates_per_step": list(measured.rates),
@@ -467,7 +475,7 @@ def run(args: argparse.Namespace) -> int:
             "buckets": {str(k): list(v) for k, v in low.buckets.items()},
             "reasons": {str(k): v for k, v in low.reasons.items()}, "notes": list(low.notes),
             "violations": [v.to_json() for v in violations],
-            "speedup_columns": " ".join(_legend(preds)),
+            "speedup_columns": " ".join(_legend(preds, res["inputs"])),
             "states": [dict(p.as_dict(), graph_issues=[str(i) for i in issues[p.state]]) for p in preds],
             "plot": args.plot,
         }
@@ -477,7 +485,7 @@ def run(args: argparse.Namespace) -> int:
               f"schedule {plan.schedule.kind}, as {engine} runs it")
         for line in notes:
             print(f"  {line}")
-        print(f"α = {low.alpha:.3f} ({low.alpha_source}); c = {p0.c:.4f} ({p0.c_source}); "
+        print(f"α = {alpha_used:.3f} ({alpha_source}); c = {p0.c:.4f} ({p0.c_source}); "
               f"hardware {p0.hardware}: T* = {p0.saturation_tokens:.1f} tokens")
         if alpha_note:
             print(f"  note: {alpha_note}")
@@ -497,7 +505,7 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(format_table(table_rows(preds)))
         print()
-        for line in _legend(preds):
+        for line in _legend(preds, res["inputs"]):
             print(line)
         print(f"{len(preds)} states; stage graphs: "
               + ("all valid" if not bad else f"{len(bad)} INVALID"))

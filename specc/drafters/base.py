@@ -90,6 +90,9 @@ class PrefillChunk:
         rows: ``[B]`` bool, rows prefilled by this call (others: leave their state untouched).
         target_hidden: list of ``[B, N, H]`` fp32, the target's hidden states at the drafter's
             ``hidden_layers`` (empty when it asked for none).
+        row_index: ``[B]`` int64 or None. None: chunk row b is batch row b. Set only for drafters
+            whose ``prefill_row_index`` is True: the chunk then holds just the new requests, chunk row
+            i being batch (and cache) row ``row_index[i]`` (``rows`` is then all True).
     """
 
     input_ids: torch.Tensor
@@ -97,6 +100,7 @@ class PrefillChunk:
     cache_slots: torch.Tensor
     rows: torch.Tensor
     target_hidden: List[torch.Tensor]
+    row_index: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -128,11 +132,19 @@ class Proposal:
         num_valid: ``[B]`` int64 in ``[0, K]``, draft tokens row b really proposes (n-gram lookup may
             find fewer than κ, or none).
         probs: ``[B, K, V]`` fp32 processed draft distribution q for probabilistic drafts, else None.
+        confidence: ``[B, K]`` fp32 in [0, 1], the drafter's estimate that draft i is accepted given
+            that drafts ``0..i-1`` were (the ``budget`` schedule's survival probability is their running
+            product; second seed "Deciding how much to verify by load"). It must not depend on the
+            token drafted at i itself (for model drafters: the top probability of the draft
+            distribution at i, not the probability of a sampled token), so verifying a prefix chosen
+            from it keeps rejection sampling exact. None: no estimate (the schedule then treats every
+            position as certain).
     """
 
     tokens: torch.Tensor
     num_valid: torch.Tensor
     probs: Optional[torch.Tensor] = None
+    confidence: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -148,6 +160,10 @@ class VerifyStep:
             (``bonus[b]``) is the new pending token at position ``positions[b, 0] + accepted[b] + 1``.
         bonus: ``[B]`` int64.
         target_hidden: list of ``[B, K+1, H]`` fp32 at the drafter's ``hidden_layers``.
+        num_valid: ``[B]`` int64, drafts verified per row this step (0 at κ = 0 and for rows whose
+            drafts were all trimmed); None when unknown.
+        num_steps: κ of the state that ran this step (0: nothing was proposed; the drafter's
+            ``propose`` was not called).
     """
 
     input_ids: torch.Tensor
@@ -156,6 +172,8 @@ class VerifyStep:
     accepted: torch.Tensor
     bonus: torch.Tensor
     target_hidden: List[torch.Tensor]
+    num_valid: Optional[torch.Tensor] = None
+    num_steps: int = 0
 
 
 class Drafter(abc.ABC):
@@ -169,12 +187,15 @@ class Drafter(abc.ABC):
         supports_probabilistic: whether ``propose`` can return a draft distribution q.
         capturable: whether ``propose``/``commit`` run on device tensors only with static shapes
             (no host syncs), so the runtime may capture them as CUDA graphs.
+        prefill_row_index: whether ``prefill`` takes a compact chunk of the new requests only
+            (``PrefillChunk.row_index``); otherwise it gets rows ``0..n-1`` with ``rows`` marking the new.
     """
 
     name: str = "drafter"
     hidden_layers: Tuple[int, ...] = ()
     supports_probabilistic: bool = False
     capturable: bool = False
+    prefill_row_index: bool = False
 
     def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
         """Allocate caches for ``max_batch_size`` rows of ``max_seq_len`` slots (trash slot
@@ -194,7 +215,9 @@ class Drafter(abc.ABC):
 
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
         """Update the drafter after verification (the *extend* stage): EAGLE refreshes its KV over
-        the accepted tokens here. ``batch`` already reflects the new history. Default: nothing."""
+        the accepted tokens here. Called after every decode step, κ = 0 steps included (then
+        ``step.num_steps == 0`` and ``propose`` was not called), so a schedule may switch κ between
+        any two steps. ``batch`` already reflects the new history. Default: nothing."""
 
 
 def check_same_vocab(draft_vocab_size: int, target_vocab_size: int, what: str) -> None:

@@ -1,13 +1,13 @@
 """Draft-model speculation: an independent small causal LM (its own embeddings, layers, head and KV
 cache) proposes κ tokens autoregressively (Leviathan et al. 2023; vLLM ``draft_model``).
 
-The draft KV cache is written by position like the target's. Each ``propose`` starts by running the
-last two history tokens (positions ``seq_len-2``, ``seq_len-1``): after any verify outcome every
-draft position before ``seq_len-2`` already holds the right KV (an accepted draft was fed at its
-position; re-writing the token at ``seq_len-2`` is idempotent), and the one or two new tokens
-(bonus, or last accepted draft + bonus when all were accepted — gpt-fast's "fill last token",
-anchors A1) are absorbed in the same forward. So ``commit`` has nothing to do and the extend stage is
-folded into the first draft step.
+The draft KV cache is written by position like the target's (gpt-fast's ``KVCache``, anchors A1).
+The drafter remembers per row how many leading positions of its cache hold the right KV
+(``synced``): each ``propose`` first feeds the history from there up to the pending token in one
+forward (normally one or two tokens: the bonus, or the last accepted draft and the bonus —
+gpt-fast's "fill last token"; after κ = 0 steps of an adaptive schedule, every token those steps
+emitted), then drafts κ tokens; ``commit`` records how many of the fed drafts were accepted, so the
+extend stage costs no forward of its own.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, check_same_vocab
+from specc.drafters.base import (BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep,
+                                 check_same_vocab)
 from specc.errors import CheckpointError
 from specc.kernels import process_logits
 
@@ -34,6 +35,7 @@ class DraftModelDrafter(Drafter):
     name = "draft_model"
     supports_probabilistic = True
     capturable = False
+    prefill_row_index = True
 
     def __init__(self, model, target_vocab_size: int, source: str = "draft model", prefill_chunk: int = 512) -> None:
         check_same_vocab(model.config.vocab_size, target_vocab_size, source)
@@ -47,10 +49,13 @@ class DraftModelDrafter(Drafter):
                 f"{self.source}: the draft model's max_model_len {self.model.config.max_model_len} is shorter "
                 f"than the runtime's cache ({max_seq_len} slots); lower target.max_model_len")
         self.model.setup_cache(max_batch_size, max_seq_len)
+        self.synced = torch.zeros(max_batch_size, dtype=torch.int64, device=device)  # [R] KV right below this
+        self._proposed_at: Optional[torch.Tensor] = None  # [B] seq_len at the last propose
 
     @torch.inference_mode()
     def prefill(self, batch: BatchView, chunk: PrefillChunk) -> None:
-        """Write the draft KV of the prompts of ``chunk.rows`` (others write to the trash slot)."""
+        """Write the draft KV of the prompts of ``chunk.rows`` (others write to the trash slot); a
+        compact chunk (``row_index``) runs over the new requests' cache rows only."""
         B, N = chunk.input_ids.shape
         slots = torch.where(chunk.rows.view(B, 1), chunk.cache_slots, torch.full_like(chunk.cache_slots, batch.trash_slot))
         step = max(16, self.prefill_chunk // B)
@@ -58,7 +63,11 @@ class DraftModelDrafter(Drafter):
         for c0 in range(0, N, step):
             c1 = min(N, c0 + step)
             self.model.forward(chunk.input_ids[:, c0:c1], chunk.positions[:, c0:c1], slots[:, c0:c1], None,
-                               logits_at=at)
+                               logits_at=at, rows=chunk.row_index)
+        if chunk.row_index is not None:
+            self.synced[chunk.row_index] = batch.prompt_lens[chunk.row_index]
+        else:
+            self.synced[:B] = torch.where(chunk.rows, batch.prompt_lens[:B], self.synced[:B])
 
     @torch.inference_mode()
     def propose(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
@@ -70,21 +79,31 @@ class DraftModelDrafter(Drafter):
         B = batch.batch_size
         dev = batch.tokens.device
         act = batch.active
-        start = torch.where(act, batch.seq_lens - 2, torch.zeros_like(batch.seq_lens)).clamp(min=0)  # [B]
-        pos = start.view(B, 1) + torch.arange(2, device=dev).view(1, 2)  # [B, 2]
-        ids = batch.tokens.gather(1, pos)  # [B, 2] last committed token, pending token
+        seq = batch.seq_lens
+        # feed the history from the first position without the right draft KV up to the pending token
+        start = torch.minimum(self.synced[:B], seq - 1).clamp(min=0)  # [B]
+        count = torch.where(act, seq - start, torch.ones_like(seq))  # [B] tokens to feed, >= 1
+        width = int(count.max())
+        col = torch.arange(width, device=dev).view(1, width)
+        pos = (start.view(B, 1) + col).clamp(max=batch.tokens.shape[1] - 1)  # [B, w]
+        ids = batch.tokens.gather(1, pos)  # [B, w]
+        real = act.view(B, 1) & (col < count.view(B, 1))
         trash = torch.full_like(pos, batch.trash_slot)
-        slots = torch.where(act.view(B, 1), pos, trash)
-        at = torch.ones(B, 1, dtype=torch.int64, device=dev)
-        logits, _ = self.model.forward(ids, pos, slots, None, logits_at=at)  # [B, 1, V]
+        at = (count - 1).view(B, 1)  # [B, 1] the pending token's column
+        logits, _ = self.model.forward(ids, torch.where(real, pos, pos[:, :1]), torch.where(real, pos, trash),
+                                       None, logits_at=at)  # [B, 1, V]
+        self.synced[:B] = torch.where(act, seq, self.synced[:B])
+        self._proposed_at = seq.clone()
+        trash = trash[:, :1]
         probabilistic = sampling.mode == "probabilistic"
-        toks, probs = [], []
-        cur_pos = pos[:, 1:]  # [B, 1], position of the pending token
+        toks, probs, conf = [], [], []
+        cur_pos = (seq - 1).clamp(min=0).view(B, 1)  # [B, 1], position of the pending token
         for i in range(num_steps):
             if i > 0:
                 cur_pos = cur_pos + 1
-                slots = torch.where(act.view(B, 1), cur_pos, trash[:, :1])
+                slots = torch.where(act.view(B, 1), cur_pos, trash)
                 logits, _ = self.model.forward(toks[-1].view(B, 1), cur_pos, slots, None)  # [B, 1, V]
+            conf.append(torch.softmax(logits[:, 0], dim=-1).amax(dim=-1))  # [B] top draft probability
             if probabilistic:
                 q = process_logits(logits, batch.temperature, batch.top_k, batch.top_p)[:, 0]  # [B, V]
                 tok = torch.div(q, sampling.exp_noise[:, i]).argmax(dim=-1)  # [B], exponential race
@@ -94,7 +113,19 @@ class DraftModelDrafter(Drafter):
             toks.append(tok)
         tokens = torch.stack(toks, dim=1) if toks else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         return Proposal(tokens=tokens, num_valid=torch.full((B,), num_steps, dtype=torch.int64, device=dev),
-                        probs=torch.stack(probs, dim=1) if probabilistic else None)
+                        probs=torch.stack(probs, dim=1) if probabilistic else None,
+                        confidence=torch.stack(conf, dim=1) if conf else None)
+
+    def commit(self, batch: BatchView, step: VerifyStep) -> None:
+        """Drafts ``1 .. κ-1`` were fed at positions ``seq_len .. seq_len+κ-2`` during ``propose``; the
+        accepted ones among them already hold the right KV: advance ``synced`` past them."""
+        if step.num_steps == 0 or self._proposed_at is None:
+            return
+        B = step.accepted.shape[0]
+        fed = torch.clamp(step.accepted.to(torch.int64), max=max(step.num_steps - 1, 0))  # [B]
+        act = batch.active[:B]
+        self.synced[:B] = torch.where(act, self._proposed_at[:B] + fed, self.synced[:B])
+        self._proposed_at = None
 
 
 def check_same_token_map(draft_tokenizer, target_tokenizer, source: str) -> None:
@@ -109,3 +140,24 @@ def check_same_token_map(draft_tokenizer, target_tokenizer, source: str) -> None
         raise CheckpointError(
             f"{source}: the draft tokenizer's token map differs from the target's ({len(dv)} vs {len(tv)} "
             f"tokens; e.g. {diff}); draft_model speculation needs the same tokenizer")
+
+
+def build_drafter(spec, target, tokenizer, device, max_seq_len=None) -> DraftModelDrafter:
+    """Runtime factory of ``method.name: draft_model``: loads ``spec["draft"]["path"]`` (HF directory
+    or GGUF; ``pkg://`` allowed) for at least ``max_seq_len`` cache slots and checks that its token
+    map equals the target tokenizer's.
+
+    Raises:
+        PlanError: no ``draft.path``. CheckpointError: a missing checkpoint or one that does not match.
+    """
+    from specc.errors import PlanError
+    from specc.models import load_target
+
+    draft = spec.get("draft") or {}
+    if not draft.get("path"):
+        raise PlanError("method.name=draft_model needs draft.path (e.g. the draft preset smollm2_135m_shallow)")
+    model, draft_tok = load_target(draft["path"], draft.get("format") or "hf", max_model_len=max_seq_len,
+                                   device=str(device))
+    if draft_tok is not None and tokenizer is not None:
+        check_same_token_map(draft_tok, tokenizer, str(draft["path"]))
+    return DraftModelDrafter(model, target.config.vocab_size, source=str(draft["path"]))

@@ -113,9 +113,10 @@ class EagleDrafter(Drafter):
         pos = self.last_pos[:B].view(B, 1)  # [B, 1]
         trash = torch.full_like(pos, batch.trash_slot)
         probabilistic = sampling.mode == "probabilistic"
-        toks, probs = [], []
+        toks, probs, conf = [], [], []
         for i in range(num_steps):
             logits = m.draft_logits(g)  # [B, 1, Vd]
+            conf.append(torch.softmax(logits[:, 0].float(), dim=-1).amax(dim=-1))  # [B] top draft probability
             if probabilistic:
                 q = process_logits(logits, batch.temperature[:B], batch.top_k[:B], batch.top_p[:B])[:, 0]  # [B, Vd]
                 noise = sampling.exp_noise[:B, i, : q.shape[-1]]
@@ -133,7 +134,8 @@ class EagleDrafter(Drafter):
                   from_target=False)  # [B, 1, H]
         tokens = torch.stack(toks, dim=1) if toks else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         return Proposal(tokens=tokens, num_valid=torch.full((B,), num_steps, dtype=torch.int64, device=dev),
-                        probs=torch.stack(probs, dim=1) if probabilistic else None)
+                        probs=torch.stack(probs, dim=1) if probabilistic else None,
+                        confidence=torch.stack(conf, dim=1) if conf else None)
 
     @torch.inference_mode()
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
@@ -153,22 +155,24 @@ class EagleDrafter(Drafter):
         self._extend(nxt, self._features(step.target_hidden), positions, slots, acc, active, B)
 
 
-def build_drafter(plan: Any, target: Any, device: Any) -> EagleDrafter:
-    """The EAGLE / EAGLE-3 drafter a plan asks for: loads ``plan.draft.path`` (``pkg://`` allowed) as a
-    published-layout head bound to ``target``'s embedding and LM head.
+def build_drafter(spec: Any, target: Any, tokenizer: Any = None, device: Any = "cpu",
+                  max_seq_len: Optional[int] = None) -> EagleDrafter:
+    """Runtime factory of methods ``eagle`` / ``eagle3`` (``specc.methods``): loads ``draft.path``
+    (``pkg://`` allowed) of the artifact's runtime section ``spec`` (``{"method": {"name"}, "draft":
+    {"path"}}``) as a published-layout head bound to ``target``'s embedding and LM head.
 
     Raises ``PlanError`` without ``draft.path``; ``CheckpointError`` for a head that does not match
     the target or the method (see :func:`specc.models.eagle_loader.load_eagle_head`)."""
     from specc.models.eagle_loader import load_eagle_head
     from specc.models.resolve import resolve_model_path
 
-    kind = plan.method.name
-    draft = getattr(plan, "draft", None)
-    if draft is None or not draft.path:
+    kind = spec["method"]["name"]
+    draft = spec.get("draft") or {}
+    if not draft.get("path"):
         raise PlanError(f"method.name={kind} needs draft.path (e.g. the draft preset smollm2_135m_{kind})")
-    path = resolve_model_path(draft.path)
+    path = resolve_model_path(draft["path"])
     if not path.is_dir():
-        raise CheckpointError(f"{draft.path}: an EAGLE head is a directory (config.json + weights), got {path}")
+        raise CheckpointError(f"{draft['path']}: an EAGLE head is a directory (config.json + weights), got {path}")
     model = load_eagle_head(path, target.config, target.embed, target.lm_head, expect_kind=kind)
     model.to(device)
     return EagleDrafter(model, target.config.num_layers, target.norm)

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal
+from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep
 
 
 def ngram_lookup(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
@@ -28,9 +28,14 @@ def ngram_lookup(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndar
     Returns:
         ``[m]`` int64, 0 <= m <= k (shorter when the match sits near the end of the history).
     """
+    return ngram_match(history, min_n, max_n, k)[0]
+
+
+def ngram_match(history: np.ndarray, min_n: int, max_n: int, k: int):
+    """:func:`ngram_lookup` and the n-gram size n that matched (0 when nothing matched)."""
     L = int(history.shape[0])
     if k <= 0:
-        return history[:0]
+        return history[:0], 0
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         suffix = history[L - n:]
         # windows starting at 0 .. L-n-1 (the suffix's own position L-n is excluded)
@@ -38,8 +43,40 @@ def ngram_lookup(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndar
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n  # most recent match; its continuation starts here (<= L-1)
-            return history[start:start + k]
-    return history[:0]
+            return history[start:start + k], n
+    return history[:0], 0
+
+
+class AcceptanceEstimate:
+    """Per-position acceptance learned online, for drafts without a distribution (vLLM falls back to
+    an online estimator there too: ``OnlineAcceptanceEstimator``, vllm-0.33.0.md §6). Keyed by
+    (matched n-gram size, draft position i): the fraction of steps that reached position i (drafts
+    ``0..i-1`` accepted) in which draft i was accepted, with a Beta(1, 1) prior (0.5 before any
+    observation). Depends only on earlier steps' outcomes, never on the current draft tokens."""
+
+    def __init__(self, max_n: int) -> None:
+        self.trials = np.zeros((max_n + 1, 0), dtype=np.float64)  # [n, i]
+        self.accepts = np.zeros((max_n + 1, 0), dtype=np.float64)
+
+    def _grow(self, k: int) -> None:
+        if self.trials.shape[1] < k:
+            pad = k - self.trials.shape[1]
+            self.trials = np.pad(self.trials, ((0, 0), (0, pad)))
+            self.accepts = np.pad(self.accepts, ((0, 0), (0, pad)))
+
+    def confidence(self, n: int, k: int) -> np.ndarray:
+        """``[k]`` fp64 estimates for a match of size ``n`` (posterior means)."""
+        self._grow(k)
+        return (self.accepts[n, :k] + 1.0) / (self.trials[n, :k] + 2.0)
+
+    def observe(self, n: int, num_valid: int, accepted: int) -> None:
+        """One step of a row: ``num_valid`` drafts from a size-``n`` match, ``accepted`` of them."""
+        if num_valid <= 0:
+            return
+        self._grow(num_valid)
+        reached = min(accepted + 1, num_valid)  # positions 0..reached-1 were tested
+        self.trials[n, :reached] += 1.0
+        self.accepts[n, :accepted] += 1.0
 
 
 class NgramDrafter(Drafter):
@@ -48,21 +85,27 @@ class NgramDrafter(Drafter):
     name = "ngram"
     supports_probabilistic = False
     capturable = False
+    prefill_row_index = True
 
     def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
         if not 1 <= int(min_n) <= int(max_n):
             from specc.errors import PlanError
             raise PlanError(f"method.ngram: need 1 <= min <= max, got min={min_n}, max={max_n}")
         self.min_n, self.max_n = int(min_n), int(max_n)
+        self.estimate = AcceptanceEstimate(self.max_n)
+        self._matched: list = []  # n-gram size matched per row at the last propose (0 = none)
 
     def prefill(self, batch: BatchView, chunk: PrefillChunk) -> None:
         """Nothing to absorb: the lookup reads ``batch.tokens`` directly."""
 
     def propose(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
-        """Look up each active row's history; returns tokens ``[B, κ]`` (0-padded) and num_valid ``[B]``."""
+        """Look up each active row's history; returns tokens ``[B, κ]`` (0-padded), num_valid ``[B]``
+        and the online per-position confidence ``[B, κ]`` (:class:`AcceptanceEstimate`)."""
         B = batch.batch_size
         tokens = np.zeros((B, num_steps), dtype=np.int64)
         valid = np.zeros(B, dtype=np.int64)
+        conf = np.zeros((B, num_steps), dtype=np.float32)
+        matched = [0] * B
         seq = batch.seq_lens.tolist()
         active = batch.active.tolist()
         cap = batch.max_draft.tolist()
@@ -70,8 +113,37 @@ class NgramDrafter(Drafter):
         if need:
             hist_all = batch.tokens.cpu().numpy()  # [B, S]
             for b in need:
-                cont = ngram_lookup(hist_all[b, :seq[b]], self.min_n, self.max_n, min(num_steps, cap[b]))
+                cont, n = ngram_match(hist_all[b, :seq[b]], self.min_n, self.max_n, min(num_steps, cap[b]))
                 tokens[b, :cont.shape[0]] = cont
                 valid[b] = cont.shape[0]
+                matched[b] = n
+                if n:
+                    conf[b, :cont.shape[0]] = self.estimate.confidence(n, cont.shape[0])
+        self._matched = matched
         dev = batch.tokens.device
-        return Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev))
+        return Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
+                        confidence=torch.from_numpy(conf).to(dev))
+
+    def commit(self, batch: BatchView, step: VerifyStep) -> None:
+        """Learn the acceptance estimate from this step's outcome (rows that drafted)."""
+        if step.num_steps == 0 or step.num_valid is None or not self._matched:
+            return
+        valid = step.num_valid.tolist()
+        accepted = step.accepted.tolist()
+        for b, n in enumerate(self._matched[:len(valid)]):
+            if n and valid[b] > 0:
+                self.estimate.observe(n, int(valid[b]), int(accepted[b]))
+        self._matched = []
+
+
+DEFAULT_WINDOW = (1, 3)  # method.ngram.min/max when the plan leaves them unset (vLLM's docstring min 1)
+
+
+def build_drafter(spec, target=None, tokenizer=None, device=None, max_seq_len=None) -> NgramDrafter:
+    """Runtime factory of ``method.name: ngram`` from the artifact's runtime section ``spec``
+    (``spec["method"]["ngram"]`` = ``{"min", "max"}``, unset values take :data:`DEFAULT_WINDOW`).
+    Raises PlanError for min > max."""
+    window = (spec.get("method") or {}).get("ngram") or {}
+    lo = window.get("min") if window.get("min") is not None else DEFAULT_WINDOW[0]
+    hi = window.get("max") if window.get("max") is not None else max(lo, DEFAULT_WINDOW[1])
+    return NgramDrafter(lo, hi)

@@ -2,11 +2,12 @@
 
 The mapping is the one the ``vllm`` rule table assumes (see :mod:`specc.rules.vllm_0_33_0`): fields of
 ``SpeculativeConfig`` (``vllm/config/speculative.py:410-659``, ``shared/reference/vllm-0.33.0.md`` §3).
-K (``num_speculative_tokens``) is ``method.block_size`` for dflash/dspark, else ``method.num_steps``.
+K (``num_speculative_tokens``) is ``method.block_size`` for dspark, else ``method.num_steps`` (dflash too).
 A ``batch_buckets`` schedule becomes ``num_speculative_tokens_per_batch_size``: inclusive batch-size
 ranges ``[start, end, K]``, each bucket running to the next bucket's start − 1, the last one to the
 largest batch (``deploy.max_running_requests`` or ``runtime.max_batch_size``), as the format of
-``v1/spec_decode/dynamic/utils.py:7-74`` requires. Never imports torch.
+``v1/spec_decode/dynamic/utils.py:7-74`` requires; ``--max-num-seqs`` is then that largest batch, so
+vLLM admits no batch the table does not cover. Never imports torch.
 """
 from __future__ import annotations
 
@@ -117,7 +118,12 @@ def to_vllm(plan: Plan) -> VLLMLaunch:
         if v.synthetic.acceptance_length is not None:
             sc["synthetic_acceptance_length"] = v.synthetic.acceptance_length
     if s.kind == "batch_buckets":
-        sc["num_speculative_tokens_per_batch_size"] = dynamic_k(plan)
+        ranges = dynamic_k(plan)
+        sc["num_speculative_tokens_per_batch_size"] = ranges
+        if d.max_running_requests is None:
+            # The last range ends at the plan's largest batch; without --max-num-seqs vLLM would admit its
+            # default (1024 running requests on a >= 70 GiB GPU) and stretch the last K over them.
+            a += ["--max-num-seqs", str(ranges[-1][1])]
     if s.kind == "budget":
         sc["enable_adaptive_verification"] = True
     out.speculative_config = sc

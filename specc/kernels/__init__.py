@@ -6,7 +6,7 @@ Triton kernels live in `specc.kernels.verify_triton` and are imported only when 
 """
 
 from specc.kernels.sampling import VerifyRandomness, draw_randomness, greedy_rows, process_logits
-from specc.kernels.verify import VerifyOutput, greedy_verify, rejection_verify, resolve_backend
+from specc.kernels.verify import VerifyOutput, greedy_verify, rejection_verify, resolve_backend, synthetic_verify
 
 __all__ = [
     "VerifyOutput",
@@ -17,4 +17,5 @@ __all__ = [
     "process_logits",
     "rejection_verify",
     "resolve_backend",
+    "synthetic_verify",
 ]

@@ -19,83 +19,23 @@ exponential noise, a first-index argmax), so they return identical tokens from i
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Sequence
 
 import torch
 
-__all__ = ["VerifyOutput", "greedy_verify", "rejection_verify", "resolve_backend"]
+from specc.kernels.verify_common import (  # noqa: F401  (re-exported)
+    VerifyOutput,
+    _accepted_prefix,
+    _check_drafts,
+    _check_rejection_inputs,
+    _finish,
+    _num_valid,
+    _target_argmax,
+    _valid_drafts,
+    resolve_backend,
+)
 
-
-class VerifyOutput(NamedTuple):
-    """Result of one verify step for B requests with K draft positions.
-
-    accepted_len: `[B]` int32 in [0, K], number of draft tokens accepted.
-    output_tokens: `[B, K+1]` int64: the accepted drafts at [0, accepted_len), the bonus at
-        accepted_len, -1 after it. The tokens to append are `output_tokens[b, :accepted_len[b] + 1]`.
-    bonus: `[B]` int64, the bonus token (`output_tokens[b, accepted_len[b]]`).
-    """
-
-    accepted_len: torch.Tensor
-    output_tokens: torch.Tensor
-    bonus: torch.Tensor
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Pick the implementation: "auto" is "triton" on CUDA tensors (when triton imports) and "torch"
-    elsewhere; "torch" and "triton" are taken as given.
-
-    Raises:
-        ValueError: on an unknown backend name.
-    """
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend != "auto":
-        return backend
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return "torch"
-        return "triton"
-    return "torch"
-
-
-def _num_valid(num_valid: torch.Tensor | None, batch: int, num_steps: int, device) -> torch.Tensor:
-    if num_valid is None:
-        return torch.full((batch,), num_steps, dtype=torch.int32, device=device)
-    if tuple(num_valid.shape) != (batch,):
-        raise ValueError(f"num_valid must have shape [B] = [{batch}], got {tuple(num_valid.shape)}")
-    if num_valid.dtype.is_floating_point:
-        raise ValueError(f"num_valid must be an integer tensor, got {num_valid.dtype}")
-    return num_valid.to(device=device, dtype=torch.int32).contiguous()
-
-
-def _check_drafts(draft_tokens: torch.Tensor) -> tuple[int, int]:
-    if draft_tokens.dim() != 2 or draft_tokens.dtype != torch.int64:
-        raise ValueError(f"draft_tokens must be [B, K] int64, got {tuple(draft_tokens.shape)} {draft_tokens.dtype}")
-    return draft_tokens.shape[0], draft_tokens.shape[1]
-
-
-def _finish(accepted: torch.Tensor, draft_tokens: torch.Tensor, bonus: torch.Tensor) -> VerifyOutput:
-    """accepted [B] int64, draft_tokens [B, K], bonus [B] int64 -> VerifyOutput."""
-    batch, num_steps = draft_tokens.shape
-    pos = torch.arange(num_steps + 1, device=draft_tokens.device).view(1, -1)  # [1, K+1]
-    padded = torch.cat([draft_tokens, bonus.view(batch, 1)], dim=1)  # [B, K+1]
-    out = torch.where(pos < accepted.view(batch, 1), padded, torch.full_like(padded, -1))
-    out = torch.where(pos == accepted.view(batch, 1), bonus.view(batch, 1), out)  # [B, K+1]
-    return VerifyOutput(accepted.to(torch.int32), out, bonus)
-
-
-def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
-    """accept [B, K] bool -> [B] int64, length of the all-True prefix (stop at the first False)."""
-    return accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
-
-
-def _valid_drafts(draft_tokens: torch.Tensor, num_valid: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B, K] bool: the draft at i was proposed (i < num_valid, token id inside [0, V))."""
-    num_steps = draft_tokens.shape[1]
-    pos = torch.arange(num_steps, device=draft_tokens.device).view(1, -1)  # [1, K]
-    return (pos < num_valid.view(-1, 1).to(torch.int64)) & (draft_tokens >= 0) & (draft_tokens < vocab)
+__all__ = ["VerifyOutput", "greedy_verify", "rejection_verify", "synthetic_verify", "resolve_backend"]
 
 
 def greedy_verify_torch(
@@ -109,21 +49,6 @@ def greedy_verify_torch(
     accepted = _accepted_prefix(match)  # [B]
     bonus = target_argmax.gather(1, accepted.view(batch, 1)).view(batch)  # [B]
     return _finish(accepted, draft_tokens, bonus)
-
-
-def _target_argmax(target: torch.Tensor, batch: int, num_steps: int) -> torch.Tensor:
-    if target.dim() == 3 and target.dtype.is_floating_point:
-        expect = (batch, num_steps + 1)
-        if tuple(target.shape[:2]) != expect:
-            raise ValueError(f"target logits must be [B, K+1, V] = [{batch}, {num_steps + 1}, V], got {tuple(target.shape)}")
-        return target.argmax(dim=-1)  # [B, K+1], first index on ties
-    if target.dim() == 2 and target.dtype == torch.int64:
-        if tuple(target.shape) != (batch, num_steps + 1):
-            raise ValueError(f"target argmax must be [B, K+1] = [{batch}, {num_steps + 1}], got {tuple(target.shape)}")
-        return target
-    raise ValueError(
-        f"target must be logits [B, K+1, V] float or argmax tokens [B, K+1] int64, got {tuple(target.shape)} {target.dtype}"
-    )
 
 
 def greedy_verify(
@@ -160,26 +85,6 @@ def greedy_verify(
     return verify_triton.greedy_verify_triton(draft_tokens, target, num_valid)
 
 
-def _check_rejection_inputs(draft_tokens, target_probs, draft_probs, uniforms, exp_noise) -> tuple[int, int, int]:
-    batch, num_steps = _check_drafts(draft_tokens)
-    if target_probs.dim() != 3 or target_probs.dtype != torch.float32 or tuple(target_probs.shape[:2]) != (batch, num_steps + 1):
-        raise ValueError(
-            f"target_probs must be [B, K+1, V] = [{batch}, {num_steps + 1}, V] fp32, "
-            f"got {tuple(target_probs.shape)} {target_probs.dtype}"
-        )
-    vocab = target_probs.shape[2]
-    if draft_probs is not None and (draft_probs.dtype != torch.float32 or tuple(draft_probs.shape) != (batch, num_steps, vocab)):
-        raise ValueError(
-            f"draft_probs must be None (one-hot q) or [B, K, V] = [{batch}, {num_steps}, {vocab}] fp32 "
-            f"(same V as the target; slice both to the shared vocabulary), got {tuple(draft_probs.shape)} {draft_probs.dtype}"
-        )
-    if uniforms.dtype != torch.float32 or tuple(uniforms.shape) != (batch, num_steps):
-        raise ValueError(f"uniforms must be [B, K] = [{batch}, {num_steps}] fp32, got {tuple(uniforms.shape)} {uniforms.dtype}")
-    if exp_noise.dtype != torch.float32 or tuple(exp_noise.shape) != (batch, vocab):
-        raise ValueError(f"exp_noise must be [B, V] = [{batch}, {vocab}] fp32, got {tuple(exp_noise.shape)} {exp_noise.dtype}")
-    return batch, num_steps, vocab
-
-
 def rejection_verify_torch(
     draft_tokens: torch.Tensor,
     target_probs: torch.Tensor,
@@ -201,6 +106,18 @@ def rejection_verify_torch(
         q_x = draft_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # [B, K]
     accept = proposed & (uniforms * q_x < p_x)  # [B, K]; u < p/q without a division
     accepted = _accepted_prefix(accept)  # [B] int64
+    bonus = _bonus(accepted, proposed, x, target_probs, draft_probs, exp_noise)
+    return _finish(accepted, draft_tokens, bonus)
+
+
+def _bonus(accepted: torch.Tensor, proposed: torch.Tensor, x: torch.Tensor, target_probs: torch.Tensor,
+           draft_probs: torch.Tensor | None, exp_noise: torch.Tensor) -> torch.Tensor:
+    """The bonus token ``[B]`` int64 after ``accepted [B]`` drafts: from the residual
+    normalize(max(p − q, 0)) at a rejected proposed draft (one-hot q when ``draft_probs`` is None),
+    else from p at position ``accepted`` (exponential race with ``exp_noise [B, V]``)."""
+    batch, num_steps = x.shape
+    vocab = target_probs.shape[2]
+    rows = torch.arange(batch, device=x.device)
     p_a = target_probs[rows, accepted]  # [B, V], target at the bonus position
     if num_steps == 0:
         bonus_weights = p_a
@@ -208,14 +125,13 @@ def rejection_verify_torch(
         stop = accepted.clamp(max=num_steps - 1)  # [B]
         rejected = (accepted < num_steps) & proposed[rows, stop]  # [B], stopped on a proposed draft
         if draft_probs is None:
-            vocab_ids = torch.arange(vocab, device=draft_tokens.device).view(1, vocab)
+            vocab_ids = torch.arange(vocab, device=x.device).view(1, vocab)
             residual = torch.where(vocab_ids == x[rows, stop].view(batch, 1), torch.zeros_like(p_a), p_a)  # [B, V]
         else:
             residual = torch.clamp_min(p_a - draft_probs[rows, stop], 0.0)  # [B, V]
         use_residual = rejected & (residual.amax(dim=-1) > 0)  # [B]; empty residual -> p (see rejection_verify)
         bonus_weights = torch.where(use_residual.view(batch, 1), residual, p_a)  # [B, V]
-    bonus = torch.div(bonus_weights, exp_noise).argmax(dim=-1)  # [B] int64, exponential race
-    return _finish(accepted, draft_tokens, bonus)
+    return torch.div(bonus_weights, exp_noise).argmax(dim=-1)  # [B] int64, exponential race
 
 
 def rejection_verify(
@@ -268,3 +184,41 @@ def rejection_verify(
     from specc.kernels import verify_triton
 
     return verify_triton.rejection_verify_triton(draft_tokens, target_probs, draft_probs, uniforms, exp_noise, num_valid)
+
+
+def synthetic_verify(
+    draft_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    conditional_rates: Sequence[float] | torch.Tensor,
+    uniforms: torch.Tensor,
+    exp_noise: torch.Tensor,
+    num_valid: torch.Tensor | None = None,
+) -> VerifyOutput:
+    """Synthetic acceptance, the zoo seed's ablation harness with vLLM's semantics (vllm-0.33.0.md §5
+    "Synthetic"; RSU:612-614, 691-693): draft i is accepted iff ``u[b, i] < c_i`` for every draft up to
+    it, whatever the tokens and for greedy and sampled requests alike, so P(first i+1 drafts
+    accepted) = Π c_j, the unconditional rate r_i. The token at the first rejection comes from the
+    normal resample path (p with the rejected draft removed, one-hot q); after all accepted drafts it
+    is drawn from p. **The output is not the target's distribution** (nor, for greedy requests, plain
+    greedy decoding): it measures what acceptance would buy.
+
+    Args:
+        draft_tokens: ``[B, K]`` int64. target_probs: ``[B, K+1, V]`` fp32 after ``process_logits``.
+        conditional_rates: K conditional rates c_i in [0, 1] (``specc.programs.synthetic_conditional_rates``).
+        uniforms: ``[B, K]`` fp32 in [0, 1). exp_noise: ``[B, V]`` fp32 Exp(1) draws > 0.
+        num_valid: ``[B]`` int positions that may be accepted (None: all K).
+    Returns: ``VerifyOutput`` as :func:`rejection_verify`.
+    Raises: ValueError on wrong shapes or fewer than K rates.
+    """
+    batch, num_steps, vocab = _check_rejection_inputs(draft_tokens, target_probs, None, uniforms, exp_noise)
+    rates = torch.as_tensor(conditional_rates, dtype=torch.float32, device=draft_tokens.device).view(-1)
+    if rates.numel() < num_steps:
+        raise ValueError(f"synthetic_verify needs K = {num_steps} conditional rates, got {rates.numel()}")
+    valid = _num_valid(num_valid, batch, num_steps, draft_tokens.device)
+    pos = torch.arange(num_steps, device=draft_tokens.device).view(1, -1)  # [1, K]
+    proposed = pos < valid.view(-1, 1).to(torch.int64)  # [B, K]: tokens do not matter
+    x = draft_tokens.clamp(0, vocab - 1)  # [B, K], safe index
+    accept = proposed & (uniforms < rates[:num_steps].view(1, -1))  # [B, K]
+    accepted = _accepted_prefix(accept)  # [B] int64
+    bonus = _bonus(accepted, proposed, x, target_probs, None, exp_noise)
+    return _finish(accepted, draft_tokens, bonus)

@@ -24,7 +24,7 @@ import sys
 import torch
 
 from specc.errors import SpeccError
-from specc.kernels.verify import (
+from specc.kernels.verify_common import (
     VerifyOutput,
     _check_drafts,
     _check_rejection_inputs,

@@ -380,12 +380,3 @@ def _lin(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if m.bias is not None:
         y = y + m.bias
     return y.view(*x.shape[:-1], -1)
-
-
-def build_drafter(plan, target, device):
-    """Runtime entry point for methods ``eagle``/``eagle3`` (``specc.drafters.build_drafter`` calls it):
-    the chain drafter of :mod:`specc.drafters.eagle` with the plan's ``draft.path`` head loaded.
-    Raises ``PlanError``/``CheckpointError`` as :func:`specc.drafters.eagle.build_drafter`."""
-    from specc.drafters.eagle import build_drafter as _build
-
-    return _build(plan, target, device)

@@ -35,6 +35,7 @@ the forward never calls ``.item()`` on CUDA (the attended cache length is then t
 from __future__ import annotations
 
 import math
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -63,10 +64,18 @@ def set_blas_threads(n: Optional[int] = None) -> bool:
     return True
 
 
+def default_cpu_threads() -> int:
+    """The CPU thread count used when nobody chose one: ``OMP_NUM_THREADS`` when set, else 1. One
+    thread is the fastest setting measured on this project's shared 2-core machines, for every
+    forward shape decoding uses (``python tools/bench_threads.py`` prints the table; the README
+    keeps the numbers): a second thread only pays on a machine nobody else is using."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else 1
+
+
 def configure_cpu_threads(n: Optional[int] = None) -> None:
     """Give numpy's OpenBLAS ``n`` threads (default: the count of the previous call, else
-    ``torch.get_num_threads()``) and torch's own
-    OpenMP pool one thread. On the CPU fast path the matmuls run in OpenBLAS and torch only runs the
+    :func:`default_cpu_threads`) and torch's own OpenMP pool one thread. On the CPU fast path the matmuls run in OpenBLAS and torch only runs the
     small element-wise ops; when both pools have several threads their idle workers spin against each
     other. Measured on SmolLM2-135M, batch-1 decode on a 2-core machine with nothing else running
     (torch threads / OpenBLAS threads): 1/1 18.4 tok/s, 1/2 19.4, 2/1 15.5, 2/2 2.6. The skinny GEMM
@@ -75,7 +84,7 @@ def configure_cpu_threads(n: Optional[int] = None) -> None:
     from specc.kernels import cpu_gemm
 
     global _cpu_threads
-    n = int(n or _cpu_threads or torch.get_num_threads())
+    n = int(n or _cpu_threads or default_cpu_threads())
     set_blas_threads(n)
     cpu_gemm.set_threads(n)
     torch.set_num_threads(1)
@@ -194,6 +203,31 @@ def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     return inv
 
 
+# ----------------------------------------------------------------------------------- ragged rows
+class TokenPacking:
+    """The real tokens of a ``[B, N]`` batch whose row ``b`` holds ``num_tokens[b]`` leading real
+    tokens (the rest is padding): the linear layers run on the ``T = Σ num_tokens`` packed rows only,
+    so padding costs no GEMM work (a ragged verify, each request its own number of tokens; vLLM's
+    ``cu_num_logits`` layout, vllm-0.33.0.md §6). Attention still runs on the padded ``[B, N]`` layout.
+
+    Args: num_tokens ``[B]`` int64 in ``[0, N]``; B, N: the padded shape."""
+
+    def __init__(self, num_tokens: torch.Tensor, batch: int, width: int) -> None:
+        valid = torch.arange(width, device=num_tokens.device).view(1, width) < num_tokens.view(batch, 1)  # [B, N]
+        self.index = valid.reshape(-1).nonzero().view(-1)  # [T] flat indices b * N + n
+        self.batch, self.width = batch, width
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, N, ...]`` -> ``[T, ...]``."""
+        return x.reshape(self.batch * self.width, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, y: torch.Tensor) -> torch.Tensor:
+        """``[T, ...]`` -> ``[B, N, ...]``, zeros at padding tokens."""
+        out = y.new_zeros(self.batch * self.width, *y.shape[1:])
+        out.index_copy_(0, self.index, y)
+        return out.view(self.batch, self.width, *y.shape[1:])
+
+
 # ----------------------------------------------------------------------------------- the layers
 class Attention(nn.Module):
     """GQA self-attention with a static KV cache written at given slots."""
@@ -210,13 +244,18 @@ class Attention(nn.Module):
         self.v_cache: Optional[torch.Tensor] = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch_index: torch.Tensor,
-                slots: torch.Tensor, mask_bias: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """x: [B, N, H]; cos/sin: [B, N, 1, D] (sin with the first half negated); batch_index, slots: [B, N] int64;
-        mask_bias: [B * nkv, g * N, kv_len] additive (0 = attend, dtype-min = masked; g = heads per kv
-        head, row order (b, kv head, query head in group, n)); returns [B, N, H].
+                slots: torch.Tensor, mask_bias: torch.Tensor, kv_len: int,
+                packing: Optional[TokenPacking] = None, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: [B, N, H] (or [T, H] packed by ``packing``); cos/sin: [B, N, 1, D] (sin with the first
+        half negated); batch_index, slots: [B, N] int64; mask_bias: [B * nkv, g * N, kv_len] additive
+        (0 = attend, dtype-min = masked; g = heads per kv head, row order (b, kv head, query head in
+        group, n)); rows: [B] int64 cache rows of the batch rows (None: rows 0..B-1, the
+        batch_index rows); returns [B, N, H] (or [T, H]).
         Eager softmax attention (Vaswani et al. 2017) in fp32 softmax, as HF's eager path."""
-        B, N, _ = x.shape
+        B, N = slots.shape
         qkv = self.wqkv(x)  # [B, N, q + 2kv]
+        if packing is not None:
+            qkv = packing.unpack(qkv)  # [T, q + 2kv] -> [B, N, q + 2kv]
         qk, v = qkv.split((self.q_size + self.kv_size, self.kv_size), dim=-1)
         qk = qk.view(B, N, self.num_heads + self.num_kv_heads, 2, self.head_dim // 2)  # q and k heads, halves
         # RoPE on q and k at once, HF's half-split layout: x*cos + rotate_half(x)*sin, where
@@ -229,8 +268,12 @@ class Attention(nn.Module):
         self.k_cache.transpose(1, 2).index_put_((batch_index, slots), k.to(self.k_cache.dtype))
         self.v_cache.transpose(1, 2).index_put_((batch_index, slots), v.to(self.v_cache.dtype))
         nkv, g, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
-        keys = self.k_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)  # a view: [B*nkv, S, D]
-        values = self.v_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)
+        if rows is None:
+            keys = self.k_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)  # a view: [B*nkv, S, D]
+            values = self.v_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)
+        else:  # cache rows given: gather their first kv_len slots (a copy of the attended span only)
+            keys = self.k_cache[:, :, :kv_len].index_select(0, rows).reshape(B * nkv, kv_len, D)
+            values = self.v_cache[:, :, :kv_len].index_select(0, rows).reshape(B * nkv, kv_len, D)
         # GQA without repeating K/V: query head h uses kv head h // g (HF repeat_kv order)
         qg = q.reshape(B, N, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B * nkv, g * N, D)  # [B*nkv, g*N, D]
         # scores = mask + scale * q @ k^T in one call (baddbmm), softmax over slots, @ v
@@ -240,8 +283,10 @@ class Attention(nn.Module):
         else:
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
         out = torch.bmm(probs, values)  # [B*nkv, g*N, D]
-        out = out.view(B, nkv, g, N, D).permute(0, 3, 1, 2, 4)  # [B, N, nkv, g, D]
-        return self.wo(out.reshape(B, N, self.q_size))
+        out = out.view(B, nkv, g, N, D).permute(0, 3, 1, 2, 4).reshape(B, N, self.q_size)  # [B, N, q]
+        if packing is not None:
+            out = packing.pack(out)  # [T, q]
+        return self.wo(out)
 
 
 class FeedForward(nn.Module):
@@ -266,8 +311,8 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ffn = FeedForward(config)
 
-    def forward(self, x, cos, sin, batch_index, slots, mask, kv_len):
-        h = x + self.attn(self.attn_norm(x), cos, sin, batch_index, slots, mask, kv_len)
+    def forward(self, x, cos, sin, batch_index, slots, mask, kv_len, packing=None, rows=None):
+        h = x + self.attn(self.attn_norm(x), cos, sin, batch_index, slots, mask, kv_len, packing, rows)
         return h + self.ffn(self.ffn_norm(h))
 
 
@@ -434,8 +479,8 @@ class LlamaModel(nn.Module):
 
     def use_cpu_fast(self) -> "LlamaModel":
         """Switch every CPU fp32 linear to the numpy BLAS path (see ``Linear``) and split the CPU
-        threads with :func:`configure_cpu_threads` (OpenBLAS gets torch's thread count, torch keeps
-        one). Returns self."""
+        threads with :func:`configure_cpu_threads` (OpenBLAS and the skinny GEMM get the chosen
+        count, :func:`default_cpu_threads` unless one was chosen; torch keeps one). Returns self."""
         configure_cpu_threads()
         for m in self.modules():
             if isinstance(m, Linear):
@@ -487,6 +532,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 cache_slots: Optional[torch.Tensor] = None, attn_mask: Optional[torch.Tensor] = None,
                 hidden_layers: Sequence[int] = (), logits_at: Optional[torch.Tensor] = None,
+                num_tokens: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
                 ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
         """Run ``N`` new tokens per row through the model, writing their K/V into the cache.
 
@@ -500,6 +546,11 @@ class LlamaModel(nn.Module):
             decoder layer ``i``'s output before the final norm, ``num_layers`` the final-norm output).
           logits_at: optional ``[B, M]`` int64 indices into ``N``; only those rows get logits
             (prefill asks for the last real token of each row).
+          num_tokens: optional ``[B]`` int64: row ``b``'s first ``num_tokens[b]`` tokens are real, the
+            rest padding (a ragged verify or prefill). Padding tokens cost no GEMM work
+            (:class:`TokenPacking`), write no K/V, and get zero logits and hidden states.
+          rows: optional ``[B]`` int64, the cache row of each batch row (default ``0..B-1``): a prefill
+            of a few new requests among many runs over their rows only.
 
         Returns:
           logits ``[B, N, V]`` fp32 (``[B, M, V]`` with ``logits_at``) and a list of ``[B, N, H]``
@@ -529,11 +580,18 @@ class LlamaModel(nn.Module):
         else:
             kv_len = self.max_seq_len
         if on_cpu and self.check_inputs:
-            self._check(input_ids, positions, cache_slots)
-        x = self.embed(input_ids)  # [B, N, H]
+            self._check(input_ids, positions, cache_slots, rows)
+        packing = TokenPacking(num_tokens, B, N) if num_tokens is not None else None
+        if packing is not None:
+            # padding tokens write their (unused) K/V to the trash slot: nothing real is overwritten
+            real = torch.arange(N, device=input_ids.device).view(1, N) < num_tokens.view(B, 1)
+            cache_slots = torch.where(real, cache_slots, torch.full_like(cache_slots, self.max_seq_len - 1))
+            x = self.embed(packing.pack(input_ids.unsqueeze(-1)).view(-1))  # [T, H]
+        else:
+            x = self.embed(input_ids)  # [B, N, H]
         cos = self._cos[positions].unsqueeze(2)  # [B, N, 1, D]
         sin = self._sin[positions].unsqueeze(2)
-        batch_index = self._batch_ids[:B].expand(B, N)  # [B, N]
+        batch_index = (self._batch_ids[:B] if rows is None else rows.view(B, 1)).expand(B, N)  # [B, N] cache rows
         if attn_mask is None:
             mask = self._slot_ids[:kv_len][None, None, :] <= positions[:, :, None]  # [B, N, S]
         else:
@@ -547,23 +605,33 @@ class LlamaModel(nn.Module):
         wanted = {i: k for k, i in enumerate(hidden_layers)}
         hidden: List[Optional[torch.Tensor]] = [None] * len(hidden_layers)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, batch_index, cache_slots, mask, kv_len)
+            x = layer(x, cos, sin, batch_index, cache_slots, mask, kv_len, packing, rows)
             if i in wanted:
                 for k, j in enumerate(hidden_layers):
                     if j == i:
                         hidden[k] = x
+        if packing is not None and logits_at is not None:  # a ragged prefill: back to [B, N, ...] first
+            x = packing.unpack(x)
+            hidden = [packing.unpack(h) if h is not None else h for h in hidden]
+            packing = None
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))  # [B, M, H]
         x = self.norm(x)
         for k, j in enumerate(hidden_layers):
             if j == L:
                 hidden[k] = x
-        return self.lm_head(x), hidden  # [B, N, V] fp32
+        logits = self.lm_head(x)  # [B, N, V] fp32 (or [T, V] packed)
+        if packing is not None:
+            return packing.unpack(logits), [packing.unpack(h) for h in hidden]
+        return logits, hidden
 
-    def _check(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+    def _check(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               rows: Optional[torch.Tensor] = None) -> None:
         B, N = input_ids.shape
         if B > self.max_batch_size:
             raise PromptError(f"batch of {B} rows exceeds the cache's max_batch_size={self.max_batch_size}")
+        if rows is not None and (rows.shape != (B,) or (B and (int(rows.min()) < 0 or int(rows.max()) >= self.max_batch_size))):
+            raise ValueError(f"rows must be [B] = [{B}] cache rows in [0, {self.max_batch_size}), got {rows.tolist()}")
         if positions.shape != (B, N) or slots.shape != (B, N):
             raise ValueError(f"positions {tuple(positions.shape)} and cache_slots {tuple(slots.shape)} "
                              f"must match input_ids {(B, N)}")

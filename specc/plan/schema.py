@@ -126,7 +126,9 @@ class BucketConfig:
 
 @dataclass
 class ScheduleConfig:
-    """When the runtime uses which κ. ``buckets`` is keyed by batch size (floor lookup)."""
+    """When the runtime uses which κ. ``buckets`` is keyed by batch size (floor lookup).
+    ``alpha``: the per-position acceptance the cost model assumes (``auto``, ``explain``), e.g.
+    measured by ``specc run --json``; default §6.2's 0.7."""
 
     kind: str = "static"
     buckets: Dict[int, BucketConfig] = field(default_factory=dict)
@@ -137,6 +139,7 @@ class ScheduleConfig:
     ragged_verify: str = "static"
     cost_table: Optional[str] = None
     hardware: Optional[str] = None
+    alpha: Optional[float] = None
 
 
 @dataclass

@@ -148,86 +148,7 @@ RULES = (
       "runtime.device=cpu: the overlap scheduler is not implemented on CPU for {p.method.name}; "
       "deploy.overlap_scheduler becomes false", "arg_groups/speculative_hook.py:66-78",
       lambda p: {"deploy.overlap_scheduler": False}),
-    # ---- 3.4 EAGLE family (and the shared max_running_requests defaults) ------------------------
-    R("EG2", "error", ("method.name", "deploy.parallel.dp_attention"),
-      lambda p: algo(p) == "STANDALONE" and p.deploy.parallel.dp_attention,
-      "method.name=draft_model (STANDALONE) does not support deploy.parallel.dp_attention=true; turn DP "
-      "attention off or use eagle3", "arg_groups/speculative_hook.py:1078-1084"),
-    R("EG3", "fallback", ("deploy.max_running_requests",),
-      lambda p: algo(p) in EAGLE_FAMILY and p.deploy.max_running_requests is None,
-      "deploy.max_running_requests is unset: SGLang sets it to 48 for speculative decoding; set it to size "
-      "the batch yourself", "arg_groups/speculative_hook.py:1086-1094",
-      lambda p: {"deploy.max_running_requests": DEFAULT_MAX_RUNNING}),
-    R("EG4", "warning", ("deploy.overlap_scheduler",),
-      lambda p: algo(p) in EAGLE_FAMILY and p.deploy.overlap_scheduler is False,
-      "deploy.overlap_scheduler=false: SGLang runs the slower non-overlap spec-v2 worker for {p.method.name}",
-      "arg_groups/speculative_hook.py:1098-1102"),
-    R("EG6", "filled", ("draft.path", "target.architecture"),
-      lambda p: algo(p) == "EAGLE" and p.target.architecture in MTP_ARCHS and (p.draft is None or not p.draft.path),
-      "target.architecture={p.target.architecture} carries MTP layers: draft.path is set to target.path",
-      "arg_groups/speculative_hook.py:1120-1148", lambda p: {"draft.path": p.target.path}),
-    R("EG7", "warning", ("draft.path", "target.architecture"),
-      lambda p: algo(p) == "EAGLE" and p.target.architecture in MTP_ARCHS and p.target.architecture not in
-      ("MistralLarge3ForCausalLM", "PixtralForConditionalGeneration") and p.draft is not None
-      and bool(p.draft.path) and p.draft.path != p.target.path,
-      "draft.path={p.draft.path}: target {p.target.architecture} has MTP layers and does not need a separate "
-      "draft; drop draft.path", "arg_groups/speculative_hook.py:1149-1156"),
-    R("EG11", "error", ("method.num_steps", "method.topk", "method.num_draft_tokens"),
-      lambda p: algo(p) in EAGLE_FAMILY and not adaptive(p) and p.method.num_steps is None
-      and (p.method.topk is not None or p.method.num_draft_tokens is not None),
-      "method.num_steps is unset while method.topk/num_draft_tokens are set: SGLang asserts; set "
-      "method.num_steps too (or none of the three)", "arg_groups/speculative_hook.py:1159-1163"),
-    R("EG12", "filled", ("method.num_steps", "method.topk", "method.num_draft_tokens"),
-      lambda p: algo(p) in EAGLE_FAMILY and not adaptive(p) and p.method.num_steps is None
-      and p.method.topk is None and p.method.num_draft_tokens is None,
-      "method.num_steps/topk/num_draft_tokens unset: SGLang picks {new[method.num_steps]}/{new[method.topk]}/"
-      "{new[method.num_draft_tokens]} for this target", "arg_groups/speculative_hook.py:1164-1174, 1430-1461",
-      _sets_eg12),
-    R("EG13", "error", ("deploy.attention_backend", "method.topk"),
-      lambda p: algo(p) in EAGLE_FAMILY and p.deploy.attention_backend == "trtllm_mha" and gt(p.method.topk, 1),
-      "deploy.attention_backend=trtllm_mha supports only method.topk=1 (got {p.method.topk}); use topk 1 or "
-      "another backend", "arg_groups/speculative_hook.py:1176-1180"),
-    R("EG15", "error", ("verify.rule", "verify.draft_sampling", "method.name"),
-      lambda p: algo(p) == "STANDALONE" and rejection_sampling(p),
-      "verify.rule=standard with draft_sampling=probabilistic (rejection sampling) is not implemented for "
-      "method.name=draft_model; use verify.draft_sampling=greedy or eagle/eagle3",
-      "arg_groups/speculative_hook.py:1210-1220"),
-    R("EG16", "error", ("verify.rule", "verify.draft_sampling", "method.topk"),
-      lambda p: algo(p) in ("EAGLE", "EAGLE3") and rs(p) and ne(p.method.topk, 1),
-      "rejection sampling (verify.rule={p.verify.rule}, draft_sampling={p.verify.draft_sampling}) needs "
-      "method.topk=1, got {p.method.topk}; set topk 1 or verify.draft_sampling=greedy",
-      "arg_groups/speculative_hook.py:1221-1224"),
-    R("EG18", "error", ("verify.accept_threshold.single", "verify.accept_threshold.acc"),
-      lambda p: algo(p) in ("EAGLE", "EAGLE3") and rs(p) and thresholds_set(p),
-      "verify.accept_threshold.single/acc must stay 1.0 with rejection sampling; drop them or use "
-      "verify.draft_sampling=greedy", "arg_groups/speculative_hook.py:1231-1240"),
-    R("EG19", "error", ("method.name", "method.topk"),
-      lambda p: multi_layer(p) and rs(p) and ne(p.method.topk, 1),
-      "method.name=multi_layer_eagle with rejection sampling is chain-only: set method.topk=1",
-      "arg_groups/speculative_hook.py:1241-1249"),
-    R("EG20", "fallback", ("method.topk", "method.num_steps", "method.num_draft_tokens"),
-      lambda p: algo(p) in EAGLE_FAMILY and p.method.topk == 1 and isinstance(p.method.num_steps, int)
-      and p.method.num_draft_tokens != p.method.num_steps + 1,
-      "method.topk=1 is a chain: method.num_draft_tokens becomes num_steps + 1 = {new[method.num_draft_tokens]}",
-      "arg_groups/speculative_hook.py:1255-1266",
-      lambda p: {"method.num_draft_tokens": p.method.num_steps + 1}),
-    R("EG21", "error", ("method.topk", "deploy.page_size", "deploy.attention_backend"),
-      lambda p: algo(p) in EAGLE_FAMILY and gt(p.method.topk, 1) and gt(p.deploy.page_size, 1)
-      and p.deploy.attention_backend is not None and p.deploy.attention_backend not in ("flashinfer", "fa3", "triton"),
-      "method.topk>1 with deploy.page_size={p.deploy.page_size} needs deploy.attention_backend flashinfer, fa3 "
-      "or triton (got {p.deploy.attention_backend})", "arg_groups/speculative_hook.py:1271-1282"),
-    R("RS1", "warning", ("verify.rule", "verify.draft_sampling", "method.name"),
-      lambda p: algo(p) in ("DSPARK", "DFLASH", "NGRAM", "FROZEN_KV_MTP") and rejection_sampling(p),
-      "verify.draft_sampling=probabilistic (rejection sampling) is silently ignored for "
-      "method.name={p.method.name}: SGLang never reads the flag there; use verify.draft_sampling=greedy",
-      "speculative/spec_info.py:255-266"),
-    R("RS4", "error", ("draft.vocab_size", "target.vocab_size", "verify.draft_sampling"),
-      lambda p: rs(p) and p.draft is not None and ne(p.draft.vocab_size, p.target.vocab_size)
-      and p.target.vocab_size is not None and algo(p) != "EAGLE3",
-      "rejection sampling needs draft probabilities over the target vocabulary, but draft.vocab_size="
-      "{p.draft.vocab_size} != target.vocab_size={p.target.vocab_size}; use verify.draft_sampling=greedy",
-      "speculative/eagle_utils.py:739-748"),
-    # ---- 3.3 adaptive (runs after the EAGLE-family handler) -------------------------------------
+    # ---- 3.3 adaptive: resolved before the per-algorithm handler (speculative_hook.py:261-264) ---
     R("AD1", "fallback", ("schedule.kind", "method.name"),
       lambda p: adaptive(p) and algo(p) not in ("EAGLE", "EAGLE3"),
       "schedule.kind=adaptive supports only eagle/eagle3 (got {p.method.name}); SGLang warns and runs a "
@@ -282,6 +203,93 @@ RULES = (
       "schedule.kind=adaptive: method.num_draft_tokens is forced to num_steps + 1 = "
       "{new[method.num_draft_tokens]}", "arg_groups/speculative_hook.py:1423-1427",
       lambda p: {"method.num_draft_tokens": p.method.num_steps + 1}),
+    # ---- 3.4 EAGLE family (and the shared max_running_requests defaults) ------------------------
+    R("EG2", "error", ("method.name", "deploy.parallel.dp_attention"),
+      lambda p: algo(p) == "STANDALONE" and p.deploy.parallel.dp_attention,
+      "method.name=draft_model (STANDALONE) does not support deploy.parallel.dp_attention=true; turn DP "
+      "attention off or use eagle3", "arg_groups/speculative_hook.py:1078-1084"),
+    R("EG3", "fallback", ("deploy.max_running_requests",),
+      lambda p: algo(p) in EAGLE_FAMILY and p.deploy.max_running_requests is None,
+      "deploy.max_running_requests is unset: SGLang sets it to 48 for speculative decoding; set it to size "
+      "the batch yourself", "arg_groups/speculative_hook.py:1086-1094",
+      lambda p: {"deploy.max_running_requests": DEFAULT_MAX_RUNNING}),
+    R("EG4", "warning", ("deploy.overlap_scheduler",),
+      lambda p: algo(p) in EAGLE_FAMILY and p.deploy.overlap_scheduler is False,
+      "deploy.overlap_scheduler=false: SGLang runs the slower non-overlap spec-v2 worker for {p.method.name}",
+      "arg_groups/speculative_hook.py:1098-1102"),
+    R("EG6", "filled", ("draft.path", "target.architecture"),
+      lambda p: algo(p) == "EAGLE" and p.target.architecture in MTP_ARCHS and (p.draft is None or not p.draft.path),
+      "target.architecture={p.target.architecture} carries MTP layers: draft.path is set to target.path",
+      "arg_groups/speculative_hook.py:1120-1148", lambda p: {"draft.path": p.target.path}),
+    R("EG7", "warning", ("draft.path", "target.architecture"),
+      lambda p: algo(p) == "EAGLE" and p.target.architecture in MTP_ARCHS and p.target.architecture not in
+      ("MistralLarge3ForCausalLM", "PixtralForConditionalGeneration") and p.draft is not None
+      and bool(p.draft.path) and p.draft.path != p.target.path,
+      "draft.path={p.draft.path}: target {p.target.architecture} has MTP layers and does not need a separate "
+      "draft; drop draft.path", "arg_groups/speculative_hook.py:1149-1156"),
+    R("EG11", "error", ("method.num_steps", "method.topk", "method.num_draft_tokens"),
+      lambda p: algo(p) in EAGLE_FAMILY and not adaptive(p) and p.method.num_steps is None
+      and (p.method.topk is not None or p.method.num_draft_tokens is not None),
+      "method.num_steps is unset while method.topk/num_draft_tokens are set: SGLang fails `assert "
+      "speculative_eagle_topk is None and speculative_num_draft_tokens is None` (also when an adaptive "
+      "schedule was just turned off); set method.num_steps too (or none of the three)",
+      "arg_groups/speculative_hook.py:1159-1163"),
+    R("EG12", "filled", ("method.num_steps", "method.topk", "method.num_draft_tokens"),
+      lambda p: algo(p) in EAGLE_FAMILY and not adaptive(p) and p.method.num_steps is None
+      and p.method.topk is None and p.method.num_draft_tokens is None,
+      "method.num_steps/topk/num_draft_tokens unset: SGLang picks {new[method.num_steps]}/{new[method.topk]}/"
+      "{new[method.num_draft_tokens]} for this target", "arg_groups/speculative_hook.py:1164-1174, 1430-1461",
+      _sets_eg12),
+    R("EG13", "error", ("deploy.attention_backend", "method.topk"),
+      lambda p: algo(p) in EAGLE_FAMILY and p.deploy.attention_backend == "trtllm_mha" and gt(p.method.topk, 1),
+      "deploy.attention_backend=trtllm_mha supports only method.topk=1 (got {p.method.topk}); use topk 1 or "
+      "another backend", "arg_groups/speculative_hook.py:1176-1180"),
+    R("EG15", "error", ("verify.rule", "verify.draft_sampling", "method.name"),
+      lambda p: algo(p) == "STANDALONE" and rejection_sampling(p),
+      "verify.rule=standard with draft_sampling=probabilistic (rejection sampling) is not implemented for "
+      "method.name=draft_model; use verify.draft_sampling=greedy or eagle/eagle3",
+      "arg_groups/speculative_hook.py:1210-1220"),
+    R("EG16", "error", ("verify.rule", "verify.draft_sampling", "method.topk"),
+      lambda p: algo(p) in ("EAGLE", "EAGLE3") and rs(p) and ne(p.method.topk, 1),
+      "rejection sampling (verify.rule={p.verify.rule}, draft_sampling={p.verify.draft_sampling}) needs "
+      "method.topk=1, got {p.method.topk}; set topk 1 or verify.draft_sampling=greedy",
+      "arg_groups/speculative_hook.py:1221-1224"),
+    R("EG18", "error", ("verify.accept_threshold.single", "verify.accept_threshold.acc"),
+      lambda p: algo(p) in ("EAGLE", "EAGLE3") and rs(p) and thresholds_set(p),
+      "verify.accept_threshold.single/acc must stay 1.0 with rejection sampling; drop them or use "
+      "verify.draft_sampling=greedy", "arg_groups/speculative_hook.py:1231-1240"),
+    R("EG19", "error", ("method.name", "method.topk"),
+      lambda p: multi_layer(p) and rs(p) and ne(p.method.topk, 1),
+      "method.name=multi_layer_eagle with rejection sampling is chain-only: set method.topk=1",
+      "arg_groups/speculative_hook.py:1241-1249"),
+    R("EG20", "fallback", ("method.topk", "method.num_steps", "method.num_draft_tokens"),
+      lambda p: algo(p) in EAGLE_FAMILY and p.method.topk == 1 and isinstance(p.method.num_steps, int)
+      and p.method.num_draft_tokens != p.method.num_steps + 1,
+      "method.topk=1 is a chain: method.num_draft_tokens becomes num_steps + 1 = {new[method.num_draft_tokens]}",
+      "arg_groups/speculative_hook.py:1255-1266",
+      lambda p: {"method.num_draft_tokens": p.method.num_steps + 1}),
+    R("EG21T", "error", ("method.topk", "method.num_steps"),
+      lambda p: algo(p) in EAGLE_FAMILY and p.method.topk is None and p.method.num_steps is not None,
+      "method.topk is unset while method.num_steps={p.method.num_steps} is set: SGLang compares "
+      "`speculative_eagle_topk > 1` and crashes with a TypeError ('>' not supported between 'NoneType' and "
+      "'int'); set method.topk (1 for a chain) or leave num_steps/topk/num_draft_tokens all unset",
+      "arg_groups/speculative_hook.py:1271-1275"),
+    R("EG21", "error", ("method.topk", "deploy.page_size", "deploy.attention_backend"),
+      lambda p: algo(p) in EAGLE_FAMILY and gt(p.method.topk, 1) and gt(p.deploy.page_size, 1)
+      and p.deploy.attention_backend is not None and p.deploy.attention_backend not in ("flashinfer", "fa3", "triton"),
+      "method.topk>1 with deploy.page_size={p.deploy.page_size} needs deploy.attention_backend flashinfer, fa3 "
+      "or triton (got {p.deploy.attention_backend})", "arg_groups/speculative_hook.py:1271-1282"),
+    R("RS1", "warning", ("verify.rule", "verify.draft_sampling", "method.name"),
+      lambda p: algo(p) in ("DSPARK", "DFLASH", "NGRAM", "FROZEN_KV_MTP") and rejection_sampling(p),
+      "verify.draft_sampling=probabilistic (rejection sampling) is silently ignored for "
+      "method.name={p.method.name}: SGLang never reads the flag there; use verify.draft_sampling=greedy",
+      "speculative/spec_info.py:255-266"),
+    R("RS4", "error", ("draft.vocab_size", "target.vocab_size", "verify.draft_sampling"),
+      lambda p: rs(p) and p.draft is not None and ne(p.draft.vocab_size, p.target.vocab_size)
+      and p.target.vocab_size is not None and algo(p) != "EAGLE3",
+      "rejection sampling needs draft probabilities over the target vocabulary, but draft.vocab_size="
+      "{p.draft.vocab_size} != target.vocab_size={p.target.vocab_size}; use verify.draft_sampling=greedy",
+      "speculative/eagle_utils.py:739-748"),
     R("AD15", "error", ("schedule.kind", "deploy.parallel.pp"), lambda p: adaptive(p) and gt(p.deploy.parallel.pp, 1),
       "schedule.kind=adaptive is not compatible with deploy.parallel.pp={p.deploy.parallel.pp} (assertion); "
       "use pp 1 or a static schedule", "arg_groups/validation_hook.py:150-152"),
@@ -294,6 +302,12 @@ RULES = (
     R("DF1", "error", ("method.name", "runtime.device"), lambda p: algo(p) == "DFLASH" and cpu(p),
       "method.name=dflash is not supported on runtime.device=cpu (cuda, npu or xpu only)",
       "arg_groups/speculative_hook.py:290-301"),
+    R("DF3", "error", ("method.name", "deploy.parallel.dp_attention"),
+      lambda p: algo(p) == "DFLASH" and p.deploy.parallel.dp_attention and not cpu(p),
+      "method.name=dflash with deploy.parallel.dp_attention=true: SGLang refuses (\"DFLASH with dp attention "
+      "requires --enable-dp-lm-head.\"); launch with --enable-dp-lm-head (it has no plan key; "
+      "`specc check --sglang-args` sees it) or turn dp_attention off", "arg_groups/speculative_hook.py:303-308",
+      decide=lambda p, f: not f.flag("enable_dp_lm_head")),
     R("DF6", "error", ("deploy.parallel.pp",), lambda p: algo(p) == "DFLASH" and gt(p.deploy.parallel.pp, 1),
       "method.name=dflash supports only deploy.parallel.pp=1", "arg_groups/speculative_hook.py:319-322"),
     R("DF7", "error", ("draft.path",), lambda p: algo(p) == "DFLASH" and (p.draft is None or not p.draft.path),
@@ -329,6 +343,12 @@ RULES = (
     R("DS1", "error", ("method.name", "runtime.device"), lambda p: algo(p) == "DSPARK" and cpu(p),
       "method.name=dspark is not supported on runtime.device=cpu (cuda, npu or xpu only)",
       "arg_groups/speculative_hook.py:669-672"),
+    R("DS2", "error", ("method.name", "deploy.parallel.dp_attention"),
+      lambda p: algo(p) == "DSPARK" and p.deploy.parallel.dp_attention,
+      "method.name=dspark with deploy.parallel.dp_attention=true: SGLang refuses (\"DSpark with dp attention "
+      "requires --enable-dp-lm-head.\"); launch with --enable-dp-lm-head (it has no plan key; "
+      "`specc check --sglang-args` sees it) or turn dp_attention off", "arg_groups/speculative_hook.py:674-676",
+      decide=lambda p, f: not f.flag("enable_dp_lm_head")),
     R("DS7", "error", ("deploy.parallel.pp", "deploy.disagg.role"),
       lambda p: algo(p) == "DSPARK" and gt(p.deploy.parallel.pp, 1) and p.deploy.disagg.role != "prefill",
       "method.name=dspark with deploy.parallel.pp>1 runs only on a PD prefill server "
@@ -466,6 +486,13 @@ RULES = (
       and not (algo(p) in ("EAGLE", "EAGLE3") and not multi_layer(p)) and p.deploy.disagg.role != "prefill",
       "deploy.parallel.pp>1 with speculation needs single-layer eagle/eagle3 (or a PD prefill node); "
       "got method.name={p.method.name}", "arg_groups/validation_hook.py:131-164"),
+    R("TBO1", "error", ("deploy.parallel.two_batch_overlap", "deploy.parallel.dp_attention"),
+      lambda p: p.deploy.parallel.two_batch_overlap and not p.deploy.parallel.dp_attention,
+      "deploy.parallel.two_batch_overlap=true without deploy.parallel.dp_attention: SGLang refuses (\"When "
+      "enabling two batch overlap without an EP a2a backend (moe_a2a_backend='none'), attention DP "
+      "(--attn-dp-size) is required\"); turn dp_attention on, or launch with an EP --moe-a2a-backend (no plan "
+      "key; `specc check --sglang-args` sees it)", "arg_groups/validation_hook.py:756-772",
+      decide=lambda p, f: f.flag("moe_a2a_backend", "none") == "none"),
     R("PD1", "error", ("deploy.disagg.role", "method.topk"),
       lambda p: p.deploy.disagg.role in ("prefill", "decode") and is_eagle(p) and gt(p.method.topk, 16),
       "deploy.disagg.role={p.deploy.disagg.role}: the PD metadata buffer carries at most 16 top-k draft "

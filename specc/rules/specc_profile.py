@@ -1,10 +1,10 @@
-"""The ``specc`` profile: what specc's own runtime (``specc/runtime/engine.py``) runs today.
+"""The ``specc`` profile: what specc's own runtime (``specc/runtime/engine.py``) runs.
 
-Supported: methods ``none`` (κ = 0), ``ngram``, ``draft_model``, ``eagle``, ``eagle3`` as chains
-(topk = 1, verify width κ + 1); verify rules ``greedy`` and ``standard``; a ``static`` schedule; one
-device, llama-family targets (the model team's ``LlamaModel``). Everything else is an error saying
-"not supported by the specc runtime yet" with the fix "target sglang or vllm" — until the runtime
-team extends this table. Server-only settings (LoRA, disaggregation, parallelism, page size,
+What the runtime runs per method — which methods, state shapes (chain), verify rules, draft
+sampling, schedules — comes from the method table (:mod:`specc.methods`, ``Method.runtime``); this
+table turns it into rules with messages. One device, llama-family targets (the model team's
+``LlamaModel``). Everything else is an error saying "not supported by the specc runtime" with the
+fix "target sglang or vllm". Server-only settings (LoRA, disaggregation, parallelism, page size,
 attention backend) are errors or warnings because the runtime would silently ignore them.
 
 Sources name the specc module that implements (or would implement) the capability.
@@ -14,10 +14,23 @@ from __future__ import annotations
 import keyword
 import re
 
+from specc import methods
 from specc.rules.base import Profile, Rule, gt, ne, ngram_window_set, rejection_sampling, thresholds_set
 
-SUPPORTED = ("none", "ngram", "draft_model", "eagle", "eagle3")
-NEEDS_DRAFT = ("draft_model", "eagle", "eagle3")
+SUPPORTED = methods.runtime_methods()
+NEEDS_DRAFT = tuple(n for n in SUPPORTED if methods.get(n).needs_draft_checkpoint)
+SCHED = "specc/runtime/schedule.py"
+
+
+def _rt(p):
+    """The method's runtime support row (None when the runtime does not run it)."""
+    m = methods.METHODS.get(p.method.name)
+    return m.runtime if m is not None else None
+
+
+def _bucket_not_single(p) -> bool:
+    return p.schedule.kind == "batch_buckets" and any(
+        len(getattr(b, "candidates", None) or []) != 1 for b in p.schedule.buckets.values())
 LLAMA_ARCHS = ("llama", "llamaforcausallm")
 NGRAM_DEFAULT = (1, 3)  # min, max suffix length tried by specc/drafters/ngram.py
 RT = "specc/runtime/engine.py"
@@ -69,14 +82,17 @@ RULES = (
       "or pick a method", RT),
     R("S-K0-FILL", "filled", ("method.num_steps",), lambda p: p.method.name == "none" and p.method.num_steps is None,
       "method.name=none: method.num_steps = 0 (plain decoding)", RT, lambda p: {"method.num_steps": 0}),
-    R("S-STEPS", "error", ("method.num_steps",), lambda p: drafting(p) and p.method.num_steps is None,
-      "method.num_steps (κ) is required for {p.method.name} on the specc runtime; e.g. method.num_steps=3", RT),
+    R("S-STEPS", "error", ("method.num_steps",),
+      lambda p: drafting(p) and p.method.num_steps is None and p.schedule.kind in ("static", "budget"),
+      "method.num_steps (κ) is required for {p.method.name} with schedule.kind={p.schedule.kind} on the specc "
+      "runtime; e.g. method.num_steps=3", RT),
     R("S-KZERO", "warning", ("method.num_steps",), lambda p: drafting(p) and p.method.num_steps == 0,
       "method.num_steps=0 never drafts: {p.method.name} decodes plainly; use method.name=none or κ >= 1", RT),
     R("S-TREE", "error", ("method.topk", "method.tree_choices"),
-      lambda p: drafting(p) and (gt(p.method.topk, 1) or bool(p.method.tree_choices)),
+      lambda p: drafting(p) and (gt(p.method.topk, 1) or bool(p.method.tree_choices))
+      and "tree" not in _rt(p).shapes,
       "method.topk={p.method.topk} / method.tree_choices: tree drafting is not supported by the specc runtime "
-      "yet (chains only, topk 1); target sglang or vllm", RT),
+      "for {p.method.name} (chains only, topk 1); target sglang or vllm", RT),
     R("S-TOPK-FILL", "filled", ("method.topk",), lambda p: drafting(p) and p.method.topk is None,
       "method.topk = 1 (chain drafting)", RT, lambda p: {"method.topk": 1}),
     R("S-WIDTH", "error", ("method.num_draft_tokens", "method.num_steps"),
@@ -89,8 +105,10 @@ RULES = (
       lambda p: drafting(p) and isinstance(p.method.num_steps, int) and p.method.num_draft_tokens is None,
       "method.num_draft_tokens = κ + 1 = {new[method.num_draft_tokens]}", RT,
       lambda p: {"method.num_draft_tokens": p.method.num_steps + 1}),
-    R("S-PARALLEL-DRAFT", "error", ("method.parallel_drafting",), lambda p: bool(p.method.parallel_drafting),
-      "method.parallel_drafting (PARD / P-EAGLE) is not supported by the specc runtime yet; target vllm", RT),
+    R("S-PARALLEL-DRAFT", "error", ("method.parallel_drafting",),
+      lambda p: drafting(p) and bool(p.method.parallel_drafting) and "parallel" not in _rt(p).shapes,
+      "method.parallel_drafting (PARD / P-EAGLE) is not supported by the specc runtime for {p.method.name}; "
+      "target vllm", RT),
     R("S-DRAFT", "error", ("draft.path",),
       lambda p: p.method.name in NEEDS_DRAFT and (p.draft is None or not p.draft.path),
       "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: smollm2_135m_eagle3)",
@@ -137,9 +155,31 @@ RULES = (
                                                  or p.method.markov.rank is not None
                                                  or p.method.confidence_head is not None),
       "method.block_size/markov/confidence_head are DFlash/DSpark settings, ignored for {p.method.name}", RT),
-    R("S-VERIFY", "error", ("verify.rule",), lambda p: drafting(p) and p.verify.rule not in ("greedy", "standard"),
-      "verify.rule={p.verify.rule} is not supported by the specc runtime yet (greedy, standard); target "
-      "sglang or vllm", "specc/kernels"),
+    R("S-VERIFY", "error", ("verify.rule",),
+      lambda p: drafting(p) and p.verify.rule not in _rt(p).verify_rules,
+      "verify.rule={p.verify.rule} is not supported by the specc runtime for {p.method.name} (it runs "
+      "greedy, standard, synthetic); target sglang or vllm", "specc/kernels"),
+    R("S-SYNTHETIC", "warning", ("verify.rule",), lambda p: drafting(p) and p.verify.rule == "synthetic",
+      "verify.rule=synthetic accepts drafts by a fixed curve whatever the tokens: an ablation harness whose "
+      "output is NOT the target model's distribution (nor plain greedy output); use it to measure what "
+      "acceptance would buy, never to serve", "specc/kernels/verify.py (synthetic_verify)"),
+    R("S-SYN-RATES", "error", ("verify.synthetic.acceptance_rates", "verify.synthetic.acceptance_length"),
+      lambda p: drafting(p) and p.verify.rule == "synthetic"
+      and (p.verify.synthetic.acceptance_rates is None) == (p.verify.synthetic.acceptance_length is None),
+      "verify.rule=synthetic needs exactly one of verify.synthetic.acceptance_rates (unconditional, "
+      "non-increasing, in [0, 1]) or verify.synthetic.acceptance_length (in [1, κ + 1]); e.g. "
+      "verify.synthetic.acceptance_length=2.5", "specc/programs.py (synthetic_conditional_rates; vLLM SP:599-631)"),
+    R("S-SYN-RANGE", "error", ("verify.synthetic.acceptance_rates", "verify.synthetic.acceptance_length"),
+      lambda p: drafting(p) and p.verify.rule == "synthetic" and (
+          (p.verify.synthetic.acceptance_length is not None and isinstance(p.method.num_steps, int)
+           and not 1 <= p.verify.synthetic.acceptance_length <= p.method.num_steps + 1)
+          or (p.verify.synthetic.acceptance_rates is not None and (
+              any(not 0 <= r <= 1 for r in p.verify.synthetic.acceptance_rates)
+              or any(a < b for a, b in zip(p.verify.synthetic.acceptance_rates,
+                                           p.verify.synthetic.acceptance_rates[1:]))))),
+      "verify.synthetic: acceptance_length must lie in [1, method.num_steps + 1] and acceptance_rates "
+      "must be non-increasing values in [0, 1] (vLLM's rule)",
+      "specc/programs.py (synthetic_conditional_rates; vLLM SP:599-631, 1974-1988)"),
     R("S-NGRAM-PROB", "fallback", ("verify.draft_sampling",),
       lambda p: p.method.name == "ngram" and rejection_sampling(p),
       "ngram drafts have no distribution: verify.draft_sampling becomes greedy (one-hot q)",
@@ -155,18 +195,36 @@ RULES = (
       lambda p: p.verify.rule != "synthetic" and (p.verify.synthetic.acceptance_length is not None
                                                   or p.verify.synthetic.acceptance_rates is not None),
       "verify.synthetic.* is ignored unless verify.rule=synthetic", RT),
-    R("S-SCHED", "error", ("schedule.kind",), lambda p: drafting(p) and p.schedule.kind != "static",
-      "schedule.kind={p.schedule.kind} is not supported by the specc runtime yet (static only); target sglang "
-      "(adaptive) or vllm (batch_buckets, budget)", RT),
-    R("S-RAGGED", "error", ("schedule.ragged_verify",), lambda p: drafting(p) and p.schedule.ragged_verify != "static",
-      "schedule.ragged_verify={p.schedule.ragged_verify} is not supported by the specc runtime yet; target sglang",
-      RT),
+    R("S-SCHED", "warning", ("schedule.kind",),
+      lambda p: p.method.name == "none" and p.schedule.kind != "static",
+      "schedule.kind={p.schedule.kind} has nothing to choose with method.name=none (plain decoding, κ = 0); "
+      "it runs as static", SCHED),
+    R("S-BUCKET-ONE", "error", ("schedule.buckets",), _bucket_not_single,
+      "schedule.kind=batch_buckets takes one κ per bucket (vLLM's num_speculative_tokens_per_batch_size); "
+      "give each schedule.buckets.<size>.candidates exactly one value, or use schedule.kind=adaptive to "
+      "choose among several", SCHED),
+    R("S-BUDGET-TABLE", "error", ("schedule.cost_table",),
+      lambda p: drafting(p) and p.schedule.kind == "budget" and not p.schedule.cost_table,
+      "schedule.kind=budget sizes each step's verify from a profiled cost table; set schedule.cost_table to "
+      "the JSON that `specc profile PLAN --out FILE` writes on this machine", SCHED),
+    R("S-AUTO-INPUT", "error", ("schedule.cost_table", "schedule.hardware"),
+      lambda p: drafting(p) and p.schedule.kind == "auto" and not p.schedule.cost_table and not p.schedule.hardware,
+      "schedule.kind=auto derives κ per bucket from the cost model; set schedule.cost_table (a `specc profile` "
+      "JSON, best) or schedule.hardware (cpu, h100, h200)", "specc/lower.py (derive_auto_buckets)"),
+    R("S-RAGGED", "warning", ("schedule.ragged_verify",),
+      lambda p: drafting(p) and p.schedule.kind == "budget" and p.schedule.ragged_verify == "static",
+      "schedule.ragged_verify=static verifies every draft: the budget schedule then never trims; use compact "
+      "(verify only the admitted tokens) or cap_accept (verify all, accept only the admitted)", SCHED),
+    R("S-RAGGED-IGN", "warning", ("schedule.ragged_verify",),
+      lambda p: drafting(p) and p.schedule.kind != "budget" and p.schedule.ragged_verify != "static",
+      "schedule.ragged_verify={p.schedule.ragged_verify} only applies to schedule.kind=budget; it is ignored", SCHED),
     R("S-SCHED-IGN", "warning", ("schedule.buckets", "schedule.ema_alpha", "schedule.update_interval",
                                  "schedule.warmup_batches"),
-      lambda p: p.schedule.kind == "static" and (bool(p.schedule.buckets) or p.schedule.ema_alpha is not None
+      lambda p: p.schedule.kind in ("static", "budget") and (bool(p.schedule.buckets) or p.schedule.ema_alpha is not None
                                                  or p.schedule.update_interval is not None
                                                  or p.schedule.warmup_batches is not None),
-      "schedule.buckets/ema_alpha/update_interval/warmup_batches are ignored with schedule.kind=static", RT),
+      "schedule.buckets/ema_alpha/update_interval/warmup_batches are ignored with schedule.kind={p.schedule.kind}",
+      SCHED),
     R("S-LORA", "error", ("deploy.lora.adapters",), lambda p: bool(p.deploy.lora.adapters),
       "deploy.lora.adapters: LoRA is not supported by the specc runtime yet; target sglang", RT),
     R("S-DISAGG", "error", ("deploy.disagg.role",), lambda p: p.deploy.disagg.role != "none",

@@ -3,7 +3,8 @@ be written in plan keys, in ``SpeculativeConfig.__post_init__`` / ``_verify_args
 
 Plan -> vLLM mapping used by the predicates (the exporter uses the same one): ``method.name`` ->
 ``speculative_config.method`` (custom -> ``custom_class`` with ``model = method.plugin``);
-K = ``num_speculative_tokens`` = ``method.block_size`` (γ) for dflash/dspark, else ``method.num_steps``;
+K = ``num_speculative_tokens`` = ``method.block_size`` (γ) for dspark, else ``method.num_steps`` (DFlash
+too: vLLM's K for dflash is ``num_speculative_tokens``, the block size is the draft checkpoint's);
 ``draft.path`` -> ``model``; ``draft.max_model_len`` -> ``max_model_len``; ``method.ngram.min/max`` ->
 ``prompt_lookup_min/max``; ``verify.rule`` standard/block/synthetic -> ``rejection_sample_method``
 (greedy = temperature-0 requests, standard rule); ``verify.draft_sampling`` -> ``draft_sample_method``;
@@ -30,8 +31,83 @@ def spec(p) -> bool:
 
 
 def k(p):
-    """num_speculative_tokens."""
-    return p.method.block_size if p.method.name in ("dflash", "dspark") else p.method.num_steps
+    """num_speculative_tokens: ``method.block_size`` (γ) for dspark, ``method.num_steps`` otherwise."""
+    return p.method.block_size if p.method.name == "dspark" else p.method.num_steps
+
+
+# ---- checkpoint facts (specc.checkpoints) ----------------------------------------------------------
+#: target model_types that SpeculativeConfig.hf_config_override turns into an MTP draft (SP:711-1170)
+MTP_TARGET_TYPES = {
+    "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "deepseek_v4", "deepseek_v41", "dots3_note", "pangu_ultra_moe",
+    "kimi_k3", "mimo", "mimo_v2", "mimo_v2_flash", "glm4_moe", "glm4_moe_lite", "glm_ocr", "ernie4_5_moe",
+    "nemotron_h", "nemotron_h_puzzle", "qwen3_next", "qwen4_exp", "qwen4_exp_text", "bailing_hybrid",
+    "exaone_moe", "exaone4_5", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "intern_s2_preview",
+    "interns2_mobius", "longcat_flash", "step3p5", "step3p7", "step5", "step5_vl", "hy_v3", "hy_v4",
+    "inkling_mm_model", "inkling_model", "gemma4_assistant", "gemma4_unified_assistant", "minimax_m3_vl",
+    "glm5_next", "muse_glimmer_assistant",
+}
+#: target architectures whose plan key alone decides rule MTP1 (no config.json needed)
+NON_MTP_ARCHS = {"llama": "llama", "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+                 "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "qwen2": "qwen2", "mistral": "mistral"}
+MTP_ARCHS = {"DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV32ForCausalLM": "deepseek_v32",
+             "Glm4MoeForCausalLM": "glm4_moe", "MiMoForCausalLM": "mimo", "Qwen3NextForCausalLM": "qwen3_next"}
+MODEL_BASED_K = ("draft_model", "eagle", "eagle3", "dflash")
+DEFAULT_MAX_NUM_SEQS = 1024          # vllm serve on a >= 70 GiB GPU (engine/arg_utils.py:2975-2985)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # same tier, OpenAI server usage context
+
+
+def _draft_side(p) -> str:
+    """Whose config.json is vLLM's draft config: the draft's, or the target's for mtp/dspark without one."""
+    return "draft" if draft_path(p) else "target"
+
+
+def _cfg(p, which):
+    from specc.checkpoints import read_checkpoint
+
+    sect = getattr(p, which)
+    ck = read_checkpoint(f"{which}.path", sect.path, sect.format or "hf") if sect is not None else None
+    return ck.config if ck is not None else None
+
+
+def _n_predict(p):
+    from specc.checkpoints import n_predict
+
+    return n_predict(_cfg(p, _draft_side(p)))
+
+
+def _target_type(p, f=None):
+    """The target's model_type: config.json's, else from the plan's target.architecture."""
+    cfg = _cfg(p, "target") if p.target.path else None
+    if cfg and cfg.get("model_type"):
+        return cfg["model_type"]
+    arch = p.target.architecture or ""
+    return NON_MTP_ARCHS.get(arch) or MTP_ARCHS.get(arch)
+
+
+def _mtp_needs(p):
+    arch = p.target.architecture or ""
+    return () if (arch in NON_MTP_ARCHS or arch in MTP_ARCHS) and not _cfg(p, "target") else ("target",)
+
+
+def _mtp_capable(t) -> bool:
+    return bool(t) and (t in MTP_TARGET_TYPES or t.endswith("_mtp"))
+
+
+def _lora_budget(p, f):
+    """(max_num_batched_tokens, max_num_seqs, where they came from) for rule R61."""
+    from specc.importer.base import human_int
+
+    mnbt = human_int(f.flag("max_num_batched_tokens")) if f.flag("max_num_batched_tokens") is not None else None
+    mns = p.deploy.max_running_requests
+    src = []
+    if mnbt is None:
+        mnbt = DEFAULT_MAX_NUM_BATCHED_TOKENS
+        src.append(f"max_num_batched_tokens={mnbt} (vLLM's default on a >= 70 GiB GPU; no plan key, set it with "
+                   f"--max-num-batched-tokens)")
+    if mns is None:
+        mns = DEFAULT_MAX_NUM_SEQS
+        src.append(f"max_num_seqs={mns} (vLLM's default on a >= 70 GiB GPU; deploy.max_running_requests)")
+    return mnbt, mns, "; ".join(src)
 
 
 def mrv1(p) -> bool:
@@ -67,6 +143,12 @@ def heuristic_method(p):
                                     "Gemma4DSparkModel"):
         return "dspark"
     return None
+
+
+def _mask_token(p):
+    from specc.checkpoints import mask_token
+
+    return mask_token(_cfg(p, "draft"))
 
 
 def _rates_bad(p) -> bool:
@@ -141,13 +223,58 @@ RULES = (
     R("R23", "warning", ("method.block_size",), lambda p: p.method.name == "dspark" and p.method.block_size is None,
       "method.block_size (K) unset for dspark: vLLM takes it from the draft's block_size; set it to pin K",
       SP + "1592-1599"),
-    R("R26", "warning", ("method.num_steps", "method.block_size"),
-      lambda p: p.method.name in ("draft_model", "eagle", "eagle3", "dflash", "custom") and k(p) is None,
-      "K is unset (method.num_steps, or method.block_size for dflash): vLLM uses the draft's n_predict and "
-      "fails if it has none; set it", SP + "1600-1618"),
+    R("R24", "filled", ("method.num_steps",),
+      lambda p: p.method.name in MODEL_BASED_K and k(p) is None and bool(draft_path(p)),
+      "method.num_steps unset: vLLM takes K from the draft config's n_predict = {new[method.num_steps]}",
+      SP + "1600-1603", lambda p: {"method.num_steps": _n_predict(p)},
+      needs=("draft",), decide=lambda p, f: _n_predict(p) is not None, about="K from the draft's n_predict"),
+    R("R26", "error", ("method.num_steps", "draft.path"),
+      lambda p: p.method.name in MODEL_BASED_K and k(p) is None and bool(draft_path(p)),
+      "method.num_steps (K) is unset and the draft config has no n_predict: vLLM refuses (\"A speculative model "
+      "was provided, but `num_speculative_tokens` was not provided\"); set method.num_steps",
+      SP + "1614-1618", needs=("draft",), decide=lambda p, f: _n_predict(p) is None,
+      about="whether the draft config supplies K (n_predict)"),
+    R("R25", "error", ("method.num_steps", "draft.path"),
+      lambda p: p.method.name in MODEL_BASED_K + ("mtp",) and isinstance(k(p), int)
+      and (bool(draft_path(p)) or p.method.name == "mtp"),
+      "method.num_steps={p.method.num_steps} with a draft whose n_predict={n}: vLLM refuses "
+      "(\"num_speculative_tokens:{p.method.num_steps} must be divisible by n_predict={n}\"); use a multiple of {n} "
+      "or at most {n}", SP + "1604-1612", needs=lambda p: (_draft_side(p),),
+      decide=lambda p, f: bool(_n_predict(p)) and k(p) > _n_predict(p) and k(p) % _n_predict(p) != 0,
+      about="K against the draft's n_predict", message_args=lambda p: {"n": _n_predict(p)}),
+    R("MTP1", "error", ("method.name", "target.architecture"),
+      lambda p: p.method.name == "mtp" and not draft_path(p),
+      "method.name=mtp on a target without MTP layers (model_type {t}): vLLM refuses (NotImplementedError: "
+      "\"Unsupported speculative method: 'mtp'\"); use eagle3, draft_model or ngram", SP + "1496-1501",
+      needs=_mtp_needs, decide=lambda p, f: not _mtp_capable(_target_type(p)),
+      about="whether the target has MTP layers", message_args=lambda p: {"t": _target_type(p)}),
+    R("R36", "error", ("method.num_steps", "method.name"), lambda p: p.method.name == "ngram" and k(p) is None,
+      "method.name=ngram needs method.num_steps: vLLM refuses (\"num_speculative_tokens must be provided\"); the "
+      "ngram window (method.ngram.min/max) is not K", SP + "1946-1951"),
+    R("R92", "error", ("method.parallel_drafting", "draft.path"),
+      lambda p: p.method.parallel_drafting and p.method.name in ("draft_model", "eagle", "eagle3", "dflash", "dspark")
+      and bool(draft_path(p)),
+      "method.parallel_drafting=true needs a mask token in the draft config (dflash_config.mask_token_id, "
+      "mask_token_id, dspark_noise_token_id, pard_token or ptd_token_id) and {p.draft.path} has none: vLLM refuses; "
+      "use a draft trained for parallel drafting", "v1/spec_decode/llm_base_proposer.py:355-379",
+      needs=("draft",), decide=lambda p, f: _mask_token(p) is None, about="the draft's parallel-drafting mask token"),
+    R("R61", "error", ("deploy.lora.adapters", "method.num_steps", "deploy.max_running_requests"),
+      lambda p: spec(p) and lora(p) and isinstance(k(p), int),
+      "deploy.lora.adapters with K={k}: vLLM needs max_num_batched_tokens >= max_num_seqs * (K + 1) = {mns} * {k1} "
+      "= {need} but has {mnbt} ({why}): it refuses (\"Consider increasing max_num_batched_tokens or decreasing "
+      "num_speculative_tokens\"); lower K or deploy.max_running_requests, or raise --max-num-batched-tokens",
+      "engine/arg_utils.py:2712-2724",
+      decide=lambda p, f: _lora_budget(p, f)[0] < _lora_budget(p, f)[1] * (k(p) + 1),
+      message_args=lambda p, f: {"k": k(p), "k1": k(p) + 1, "mnbt": _lora_budget(p, f)[0],
+                                 "mns": _lora_budget(p, f)[1], "need": _lora_budget(p, f)[1] * (k(p) + 1),
+                                 "why": _lora_budget(p, f)[2] or "from the launch"}),
     R("K1", "warning", ("method.num_steps",),
-      lambda p: p.method.name in ("dflash", "dspark") and ne(p.method.num_steps, 1),
-      "method.num_steps is not read for {p.method.name}: vLLM's K is method.block_size (γ)", SP + "1592-1599"),
+      lambda p: p.method.name == "dspark" and ne(p.method.num_steps, 1),
+      "method.num_steps is not read for dspark: vLLM's K is method.block_size (γ)", SP + "1592-1599"),
+    R("K2", "warning", ("method.block_size",),
+      lambda p: p.method.name == "dflash" and p.method.block_size is not None,
+      "method.block_size={p.method.block_size} is not read for dflash: vLLM's K is method.num_steps "
+      "(num_speculative_tokens) and the block size comes from the draft checkpoint", SP + "1600-1618"),
     R("R29c", "error", ("draft.max_model_len", "target.max_model_len"),
       lambda p: p.draft is not None and isinstance(p.draft.max_model_len, int)
       and isinstance(p.target.max_model_len, int) and p.draft.max_model_len > p.target.max_model_len,
@@ -240,8 +367,9 @@ RULES = (
     R("R75", "fallback", ("target.max_model_len", "draft.max_model_len"),
       lambda p: spec(p) and not mrv1(p) and p.draft is not None and isinstance(p.draft.max_model_len, int)
       and isinstance(p.target.max_model_len, int) and p.draft.max_model_len < p.target.max_model_len,
-      "draft.max_model_len={p.draft.max_model_len} < target.max_model_len: vLLM lowers target.max_model_len "
-      "to {new[target.max_model_len]}", VC + "3025-3051",
+      "draft.max_model_len={p.draft.max_model_len} < target.max_model_len={p.target.max_model_len}: vLLM accepts, "
+      "warns and serves target.max_model_len={new[target.max_model_len]} (Model Runner V2 cannot skip "
+      "speculation for longer sequences); raise draft.max_model_len to keep the target's length", VC + "3025-3051",
       lambda p: {"target.max_model_len": p.draft.max_model_len}),
     R("R84", "error", ("deploy.attention_backend", "method.num_steps"),
       lambda p: spec(p) and (p.deploy.attention_backend or "").lower() in ("hpc", "hpc_attn") and gt(k(p), 3),

@@ -32,7 +32,7 @@ from specc.plan.schema import Plan
 
 MANIFEST = "manifest.json"
 PLAN_FILE = "plan.yaml"
-SUPPORTED_FORMAT_VERSIONS = (1,)
+SUPPORTED_FORMAT_VERSIONS = (2,)
 _REQUIRED_KEYS = ("format_version", "specc_version", "name", "plan_name", "plan_hash", "states",
                   "kernels", "files")
 _SAFE_REL = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
@@ -360,9 +360,15 @@ def check_manifest_content(path: Path, manifest: Mapping[str, Any], contents: Ma
     if isinstance(template_digest, str) and template_digest.startswith("sha256:"):
         from specc.codegen import artifact_hash
 
-        expected = f"{plan.name}-{artifact_hash(contents[PLAN_FILE].decode('utf-8'), template_digest[7:], manifest['specc_version'])}"
+        runtime = manifest.get("runtime")
+        if not isinstance(runtime, dict):
+            raise ArtifactError(f"{mpath}: no 'runtime' section (what the runtime reads: checkpoints, "
+                                f"schedule); {_fix(path, manifest)}")
+        expected = f"{plan.name}-{artifact_hash(contents[PLAN_FILE].decode('utf-8'), template_digest[7:], manifest['specc_version'], runtime=runtime)}"
         if name != expected:
-            raise bad("name", PLAN_FILE, name, expected)
+            raise ArtifactError(f"{mpath}: name = {name!r} is not the hash of {path / PLAN_FILE}, the templates "
+                                f"and the manifest's runtime section ({expected!r}); manifest.json or plan.yaml "
+                                f"was edited after compile — {_fix(path, manifest)}")
     for i, entry in enumerate(kernels):
         kname, rel = _entry(entry, path, manifest, "kernel")
         lits = module_literals(contents[rel], str(path / rel))

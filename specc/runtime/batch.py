@@ -26,7 +26,8 @@ class RowState:
     counters: RequestCounters = field(default_factory=RequestCounters)
     finish_reason: Optional[str] = None
     stop_text: Optional[str] = None  # output text cut before a stop string
-    start_time: float = 0.0
+    start_time: float = 0.0          # admission (perf_counter seconds)
+    first_token_time: float = 0.0    # when its first token was emitted
 
 
 class DecodeBatch:

@@ -1,12 +1,14 @@
 """Measure a runtime against plain decoding (κ = 0 through the same runtime and target) over a
-prompt set, per category: decode tokens/s (prefill excluded), end-to-end tokens/s, τ, speedup, and
-whether greedy outputs are identical (they must be)."""
+prompt set: at batch 1 per category (decode tokens/s with prefill excluded, end-to-end tokens/s, τ,
+speedup, and whether greedy outputs are identical — they must be), and under continuous batching at
+a given concurrency (:func:`run_concurrency`: throughput, τ, time per output token, the κ the
+schedule chose over time) next to the cost model's prediction from a profiled cost table
+(:func:`predicted_decode_tok_s`)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
-
 
 
 @dataclass
@@ -82,3 +84,85 @@ def format_table(results: Dict[str, Dict[str, CategoryStats]], baseline: str = "
     fmt = lambda r: "  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w)  # noqa: E731
                               for i, (v, w) in enumerate(zip(r, widths)))
     return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)])
+
+
+# ------------------------------------------------------------------ continuous batching at a concurrency
+@dataclass
+class ConcurrencyResult:
+    """One run of ``requests`` with at most ``concurrency`` in flight (continuous batching).
+
+    Throughputs are output tokens per second: ``output_tok_s`` over the whole run (prefills included),
+    ``decode_tok_s`` the tokens after each request's first over its decode steps (wall time minus
+    prefill; :func:`specc.runtime.metrics.decode_tokens_per_s`). ``tpot_ms_p50/p99``: per-request
+    mean time per output token after the first, percentiles over requests; ``ttft_ms_p50/p99``: time
+    to first token from admission. ``mean_batch``: live requests per decode step; ``drafts_per_req``:
+    drafts verified per request and step; ``kappa_steps``: decode steps run at each κ;
+    ``kappa_trace``: ``[(seconds, requests, κ), ...]`` subsampled to at most 200 points."""
+
+    concurrency: int
+    num_requests: int
+    output_tokens: int
+    wall_s: float
+    prefill_s: float
+    output_tok_s: float
+    decode_tok_s: float
+    tau: float
+    acceptance_per_pos: List[float]
+    tpot_ms_p50: float
+    tpot_ms_p99: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    mean_batch: float
+    drafts_per_req: float
+    kappa_steps: Dict[int, int]
+    kappa_switches: int
+    kappa_trace: List[tuple]
+    outputs: List[List[int]] = field(default_factory=list, repr=False)
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else 0.0
+
+
+def run_concurrency(runtime, requests: Sequence, concurrency: int) -> ConcurrencyResult:
+    """Decode ``requests`` with at most ``concurrency`` live (``Runtime.generate(batch_size=...)``:
+    a finished request's row is refilled from the queue at once), on fresh metrics."""
+    from specc.runtime.metrics import decode_tokens_per_s
+
+    runtime.metrics = runtime.new_metrics()
+    t0 = time.perf_counter()
+    outs = runtime.generate(list(requests), batch_size=concurrency)
+    wall = time.perf_counter() - t0
+    m = runtime.metrics
+    n_out = sum(len(o.token_ids) for o in outs)
+    prefill = m.stage_time_s.get("prefill", 0.0)
+    trace = list(m.trace)
+    req_steps = sum(t[1] for t in trace)
+    stride = max(1, len(trace) // 200)
+    return ConcurrencyResult(
+        concurrency=concurrency, num_requests=len(outs), output_tokens=n_out, wall_s=wall, prefill_s=prefill,
+        output_tok_s=n_out / wall if wall > 0 else 0.0,
+        decode_tok_s=decode_tokens_per_s(n_out, len(outs), wall, prefill),
+        tau=m.tau, acceptance_per_pos=m.acceptance_per_pos,
+        tpot_ms_p50=_pct([o.tpot_s * 1e3 for o in outs if len(o.token_ids) > 1], 50),
+        tpot_ms_p99=_pct([o.tpot_s * 1e3 for o in outs if len(o.token_ids) > 1], 99),
+        ttft_ms_p50=_pct([o.ttft_s * 1e3 for o in outs], 50), ttft_ms_p99=_pct([o.ttft_s * 1e3 for o in outs], 99),
+        mean_batch=req_steps / len(trace) if trace else 0.0,
+        drafts_per_req=m.num_draft_tokens / req_steps if req_steps else 0.0,
+        kappa_steps=dict(m.kappa_steps), kappa_switches=m.num_kappa_switches,
+        kappa_trace=[(round(t, 3), n, k) for t, n, k, _ in trace[::stride]],
+        outputs=[list(o.token_ids) for o in outs])
+
+
+def predicted_decode_tok_s(res: ConcurrencyResult, table, draft_passes: int) -> float:
+    """The cost model's decode throughput for a measured run, from a profiled cost table
+    (:class:`specc.cost.CostTable`): at the run's mean batch B, each step emits B·τ tokens and costs
+    ``draft_passes`` draft passes over B requests plus a verify of B·(1 + drafts per request) tokens
+    (the second seed's throughput model, ``batch · E / step time``, with E and the verified drafts
+    taken from the run's own acceptance). A check of the cost side of the model, not of α."""
+    b = max(res.mean_batch, 1e-9)
+    d = table.draft_pass_ms(max(1, round(b))) or 0.0
+    step_ms = draft_passes * d + table.step_ms(max(1, round(b * (1.0 + res.drafts_per_req))))
+    return b * res.tau / step_ms * 1e3

@@ -1,5 +1,5 @@
-"""The decode loop: admit requests into rows, prefill, then route → draft → verify → accept → emit
-→ extend until every request finishes.
+"""The decode loop: admit requests into rows, prefill, then per step select a state (the schedule) →
+draft → admit (budget) → verify → accept → emit → extend, until every request finishes.
 
 KV is committed by position (gpt-fast, anchors A1): the verify forward of a step writes the target
 KV of rows ``seq_len-1 .. seq_len-1+κ`` of each request; the accepted prefix is kept simply by
@@ -10,21 +10,22 @@ Cache geometry: every cache has ``cache_len = max_model_len + κ_max + 2`` slots
 past a request's limit and the trash slot ``cache_len - 1``); when the target's config allows fewer
 slots, the runtime's usable ``max_model_len`` shrinks to ``cache_len - κ_max - 2`` (reported).
 
-Verify width: a captured (CUDA) state always verifies its static κ + 1 rows per request; an eager
-state trims the step to the longest valid draft in the batch + 1 (``SpecRuntimeState.set_width``),
-so a step where no request drafted anything (an n-gram miss) costs a single-row forward.
+States are keyed by ``(batch bucket, κ)`` and all built at load; the schedule policy
+(:mod:`specc.runtime.schedule`) picks one per step (a pointer swap) and learns from each step's
+accepted drafts. A captured (CUDA) state verifies its static shape; an eager (CPU) state runs on the
+rows in use only, trims the step to its widest verify, and runs the target forward ragged (each
+request costs its own number of verify tokens), so an n-gram miss or a trimmed budget costs nothing.
 
-Routing (static schedule): a batch using rows ``0..n-1`` runs in the state with the smallest batch
-bucket ``>= n`` (vLLM/SGLang pad to the next captured size); if a bucket has several states, the
-one with the largest κ. The runtime admits at most ``max(bucket)`` requests at a time and refills
-freed rows from the queue (continuous batching; a refill prefill runs over the rows in use with
-every other row's writes sent to the trash slot).
+Rows are the runtime's batch slots: a request keeps its row from admission to finish; the runtime
+admits at most ``max(bucket)`` requests at a time and refills freed rows from the queue (continuous
+batching; a refill prefill runs over the rows in use with every other row's writes sent to the trash
+slot).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -34,6 +35,8 @@ from specc.drafters.base import PrefillChunk
 from specc.runtime.batch import DecodeBatch, RowState
 from specc.runtime.metrics import SpecMetrics
 from specc.runtime.request import Request, RequestCounters, RequestOutput, check_prompts
+from specc.errors import ArtifactError
+from specc.runtime.schedule import Schedule, make_schedule
 from specc.runtime.state import SpecRuntimeState, StateContext, StateSpec, build_state
 
 StateBuilder = Callable[[StateContext], SpecRuntimeState]
@@ -52,22 +55,26 @@ class Runtime:
         max_model_len: tokens per request (prompt + output) at most.
         device: torch device of the models.
         kernel_backend: ``specc.kernels`` backend. use_cuda_graphs: capture verify + accept on CUDA.
-        method_options: e.g. ``{"ngram_min": 1, "ngram_max": 4}`` (passed on in the state context).
+        schedule: the manifest's ``runtime.schedule`` (``None``: static, the bucket's one κ).
+        synthetic_rates: conditional acceptance rates of the synthetic rule (states built without an
+            artifact; generated modules carry their own).
         seed: seed of the runtime's generator (re-seeded at each ``generate``), which requests
             without their own ``seed`` share.
         eos_token_ids: override of the tokenizer's / config's EOS ids.
         prefill_chunk: prompt columns per prefill forward (times rows in use: about this many tokens).
         kernel_modules: an artifact's specialized kernel modules by variant name.
     Raises:
-        ArtifactError: a state the runtime cannot run.
+        ArtifactError: a state the runtime cannot run, two states with one ``(bucket, κ)``, or a state
+            the schedule can select that is missing.
     """
 
     def __init__(self, target, tokenizer, drafter, specs: Sequence[StateSpec], *,
                  builders: Optional[Dict[str, StateBuilder]] = None, max_model_len: Optional[int] = None,
                  device: Optional[torch.device] = None, kernel_backend: str = "auto",
-                 use_cuda_graphs: bool = False, method_options: Optional[dict] = None, seed: int = 0,
+                 use_cuda_graphs: bool = False, seed: int = 0,
                  eos_token_ids: Optional[Sequence[int]] = None, prefill_chunk: int = 512,
-                 kernel_modules: Optional[dict] = None) -> None:
+                 kernel_modules: Optional[dict] = None, schedule: Optional[dict] = None,
+                 synthetic_rates: Optional[Sequence[float]] = None) -> None:
         if not specs:
             raise ValueError("Runtime needs at least one state")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
@@ -98,16 +105,22 @@ class Runtime:
         self.ctx = StateContext(
             target=target, drafter=drafter, device=self.device, vocab_size=self.vocab_size,
             max_seq_len=self.cache_len, kernel_backend=kernel_backend, hidden_layers=hidden_layers,
-            method_options=dict(method_options or {}), use_cuda_graphs=use_cuda_graphs,
-            kernel_modules=dict(kernel_modules or {}))
+            use_cuda_graphs=use_cuda_graphs, kernel_modules=dict(kernel_modules or {}))
         builders = builders or {}
-        states = []
+        by_key: Dict[Tuple[int, int], SpecRuntimeState] = {}
         for spec in specs:
             build = builders.get(spec.name)
-            states.append(build(self.ctx) if build is not None else build_state(spec, self.ctx))
-        states.sort(key=lambda s: (s.spec.batch_size, s.spec.num_steps))
-        self.states: List[SpecRuntimeState] = states
-        self.num_captured = sum(1 for s in states if s.capture())
+            st = build(self.ctx) if build is not None else build_state(spec, self.ctx, synthetic_rates)
+            if st.spec.key in by_key:
+                raise ArtifactError(f"states {by_key[st.spec.key].spec.name} and {st.spec.name} share bucket "
+                                    f"{st.spec.batch_size} and κ = {st.spec.num_steps}; re-run specc compile")
+            by_key[st.spec.key] = st
+        self.by_key = dict(sorted(by_key.items()))
+        self.states: List[SpecRuntimeState] = list(self.by_key.values())
+        self.schedule: Schedule = make_schedule(schedule, self.by_key.keys())
+        self.num_captured = sum(1 for s in self.states if s.capture())
+        self._stale_conf = torch.ones(self.max_rows, k_max, dtype=torch.float32, device=self.device)
+        self._active_key: Optional[Tuple[int, int]] = None
         self.metrics = self.new_metrics()
 
     def new_metrics(self) -> SpecMetrics:
@@ -116,19 +129,21 @@ class Runtime:
         return SpecMetrics(num_accepted_tokens_per_pos=[0] * self.k_max)
 
     # ------------------------------------------------------------------ routing
-    def route(self, num_rows: int) -> SpecRuntimeState:
-        """The state for a batch using rows ``0..num_rows-1`` (smallest bucket >= num_rows, largest κ)."""
-        fits = [s for s in self.states if s.spec.batch_size >= num_rows]
-        if not fits:
-            raise RuntimeError(f"no state fits {num_rows} rows (largest bucket {self.max_rows})")
-        bucket = fits[0].spec.batch_size
-        return [s for s in fits if s.spec.batch_size == bucket][-1]
+    def route(self, num_rows: int, num_requests: Optional[int] = None) -> SpecRuntimeState:
+        """The state the schedule selects for a batch using rows ``0..num_rows-1`` with
+        ``num_requests`` live requests (default ``num_rows``)."""
+        return self.by_key[self.schedule.select(num_requests or num_rows, num_rows)]
 
     def describe(self) -> List[dict]:
         """One line of facts per state: name, bucket, κ, rule, buffer bytes, captured."""
         return [{"name": s.spec.name, "batch_size": s.spec.batch_size, "num_steps": s.spec.num_steps,
                  "verify_rule": s.spec.verify_rule, "buffer_bytes": s.bufs.nbytes(), "captured": s.captured}
                 for s in self.states]
+
+    def states_of(self, names: Iterable[str]) -> List[SpecRuntimeState]:
+        """The states named ``names`` (in that order)."""
+        by_name = {s.spec.name: s for s in self.states}
+        return [by_name[n] for n in names]
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -180,10 +195,11 @@ class Runtime:
                                            counters=RequestCounters.for_steps(self.k_max)))
             batch.assign_many(new_rows, new_states, [list(s.request.prompt_ids) for s in new_states])
             if new_rows:
+                self._stale_conf[new_rows] = 1.0  # vLLM: a new request starts with confidence 1.0
                 with self.metrics.stage("prefill"):
                     self._prefill(batch, new_rows)
             else:
-                self._step(batch, self.route(batch.num_rows_in_use()))
+                self._step(batch)
             for row in batch.live_rows():
                 st = batch.rows[row]
                 if st.finish_reason is not None:
@@ -197,52 +213,114 @@ class Runtime:
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self, batch: DecodeBatch, new_rows: List[int]) -> None:
-        """Target prefill of the new rows' prompts (chunked), the first token, the drafter's prefill."""
-        n_rows = max(max(new_rows) + 1, batch.num_rows_in_use())
+        """Target prefill of the new rows' prompts (chunked, over those rows only: the other live
+        rows cost nothing), the first token, the drafter's prefill."""
         dev = self.device
-        lens = {r: batch.host_seq_lens[r] for r in new_rows}
-        width = max(lens.values())
-        ids = torch.zeros(n_rows, width, dtype=torch.int64, device=dev)
-        positions = torch.arange(width, device=dev).expand(n_rows, width).contiguous()  # [B, P]
-        slots = torch.full((n_rows, width), self.trash_slot, dtype=torch.int64, device=dev)
-        rows_mask = torch.zeros(n_rows, dtype=torch.bool, device=dev)
-        for r, n in lens.items():
-            ids[r, :n] = batch.tokens[r, :n]
-            slots[r, :n] = positions[r, :n]
-            rows_mask[r] = True
-        last_idx = torch.tensor([lens.get(r, 1) - 1 for r in range(n_rows)], dtype=torch.int64, device=dev)  # [B]
-        last_logits = torch.zeros(n_rows, self.vocab_size, dtype=torch.float32, device=dev)
+        rows_t = torch.tensor(new_rows, dtype=torch.int64, device=dev)  # [R] cache rows
+        R = len(new_rows)
+        lens = [batch.host_seq_lens[r] for r in new_rows]
+        width = max(lens)
+        ids = batch.tokens[rows_t, :width].clone()  # [R, P]
+        positions = torch.arange(width, device=dev).expand(R, width).contiguous()  # [R, P]
+        real = positions < torch.tensor(lens, device=dev).view(R, 1)
+        slots = torch.where(real, positions, torch.full_like(positions, self.trash_slot))
+        last_idx = torch.tensor(lens, dtype=torch.int64, device=dev) - 1  # [R]
+        last_logits = torch.zeros(R, self.vocab_size, dtype=torch.float32, device=dev)
         hidden_parts: List[List[torch.Tensor]] = []
-        chunk = max(16, self.prefill_chunk // n_rows)
+        chunk = max(16, self.prefill_chunk // R)
         for c0 in range(0, width, chunk):
             c1 = min(width, c0 + chunk)
-            at = (last_idx - c0).clamp(0, c1 - c0 - 1).view(n_rows, 1)  # [B, 1]
+            at = (last_idx - c0).clamp(0, c1 - c0 - 1).view(R, 1)  # [R, 1]
+            real_here = (last_idx + 1 - c0).clamp(0, c1 - c0)  # [R] prompt tokens of each row in this chunk
             logits, hidden = self.target.forward(ids[:, c0:c1], positions[:, c0:c1], slots[:, c0:c1], None,
-                                                 hidden_layers=self.ctx.hidden_layers, logits_at=at)
-            here = (last_idx >= c0) & (last_idx < c1) & rows_mask  # [B]
+                                                 hidden_layers=self.ctx.hidden_layers, logits_at=at, rows=rows_t,
+                                                 num_tokens=real_here if dev.type == "cpu" else None)
+            here = (last_idx >= c0) & (last_idx < c1)  # [R]
             last_logits = torch.where(here.view(-1, 1), logits[:, 0], last_logits)
             hidden_parts.append(list(hidden))
         # first token: argmax_v p(v) / Exp(1) noise (exponential race), one-hot p for greedy rows
-        temp, top_k, top_p = batch.temperature[:n_rows], batch.top_k[:n_rows], batch.top_p[:n_rows]
-        probs = process_logits(last_logits.view(n_rows, 1, -1), temp, top_k, top_p)[:, 0]  # [B, V]
-        noise = torch.ones(n_rows, self.vocab_size, dtype=torch.float32, device=dev)
+        probs = process_logits(last_logits.view(R, 1, -1), batch.temperature[rows_t], batch.top_k[rows_t],
+                               batch.top_p[rows_t])[:, 0]  # [R, V]
+        noise = torch.ones(batch.max_rows, self.vocab_size, dtype=torch.float32, device=dev)
         self._fill_noise(batch, new_rows, lambda gen, n: self._exp_noise(gen, n * self.vocab_size).view(n, -1), noise)
-        first = torch.div(probs, noise).argmax(dim=-1).tolist()  # [B]
-        batch.append_many(new_rows, [self._emit(batch, r, [first[r]]) for r in new_rows])
+        first = torch.div(probs, noise[rows_t]).argmax(dim=-1).tolist()  # [R]
+        batch.append_many(new_rows, [self._emit(batch, r, [first[i]]) for i, r in enumerate(new_rows)])
         if self.drafter is not None:
             hidden = [torch.cat([part[i] for part in hidden_parts], dim=1) for i in range(len(self.ctx.hidden_layers))]
-            view = batch.view(n_rows, torch.zeros(n_rows, dtype=torch.int64, device=dev), self.trash_slot)
+            self._drafter_prefill(batch, new_rows, ids, positions, slots, hidden)
+
+    def _drafter_prefill(self, batch: DecodeBatch, new_rows: List[int], ids, positions, slots, hidden) -> None:
+        """The drafter's prefill of the new rows: compact (``PrefillChunk.row_index``) when the drafter
+        takes it, else scattered into the layout of rows ``0..n-1`` with the other rows masked out."""
+        dev = self.device
+        rows_t = torch.tensor(new_rows, dtype=torch.int64, device=dev)
+        if getattr(self.drafter, "prefill_row_index", False):
+            n = max(new_rows) + 1
+            view = batch.view(n, torch.zeros(n, dtype=torch.int64, device=dev), self.trash_slot)
             self.drafter.prefill(view, PrefillChunk(input_ids=ids, positions=positions, cache_slots=slots,
-                                                    rows=rows_mask, target_hidden=hidden))
+                                                    rows=torch.ones(len(new_rows), dtype=torch.bool, device=dev),
+                                                    target_hidden=hidden, row_index=rows_t))
+            return
+        n = max(max(new_rows) + 1, batch.num_rows_in_use())
+        width = ids.shape[1]
+
+        def full(x, fill):
+            out = torch.full((n,) + tuple(x.shape[1:]), fill, dtype=x.dtype, device=dev)
+            out[rows_t] = x
+            return out
+
+        mask = torch.zeros(n, dtype=torch.bool, device=dev)
+        mask[rows_t] = True
+        view = batch.view(n, torch.zeros(n, dtype=torch.int64, device=dev), self.trash_slot)
+        self.drafter.prefill(view, PrefillChunk(
+            input_ids=full(ids, 0), positions=torch.arange(width, device=dev).expand(n, width).contiguous(),
+            cache_slots=full(slots, self.trash_slot), rows=mask, target_hidden=[full(h, 0.0) for h in hidden]))
 
     # ------------------------------------------------------------------ one decode step
-    def _step(self, batch: DecodeBatch, state: SpecRuntimeState) -> None:
-        spec, bufs = state.spec, state.bufs
-        B, K, W, dev = spec.batch_size, spec.num_steps, spec.width, self.device
-        sync = self._sync if dev.type == "cuda" else None
-        live = [batch.rows[r] is not None and batch.rows[r].finish_reason is None for r in range(B)]
+    def _step(self, batch: DecodeBatch) -> None:
+        """One decode step: the schedule's state, then draft → admit → verify → accept → emit → extend."""
+        live_rows = [r for r in batch.live_rows() if batch.rows[r].finish_reason is None]
+        rows = batch.num_rows_in_use()
+        key = self.schedule.select(len(live_rows), rows)
+        state = self.by_key[key]
+        self._switch_to(key)
+        sync = self._sync if self.device.type == "cuda" else None
+        live = self._prepare(batch, state, rows)
+        with self.metrics.stage("draft", sync):
+            state.draft()
+        self._admit(state, live)
+        if state.captured:
+            with self.metrics.stage("verify", sync):
+                result = state.verify_accept()
+        else:
+            with self.metrics.stage("verify", sync):
+                state.programs.verify(state.ctx, state.cur)
+            with self.metrics.stage("accept", sync):
+                state.programs.accept(state.ctx, state.cur)
+                result = state.cur.result
+        with self.metrics.stage("emit"):
+            accepted = self._emit_step(batch, state, result, live)
+        with self.metrics.stage("extend", sync):
+            state.extend()
+        self.schedule.observe(key[0], accepted)
+        self.metrics.record_step(key[1], len(live_rows), sum(accepted))
+
+    def _switch_to(self, key: Tuple[int, int]) -> None:
+        if self._active_key is not None and key[1] != self._active_key[1]:
+            self.metrics.num_kappa_switches += 1
+        self._active_key = key
+
+    def _prepare(self, batch: DecodeBatch, state: SpecRuntimeState, rows: int) -> List[bool]:
+        """Fill the state's step inputs for rows ``0..n-1`` (eager: the rows in use; captured: the whole
+        bucket): per-row draft caps, the pending token, positions and KV slots, sampling parameters
+        and randomness. Returns which of the n rows hold a live request."""
+        spec = state.spec
+        bufs = state.begin(rows)
+        n, K, dev = bufs.input_ids.shape[0], spec.num_steps, self.device
+        W = bufs.input_ids.shape[1]
+        live = [batch.rows[r] is not None and batch.rows[r].finish_reason is None for r in range(n)]
         max_draft = []
-        for r in range(B):
+        for r in range(n):
             st = batch.rows[r]
             if not live[r]:
                 max_draft.append(0)
@@ -250,60 +328,78 @@ class Runtime:
             remaining = st.request.params.max_new_tokens - len(st.generated)
             room = self.max_model_len - batch.host_seq_lens[r]
             max_draft.append(max(0, min(K, remaining - 1, room - 1)))
-        max_draft_t = torch.tensor(max_draft, dtype=torch.int64, device=dev)  # [B]
-        bufs.batch = batch.view(B, max_draft_t, self.trash_slot)
-        bufs.temperature.copy_(batch.temperature[:B])
-        bufs.top_k.copy_(batch.top_k[:B])
-        bufs.top_p.copy_(batch.top_p[:B])
-        params = [batch.rows[r].request.params if live[r] else None for r in range(B)]
-        bufs.use_top_k = any(p is not None and p.top_k > 0 and p.temperature > 0 for p in params)
-        bufs.use_top_p = any(p is not None and p.top_p < 1 and p.temperature > 0 for p in params)
+        max_draft_t = torch.tensor(max_draft, dtype=torch.int64, device=dev)  # [n]
+        bufs.batch = batch.view(n, max_draft_t, self.trash_slot)
+        bufs.temperature.copy_(batch.temperature[:n])
+        bufs.top_k.copy_(batch.top_k[:n])
+        bufs.top_p.copy_(batch.top_p[:n])
+        params = [batch.rows[r].request.params if live[r] else None for r in range(n)]
+        bufs.use_top_k = state.captured or any(p is not None and p.top_k > 0 and p.temperature > 0 for p in params)
+        bufs.use_top_p = state.captured or any(p is not None and p.top_p < 1 and p.temperature > 0 for p in params)
         bufs.all_greedy = not state.captured and all(p is None or p.temperature == 0 for p in params)
-        # randomness (sampled rows only): draft noise, acceptance uniforms, bonus noise
-        sampled = [r for r in range(B) if params[r] is not None and params[r].temperature > 0]
-        if sampled:
+        sampled = [r for r in range(n) if params[r] is not None and params[r].temperature > 0]
+        # the synthetic rule draws acceptance uniforms for greedy rows too (vLLM accepts by the curve for all)
+        drawn = [r for r in range(n) if live[r]] if spec.verify_rule == "synthetic" else sampled
+        if K and drawn:
+            self._fill_noise(batch, drawn, lambda g, m: torch.rand(m, K, generator=g, device=dev), bufs.uniforms)
+        if sampled:  # randomness (sampled rows only): draft noise, bonus noise
             V = self.vocab_size
             if bufs.draft_noise is not None:
-                self._fill_noise(batch, sampled, lambda g, n: self._exp_noise(g, n * K * V).view(n, K, V),
+                self._fill_noise(batch, sampled, lambda g, m: self._exp_noise(g, m * K * V).view(m, K, V),
                                  bufs.draft_noise)
-            if K:
-                self._fill_noise(batch, sampled, lambda g, n: torch.rand(n, K, generator=g, device=dev), bufs.uniforms)
-            self._fill_noise(batch, sampled, lambda g, n: self._exp_noise(g, n * V).view(n, V), bufs.exp_noise)
-
-        with self.metrics.stage("draft", sync):
-            state.draft()
-        active = torch.tensor(live, dtype=torch.bool, device=dev)  # [B] rows decoding this step
-        seq = batch.seq_lens[:B]
-        start = torch.where(active, seq - 1, torch.zeros_like(seq))  # [B] position of the pending token
-        bufs.input_ids[:, 0] = batch.tokens[:B].gather(1, start.view(B, 1)).view(B)
-        bufs.positions.copy_(start.view(B, 1) + torch.arange(W, device=dev).view(1, W))  # [B, W]
-        bufs.cache_slots.copy_(torch.where(active.view(B, 1), bufs.positions,
+            self._fill_noise(batch, sampled, lambda g, m: self._exp_noise(g, m * V).view(m, V), bufs.exp_noise)
+        active = torch.tensor(live, dtype=torch.bool, device=dev)  # [n]
+        seq = batch.seq_lens[:n]
+        start = torch.where(active, seq - 1, torch.zeros_like(seq))  # [n] position of the pending token
+        bufs.input_ids[:, 0] = batch.tokens[:n].gather(1, start.view(n, 1)).view(n)
+        bufs.positions.copy_(start.view(n, 1) + torch.arange(W, device=dev).view(1, W))  # [n, W]
+        bufs.cache_slots.copy_(torch.where(active.view(n, 1), bufs.positions,
                                            torch.full_like(bufs.positions, self.trash_slot)))
-        if state.captured:
-            with self.metrics.stage("verify", sync):
-                result = state.verify_accept()
-        else:
-            state.set_width(int(bufs.num_valid.max()) + 1 if K else 1)
-            with self.metrics.stage("verify", sync):
-                state.verify()
-            with self.metrics.stage("accept", sync):
-                result = state.accept()
-        with self.metrics.stage("emit"):
-            accepted = result.accepted_len.tolist()
-            out_tokens = result.output_tokens.tolist()
-            valid = bufs.num_valid.tolist()
-            rows, kept = [], []
-            for r in range(B):
-                if not live[r]:
-                    continue
-                n = int(accepted[r])
-                batch.rows[r].counters.observe(int(valid[r]), n)
-                rows.append(r)
-                kept.append(self._emit(batch, r, out_tokens[r][:n + 1]))
-            batch.append_many(rows, kept)
-        bufs.batch = batch.view(B, max_draft_t, self.trash_slot)
-        with self.metrics.stage("extend", sync):
-            state.extend()
+        return live
+
+    def _admit(self, state: SpecRuntimeState, live: List[bool]) -> None:
+        """Let the schedule cut each live request's drafts to a prefix (``budget``), then size the
+        step: ``num_tokens`` per row (ragged verify) and, eager, the widest row's width."""
+        bufs = state.cur
+        K = state.spec.num_steps
+        verified = bufs.num_valid.clone() if self.schedule.verify_all else None
+        if K > 0:
+            rows = [r for r, on in enumerate(live) if on]
+            if rows:
+                idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
+                conf = bufs.confidence[idx]
+                if state.spec.draft_sampling == "probabilistic":
+                    # budget from the previous step's confidences: a prefix chosen from the current
+                    # sampled drafts' own scores would bias rejection sampling (see drafters.base.Proposal)
+                    conf, self._stale_conf[idx, :K] = self._stale_conf[idx, :K].clone(), conf
+                admitted = self.schedule.admit(conf.cpu().numpy(), bufs.num_valid[idx].cpu().numpy())
+                if admitted is not None:
+                    bufs.num_valid[idx] = torch.as_tensor(admitted, dtype=torch.int64, device=self.device)
+        verified = bufs.num_valid if verified is None else verified  # cap_accept: verify all, accept admitted
+        active = torch.tensor(live, dtype=torch.bool, device=self.device)
+        bufs.num_tokens.copy_(torch.where(active, verified + 1, torch.zeros_like(verified)))
+        if not state.captured:
+            state.trim(int(verified.max()) + 1 if K and len(live) else 1)
+
+    def _emit_step(self, batch: DecodeBatch, state: SpecRuntimeState, result, live: List[bool]) -> List[int]:
+        """Give each live request its accepted drafts and bonus token; update its counters. Returns
+        the accepted drafts (bonus excluded) of each live request, for the schedule."""
+        bufs = state.cur
+        accepted = result.accepted_len.tolist()
+        out_tokens = result.output_tokens.tolist()
+        valid = bufs.num_valid.tolist()
+        rows, kept, observed = [], [], []
+        for r, on in enumerate(live):
+            if not on:
+                continue
+            a = int(accepted[r])
+            batch.rows[r].counters.observe(int(valid[r]), a)
+            rows.append(r)
+            kept.append(self._emit(batch, r, out_tokens[r][:a + 1]))
+            observed.append(a)
+        batch.append_many(rows, kept)
+        bufs.batch = batch.view(bufs.input_ids.shape[0], bufs.batch.max_draft, self.trash_slot)
+        return observed
 
     # ------------------------------------------------------------------ helpers
     def _fill_noise(self, batch: DecodeBatch, rows: List[int], draw, out: torch.Tensor) -> None:
@@ -330,6 +426,8 @@ class Runtime:
         caller appends to the row's history."""
         st = batch.rows[row]
         p = st.request.params
+        if not st.generated and tokens:
+            st.first_token_time = time.perf_counter()
         kept: List[int] = []
         for t in tokens:
             kept.append(int(t))
@@ -362,4 +460,5 @@ class Runtime:
             text = ""
         self.metrics.add_request(st.counters, len(st.request.prompt_ids), len(ids))
         return RequestOutput(request=st.request, token_ids=ids, text=text, finish_reason=st.finish_reason or "",
-                             counters=st.counters, time_s=time.perf_counter() - st.start_time)
+                             counters=st.counters, time_s=time.perf_counter() - st.start_time,
+                             ttft_s=(st.first_token_time or st.start_time) - st.start_time)

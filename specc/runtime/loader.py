@@ -1,10 +1,11 @@
 """Artifact → Runtime: verify and import the artifact (``specc.runtime.artifact.load_artifact``),
-load the target and the drafter the artifact's plan names, and build one runtime state per
-generated state module (``build(ctx)``)."""
+load the target and the drafter its manifest's runtime section names, and build one runtime state
+per generated state module (``build(ctx)``) under the manifest's schedule. The runtime reads the
+manifest, never ``plan.yaml`` (DESIGN.md)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from specc.errors import ArtifactError
 
@@ -32,6 +33,42 @@ def largest_bucket(art: "Artifact") -> int:
     return max(sizes)
 
 
+def runtime_spec(art: "Artifact") -> Dict[str, Any]:
+    """The manifest's ``runtime`` section (checkpoints, method options, verify rule, device settings,
+    schedule). Raises ArtifactError when it is missing or malformed."""
+    spec = art.manifest.get("runtime")
+    if not isinstance(spec, dict) or not isinstance(spec.get("target"), dict) or "method" not in spec:
+        raise ArtifactError(f"{art.path}/manifest.json has no usable 'runtime' section; re-run specc compile")
+    return spec
+
+
+def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: int = 0):
+    """The target, its tokenizer and the drafter a runtime section names (``manifest.json``
+    ``runtime``, or :func:`specc.codegen.runtime_section` of a plan): ``(target, tokenizer, drafter,
+    device)``. The target's cache is sized for ``target.max_model_len + max_steps + 2`` slots.
+
+    Raises:
+        ArtifactError: ``cuda`` asked without CUDA. CheckpointError: a checkpoint missing or
+            mismatched. PlanError: a method the runtime does not run.
+    """
+    from specc import methods
+    from specc.models import load_target
+
+    dev = resolve_device(device or spec.get("device") or "auto")
+    tgt = spec["target"]
+    dtype = spec.get("dtype") if spec.get("dtype") not in (None, "auto") else (
+        tgt.get("dtype") if tgt.get("dtype") not in (None, "auto") else "float32")
+    if dev.type == "cpu":
+        dtype = "float32"  # bf16/fp16 matmuls are orders of magnitude slower on this CPU
+    want_len = tgt.get("max_model_len")
+    cache_len = (want_len + max_steps + 2) if want_len else None
+    target, tokenizer = load_target(tgt["path"], tgt.get("format") or "auto", dtype=dtype,
+                                    max_model_len=cache_len, device=str(dev))
+    drafter = methods.build_drafter(spec["method"]["name"], spec, target, tokenizer, dev,
+                                    max_seq_len=target.config.max_model_len)
+    return target, tokenizer, drafter, dev
+
+
 def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 0,
                  kernel_backend: Optional[str] = None, artifact: Optional["Artifact"] = None,
                  ) -> Tuple["Runtime", "Artifact"]:
@@ -39,7 +76,7 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
 
     Args:
         path: an artifact directory (``generated/<plan>-<hash>``).
-        device: override of the plan's ``runtime.device`` (``auto``/``cpu``/``cuda``).
+        device: override of the manifest's ``runtime.device`` (``auto``/``cpu``/``cuda``).
         seed: base seed for requests without their own.
         kernel_backend: override of ``runtime.kernel_backend``.
         artifact: the artifact at ``path`` already loaded by ``load_artifact`` (so a command can
@@ -51,37 +88,60 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
         CheckpointError: target or draft checkpoint missing or mismatched.
         PlanError: a method this runtime does not run.
     """
-    from specc.drafters import build_drafter
-    from specc.models import load_target
     from specc.runtime.artifact import load_artifact
     from specc.runtime.engine import Runtime
     from specc.runtime.state import StateSpec
 
     art = artifact if artifact is not None else load_artifact(path)
-    plan = art.plan
-    dev = resolve_device(device or plan.runtime.device)
+    spec = runtime_spec(art)
     specs = []
     for name, module in art.states.items():
         for attr in ("STATE", "build"):
             if not hasattr(module, attr):
                 raise ArtifactError(f"{art.path}/states/{name}.py defines no {attr}; re-run specc compile")
         specs.append(StateSpec.from_dict(module.STATE))
-    k_max = max(s.num_steps for s in specs)
-    dtype = plan.runtime.dtype if plan.runtime.dtype not in (None, "auto") else (
-        plan.target.dtype if plan.target.dtype not in (None, "auto") else "float32")
-    if dev.type == "cpu":
-        dtype = "float32"  # bf16/fp16 matmuls are orders of magnitude slower on this CPU
-    want_len = plan.target.max_model_len
-    cache_len = (want_len + k_max + 2) if want_len else None
-    target, tokenizer = load_target(plan.target.path, plan.target.format or "auto", dtype=dtype,
-                                    max_model_len=cache_len, device=str(dev))
-    drafter = build_drafter(plan, target, tokenizer, dev, max_seq_len=target.config.max_model_len)
-    first = next(iter(art.states.values()))
-    backend = kernel_backend or plan.runtime.kernel_backend or "auto"
-    use_graphs = dev.type == "cuda" and plan.deploy.cuda_graphs is not False
+    target, tokenizer, drafter, dev = load_models(spec, device, max(s.num_steps for s in specs))
+    want_len = spec["target"].get("max_model_len")
+    backend = kernel_backend or spec.get("kernel_backend") or "auto"
+    use_graphs = dev.type == "cuda" and spec.get("cuda_graphs") is not False
     runtime = Runtime(target, tokenizer, drafter, specs,
                       builders={name: m.build for name, m in art.states.items()},
                       max_model_len=want_len, device=dev, kernel_backend=backend, use_cuda_graphs=use_graphs,
-                      method_options=dict(getattr(first, "METHOD_OPTIONS", {})), seed=seed,
-                      kernel_modules=art.kernels)
+                      seed=seed, kernel_modules=art.kernels, schedule=spec.get("schedule"))
     return runtime, art
+
+
+def runtime_from_plan(plan, target, tokenizer, drafter, *, cost_table: Optional[dict] = None,
+                      max_model_len: Optional[int] = None, seed: int = 0, prefill_chunk: int = 512,
+                      device: Optional[Any] = None) -> "Runtime":
+    """A runtime for ``plan``'s candidate states and schedule over models already loaded — the same
+    lowering (:func:`specc.analyze.lower_plan`) and schedule spec ``specc compile`` writes, without
+    an artifact. Benchmarks that compare many schedules on one target use it; tests of schedules too.
+
+    Args:
+        plan: a resolved ``Plan``. target, tokenizer, drafter: loaded models (drafter None for κ = 0).
+        cost_table: the manifest's ``runtime.schedule.cost_table`` mapping (``verify_ms`` by tokens,
+            ``draft_ms`` by requests, ``capture_limit``) for ``budget``; default: read from
+            ``schedule.cost_table`` when the plan names one.
+    Raises:
+        PlanError: a plan that does not lower. ArtifactError: a state the runtime cannot run.
+    """
+    from specc import programs
+    from specc.analyze import lower_plan
+    from specc.runtime.engine import Runtime
+    from specc.runtime.state import StateSpec
+
+    low = lower_plan(plan)
+    if cost_table is None and plan.schedule.cost_table:
+        from specc.codegen import runtime_section
+
+        cost_table = runtime_section(plan, low.schedule.as_dict(), 0)["schedule"]["cost_table"]
+    schedule = dict(low.schedule.as_dict(), cost_table=cost_table)
+    rates = None
+    if plan.verify.rule == "synthetic":
+        syn = plan.verify.synthetic
+        rates = programs.synthetic_conditional_rates(syn.acceptance_rates, syn.acceptance_length,
+                                                     max(s.num_steps for s in low.states))
+    specs = [StateSpec.from_candidate(s) for s in low.states]
+    return Runtime(target, tokenizer, drafter, specs, max_model_len=max_model_len, seed=seed, schedule=schedule,
+                   synthetic_rates=rates, prefill_chunk=prefill_chunk, device=device)

@@ -3,13 +3,16 @@ time spent in each stage (draft / verify / accept / extend / prefill / emit)."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List
+from typing import Deque, Dict, Iterator, List, Tuple
 
 from specc.runtime.request import RequestCounters
 
 STAGES = ("prefill", "draft", "verify", "accept", "emit", "extend")
+TRACE_STEPS = 100_000
+"""Decode steps kept in :attr:`SpecMetrics.trace` (a bounded window, for long-running servers)."""
 
 
 @dataclass
@@ -31,6 +34,17 @@ class SpecMetrics:
     num_prompt_tokens: int = 0
     wall_time_s: float = 0.0
     stage_time_s: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    num_kappa_switches: int = 0
+    kappa_steps: Dict[int, int] = field(default_factory=dict)
+    trace: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))
+    _t0: float = field(default_factory=time.perf_counter, repr=False)
+
+    def record_step(self, num_steps: int, num_requests: int, accepted: int) -> None:
+        """One decode step ran at κ = ``num_steps`` over ``num_requests`` live requests, accepting
+        ``accepted`` drafts in all: counts steps per κ and appends ``(seconds since these metrics
+        began, requests, κ, accepted)`` to :attr:`trace` (the last :data:`TRACE_STEPS` steps)."""
+        self.kappa_steps[num_steps] = self.kappa_steps.get(num_steps, 0) + 1
+        self.trace.append((time.perf_counter() - self._t0, num_requests, num_steps, accepted))
 
     @contextmanager
     def stage(self, name: str, sync=None) -> Iterator[None]:
@@ -105,6 +119,8 @@ class SpecMetrics:
             "decode_time_s": round(self.decode_time_s, 4),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "stage_time_s": {k: round(v, 4) for k, v in self.stage_time_s.items()},
+            "num_kappa_switches": self.num_kappa_switches,
+            "kappa_steps": {str(k): v for k, v in sorted(self.kappa_steps.items())},
         }
 
     def summary(self) -> str:

@@ -115,6 +115,8 @@ class RequestOutput:
     token_ids: generated ids (EOS included when it ended the request; stop-string tokens kept).
     text: decoded output, EOS dropped and cut before a stop string.
     finish_reason: ``"eos"``, ``"stop"``, ``"length"`` (max_new_tokens) or ``"max_model_len"``.
+    time_s: seconds from admission to finish; ttft_s: seconds from admission to the first token
+        (prefill included). Time per output token = (time_s - ttft_s) / (len(token_ids) - 1).
     """
 
     request: Request
@@ -123,6 +125,13 @@ class RequestOutput:
     finish_reason: str
     counters: RequestCounters
     time_s: float = 0.0
+    ttft_s: float = 0.0
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean seconds per output token after the first (0 for one-token outputs)."""
+        n = len(self.token_ids)
+        return (self.time_s - self.ttft_s) / (n - 1) if n > 1 else 0.0
 
 
 def check_prompts(requests: Sequence[Request], max_model_len: int, vocab_size: int) -> None:

@@ -4,22 +4,23 @@ A :class:`SpecRuntimeState` bundles every buffer sized by its constants (bucket 
 W = κ + 1, vocabulary V) and the state's programs (draft, verify, accept, extend), so switching
 states is a pointer swap (SGLang's ``SpecRuntimeState``, DESIGN.md "Swap states atomically"). The
 programs come from the generated module ``states/<name>.py`` (``build(ctx)``; contract in
-``specc/runtime/README.md``) or, without an artifact, from :func:`build_state` (same choices).
+``specc/runtime/README.md``) or, without an artifact, from :func:`build_state`; both take them from
+the one table of programs a state runs (:func:`specc.programs.state_programs`).
 
 On CUDA, verify + accept are captured as one CUDA graph at load (static inputs: ``input_ids``,
 ``positions``, ``cache_slots``, ``draft_tokens``, ``num_valid``, the sampling-parameter rows and the
-randomness buffers); the host fills those buffers and replays. On the CPU they run eagerly.
+randomness buffers); the host fills those buffers and replays. On the CPU they run eagerly on a view
+of the buffers trimmed to the rows in use and the step's widest verify, and the target forward runs
+ragged: each request's verify costs its own number of tokens (``num_tokens``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from specc.errors import ArtifactError
-
-SUPPORTED_RULES = ("greedy", "standard")
 
 
 @dataclass(frozen=True)
@@ -55,23 +56,19 @@ class StateSpec:
         """W, verify rows per request (κ + 1 for a chain)."""
         return self.num_steps + 1
 
+    @property
+    def key(self) -> Tuple[int, int]:
+        """``(batch bucket, κ)``: how schedules name the state."""
+        return self.batch_size, self.num_steps
+
     def check_supported(self) -> None:
-        """Raise ArtifactError naming the field when this runtime cannot run the state."""
-        where = f"candidate state {self.name}"
-        if self.verify_rule not in SUPPORTED_RULES:
-            raise ArtifactError(f"{where}: verify rule {self.verify_rule!r} is not implemented by the specc "
-                                f"runtime (it runs {', '.join(SUPPORTED_RULES)}); set verify.rule to one of them")
-        if self.num_steps > 0 and (self.topk != 1 or self.tree_choices is not None):
-            raise ArtifactError(f"{where}: tree drafting (topk={self.topk}) is not implemented by the specc "
-                                f"runtime; use a chain (method.topk=1, no tree_choices)")
-        if self.parallel:
-            raise ArtifactError(f"{where}: parallel drafting is not implemented by the specc runtime; "
-                                f"set method.parallel_drafting=false")
-        if self.num_steps > 0 and self.num_draft_tokens not in (0, self.num_steps + 1):
-            raise ArtifactError(f"{where}: a chain verifies num_draft_tokens = κ + 1 = {self.num_steps + 1} "
-                                f"rows, the state says {self.num_draft_tokens}")
-        if self.num_steps < 0 or self.batch_size < 1:
-            raise ArtifactError(f"{where}: batch_size must be >= 1 and num_steps >= 0")
+        """Raise ArtifactError naming the field when this runtime cannot run the state
+        (:func:`specc.programs.unsupported_reason`)."""
+        from specc.programs import unsupported_reason
+
+        reason = unsupported_reason(self)
+        if reason:
+            raise ArtifactError(reason)
 
 
 @dataclass
@@ -85,7 +82,6 @@ class StateContext:
         (``max_seq_len - 1``) included.
     kernel_backend: ``specc.kernels`` backend ("auto" | "torch" | "triton").
     hidden_layers: target layers whose hidden states the drafter needs.
-    method_options: the generated module's ``METHOD_OPTIONS`` (ngram window ...).
     use_cuda_graphs: capture verify + accept on CUDA.
     kernel_modules: the artifact's specialized kernel modules by variant name (empty without one).
     """
@@ -97,7 +93,6 @@ class StateContext:
     max_seq_len: int
     kernel_backend: str = "auto"
     hidden_layers: Tuple[int, ...] = ()
-    method_options: Dict[str, Any] = field(default_factory=dict)
     use_cuda_graphs: bool = False
     kernel_modules: Dict[str, Any] = field(default_factory=dict)
 
@@ -106,18 +101,29 @@ class StateContext:
         return self.max_seq_len - 1
 
 
+_ROW_FIELDS = ("input_ids", "positions", "cache_slots", "draft_tokens", "num_valid", "num_tokens",
+               "temperature", "top_k", "top_p", "uniforms", "exp_noise", "confidence", "draft_probs",
+               "draft_noise")
+_WIDTH_FIELDS = ("input_ids", "positions", "cache_slots")  # [B, W]
+_DRAFT_FIELDS = ("draft_tokens", "uniforms", "confidence", "draft_probs", "draft_noise")  # [B, K, ...]
+
+
 @dataclass
 class StateBuffers:
     """Static buffers of one state (B = bucket, K = κ, W = K + 1, V = vocabulary), allocated once.
 
     Inputs (filled by the runtime before each step):
         input_ids ``[B, W]`` int64 (pending token, then drafts), positions ``[B, W]`` int64,
-        cache_slots ``[B, W]`` int64, draft_tokens ``[B, K]`` int64, num_valid ``[B]`` int64,
+        cache_slots ``[B, W]`` int64, draft_tokens ``[B, K]`` int64, num_valid ``[B]`` int64 (drafts
+        verified per row), num_tokens ``[B]`` int64 (verify tokens per row: num_valid + 1, 0 for rows
+        without a live request), confidence ``[B, K]`` fp32 (the drafter's per-position estimate),
         draft_probs ``[B, K, V]`` fp32 (probabilistic drafts only), temperature ``[B]`` fp32,
         top_k ``[B]`` int64, top_p ``[B]`` fp32, uniforms ``[B, K]`` fp32, exp_noise ``[B, V]`` fp32,
         draft_noise ``[B, K, V]`` fp32 (probabilistic drafts only).
     Set per step: ``batch`` (the BatchView), ``use_top_k``/``use_top_p`` (eager mode: skip the sort
-        when no row filters), ``all_greedy`` (eager mode: every live row has temperature 0).
+        when no row filters), ``all_greedy`` (eager mode: every live row has temperature 0),
+        ``ragged`` (eager mode: the target forward skips padding tokens), ``kernels`` (role →
+        the artifact's kernel variant name).
     Outputs (written by the programs): logits ``[B, W, V]`` fp32, hidden (list of ``[B, W, H]``),
         result (``specc.kernels.VerifyOutput``).
     """
@@ -127,17 +133,21 @@ class StateBuffers:
     cache_slots: torch.Tensor
     draft_tokens: torch.Tensor
     num_valid: torch.Tensor
+    num_tokens: torch.Tensor
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
     uniforms: torch.Tensor
     exp_noise: torch.Tensor
+    confidence: torch.Tensor
     draft_probs: Optional[torch.Tensor] = None
     draft_noise: Optional[torch.Tensor] = None
     batch: Any = None
     use_top_k: bool = True
     use_top_p: bool = True
     all_greedy: bool = False
+    ragged: bool = False
+    kernels: Mapping[str, str] = field(default_factory=dict)
     logits: Optional[torch.Tensor] = None
     hidden: List[torch.Tensor] = field(default_factory=list)
     result: Any = None
@@ -154,24 +164,37 @@ class StateBuffers:
             cache_slots=torch.full((b, k + 1), ctx.trash_slot, **i64),
             draft_tokens=torch.zeros(b, k, **i64),
             num_valid=torch.zeros(b, **i64),
+            num_tokens=torch.zeros(b, **i64),
             temperature=torch.zeros(b, **f32),
             top_k=torch.zeros(b, **i64),
             top_p=torch.ones(b, **f32),
             uniforms=torch.full((b, k), 0.5, **f32),
             exp_noise=torch.ones(b, v, **f32),
+            confidence=torch.ones(b, k, **f32),
             draft_probs=torch.zeros(b, k, v, **f32) if probabilistic else None,
             draft_noise=torch.ones(b, k, v, **f32) if probabilistic else None,
         )
 
     def nbytes(self) -> int:
         """Bytes held by the static buffers (reported at load)."""
-        total = 0
-        for t in (self.input_ids, self.positions, self.cache_slots, self.draft_tokens, self.num_valid,
-                  self.temperature, self.top_k, self.top_p, self.uniforms, self.exp_noise,
-                  self.draft_probs, self.draft_noise):
-            if t is not None:
-                total += t.numel() * t.element_size()
-        return total
+        return sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in _ROW_FIELDS) if t is not None)
+
+    def view(self, rows: Optional[int] = None, width: Optional[int] = None) -> "StateBuffers":
+        """The first ``rows`` rows and ``width`` verify columns (``width - 1`` draft positions),
+        sharing storage; outputs are reset. Eager mode only (a captured program keeps its shapes)."""
+        kw: Dict[str, Any] = {}
+        for name in _ROW_FIELDS:
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if rows is not None:
+                t = t[:rows]
+            if width is not None and name in _WIDTH_FIELDS:
+                t = t[:, :width]
+            elif width is not None and name in _DRAFT_FIELDS:
+                t = t[:, :width - 1]
+            kw[name] = t
+        return replace(self, logits=None, hidden=[], result=None, **kw)
 
 
 Program = Callable[[StateContext, StateBuffers], Any]
@@ -190,13 +213,18 @@ class StatePrograms:
 class SpecRuntimeState:
     """One candidate state ready to run: spec, buffers, programs and (on CUDA) the captured graph.
 
+    A step runs ``begin(rows)`` → ``draft()`` → [``trim(width)``] → ``verify_accept()`` → ``extend()``;
+    the stages of one step work on ``self.cur``, the buffers (eager: a view of them) of that step.
+
     Args:
         spec: the state's constants. ctx: shared context. programs: its stage programs.
+        kernels: role → the artifact's specialized kernel variant (``KERNELS`` of the generated module).
     Raises:
         ArtifactError: the state uses something this runtime does not implement.
     """
 
-    def __init__(self, spec: StateSpec, ctx: StateContext, programs: StatePrograms) -> None:
+    def __init__(self, spec: StateSpec, ctx: StateContext, programs: StatePrograms,
+                 kernels: Optional[Mapping[str, str]] = None) -> None:
         spec.check_supported()
         if spec.num_steps > 0 and ctx.drafter is None:
             raise ArtifactError(f"candidate state {spec.name}: κ = {spec.num_steps} needs a drafter, "
@@ -209,35 +237,33 @@ class SpecRuntimeState:
         self.ctx = ctx
         self.programs = programs
         self.bufs = StateBuffers.allocate(spec, ctx)
+        self.bufs.kernels = dict(kernels or {})
         self._graph = None
-        self._view = self.bufs  # the buffers verify/accept/extend run on this step (see set_width)
+        self.cur = self.bufs
 
     # ------------------------------------------------------------------ stages
-    def draft(self) -> None:
-        """Run the draft program (fills draft_tokens, num_valid, draft_probs). Eager always: the
-        n-gram lookup is host work; model drafters are cheap to launch relative to verify."""
-        self.programs.draft(self.ctx, self.bufs)
+    def begin(self, rows: int) -> StateBuffers:
+        """Start a step over rows ``0..rows-1`` (eager: a view of those rows; captured: all B)."""
+        self.cur = self.bufs if self._graph is not None or rows >= self.spec.batch_size else self.bufs.view(rows)
+        self.cur.ragged = self._graph is None
+        return self.cur
 
-    def set_width(self, width: int) -> int:
-        """Eager mode only: verify just the first ``width`` rows of every request this step
-        (``width`` = the longest valid draft in the batch + 1; rows past a request's valid drafts
-        are never accepted, so dropping columns nobody in the batch uses changes no output). A step
-        where no request has a draft then costs one single-row target forward, not κ + 1 rows — on
-        a CPU, whose GEMMs cost far more for several rows than for one, this is what keeps n-gram
-        steps without a match at plain-decoding cost. Captured states keep their static width.
-        Returns the width used. Views share storage with the full buffers."""
-        b = self.bufs
+    def draft(self) -> None:
+        """Run the draft program (fills draft_tokens, num_valid, confidence, draft_probs). Eager
+        always: the n-gram lookup is host work; model drafters are cheap to launch relative to verify."""
+        self.programs.draft(self.ctx, self.cur)
+
+    def trim(self, width: int) -> int:
+        """Eager mode only: verify just the first ``width`` columns of every row this step (``width``
+        = the most drafts any row verifies + 1; rows past a request's valid drafts are never
+        accepted, and the ragged forward already skips each row's padding). Captured states keep
+        their static width. Returns the width used."""
         width = max(1, min(int(width), self.spec.width))
-        if self._graph is not None or width == self.spec.width:
-            self._view = b
-            return self.spec.width
-        k = width - 1
-        self._view = replace(
-            b, input_ids=b.input_ids[:, :width], positions=b.positions[:, :width],
-            cache_slots=b.cache_slots[:, :width], draft_tokens=b.draft_tokens[:, :k],
-            uniforms=b.uniforms[:, :k],
-            draft_probs=None if b.draft_probs is None else b.draft_probs[:, :k],
-            logits=None, hidden=[], result=None)
+        if self._graph is not None or width == self.cur.input_ids.shape[1]:
+            return self.cur.input_ids.shape[1]
+        batch, ragged = self.cur.batch, self.cur.ragged
+        self.cur = self.cur.view(width=width)
+        self.cur.batch, self.cur.ragged = batch, ragged
         return width
 
     def verify_accept(self) -> Any:
@@ -245,21 +271,14 @@ class SpecRuntimeState:
         if self._graph is not None:
             self._graph.replay()
             return self.bufs.result
-        self.verify()
-        return self.accept()
-
-    def verify(self) -> None:
-        self.programs.verify(self.ctx, self._view)
-
-    def accept(self) -> Any:
-        self.programs.accept(self.ctx, self._view)
-        return self._view.result
+        self.programs.verify(self.ctx, self.cur)
+        self.programs.accept(self.ctx, self.cur)
+        return self.cur.result
 
     def extend(self) -> None:
         """Run the extend program (the drafter's commit over the accepted tokens)."""
-        self._view.batch = self.bufs.batch
-        self.programs.extend(self.ctx, self._view)
-        self._view = self.bufs
+        self.programs.extend(self.ctx, self.cur)
+        self.cur = self.bufs
 
     @property
     def captured(self) -> bool:
@@ -278,7 +297,7 @@ class SpecRuntimeState:
         b.cache_slots.fill_(self.ctx.trash_slot)
         b.positions.copy_(torch.arange(self.spec.width, device=b.positions.device).expand_as(b.positions))
         b.use_top_k = b.use_top_p = True  # graphs take the general path (no host-side branching)
-        b.all_greedy = False
+        b.all_greedy = b.ragged = False
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -294,30 +313,29 @@ class SpecRuntimeState:
         return True
 
 
-def select_programs(spec: StateSpec) -> StatePrograms:
-    """The stage programs a state's constants select (what ``templates/state.py.j2`` renders).
-
-    κ = 0 states always accept with the standard rule: with no drafts it is plain sampling from the
-    processed p (argmax for temperature-0 rows), so plain decoding serves any request."""
+def select_programs(spec: StateSpec, synthetic_rates: Optional[Sequence[float]] = None) -> StatePrograms:
+    """The stage programs of a state, from the one table (:func:`specc.programs.state_programs`) —
+    the same calls a generated module renders. Raises ArtifactError for a state this runtime cannot
+    run."""
+    from specc import programs
     from specc.runtime import stages
 
-    k, sampling = spec.num_steps, spec.draft_sampling
-    if k == 0:
-        draft = stages.draft_none
-    else:
-        def draft(ctx, bufs, _k=k, _s=sampling):
-            return stages.draft_chain(ctx, bufs, _k, _s)
-    if spec.verify_rule == "greedy" and k > 0:
-        accept = stages.accept_greedy
-    else:
-        prob_q = sampling == "probabilistic" and k > 0
-        def accept(ctx, bufs, _q=prob_q):
-            return stages.accept_standard(ctx, bufs, _q, None)
-    extend = stages.extend_none if k == 0 else stages.extend_drafter
-    return StatePrograms(draft=draft, verify=stages.verify_chain, accept=accept, extend=extend)
+    try:
+        table = programs.state_programs(spec, synthetic_rates)
+    except ValueError as exc:
+        raise ArtifactError(str(exc)) from None
+    calls = {stage: _bind(getattr(stages, call.fn), call.args) for stage, call in table.items()}
+    return StatePrograms(**calls)
 
 
-def build_state(spec: StateSpec, ctx: StateContext) -> SpecRuntimeState:
+def _bind(fn: Callable, args: Tuple[Any, ...]) -> Program:
+    def program(ctx, bufs):
+        return fn(ctx, bufs, *args)
+    return program
+
+
+def build_state(spec: StateSpec, ctx: StateContext, synthetic_rates: Optional[Sequence[float]] = None,
+                ) -> SpecRuntimeState:
     """Build a runtime state without an artifact (tests, benchmarks): same programs as the template."""
     spec.check_supported()
-    return SpecRuntimeState(spec, ctx, select_programs(spec))
+    return SpecRuntimeState(spec, ctx, select_programs(spec, synthetic_rates))

@@ -83,3 +83,12 @@ def shallow_copy(model: LlamaModel, num_layers: int) -> LlamaModel:
     draft.config = draft.config.replace(num_layers=num_layers)
     draft.max_batch_size = draft.max_seq_len = 0
     return draft
+
+
+def runtime_for_plan(plan, target, drafter, *, cost_table: Optional[dict] = None, max_model_len: int = 128,
+                     seed: int = 0, tokenizer=None, prefill_chunk: int = 512):
+    """:func:`specc.runtime.loader.runtime_from_plan` with test defaults (no tokenizer, 128 tokens)."""
+    from specc.runtime.loader import runtime_from_plan
+
+    return runtime_from_plan(plan, target, tokenizer, drafter, cost_table=cost_table, max_model_len=max_model_len,
+                             seed=seed, prefill_chunk=prefill_chunk)

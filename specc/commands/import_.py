@@ -1,0 +1,134 @@
+"""``specc import``: an SGLang or vLLM launch command -> plan YAML.
+
+    specc import sglang -- python -m sglang.launch_server --model-path X --speculative-algorithm EAGLE3 ...
+    specc import vllm -- vllm serve X --speculative-config '{"method": "eagle3", ...}'
+    specc import vllm --speculative-config '{"method": "ngram", "num_speculative_tokens": 5}' --model X
+    specc import sglang==0.5.23 --file launch.sh -o my_plan.yaml
+
+The command is read as the engine version's own parser reads it (bare engine name: the newest
+table). Flags with no plan key are listed as comments at the top of the YAML, with anything the
+engine's parser would refuse. Exit codes: 0 plan written, 1 plan written but the engine would refuse
+the command (listed on stderr), 2 unusable input. Does not import torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``specc import``'s arguments on ``parser``."""
+    parser.add_argument("engine", help="sglang or vllm, optionally pinned (sglang==0.5.23); bare = newest")
+    parser.add_argument("--file", "-f", dest="file", default=None,
+                        help="a file holding the command (shell script, Kubernetes/compose YAML, or a vLLM "
+                             "speculative-config JSON)")
+    parser.add_argument("--speculative-config", dest="spec_json", default=None, metavar="JSON",
+                        help="vLLM only: a --speculative-config JSON object (with --model for the target)")
+    parser.add_argument("--model", default=None, help="with --speculative-config: the target model")
+    parser.add_argument("-o", "--output", default=None, help="write the plan here (default: stdout)")
+    parser.add_argument("--name", default=None,
+                        help="the plan's name (default: the output file's stem, else 'imported')")
+    parser.add_argument("launch", nargs="*", metavar="COMMAND",
+                        help="after `--`: the launch command (or just its flags)")
+
+
+def _engine(text: str):
+    name, _, version = text.partition("==")
+    if name not in ("sglang", "vllm"):
+        raise ValueError(f"engine {text!r}: specc imports sglang or vllm launch commands")
+    return name, version or None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """Import one command; print or write the plan; return the exit code."""
+    from specc.importer import CommandError, import_command, imported_plan, plan_yaml
+    from specc.errors import SpeccError
+
+    try:
+        engine, version = _engine(args.engine)
+    except ValueError as exc:
+        print(f"specc import: error: {exc}", file=sys.stderr)
+        return 2
+    words = list(args.launch or [])
+    if words and words[0] == "--":
+        words = words[1:]
+    sources = [bool(words), args.file is not None, args.spec_json is not None]
+    if sum(sources) != 1:
+        print("specc import: error: give the command after `--`, or --file PATH, or (vLLM) --speculative-config "
+              "JSON", file=sys.stderr)
+        return 2
+    base_dir = None
+    text = None
+    source = "the command line"
+    if args.file is not None:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"specc import: error: --file {args.file}: {exc}", file=sys.stderr)
+            return 2
+        base_dir, source = Path(args.file).resolve().parent, args.file
+    elif args.spec_json is not None:
+        if engine != "vllm":
+            print("specc import: error: --speculative-config is vLLM's; for sglang pass the command after `--`",
+                  file=sys.stderr)
+            return 2
+        try:
+            json.loads(args.spec_json)
+        except ValueError as exc:
+            print(f"specc import: error: --speculative-config is not JSON ({exc})", file=sys.stderr)
+            return 2
+        words = ([args.model] if args.model else []) + ["--speculative-config", args.spec_json]
+        source = "--speculative-config"
+    elif len(words) == 1 and " " in words[0]:
+        text, words = words[0], []
+    name = args.name or (Path(args.output).stem if args.output else "imported")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        name = re.sub(r"\W", "_", name)
+        name = name if re.match(r"[A-Za-z_]", name) else f"p_{name}"
+    try:
+        imp = import_command(engine, text=text, argv=None if text is not None else words, version=version,
+                             base_dir=base_dir or Path.cwd())
+    except CommandError as exc:
+        print(f"specc import: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyError as exc:
+        print(f"specc import: error: {str(exc).strip(chr(39))}", file=sys.stderr)
+        return 2
+    try:
+        imported_plan(imp, name)
+    except SpeccError as exc:
+        print(f"specc import: error: the command's settings do not form a plan:\n  {exc}", file=sys.stderr)
+        return 2
+    out = plan_yaml(imp, name=name, source=source)
+    if args.output:
+        _write_atomic(Path(args.output), out)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(out)
+    if imp.unmapped:
+        print(f"{len(imp.unmapped)} flag(s) have no plan key (listed at the top of the plan)", file=sys.stderr)
+    for n in imp.notes:
+        print(f"note: {n}", file=sys.stderr)
+    for e in imp.errors:
+        print(f"error: {e}", file=sys.stderr)
+    return 1 if imp.errors else 0

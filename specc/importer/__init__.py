@@ -1,0 +1,88 @@
+"""Launch command -> plan: read an SGLang or vLLM launch command (or a vLLM ``--speculative-config``
+JSON, or a file holding either) back into plan keys.
+
+    imp = import_command("sglang", text="python -m sglang.launch_server --model-path X ...")
+    print(plan_yaml(imp, name="my_plan"))
+
+Flags are read as the engine version's own parser reads them (:mod:`specc.importer.parse`), mapped
+to plan keys with the inverse of :mod:`specc.export` (:mod:`specc.importer.sglang`,
+:mod:`specc.importer.vllm`); flags without a plan key are listed in the written YAML and kept as
+launch facts for the rules (``specc check --sglang-args/--vllm-args``). Never imports torch.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import yaml
+
+from specc.importer.base import Imported
+from specc.importer.command import CommandError, Launch, find_launch, from_words  # noqa: F401
+from specc.importer.parse import load_table, parse_flags
+
+ENGINES = ("sglang", "vllm")
+
+
+def import_command(engine: str, text: Optional[str] = None, argv: Optional[Sequence[str]] = None,
+                   version: Optional[str] = None, base_dir: Optional[Path] = None) -> Imported:
+    """Read one launch command into plan keys.
+
+    Args:
+        engine: ``sglang`` or ``vllm``.
+        text: command text (a command line, a script, YAML, or vLLM ``--speculative-config`` JSON).
+        argv: the command already split into words (instead of ``text``).
+        version: the engine release whose flag table reads it (None: the newest).
+        base_dir: where relative files named by the command live (``--speculative-adaptive-config``).
+
+    Returns:
+        :class:`Imported`; ``errors`` lists what the engine's parser would refuse. Raises
+        :class:`CommandError` when no launch command of ``engine`` is found, KeyError for an unknown
+        engine or version.
+    """
+    from specc.importer import sglang as sgl
+    from specc.importer import vllm as vl
+
+    if engine not in ENGINES:
+        raise KeyError(f"unknown engine {engine!r} (sglang or vllm)")
+    table = load_table(engine, version)
+    launch: Launch = find_launch(text, engine) if text is not None else from_words(list(argv or ()), engine)
+    parsed = parse_flags(table, launch.args)
+    out = Imported(engine=engine, version=table.version, flags=dict(parsed.values), errors=list(parsed.errors),
+                   spelled=parsed.spelled, table=table)
+    out.plan["engine"] = engine
+    if engine == "sglang":
+        sgl.to_plan(parsed.values, launch.env, out, base_dir)
+    else:
+        vl.to_plan(parsed.values, launch.env, out)
+    return out
+
+
+def plan_yaml(imp: Imported, name: str = "imported", source: str = "") -> str:
+    """The imported plan as YAML, headed by comments naming the source, every flag that has no plan
+    key, the notes and the errors (``specc import`` writes this)."""
+    lines: List[str] = [f"# Imported by `specc import {imp.engine}` ({imp.engine}=={imp.version} flags)"
+                        + (f" from {source}" if source else "")]
+    if imp.unmapped:
+        lines.append(f"# Flags with no plan key (not exported; `specc check --{imp.engine}-args` reads them):")
+        lines += [f"#   {u}" for u in imp.unmapped]
+    for n in imp.notes:
+        lines.append(f"# note: {n}")
+    for e in imp.errors:
+        lines.append(f"# error: {e}")
+    data: Dict[str, Any] = {"name": name}
+    data.update(imp.plan)
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100)
+    return "\n".join(lines) + "\n" + body
+
+
+def imported_plan(imp: Imported, name: str = "imported"):
+    """The imported keys as a typed :class:`specc.plan.schema.Plan` (schema defaults elsewhere).
+
+    Raises:
+        PlanError: a value the plan schema refuses (named with its key).
+    """
+    from specc.plan.load import plan_from_dict
+
+    data: Dict[str, Any] = {"name": name}
+    data.update(imp.plan)
+    return plan_from_dict(data)

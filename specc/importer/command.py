@@ -1,0 +1,163 @@
+"""Find an engine launch command in what users have: a command line, a shell script, a Kubernetes
+manifest or compose file (YAML ``command:``/``args:`` lists or strings), or a bare vLLM
+``--speculative-config`` JSON.
+
+:func:`find_launch` returns the environment assignments before the launcher and the words after it
+(``python -m sglang.launch_server ARGS``, ``sglang serve ARGS``, ``vllm serve ARGS``,
+``python -m vllm.entrypoints.openai.api_server ARGS``). Shell text is split with ``shlex`` after
+joining ``\\``-continued lines and dropping comment lines.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from specc.errors import SpeccError
+
+LAUNCHERS = {
+    "sglang": (("-m", "sglang.launch_server"), ("sglang", "serve"), ("-m", "sglang.srt.server")),
+    "vllm": (("vllm", "serve"), ("-m", "vllm.entrypoints.openai.api_server"), ("-m", "vllm.entrypoints.cli.main",
+                                                                               "serve")),
+}
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+class CommandError(SpeccError):
+    """No launch command of the engine could be found, or the text cannot be split into words."""
+
+
+@dataclass
+class Launch:
+    """One launch command: ``env`` assignments written before it and ``args`` after the launcher."""
+
+    args: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+    text: str = ""
+
+
+def _words(text: str) -> List[str]:
+    lines = [ln for ln in text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines()
+             if not ln.lstrip().startswith("#")]
+    try:
+        return shlex.split("\n".join(lines), comments=False)
+    except ValueError as exc:
+        raise CommandError(f"cannot split the command into words ({exc}); check its quotes") from None
+
+
+def _match(words: Sequence[str], engine: str) -> Optional[int]:
+    """Index just past the launcher in ``words`` (None if absent)."""
+    for pat in LAUNCHERS[engine]:
+        n = len(pat)
+        for i in range(len(words) - n + 1):
+            if tuple(w.rsplit("/", 1)[-1] if j == 0 and pat[0] != "-m" else w
+                     for j, w in enumerate(words[i:i + n])) == pat:
+                return i + n
+    return None
+
+
+def _cut_at_shell_end(words: List[str]) -> List[str]:
+    for i, w in enumerate(words):
+        if w in ("&&", "||", ";", "|", "&", ">", ">>", "2>&1", "2>"):
+            return words[:i]
+    return words
+
+
+def from_words(words: Sequence[str], engine: str) -> Launch:
+    """The launch inside ``words`` (a command already split). Without a launcher the words are taken
+    as the engine's arguments themselves (``specc import sglang -- --model-path X ...``)."""
+    words = list(words)
+    at = _match(words, engine)
+    env: Dict[str, str] = {}
+    if at is None:
+        return Launch(args=_cut_at_shell_end(words))
+    for w in words[:at]:
+        if _ENV.match(w):
+            k, v = w.split("=", 1)
+            env[k] = v
+    # docker/kubectl `-e NAME=value` pairs before the launcher
+    for i, w in enumerate(words[:at]):
+        if w in ("-e", "--env") and i + 1 < at and _ENV.match(words[i + 1]):
+            k, v = words[i + 1].split("=", 1)
+            env[k] = v
+    return Launch(args=_cut_at_shell_end(words[at:]), env=env)
+
+
+def _yaml_commands(text: str) -> List[List[str]]:
+    """``command``/``args`` word lists from a YAML document (Kubernetes, compose)."""
+    import yaml
+
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError:
+        return []
+    found: List[List[str]] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            cmd, args = node.get("command"), node.get("args")
+            words: List[str] = []
+            for part in (cmd, args):
+                if isinstance(part, list) and all(isinstance(x, (str, int, float)) for x in part):
+                    words += [str(x) for x in part]
+                elif isinstance(part, str):
+                    words += _words(part)
+            if words:
+                found.append(words)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for d in docs:
+        walk(d)
+    # a shell wrapper (`sh -c "python -m ..."`) holds the real command in one word
+    out = []
+    for words in found:
+        out.append(words)
+        for w in words:
+            if " " in w:
+                out.append(_words(w))
+    return out
+
+
+def find_launch(text: str, engine: str) -> Launch:
+    """The first ``engine`` launch command in ``text`` (a command line, a shell script, YAML, or for
+    vLLM a bare ``--speculative-config`` JSON object, returned as ``--speculative-config <json>``).
+
+    Raises:
+        CommandError: no launch command of that engine is in ``text``.
+    """
+    stripped = text.strip()
+    if engine == "vllm" and stripped.startswith("{"):
+        try:
+            obj = json.loads(stripped)
+        except ValueError as exc:
+            raise CommandError(f"the text starts with '{{' but is not JSON ({exc})") from None
+        return Launch(args=["--speculative-config", json.dumps(obj)], text=stripped)
+    candidates: List[List[str]] = []
+    if re.search(r"^\s*[\w-]+:\s", text, re.M) and ("command" in text or "args" in text):
+        candidates += _yaml_commands(text)
+    # shell text: each logical line (after joining continuations) is a candidate
+    joined = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    for line in joined.splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        try:
+            candidates.append(_words(line))
+        except CommandError:
+            continue
+    try:  # a quoted argument may span lines (a multi-line JSON): the whole text as one command
+        candidates.append(_words(text))
+    except CommandError:
+        pass
+    for words in candidates:
+        if _match(words, engine) is not None:
+            launch = from_words(words, engine)
+            launch.text = shlex.join(words)
+            return launch
+    names = ", ".join(" ".join(p) for p in LAUNCHERS[engine])
+    raise CommandError(f"no {engine} launch command found (looked for: {names}); pass the command after `--`")

@@ -1,0 +1,278 @@
+"""Read a launch command as the engine's own parser reads it.
+
+``specc/importer/flags/<engine>-<version>.json`` is the engine's flag table, written from its real
+parser by ``tools/engine_flags.py`` (SGLang 0.5.23: ``argparse.ArgumentParser`` +
+``ServerArgs.add_cli_args``; vLLM 0.33.0: ``FlexibleArgumentParser`` + ``make_arg_parser``).
+:func:`parse_flags` rebuilds an ``argparse`` parser from that table (every value kept as a string,
+arity and switches as the engine declares them, ``allow_abbrev`` as the engine has it), so prefixes,
+ambiguity and arity follow Python's argparse exactly as they do in the engine: SGLang and vLLM both
+accept an unambiguous prefix (``--speculative-alg``) and refuse an ambiguous one. vLLM's own
+preprocessing runs first (``vllm/utils/argparse_utils.py`` ``FlexibleArgumentParser.parse_args``):
+``_`` becomes ``-`` in flag names, ``--json-arg.key value`` becomes ``--json-arg '{"key": value}'``,
+and ``--model X`` after ``serve`` becomes the positional model.
+
+Unknown flags get "did you mean" suggestions from the same table (``difflib``). Nothing here runs
+or imports an engine.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+FLAGS_DIR = Path(__file__).resolve().parent / "flags"
+
+
+@dataclass(frozen=True, eq=False)
+class FlagTable:
+    """One engine version's launch flags (see ``tools/engine_flags.py``)."""
+
+    engine: str
+    version: str
+    prog: str
+    allow_abbrev: bool
+    actions: Tuple[Dict[str, Any], ...]
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def options(self) -> List[str]:
+        return [o for a in self.actions for o in a["options"]]
+
+    def by_dest(self, dest: str) -> Optional[Dict[str, Any]]:
+        return next((a for a in self.actions if a["dest"] == dest), None)
+
+    def spelling(self, dest: str) -> str:
+        """The first (canonical) option string of ``dest``."""
+        a = self.by_dest(dest)
+        return a["options"][0] if a and a["options"] else dest
+
+
+def available(engine: str) -> List[str]:
+    """Versions of ``engine`` with a flag table, oldest first."""
+    from specc.rules import _release_key
+
+    return sorted((p.stem.split("-", 1)[1] for p in FLAGS_DIR.glob(f"{engine}-*.json")), key=_release_key)
+
+
+@functools.lru_cache(maxsize=8)
+def load_table(engine: str, version: Optional[str] = None) -> FlagTable:
+    """The flag table of ``engine`` at ``version`` (None: the newest table at or below the newest
+    rule table's release, so a release that only changed rules inherits the last flag table).
+
+    Raises:
+        KeyError: no table for that engine or version.
+    """
+    from specc.rules import _release_key
+
+    versions = available(engine)
+    if not versions:
+        raise KeyError(f"no launch-flag table for engine {engine!r}")
+    if version is None:
+        version = versions[-1]
+    elif version not in versions:
+        older = [v for v in versions if _release_key(v) <= _release_key(version)]
+        if not older:
+            raise KeyError(f"no launch-flag table for {engine}=={version} (have {', '.join(versions)})")
+        version = older[-1]
+    data = json.loads((FLAGS_DIR / f"{engine}-{version}.json").read_text())
+    extra = {k: v for k, v in data.items() if k not in ("engine", "version", "prog", "allow_abbrev", "actions")}
+    return FlagTable(engine=engine, version=version, prog=data["prog"], allow_abbrev=data["allow_abbrev"],
+                     actions=tuple(data["actions"]), extra=extra)
+
+
+class ParseError(Exception):
+    """The engine's parser refuses the command (argparse would exit with status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse calls this, then exits; we raise instead
+        raise ParseError(message)
+
+
+_PARSERS: Dict[Tuple[str, str], argparse.ArgumentParser] = {}
+
+
+def _parser(table: FlagTable) -> argparse.ArgumentParser:
+    key = (table.engine, table.version)
+    if key not in _PARSERS:
+        _PARSERS[key] = _build_parser(table)
+    return _PARSERS[key]
+
+
+def _build_parser(table: FlagTable) -> argparse.ArgumentParser:
+    p = _Parser(prog=table.prog, allow_abbrev=table.allow_abbrev, add_help=False)
+    for a in table.actions:
+        kind, opts = a["kind"], a["options"]
+        if kind == "help":
+            continue
+        if a.get("positional"):
+            p.add_argument(a["dest"], nargs=a.get("nargs") or None, default=None)
+            continue
+        kw: Dict[str, Any] = {"dest": a["dest"], "default": argparse.SUPPRESS}
+        if kind == "switch":
+            kw.update(action="store_const", const=True)
+        elif kind == "count":
+            kw.update(action="count")
+        elif kind == "bool_pair":
+            # --x / --no-x (or --enable-x / --disable-x): each spelling is a store_const of its own
+            pos = [o for o in opts if not _is_negative(o, opts)]
+            neg = [o for o in opts if _is_negative(o, opts)]
+            p.add_argument(*pos, dest=a["dest"], action="store_const", const=True, default=argparse.SUPPRESS)
+            if neg:
+                p.add_argument(*neg, dest=a["dest"], action="store_const", const=False,
+                               default=argparse.SUPPRESS)
+            continue
+        else:
+            kw["action"] = "append" if kind == "append" else "store"
+            if a.get("nargs") is not None:
+                kw["nargs"] = a["nargs"]
+            if a.get("choices"):
+                kw["choices"] = a["choices"]
+        p.add_argument(*opts, **kw)
+    return p
+
+
+def _is_negative(opt: str, opts: List[str]) -> bool:
+    return opt.startswith(("--no-", "--disable-")) and len(opts) > 1 and opt != opts[0]
+
+
+def suggest(table: FlagTable, flag: str, n: int = 3) -> List[str]:
+    """Close spellings of ``flag`` among the version's options (``difflib`` ratio >= 0.6)."""
+    name = flag.split("=", 1)[0]
+    return difflib.get_close_matches(name, table.options, n=n, cutoff=0.6)
+
+
+# ------------------------------------------------------------------------------------------
+# vLLM's FlexibleArgumentParser preprocessing (vllm/utils/argparse_utils.py:313-502)
+
+_DASH = re.compile(r"(?<=--)[^\.]*")
+
+
+def _vllm_preprocess(args: List[str]) -> List[str]:
+    # --model X moves to the positional model (only for `serve`; we always parse `serve` args)
+    for i, a in enumerate(args):
+        if re.match(r"^--model(=.+|$)", a):
+            tag, rest = (args[i + 1], i + 2) if a == "--model" and i + 1 < len(args) else (a.split("=", 1)[1], i + 1)
+            args = [tag] + args[:i] + args[rest:]
+            break
+    out: List[str] = []
+    for a in args:
+        if a.startswith("--"):
+            if "=" in a:
+                key, value = a.split("=", 1)
+                out.append(_DASH.sub(lambda m: m.group(0).replace("_", "-"), key, count=1) + "=" + value)
+            else:
+                out.append(_DASH.sub(lambda m: m.group(0).replace("_", "-"), a, count=1))
+        else:
+            out.append(a)
+    # --json-arg.key value  ->  --json-arg '{"key": value}' (values parsed as JSON when they are)
+    dict_args: Dict[str, Dict[str, Any]] = {}
+    skip = set()
+    kept: List[str] = []
+    for i, a in enumerate(out):
+        if i in skip:
+            continue
+        if a.startswith("-") and "." in a.split("=", 1)[0]:
+            if "=" in a:
+                key, value = a.split("=", 1)
+            else:
+                if i + 1 >= len(out):
+                    kept.append(a)
+                    continue
+                key, value = a, out[i + 1]
+                skip.add(i + 1)
+            append = key.endswith("+")
+            key = key[:-1] if append else key
+            head, *path = key.split(".")
+            try:
+                val: Any = json.loads(value) if not append else value.split(",")
+            except ValueError:
+                val = value
+            cur = dict_args.setdefault(head, {})
+            for part in path[:-1]:
+                cur = cur.setdefault(part, {})
+            if append and isinstance(cur.get(path[-1]), list):
+                cur[path[-1]] += val
+            else:
+                cur[path[-1]] = val
+            continue
+        kept.append(a)
+    for head, value in dict_args.items():
+        kept += [head, json.dumps(value)]
+    return kept
+
+
+@dataclass
+class Parsed:
+    """The flags a command gave, as the engine's parser reads them.
+
+    ``values``: dest -> value (strings, lists of strings for ``nargs``, True/False for switches),
+    only for flags the command gave; ``spelled``: dest -> the option string the command used;
+    ``errors``: why the engine's parser would refuse the command (unknown or ambiguous flags,
+    missing values), each with suggestions from the version's flag table.
+    """
+
+    values: Dict[str, Any] = field(default_factory=dict)
+    spelled: Dict[str, str] = field(default_factory=dict)
+    errors: List[str] = field(default_factory=list)
+
+
+def parse_flags(table: FlagTable, argv: List[str]) -> Parsed:
+    """Parse ``argv`` (the words after the launcher) with ``table``'s parser. Never raises: what the
+    engine would refuse is listed in ``Parsed.errors`` (argparse stops at the first ambiguous flag;
+    we drop it with its value and read on, so one run lists every problem)."""
+    args = _vllm_preprocess(list(argv)) if table.engine == "vllm" else list(argv)
+    out = Parsed()
+    parser = _parser(table)
+    name = f"{table.engine}=={table.version}"
+    for _ in range(len(args) + 1):
+        try:
+            ns, unknown = parser.parse_known_args(args)
+            break
+        except ParseError as exc:
+            msg = str(exc)
+            m = re.search(r"ambiguous option: (\S+?)(?:=\S*)? could match (.*)", msg)
+            if not m:
+                out.errors.append(f"{name} refuses the command: {msg}")
+                return out
+            out.errors.append(f"{m.group(1)}: ambiguous prefix for {name}: could be {m.group(2)}; write the "
+                              f"flag in full")
+            i = next(i for i, a in enumerate(args) if a.split("=", 1)[0] == m.group(1))
+            drop = 2 if "=" not in args[i] and i + 1 < len(args) and not args[i + 1].startswith("-") else 1
+            args = args[:i] + args[i + drop:]
+    else:  # pragma: no cover - each pass removes a word
+        return out
+    out.values = {k: v for k, v in vars(ns).items() if not (_positional(table, k) and v is None)}
+    for a in args:
+        flag = a.split("=", 1)[0]
+        if flag.startswith("-"):
+            dest = _dest_of(parser, flag)
+            if dest:
+                out.spelled.setdefault(dest, flag)
+    for word in unknown:
+        if word.startswith("-"):
+            hint = suggest(table, word)
+            out.errors.append(f"{word.split('=', 1)[0]}: not a {name} flag"
+                              + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
+        else:
+            out.errors.append(f"{word!r}: unexpected argument for {name} (a value for a flag that takes none, or "
+                              f"the value of an unknown flag)")
+    return out
+
+
+def _positional(table: FlagTable, dest: str) -> bool:
+    a = table.by_dest(dest)
+    return bool(a and a.get("positional"))
+
+
+def _dest_of(parser: argparse.ArgumentParser, name: str) -> Optional[str]:
+    if name in parser._option_string_actions:
+        return parser._option_string_actions[name].dest
+    hits = [a for opt, a in parser._option_string_actions.items() if opt.startswith(name)]
+    dests = {a.dest for a in hits}
+    return dests.pop() if len(dests) == 1 else None

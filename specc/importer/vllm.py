@@ -1,0 +1,176 @@
+"""vLLM ``serve`` flags and ``--speculative-config`` -> plan keys: the inverse of
+:mod:`specc.export.vllm`, using the rule table's mapping (:mod:`specc.rules.vllm_0_33_0`): K
+(``num_speculative_tokens``) is ``method.block_size`` for dspark and ``method.num_steps`` otherwise.
+
+``--speculative-config`` keys are checked against ``SpeculativeConfig``'s fields of the version
+(vLLM forbids extra keys, ``vllm/config/utils.py:70-71``); ``--spec-method/--spec-model/--spec-tokens``
+merge into it and may not repeat a key it has (``vllm/engine/arg_utils.py:2108-2121``).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict
+
+from specc.importer.base import Imported, as_int, human_int, put
+
+DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
+          "float32": "float32"}
+#: vLLM's default max_num_seqs for `vllm serve` on a >= 70 GiB GPU (H100/H200 tier), used when a dynamic-K
+#: table is imported without --max-num-seqs (vllm/engine/arg_utils.py:2975-2985)
+DEFAULT_MAX_NUM_SEQS = 1024
+MAPPED = {"model_tag", "max_model_len", "dtype", "tensor_parallel_size", "data_parallel_size",
+          "pipeline_parallel_size", "max_num_seqs", "block_size", "enforce_eager", "async_scheduling",
+          "enable_lora", "lora_modules", "max_loras", "enable_dbo", "speculative_config", "spec_method",
+          "spec_model", "spec_tokens"}
+SC_MAPPED = {"method", "model", "num_speculative_tokens", "max_model_len", "prompt_lookup_min", "prompt_lookup_max",
+             "parallel_drafting", "rejection_sample_method", "draft_sample_method", "synthetic_acceptance_rates",
+             "synthetic_acceptance_length", "num_speculative_tokens_per_batch_size", "enable_adaptive_verification"}
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+def speculative_config(values: Dict[str, Any], out: Imported) -> Dict[str, Any]:
+    """The merged ``--speculative-config`` dict (JSON flag plus the ``--spec-*`` shorthands)."""
+    sc: Dict[str, Any] = {}
+    raw = values.get("speculative_config")
+    if raw is not None:
+        try:
+            sc = json.loads(raw) if isinstance(raw, str) else dict(raw)
+            if not isinstance(sc, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            out.errors.append(f"--speculative-config {raw!r} is not a JSON object ({exc})")
+            sc = {}
+    for dest, key in (("spec_method", "method"), ("spec_model", "model"), ("spec_tokens", "num_speculative_tokens")):
+        if dest in values:
+            if key in sc:
+                out.errors.append(f"--{dest.replace('_', '-')} and --speculative-config {key!r} are mutually "
+                                  f"exclusive (vllm/engine/arg_utils.py:2108-2121)")
+            sc[key] = values[dest] if key != "num_speculative_tokens" else human_int(values[dest])
+    fields = set(out.table.extra.get("speculative_config_fields", ())) if out.table is not None else set()
+    for key in sc:
+        if fields and key not in fields:
+            import difflib
+
+            hint = difflib.get_close_matches(key, sorted(fields), n=2, cutoff=0.6)
+            out.errors.append(f"--speculative-config key {key!r} is not a vllm=={out.version} SpeculativeConfig "
+                              f"field (extra keys are refused)" + (f"; did you mean {' or '.join(map(repr, hint))}?"
+                                                                  if hint else ""))
+    return sc
+
+
+def _method(sc: Dict[str, Any], out: Imported) -> str:
+    method, model = sc.get("method"), sc.get("model")
+    known = set(out.table.extra.get("speculative_methods", ())) if out.table is not None else set()
+    if method is None:  # SP:1214-1244: dotted class path -> custom_class, "ngram" -> ngram, else draft_model
+        if model in ("ngram", "[ngram]"):
+            return "ngram"
+        if isinstance(model, str) and _DOTTED.match(model) and "/" not in model:
+            return "custom"
+        return "draft_model" if model else "none"
+    if known and method not in known:
+        out.errors.append(f"--speculative-config method {method!r} is not a vllm=={out.version} method "
+                          f"({', '.join(m for m in sorted(known) if not m.endswith('_mtp'))} or a *_mtp alias)")
+        return "custom"
+    if method.endswith("_mtp"):
+        return "mtp"  # deprecated aliases become mtp (SP:1246-1250)
+    if method == "custom_class":
+        return "custom"
+    if method == "ngram_gpu":
+        out.notes.append("method ngram_gpu is imported as method.name=ngram (specc has one n-gram method)")
+        return "ngram"
+    if method == "extract_hidden_states":
+        out.errors.append("method extract_hidden_states captures hidden states; it is not speculation and has "
+                          "no plan method")
+        return "none"
+    return method
+
+
+def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported) -> None:
+    """Fill ``out.plan`` from vLLM flag values (``dest -> str``)."""
+    v, p = values, out.plan
+    if "model_tag" in v:
+        put(p, "target.path", v["model_tag"])
+    if "max_model_len" in v:
+        n = human_int(v["max_model_len"])
+        if n is None and str(v["max_model_len"]).lower() != "auto":
+            out.errors.append(f"--max-model-len {v['max_model_len']!r}: expects an integer (or 1k-style)")
+        put(p, "target.max_model_len", n)
+    if v.get("dtype") not in (None, "auto"):
+        put(p, "target.dtype", DTYPES.get(v["dtype"], v["dtype"]))
+    for dest, key in (("tensor_parallel_size", "deploy.parallel.tp"), ("data_parallel_size", "deploy.parallel.dp"),
+                      ("pipeline_parallel_size", "deploy.parallel.pp"), ("block_size", "deploy.page_size")):
+        if dest in v:
+            put(p, key, as_int(v, dest, out))
+    if "max_num_seqs" in v:
+        put(p, "deploy.max_running_requests", human_int(v["max_num_seqs"]))
+    if v.get("enforce_eager"):
+        put(p, "deploy.cuda_graphs", False)
+    if "async_scheduling" in v:
+        put(p, "deploy.overlap_scheduler", bool(v["async_scheduling"]))
+    if v.get("enable_dbo"):
+        put(p, "deploy.parallel.two_batch_overlap", True)
+    if v.get("lora_modules"):
+        put(p, "deploy.lora.adapters", list(v["lora_modules"]))
+    if "max_loras" in v:
+        put(p, "deploy.lora.max_loras_per_batch", as_int(v, "max_loras", out))
+    sc = speculative_config(v, out)
+    method = _method(sc, out) if sc else "none"
+    put(p, "method.name", method)
+    if sc:
+        model = sc.get("model")
+        if method == "custom":
+            put(p, "method.plugin", model)
+        elif model and method not in ("ngram", "suffix"):
+            put(p, "draft.path", model)
+        k = sc.get("num_speculative_tokens")
+        if k is not None:
+            if not isinstance(k, int) or isinstance(k, bool):
+                out.errors.append(f"--speculative-config num_speculative_tokens={k!r} must be an integer")
+            else:
+                put(p, "method.block_size" if method == "dspark" else "method.num_steps", k)
+        if sc.get("max_model_len") is not None:
+            put(p, "draft.max_model_len", sc["max_model_len"])
+        put(p, "method.ngram.min", sc.get("prompt_lookup_min"))
+        put(p, "method.ngram.max", sc.get("prompt_lookup_max"))
+        if sc.get("parallel_drafting"):
+            put(p, "method.parallel_drafting", True)
+        rule = sc.get("rejection_sample_method")
+        if rule in ("standard", "block", "synthetic"):
+            put(p, "verify.rule", rule)
+        if sc.get("draft_sample_method") in ("greedy", "probabilistic"):
+            put(p, "verify.draft_sampling", sc["draft_sample_method"])
+        put(p, "verify.synthetic.acceptance_rates", sc.get("synthetic_acceptance_rates"))
+        put(p, "verify.synthetic.acceptance_length", sc.get("synthetic_acceptance_length"))
+        table = sc.get("num_speculative_tokens_per_batch_size")
+        if table is not None:
+            buckets, ok = {}, isinstance(table, list)
+            for row in table if ok else []:
+                if not (isinstance(row, (list, tuple)) and len(row) == 3 and all(isinstance(x, int) for x in row)):
+                    ok = False
+                    break
+                buckets[row[0]] = {"candidates": [row[2]]}
+            if not ok:
+                out.errors.append(f"--speculative-config num_speculative_tokens_per_batch_size={table!r}: each entry "
+                                  f"must be [start, end, K] (v1/spec_decode/dynamic/utils.py:7-74)")
+            else:
+                put(p, "schedule.kind", "batch_buckets")
+                put(p, "schedule.buckets", buckets)
+                if "max_num_seqs" not in v:
+                    put(p, "deploy.max_running_requests", DEFAULT_MAX_NUM_SEQS)
+                    out.notes.append(f"deploy.max_running_requests={DEFAULT_MAX_NUM_SEQS}: the command leaves "
+                                     f"--max-num-seqs at vLLM's default (1024 on a >= 70 GiB GPU), and the last "
+                                     f"dynamic-K range holds up to it; set it to your GPU's value")
+        if sc.get("enable_adaptive_verification"):
+            put(p, "schedule.kind", "budget")
+        for key, value in sc.items():
+            if key not in SC_MAPPED:
+                out.unmapped.append(f"speculative_config.{key}={json.dumps(value)}")
+        if rule not in (None, "standard", "block", "synthetic"):
+            out.unmapped.append(f"speculative_config.rejection_sample_method={json.dumps(rule)}")
+    put(p, "runtime.device", "cuda")
+    for dest in values:
+        if dest not in MAPPED:
+            out.unmapped.append(out.spell(dest, values))
+    for name, value in env.items():
+        out.unmapped.append(f"{name}={value} (environment)")

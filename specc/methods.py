@@ -1,0 +1,278 @@
+"""The method table: every fact about a draft method that the rest of specc asks.
+
+One row per ``method.name`` of the plan schema. Lowering, stage graphs, the cost model, the ``specc``
+engine profile's rules, codegen and the runtime's drafter construction read this table instead of
+comparing method names, so a new method is one drafter module plus one row here (SGLang keeps the
+same facts on its ``SpeculativeAlgorithm`` enum: ``has_draft_kv``, ``carries_draft_hidden_states``,
+``create_worker``; sglang-0.5.23.md §6, spec_info.py:174-178). The SGLang and vLLM rule tables keep
+their own name maps: they describe those engines, not this table.
+
+Torch-free and import-free (only :mod:`specc.errors`): ``specc check`` and ``specc explain`` read it.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from specc.errors import PlanError
+
+# How a method proposes its draft tokens (the draft shape of one step):
+#   "none"   - no drafts (plain decoding)
+#   "lookup" - a host lookup in the request's own tokens, no model forward (n-gram, suffix)
+#   "chain"  - κ sequential draft forwards, one token each (draft model, EAGLE heads, MTP)
+#   "block"  - one draft forward emits the whole block of κ tokens (DFlash, DSpark)
+#   "heads"  - one pass of κ heads over the target's last hidden state (Medusa)
+DRAFT_SHAPES = ("none", "lookup", "chain", "block", "heads")
+
+# Which target hidden states a drafter consumes:
+#   "none"   - tokens only
+#   "last"   - the target's final-norm hidden state (EAGLE-1, Medusa, MTP)
+#   "fused"  - several layers fused into one feature (EAGLE-3: low / mid / high layers)
+#   "layers" - K/V context projected from chosen target layers (DFlash/DSpark ``target_layer_ids``)
+HIDDEN_KINDS = ("none", "last", "fused", "layers")
+
+# What the prefill instance ships to the decode instance beyond the prompt's KV, so the decode side
+# speculates on its first step (sglang-0.5.23.md §6; second seed "Disaggregation"):
+#   "none"         - nothing (plain decoding, lookups: they read the token history)
+#   "draft_prefill"- nothing, but the decode side must prefill the draft model's own KV
+#   "hidden_topk"  - the draft hidden state and the draft's top-k (SGLang ``EagleDraftInput``)
+#   "lengths"      - nothing beyond the last token and the sequence lengths (DFlash/DSpark)
+SEED_KINDS = ("none", "draft_prefill", "hidden_topk", "lengths")
+
+VERIFY_RULES = ("greedy", "standard", "block", "synthetic")
+SCHEDULES = ("static", "batch_buckets", "adaptive", "budget", "auto")
+
+
+@dataclass(frozen=True)
+class RuntimeSupport:
+    """What specc's own runtime runs for a method.
+
+    Attributes:
+        drafter: ``"module:function"`` of the runtime drafter factory, called as
+            ``factory(spec, target, tokenizer, device, max_seq_len)`` with the artifact's runtime
+            section (:func:`build_drafter`); empty for plain decoding.
+        verify_rules: verify rules the runtime runs for the method.
+        draft_sampling: ``verify.draft_sampling`` values the drafter can honour.
+        schedules: ``schedule.kind`` values the runtime runs for the method.
+        confidence: where the ``budget`` schedule's per-position confidence comes from:
+            ``"draft_probability"`` (the drafter's probability of its proposal), ``"online"``
+            (a per-position acceptance estimate learned online, vLLM's fallback for drafts without
+            a distribution), ``"head"`` (a trained confidence head), ``""`` (none).
+        shapes: state kinds (:func:`state_kind`) the runtime runs: ``plain``, ``chain``, ``parallel``,
+            ``tree``.
+    """
+
+    drafter: str
+    verify_rules: Tuple[str, ...] = ("greedy", "standard", "synthetic")
+    draft_sampling: Tuple[str, ...] = ("greedy",)
+    schedules: Tuple[str, ...] = SCHEDULES
+    confidence: str = ""
+    shapes: Tuple[str, ...] = ("plain", "chain")
+
+
+@dataclass(frozen=True)
+class Method:
+    """Every fact about one draft method.
+
+    Attributes:
+        name: the plan's ``method.name``.
+        summary: one line for messages and docs.
+        draft_shape: one of :data:`DRAFT_SHAPES`.
+        needs_draft_checkpoint: ``draft.path`` must name a checkpoint (a draft model or head).
+        has_draft_kv: the drafter keeps its own KV cache, refreshed by a draft-extend pass after
+            each verify (SGLang ``has_draft_kv``; spec_info.py:174-178). Frozen-KV MTP reads the
+            target's KV instead (``frozen_kv``).
+        frozen_kv: the drafter attends over the target's KV and keeps none (second seed, "Draft
+            layers without KV"; SGLang FROZEN_KV_MTP).
+        target_hidden: one of :data:`HIDDEN_KINDS`.
+        parallel_capable: ``method.parallel_drafting: true`` makes one pass emit the block (vLLM
+            PARD for draft_model, P-EAGLE for eagle/eagle3; vllm-0.33.0.md §2).
+        always_parallel: one pass emits the block whatever the plan says (vLLM SP:1581-1582 sets
+            ``parallel_drafting`` for dflash/dspark).
+        dynamic_tree: ``method.topk > 1`` builds an EAGLE-2 style tree per step (sglang-0.5.23.md §5).
+        static_tree: ``method.tree_choices`` (Medusa-style paths) is meaningful.
+        default_num_steps: κ when the plan leaves ``method.num_steps`` unset: SGLang's EG12 default
+            (speculative_hook.py:1164-1174: "anything else -> (3, 1, 4)"), DFlash's block 16
+            (DF13, speculative_hook.py:389-425: γ = 15) and DSpark's γ = 7 (DS13, dspark_config.py:21).
+        default_c: draft cost ratio c = t_draft / t_target of one draft pass when nothing better is
+            known: §6.2's 1B-for-8B draft (0.165) for separate draft models; the second seed's
+            one-layer head (T_DRAFT 0.25 ms over a 5.97 ms memory floor = 0.042) for heads and block
+            drafters; 0.01 for Medusa's residual heads; 0 for lookups.
+        seed: one of :data:`SEED_KINDS`.
+        runtime: :class:`RuntimeSupport`, or None when specc's runtime does not run the method
+            (``specc check --engine specc`` refuses it; export it to SGLang/vLLM).
+    """
+
+    name: str
+    summary: str
+    draft_shape: str
+    needs_draft_checkpoint: bool
+    has_draft_kv: bool
+    target_hidden: str
+    default_c: float
+    seed: str
+    frozen_kv: bool = False
+    default_num_steps: int = 3
+    parallel_capable: bool = False
+    always_parallel: bool = False
+    dynamic_tree: bool = False
+    static_tree: bool = False
+    runtime: Optional[RuntimeSupport] = None
+
+    @property
+    def lookup(self) -> bool:
+        """Drafts come from a lookup, no draft forward pass."""
+        return self.draft_shape == "lookup"
+
+    @property
+    def drafts(self) -> bool:
+        """The method proposes draft tokens at all (False for plain decoding)."""
+        return self.draft_shape != "none"
+
+    @property
+    def consumes_hidden(self) -> bool:
+        """The drafter reads target hidden states (EAGLE family, MTP, DFlash/DSpark, Medusa)."""
+        return self.target_hidden != "none"
+
+    @property
+    def seed_carries_hidden(self) -> bool:
+        """The disaggregation seed carries the draft hidden state (SGLang
+        ``carries_draft_hidden_states``; sglang-0.5.23.md §6)."""
+        return self.seed == "hidden_topk"
+
+
+_CHAIN_RUNTIME = dict(verify_rules=("greedy", "standard", "synthetic"), schedules=SCHEDULES, shapes=("plain", "chain"))
+
+METHODS: Dict[str, Method] = {m.name: m for m in (
+    Method("none", "plain decoding: κ = 0, every step emits the target's own token", "none",
+           needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
+           runtime=RuntimeSupport(drafter="", verify_rules=("greedy", "standard"),
+                                  draft_sampling=("greedy", "probabilistic"), schedules=("static",),
+                                  shapes=("plain",))),
+    Method("ngram", "prompt lookup: continue the longest earlier match of the last tokens (no model)", "lookup",
+           needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
+           runtime=RuntimeSupport(drafter="specc.drafters.ngram:build_drafter", confidence="online",
+                                  **_CHAIN_RUNTIME)),
+    Method("suffix", "suffix decoding: suffix trees over the prompt and earlier outputs (no model)", "lookup",
+           needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none"),
+    Method("draft_model", "a separate small causal LM drafts κ tokens one by one", "chain",
+           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="none", default_c=0.165,
+           seed="draft_prefill", parallel_capable=True,
+           runtime=RuntimeSupport(drafter="specc.drafters.draft_model:build_drafter",
+                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                                  **_CHAIN_RUNTIME)),
+    Method("eagle", "EAGLE head: one decoder layer over [token embedding; target's last hidden state]", "chain",
+           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
+           seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True,
+           runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
+                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                                  **_CHAIN_RUNTIME)),
+    Method("eagle3", "EAGLE-3 head: fused low/mid/high target layers, reduced draft vocabulary", "chain",
+           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="fused", default_c=0.042,
+           seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True,
+           runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
+                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                                  **_CHAIN_RUNTIME)),
+    Method("mtp", "multi-token-prediction layers shipped inside the target checkpoint, as a chain", "chain",
+           needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="last", default_c=0.042,
+           seed="hidden_topk", dynamic_tree=True),
+    Method("multi_layer_eagle", "one draft layer per step (checkpoints that ship several MTP layers)", "chain",
+           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
+           seed="hidden_topk"),
+    Method("frozen_kv_mtp", "an assistant drafter attending over the target's KV (keeps none of its own)",
+           "chain", needs_draft_checkpoint=True, has_draft_kv=False, frozen_kv=True, target_hidden="last",
+           default_c=0.042, seed="hidden_topk"),
+    Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
+           needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01, seed="none",
+           always_parallel=True, static_tree=True),
+    Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
+           "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
+           seed="lengths", always_parallel=True, default_num_steps=15),
+    Method("dspark", "DFlash backbone + low-rank Markov head + confidence head", "block",
+           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
+           seed="lengths", always_parallel=True, default_num_steps=7),
+    Method("custom", "a user drafter plugin (method.plugin)", "chain",
+           needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,
+           seed="draft_prefill"),
+)}
+
+
+def get(name: str) -> Method:
+    """The row of ``method.name`` ``name``. Raises PlanError naming the known methods."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise PlanError(f"method.name: unknown method {name!r}; known: {', '.join(METHODS)}") from None
+
+
+def runtime_methods() -> Tuple[str, ...]:
+    """Names of the methods specc's runtime runs, in table order."""
+    return tuple(n for n, m in METHODS.items() if m.runtime is not None)
+
+
+def is_parallel(name: str, parallel_drafting: bool) -> bool:
+    """True when one draft pass emits the whole block: always for DFlash, DSpark and Medusa; for
+    parallel-capable methods when ``method.parallel_drafting`` is set (PARD, P-EAGLE)."""
+    m = get(name)
+    return m.always_parallel or (bool(parallel_drafting) and m.parallel_capable)
+
+
+def state_kind(num_steps: int, topk: int, parallel: bool, tree_choices: Any) -> str:
+    """``plain`` (κ = 0), ``tree`` (topk > 1 or a static tree), ``parallel`` or ``chain``."""
+    if num_steps == 0:
+        return "plain"
+    if tree_choices is not None or topk > 1:
+        return "tree"
+    return "parallel" if parallel else "chain"
+
+
+def proposal_passes(name: str, num_steps: int, topk: int = 1, parallel: bool = False,
+                    tree_choices: Any = None) -> int:
+    """Draft forward passes that propose tokens in one step (the seeds charge c per pass, §6.2):
+    chain κ, parallel block or static tree or Medusa heads 1, dynamic tree κ (one per level,
+    sglang-0.5.23.md §5), lookups and plain decoding 0."""
+    m = get(name)
+    if num_steps == 0 or not m.drafts or m.lookup:
+        return 0
+    if parallel or tree_choices is not None or m.draft_shape in ("block", "heads"):
+        return 1
+    return int(num_steps)
+
+
+def extend_passes(name: str) -> int:
+    """Draft-extend passes per step: 1 for methods with their own draft KV (SGLang runs draft-extend
+    at steps = 0 too, sglang-0.5.23.md §4), else 0."""
+    return 1 if get(name).has_draft_kv else 0
+
+
+def build_drafter(name: str, spec: Dict[str, Any], target: Any, tokenizer: Any, device: Any,
+                  max_seq_len: Optional[int]) -> Any:
+    """The runtime drafter of method ``name`` (None for plain decoding), through the factory the
+    method's :class:`RuntimeSupport` names.
+
+    Args:
+        spec: the artifact's runtime section (``manifest.json`` ``"runtime"``: ``draft``, ``method``).
+        target, tokenizer: the loaded target model and its tokenizer. device: torch device.
+        max_seq_len: the runtime's cache length per row.
+    Raises:
+        PlanError: a method specc's runtime does not run. Factories raise PlanError / CheckpointError.
+    """
+    m = get(name)
+    if m.runtime is None:
+        raise PlanError(f"method.name={name!r} is not run by the specc runtime (it runs "
+                        f"{', '.join(runtime_methods())}); export the plan to an engine that supports it "
+                        f"(`specc export`)")
+    if not m.runtime.drafter:
+        return None
+    factory = resolve_factory(m.runtime.drafter)
+    return factory(spec, target, tokenizer, device, max_seq_len)
+
+
+def resolve_factory(ref: str) -> Callable[..., Any]:
+    """Import ``"module:function"``. Raises PlanError when the module or attribute is missing."""
+    module, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PlanError(f"drafter factory {ref!r} cannot be imported ({exc})") from None

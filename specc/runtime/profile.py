@@ -1,0 +1,179 @@
+"""``specc profile``: measure this device's cost table — what one decode step costs by the number of
+target tokens it verifies, what one draft pass costs by the number of requests, and what the accept
+kernel costs — for the cost model (``explain``), ``schedule.kind: auto`` and ``budget``.
+
+Layout of a measurement of n target tokens: ``rows = min(n, max_batch)`` requests, each with a
+``context``-token history already in the KV cache, verifying ``n`` tokens in all (a ragged verify:
+``ceil(n / rows)`` or one fewer per request), exactly as the runtime's verify stage runs them. Each
+size is timed ``repeats`` times after one warm-up run and the median kept; the accept kernel (the
+plan's verify rule over the same logits) is timed the same way; ``verify_ms = forward_ms +
+accept_ms``. A draft pass is one ``propose`` of κ = 1 over b requests.
+
+Cost-table JSON (``format: specc-cost-table/1``), read by :func:`specc.cost.load_cost_table`:
+
+====================  ======================================================================
+key                   meaning
+====================  ======================================================================
+``format``            ``"specc-cost-table/1"``
+``device``            ``"cpu"`` or ``"cuda"``; ``device_name``: CPU model / GPU name
+``threads``           CPU threads the matmuls used; ``versions``: specc, torch, numpy, python
+``plan``, ``method``  the profiled plan and method; ``context_tokens``: history per request
+``capture_sizes``     sizes the step pads to (CUDA graphs); ``[1]`` on the CPU, which runs eagerly
+                      and pads nothing, so lookups interpolate between profiled sizes
+``verify_ms``         ``{tokens: ms}``: target forward + accept kernel over that many tokens
+``forward_ms``        ``{tokens: ms}``: the target forward alone; ``accept_ms``: the accept kernel
+``draft_ms``          ``{requests: ms}``: one draft pass (absent for plain decoding)
+``repeats``           timed runs per size (median kept)
+====================  ======================================================================
+"""
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+FORMAT = "specc-cost-table/1"
+
+
+def token_grid(max_tokens: int) -> List[int]:
+    """Sizes to profile: every count up to 64, every 8th to 256, every 32nd beyond (and the top)."""
+    grid = [n for n in range(1, min(64, max_tokens) + 1)]
+    grid += list(range(72, min(256, max_tokens) + 1, 8))
+    grid += list(range(288, max_tokens + 1, 32))
+    if grid[-1] != max_tokens:
+        grid.append(max_tokens)
+    return sorted(set(grid))
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int, sync: Optional[Callable[[], None]]) -> float:
+    fn()
+    if sync:
+        sync()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@torch.inference_mode()
+def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, verify_rule: str = "greedy",
+                  context: int = 256, repeats: int = 5, max_tokens: Optional[int] = None,
+                  on_progress: Optional[Callable[[str], None]] = None, seed: int = 0) -> Dict[str, Any]:
+    """Measure the cost table (see the module docstring) on the target's device.
+
+    Args:
+        target: a ``LlamaModel``; drafter: the plan's ``Drafter`` or None.
+        max_batch: the largest batch bucket; max_width: the widest verify per request (κ + 1).
+        verify_rule: the accept kernel timed (``greedy``, ``standard``, ``synthetic``).
+        context: history tokens per request before the measured step.
+        max_tokens: the largest token count profiled (default ``max_batch * max_width``).
+        on_progress: called once per measured size (a progress bar).
+    Returns:
+        The table's measured part: ``verify_ms``, ``forward_ms``, ``accept_ms``, ``draft_ms`` (str keys).
+    Raises:
+        ValueError: a context that does not fit the target's cache.
+    """
+    from specc.drafters.base import DraftSampling, PrefillChunk
+    from specc.kernels import greedy_verify, process_logits, rejection_verify
+    from specc.runtime.batch import DecodeBatch
+
+    dev = target.norm.weight.device
+    V = target.config.vocab_size
+    top = int(max_tokens or max_batch * max_width)
+    width = max(1, math.ceil(top / max_batch))
+    cache_len = context + width + 2
+    if cache_len > target.config.max_model_len:
+        raise ValueError(f"--context {context} + verify width {width} does not fit max_model_len "
+                         f"{target.config.max_model_len}; lower --context")
+    target.setup_cache(max_batch, cache_len)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    history = torch.randint(0, V, (max_batch, context), generator=gen).to(dev)  # [B, C]
+    positions = torch.arange(context, device=dev).expand(max_batch, context).contiguous()
+    hidden_layers = tuple(getattr(drafter, "hidden_layers", ()) or ())
+    _, hidden = target.forward(history, positions, hidden_layers=hidden_layers,
+                               logits_at=torch.full((max_batch, 1), context - 1, device=dev))
+    out: Dict[str, Dict[str, float]] = {"verify_ms": {}, "forward_ms": {}, "accept_ms": {}, "draft_ms": {}}
+    for n in token_grid(top):
+        rows = min(n, max_batch)
+        w = math.ceil(n / rows)
+        counts = torch.full((rows,), n // rows, dtype=torch.int64, device=dev)
+        counts[: n - int(counts.sum())] += 1  # [rows], summing to n
+        ids = torch.randint(0, V, (rows, w), generator=gen).to(dev)
+        pos = (context + torch.arange(w, device=dev)).expand(rows, w).contiguous()
+        eager = dev.type == "cpu"
+        fwd = lambda: target.forward(ids, pos, pos, None, hidden_layers=hidden_layers,  # noqa: E731
+                                     num_tokens=counts if eager else None)
+        f_ms = _median_ms(fwd, repeats, sync)
+        logits, _ = fwd()
+        drafts = torch.randint(0, V, (rows, w - 1), generator=gen).to(dev)
+        valid = counts - 1
+        if verify_rule == "greedy":
+            acc = lambda: greedy_verify(drafts, logits, valid)  # noqa: E731
+        else:
+            temp = torch.ones(rows, device=dev)
+            u = torch.rand(rows, w - 1, generator=gen).to(dev)
+            noise = torch.empty(rows, V, device=dev).exponential_()
+            acc = lambda: rejection_verify(drafts, process_logits(logits, temp, None, None), None, u,  # noqa: E731
+                                           noise, valid)
+        a_ms = _median_ms(acc, repeats, sync)
+        out["forward_ms"][str(n)] = round(f_ms, 4)
+        out["accept_ms"][str(n)] = round(a_ms, 4)
+        out["verify_ms"][str(n)] = round(f_ms + a_ms, 4)
+        if on_progress:
+            on_progress(f"verify {n} tokens")
+    if drafter is not None:
+        drafter.setup(max_batch, cache_len, dev)
+        batch = DecodeBatch(max_batch, cache_len, dev)
+        tokens = torch.cat([history, torch.randint(0, V, (max_batch, 1), generator=gen).to(dev)], dim=1)
+        batch.tokens[:, : context + 1] = tokens
+        batch.seq_lens[:] = context + 1
+        batch.prompt_lens[:] = context
+        batch.active[:] = True
+        batch.host_seq_lens = [context + 1] * max_batch
+        rows_all = torch.ones(max_batch, dtype=torch.bool, device=dev)
+        view = batch.view(max_batch, torch.ones(max_batch, dtype=torch.int64, device=dev), cache_len - 1)
+        drafter.prefill(view, PrefillChunk(input_ids=history, positions=positions, cache_slots=positions,
+                                           rows=rows_all, target_hidden=list(hidden)))
+        for b in sorted({b for b in token_grid(max_batch)}):
+            view = batch.view(b, torch.ones(b, dtype=torch.int64, device=dev), cache_len - 1)
+            d_ms = _median_ms(lambda: drafter.propose(view, 1, DraftSampling("greedy")), repeats, sync)
+            out["draft_ms"][str(b)] = round(d_ms, 4)
+            if on_progress:
+                on_progress(f"draft {b} requests")
+    else:
+        del out["draft_ms"]
+    return out
+
+
+def cost_table(measured: Dict[str, Any], *, device: torch.device, plan: str, method: str, context: int,
+               repeats: int, threads: int, capture_sizes: Sequence[int] = (1,)) -> Dict[str, Any]:
+    """The whole cost-table JSON object (schema in the module docstring) around ``measured``."""
+    import numpy
+
+    import specc
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    return dict({"format": FORMAT, "device": device.type, "device_name": name, "threads": threads,
+                 "versions": {"specc": specc.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+                              "python": platform.python_version()},
+                 "plan": plan, "method": method, "context_tokens": context, "repeats": repeats,
+                 "capture_sizes": list(capture_sizes)}, **measured)

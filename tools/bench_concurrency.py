@@ -1,0 +1,238 @@
+#!/usr/bin/env python
+"""Load-aware speculation on this CPU: throughput against concurrency for every schedule, side by side.
+
+Continuous batching of the shipped prompts (cycled to ``--requests-per-slot`` × C requests, at most C
+in flight) on SmolLM2-135M, at each concurrency C, for: plain decoding; each static κ in
+``--kappas``; ``batch_buckets`` with one κ per bucket from ``schedule.kind: auto`` (the cost model
+over the profiled table, at the α measured by the static κ = 4 run at C = 1); the shipped
+``smollm2_adaptive`` preset (SGLang's controller) and ``smollm2_budget`` preset (survival budget). The
+drafters: the n-gram drafter (real acceptance) and the synthetic rule at mean acceptance lengths
+``--synthetic`` (acceptance by a curve, whatever the tokens: isolates what acceptance buys).
+
+Per row: decode tokens/s (prefill excluded) and output tokens/s (all), speedup over plain at the
+same C, the cost model's predicted decode speedup from the profiled table (with the run's own τ and
+drafts per request: a check of the step-cost side), τ, time per output token p50/p99, and the κ
+chosen (steps per κ). Every greedy n-gram output is checked against plain decoding. Writes JSON and
+a plot (throughput against concurrency, one panel per drafter) and prints whether the goals hold:
+adaptive and budget ≥ 0.95× the best static κ at every C and ≥ 0.98× plain at the largest C; the
+prediction within 15 % of the measured speedup for each static κ.
+
+    OMP_NUM_THREADS=1 python tools/bench_concurrency.py --concurrency 1 4 16 64 \\
+        --out docs/bench_concurrency.json --plot docs/bench_concurrency.png
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TABLE = "pkg://specc/data/cost_tables/smollm2_135m_cpu.json"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--kappas", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--synthetic", type=float, nargs="*", default=[1.5, 2.5, 3.5])
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--requests-per-slot", type=int, default=2)
+    ap.add_argument("--min-requests", type=int, default=12)
+    ap.add_argument("--cost-table", default=TABLE)
+    ap.add_argument("--out", default=None, help="JSON results")
+    ap.add_argument("--plot", default=None, help="PNG: throughput against concurrency per schedule")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from specc import cost, lower, methods
+    from specc.drafters.ngram import NgramDrafter
+    from specc.models import load_target
+    from specc.plan.load import load_plan
+    from specc.plan.schema import BucketConfig, MethodConfig, ScheduleConfig, SyntheticConfig, VerifyConfig
+    from specc.rules import resolve
+    from specc.runtime.benchmark import predicted_decode_tok_s, run_concurrency
+    from specc.runtime.loader import runtime_from_plan
+    from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
+    from specc.runtime.request import Request, SamplingParams
+
+    table = cost.load_cost_table(args.cost_table)
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    adaptive_preset = load_plan("smollm2_adaptive").plan
+    budget_preset = load_plan("smollm2_budget").plan
+    base_plan = load_plan("smollm2_ngram").plan
+    base_plan = dataclasses.replace(base_plan, runtime=dataclasses.replace(base_plan.runtime, max_batch_size=max(sizes)),
+                                    schedule=ScheduleConfig(capture_batch_sizes=sizes))
+    target, tok = load_target(base_plan.target.path, base_plan.target.format, max_model_len=2048)
+    records = read_prompts(shipped_prompts_path())
+    encoded = [encode_prompt(r, tok) for r in records]
+    window = (base_plan.method.ngram.min, base_plan.method.ngram.max)
+
+    def requests(c):
+        n = max(args.min_requests, args.requests_per_slot * c)
+        return [Request(prompt_ids=encoded[i % len(encoded)], request_id=f"r{i}",
+                        params=SamplingParams(max_new_tokens=args.max_new_tokens)) for i in range(n)]
+
+    def plan_for(drafter, schedule, k=4):
+        verify = VerifyConfig() if drafter == "ngram" else VerifyConfig(
+            rule="synthetic", synthetic=SyntheticConfig(acceptance_length=float(drafter[3:])))
+        p = dataclasses.replace(base_plan, method=dataclasses.replace(base_plan.method, num_steps=k), verify=verify,
+                                schedule=dataclasses.replace(schedule, capture_batch_sizes=sizes))
+        return resolve(p, "specc")[0]
+
+    def run(plan, c, with_drafter=True):
+        drafter = NgramDrafter(*window) if with_drafter else None
+        rt = runtime_from_plan(plan, target, tok, drafter, cost_table=None if plan.schedule.kind != "budget" else
+                               _table_dict(table), max_model_len=2048)
+        return run_concurrency(rt, requests(c), c)
+
+    results = {}
+    plain = {}
+    t_start = time.perf_counter()
+    none_plan = dataclasses.replace(base_plan, method=MethodConfig(name="none", num_steps=0))
+    for c in args.concurrency:
+        plain[c] = run(none_plan, c, with_drafter=False)
+        print(f"[{time.perf_counter() - t_start:6.0f}s] plain C={c}: {plain[c].decode_tok_s:.1f} tok/s", flush=True)
+    drafters = ["ngram"] + [f"syn{L:g}" for L in args.synthetic]
+    for d in drafters:
+        rows = results.setdefault(d, {})
+        for k in args.kappas:
+            for c in args.concurrency:
+                rows.setdefault(f"static k={k}", {})[c] = run(plan_for(d, ScheduleConfig(kind="static"), k), c)
+        # batch_buckets from auto: the cost model's best κ per captured size at the measured α
+        ref = rows.get("static k=4", {}).get(min(args.concurrency))
+        alpha = cost.alpha_for_expected_tokens(min(max(ref.tau, 1.0), 5.0), 4) if ref else 0.5
+        probe = plan_for(d, ScheduleConfig(kind="auto", cost_table=args.cost_table, alpha=alpha))
+        auto, reasons = lower.derive_auto_buckets(probe, sizes, alpha, cost.batch_model_from_table(table), spread=0.0)
+        bb = ScheduleConfig(kind="batch_buckets", buckets={k: BucketConfig([v[0]]) for k, v in auto.items()})
+        for c in args.concurrency:
+            rows.setdefault("batch_buckets (auto)", {})[c] = run(plan_for(d, bb, max(max(v) for v in auto.values()) or 1), c)
+        for name, preset in (("adaptive", adaptive_preset), ("budget", budget_preset)):
+            sched = dataclasses.replace(preset.schedule)
+            for c in args.concurrency:
+                rows.setdefault(name, {})[c] = run(plan_for(d, sched, preset.method.num_steps or 4), c)
+        rows["_auto"] = {"alpha": alpha, "buckets": {k: list(v) for k, v in auto.items()}}
+        print(f"[{time.perf_counter() - t_start:6.0f}s] {d} done; auto α={alpha:.3f} buckets {auto}", flush=True)
+
+    report = _report(args, results, plain, table, methods)
+    print(report["text"])
+    if args.out:
+        Path(args.out).write_text(json.dumps(report["json"], indent=1, default=str) + "\n")
+    if args.plot:
+        _plot(args.plot, results, plain, args.concurrency)
+    return 0
+
+
+def _table_dict(t):
+    return {"device": t.device, "capture_limit": t.capture_limit,
+            "verify_ms": {str(x): y for x, y in zip(t.verify_x, t.verify_ms)},
+            "draft_ms": {str(x): y for x, y in zip(t.draft_x, t.draft_ms)}}
+
+
+def _report(args, results, plain, table, methods):
+    from specc.runtime.benchmark import predicted_decode_tok_s
+
+    cs = args.concurrency
+    lines = []
+    data = {"concurrency": cs, "max_new_tokens": args.max_new_tokens, "plain": {}, "drafters": {}}
+    for c in cs:
+        data["plain"][c] = _row(plain[c], None, None)
+    goals = []
+    for d, rows in results.items():
+        data["drafters"][d] = {"auto": rows.get("_auto")}
+        lines.append(f"\n== {d} ==  (per C: decode tok/s | speedup over plain | predicted | tau | TPOT p50/p99 ms | kappa steps)")
+        lines.append(f"{'schedule':22s}" + "".join(f"{'C=' + str(c):>58s}" for c in cs))
+        lines.append(f"{'plain':22s}" + "".join(f"{plain[c].decode_tok_s:8.1f} {'1.00x':>7s} {'':>7s} {1.0:5.2f} "
+                                                 f"{plain[c].tpot_ms_p50:7.1f}/{plain[c].tpot_ms_p99:<7.1f} {'k0':>10s}"
+                                                 for c in cs))
+        for name, per in rows.items():
+            if name.startswith("_"):
+                continue
+            cells = ""
+            data["drafters"][d][name] = {}
+            for c in cs:
+                r = per[c]
+                sp = r.decode_tok_s / plain[c].decode_tok_s
+                drafting = any(k > 0 for k in r.kappa_steps)
+                pred = predicted_decode_tok_s(r, table, 1 if drafting else 0) / predicted_decode_tok_s(plain[c], table, 0)
+                exact = None
+                if d == "ngram":
+                    exact = sum(a == b for a, b in zip(plain[c].outputs, r.outputs)) / len(r.outputs)
+                data["drafters"][d][name][c] = _row(r, sp, pred, exact)
+                ks = ",".join(f"{k}:{v}" for k, v in sorted(r.kappa_steps.items()))
+                cells += (f"{r.decode_tok_s:8.1f} {sp:6.2f}x {pred:6.2f}x {r.tau:5.2f} "
+                          f"{r.tpot_ms_p50:7.1f}/{r.tpot_ms_p99:<7.1f} {ks:>10s}")
+            lines.append(f"{name:22s}{cells}")
+        static = {n: p for n, p in rows.items() if n.startswith("static")}
+        for c in cs:
+            best_name, best = max(((n, p[c].decode_tok_s) for n, p in static.items()), key=lambda x: x[1])
+            for n in ("adaptive", "budget"):
+                v = rows[n][c].decode_tok_s
+                goals.append((d, c, f"{n} / best static ({best_name})", v / best, 0.95))
+            if c == max(cs):
+                for n in ("adaptive", "budget"):
+                    goals.append((d, c, f"{n} / plain", rows[n][c].decode_tok_s / plain[c].decode_tok_s, 0.98))
+        for n, per in static.items():
+            for c in cs:
+                r = per[c]
+                meas = r.decode_tok_s / plain[c].decode_tok_s
+                pred = predicted_decode_tok_s(r, table, 1) / predicted_decode_tok_s(plain[c], table, 0)
+                goals.append((d, c, f"{n} prediction error", abs(pred - meas) / meas, -0.15))
+    lines.append("\n== goals ==")
+    met = 0
+    for d, c, what, v, bound in goals:
+        ok = v >= bound if bound > 0 else v <= -bound
+        met += ok
+        lines.append(f"{'ok  ' if ok else 'MISS'} {d:7s} C={c:<3d} {what}: {v:.3f} (goal {'>=' if bound > 0 else '<='} {abs(bound)})")
+    lines.append(f"{met}/{len(goals)} goals met")
+    if "ngram" in results:
+        inexact = [(n, c, v["exact"]) for n, per in data["drafters"]["ngram"].items() if isinstance(per, dict)
+                   for c, v in per.items() if isinstance(v, dict) and v.get("exact") not in (None, 1.0)]
+        lines.append("n-gram greedy outputs identical to plain decoding: " + ("all" if not inexact else f"NOT {inexact}"))
+    data["goals"] = [{"drafter": d, "concurrency": c, "what": w, "value": v, "goal": b} for d, c, w, v, b in goals]
+    return {"text": "\n".join(lines), "json": data}
+
+
+def _row(r, speedup, predicted, exact=None):
+    return {"decode_tok_s": r.decode_tok_s, "output_tok_s": r.output_tok_s, "speedup": speedup,
+            "predicted_speedup": predicted, "tau": r.tau, "tpot_ms_p50": r.tpot_ms_p50, "tpot_ms_p99": r.tpot_ms_p99,
+            "ttft_ms_p50": r.ttft_ms_p50, "ttft_ms_p99": r.ttft_ms_p99, "mean_batch": r.mean_batch,
+            "drafts_per_req": r.drafts_per_req, "kappa_steps": r.kappa_steps, "kappa_switches": r.kappa_switches,
+            "kappa_trace": r.kappa_trace, "requests": r.num_requests, "output_tokens": r.output_tokens,
+            "exact": exact}
+
+
+def _plot(path, results, plain, cs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4.2), squeeze=False)
+    for ax, (d, rows) in zip(axes[0], results.items()):
+        ax.plot(cs, [plain[c].decode_tok_s for c in cs], "k--o", label="plain")
+        for name, per in rows.items():
+            if name.startswith("_"):
+                continue
+            style = "-o" if name in ("adaptive", "budget", "batch_buckets (auto)") else ":"
+            ax.plot(cs, [per[c].decode_tok_s for c in cs], style, label=name, lw=2 if style == "-o" else 1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(cs)
+        ax.set_xticklabels([str(c) for c in cs])
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("decode tokens/s")
+        ax.set_title(d if d == "ngram" else f"synthetic, mean acceptance length {d[3:]}")
+        ax.legend(fontsize=7)
+    fig.suptitle("SmolLM2-135M on this CPU: throughput by schedule (tools/bench_concurrency.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
