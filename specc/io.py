@@ -44,6 +44,7 @@ ARTIFACT_TOTAL_LIMIT = 256 * MiB
 COST_TABLE_LIMIT = 16 * MiB
 CONFIG_JSON_LIMIT = 16 * MiB
 RUN_JSON_LIMIT = 64 * MiB
+LAUNCH_FILE_LIMIT = 4 * MiB  # a launch script / Kubernetes or compose YAML for `specc import`
 REQUEST_BODY_LIMIT = 16 * MiB
 #: Most nodes a YAML plan may expand to (aliases counted at every use). A preset has ~100.
 YAML_MAX_NODES = 100_000
