@@ -381,10 +381,11 @@ def _violation_line(v, where) -> str:
 
 
 def planning_only(plan, violations) -> list:
-    """The errors that only say no engine *runs* ``schedule.kind: auto`` (they name the key
-    ``schedule.kind`` alone). ``auto`` is explain's planning mode: it derives the κ candidates per
-    batch bucket from the cost model, which the user then writes into ``schedule.buckets`` of an
-    adaptive or batch-bucket schedule; explain reports these errors as notes instead of refusing."""
+    """The errors that only say the engine does not *run* ``schedule.kind: auto`` (SGLang's BB1,
+    vLLM's A1: they name the key ``schedule.kind`` alone). For those engines ``auto`` is a planning
+    mode: explain derives the κ candidates per batch bucket from the cost model, which the user then
+    writes into ``schedule.buckets`` of an adaptive or batch-bucket schedule; explain reports these
+    errors as notes instead of refusing."""
     if plan.schedule.kind != "auto":
         return []
     return [v for v in violations if v.severity == "error" and tuple(v.keys) == ("schedule.kind",)]

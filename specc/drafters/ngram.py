@@ -55,7 +55,7 @@ class AcceptanceEstimate:
     observation). Depends only on earlier steps' outcomes, never on the current draft tokens."""
 
     def __init__(self, max_n: int) -> None:
-        self.trials = np.zeros((max_n + 1, 0), dtype=np.float64)  # [n, i]
+        self.trials = np.zeros((max_n + 1, 0), dtype=np.float64)  # [n, i]; n = 0: no match
         self.accepts = np.zeros((max_n + 1, 0), dtype=np.float64)
 
     def _grow(self, k: int) -> None:
@@ -117,8 +117,10 @@ class NgramDrafter(Drafter):
                 tokens[b, :cont.shape[0]] = cont
                 valid[b] = cont.shape[0]
                 matched[b] = n
-                if n:
-                    conf[b, :cont.shape[0]] = self.estimate.confidence(n, cont.shape[0])
+                # no match (n = 0): positions nobody proposed, verified only under the synthetic rule,
+                # which accepts whatever the tokens; key 0 of the estimate learns that case
+                width = cont.shape[0] if n else min(num_steps, cap[b])
+                conf[b, :width] = self.estimate.confidence(n, width)
         self._matched = matched
         dev = batch.tokens.device
         return Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
@@ -131,7 +133,7 @@ class NgramDrafter(Drafter):
         valid = step.num_valid.tolist()
         accepted = step.accepted.tolist()
         for b, n in enumerate(self._matched[:len(valid)]):
-            if n and valid[b] > 0:
+            if valid[b] > 0:
                 self.estimate.observe(n, int(valid[b]), int(accepted[b]))
         self._matched = []
 

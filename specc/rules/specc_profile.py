@@ -114,7 +114,8 @@ RULES = (
       "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: smollm2_135m_eagle3)",
       "specc/models/resolve.py"),
     R("S-DRAFT-IGN", "warning", ("draft.path",),
-      lambda p: p.method.name in ("none", "ngram") and p.draft is not None and bool(p.draft.path),
+      lambda p: p.method.name in SUPPORTED and not methods.get(p.method.name).needs_draft_checkpoint
+      and p.draft is not None and bool(p.draft.path),
       "draft.path is ignored for method.name={p.method.name}; drop the draft section", RT),
     R("S-VOCAB", "error", ("draft.vocab_size", "target.vocab_size"),
       lambda p: p.method.name == "draft_model" and p.draft is not None and p.target.vocab_size is not None

@@ -127,6 +127,10 @@ class SpecMetrics:
         """A few human-readable lines."""
         acc = ", ".join(f"{a:.2f}" for a in self.acceptance_per_pos) or "-"
         stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_time_s.items() if v > 0)
+        kappas = ""
+        if len(self.kappa_steps) > 1 or self.num_kappa_switches:
+            mix = ", ".join(f"κ={k}: {n}" for k, n in sorted(self.kappa_steps.items()))
+            kappas = f"\nsteps per κ: {mix} ({self.num_kappa_switches} switches)"
         prefill = self.stage_time_s.get("prefill", 0.0)
         return (f"requests {self.num_requests}, output tokens {self.num_output_tokens}, tau {self.tau:.2f}\n"
                 f"decode {self.decode_tokens_per_s:.1f} tok/s (prefill excluded), end-to-end "
@@ -134,7 +138,7 @@ class SpecMetrics:
                 f"num_drafts {self.num_drafts}, num_draft_tokens {self.num_draft_tokens}, "
                 f"num_accepted_tokens {self.num_accepted_tokens}, acceptance {self.acceptance_rate:.2f}, "
                 f"per position [{acc}]\n"
-                f"time: {stages}")
+                f"time: {stages}{kappas}")
 
 
 def decode_tokens_per_s(num_output_tokens: int, num_requests: int, wall_time_s: float, prefill_time_s: float) -> float:
