@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "bench": "benchmark a compiled artifact against plain decoding",
     "export": "lower a plan to SGLang or vLLM launch settings",
     "profile": "measure a cost table (step time by verify token count) on this machine",
+    "train": "build training data from installable corpora and train a drafter for a target",
 }
 
 
