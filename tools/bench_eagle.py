@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """τ and tokens/s of EAGLE and EAGLE-3 chain drafting against plain decoding, on this CPU, batch 1.
 
-Runs the shipped prompt set (``specc/data/prompts.jsonl``; the heads were trained on
-``data/train_prompts.jsonl`` only, so this is also the held-out check) through the specc runtime:
+Runs the shipped prompt set (``specc/data/prompts.jsonl``; no stage of ``specc train`` reads it, so
+this is the held-out check) through the specc runtime:
 plain greedy decoding, then each head at κ = 1..6 with greedy verification. Every speculative output is
 compared token for token with the plain output (exactness); τ is Spec-Bench's mean emitted tokens per
-verify step (bonus included), tokens/s is output tokens over wall time (prefill included).
+verify step (bonus included), also printed per category; tokens/s is output tokens over wall time
+(prefill included).
 
 Threads: the heads run with ``--threads`` CPU threads (OpenBLAS and the skinny GEMM of the verify
 forward); plain decoding runs with 1 thread and with ``--threads``, and the speed-ups are against the
@@ -63,8 +64,13 @@ def run(target, tok, drafter, kind: str, k: int, prompts, max_new: int):
     return outs, rt.metrics, wall
 
 
+def _rel(path) -> str:
+    p = pathlib.Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
 def main(argv=None) -> None:
-    from train_drafter import _command, _rel  # the training tool's recorders: one definition
+    from specc.commands.train import command_line as _command
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category (10 = all 60)")
@@ -91,7 +97,8 @@ def main(argv=None) -> None:
     target.use_cpu_fast()
     prompts = load_prompts(tok, args.per_category)
     print(f"{len(prompts)} shipped prompts, {args.max_new} new tokens each, batch 1, greedy", flush=True)
-    rows = []
+    rows, per_category = [], []
+    category = {pid: pid.rsplit("-", 1)[0] for pid, _ in prompts}
     plain_tps, refs = 0.0, {}
     for threads in sorted({1, args.threads}):
         configure_cpu_threads(threads)
@@ -122,6 +129,12 @@ def main(argv=None) -> None:
                    "acceptance_per_pos": [round(a, 3) for a in m.acceptance_per_pos], "wall_s": round(wall, 1),
                    "stage_time_s": {s: round(v, 2) for s, v in m.stage_time_s.items()}}
             rows.append(row)
+            tau: dict = {}
+            for o in outs:  # Spec-Bench's τ per category: emitted tokens / verify steps of its requests
+                c = tau.setdefault(category[o.request.request_id], [0, 0])
+                c[0] += o.counters.num_emitted
+                c[1] += o.counters.num_steps
+            per_category.append({"method": kind, "k": k, "tau": {c: round(e / max(1, n), 3) for c, (e, n) in sorted(tau.items())}})
             print(f"{kind} k={k}: tau {m.tau:.2f}, {tps:.2f} tok/s ({tps / plain_tps:.2f}x plain), exact {exact}, "
                   f"acc/pos {row['acceptance_per_pos']}", flush=True)
     print("\n| method | κ | threads | τ | acceptance per position | tok/s | × best plain | output == plain |\n"
@@ -129,10 +142,15 @@ def main(argv=None) -> None:
     for r in rows:
         print(f"| {r['method']} | {r['k']} | {r['threads']} | {r['tau']:.2f} | {r['acceptance_per_pos']} | "
               f"{r['tokens_per_s']:.2f} | {r['speedup']:.2f} | {'yes' if r['exact'] else 'NO'} |")
+    cats = sorted({c for x in per_category for c in x["tau"]})
+    if per_category:
+        print("\nτ per category:\n| method | κ | " + " | ".join(cats) + " |\n|---|---|" + "---|" * len(cats))
+        for x in per_category:
+            print(f"| {x['method']} | {x['k']} | " + " | ".join(f"{x['tau'].get(c, 0):.2f}" for c in cats) + " |")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({
             "prompts": [p for p, _ in prompts], "max_new": args.max_new, "threads": args.threads,
-            "heads": {k: _rel(v) for k, v in heads.items()}, "load_average_after": list(os.getloadavg()),
+            "heads": {k: _rel(v) for k, v in heads.items()}, "per_category": per_category, "load_average_after": list(os.getloadavg()),
             "command": _command(), "rows": rows}, indent=1) + "\n")
 
 

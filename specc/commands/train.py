@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-of", default=None, metavar="K/N",
                    help="distill: do only prompts K, K+N, K+2N, ... (run N processes side by side)")
     p.add_argument("--limit", type=int, default=None, help="distill: only the first N prompts of the file (a quick run)")
+    p.add_argument("--gen-batch", type=int, default=None,
+                   help="distill: prompts per batch (default: the recipe's gen_batch / teacher_batch; larger on a GPU)")
     p.add_argument("--max-batches", type=int, default=None,
                    help="distill: only the first N batches of the seeded batch order (default: the recipe's max_batches)")
     p.add_argument("--time-budget-min", type=float, default=None, help="distill: stop after this many minutes; "

@@ -190,7 +190,8 @@ def distill_part(data: R.DataRecipe, cache: pathlib.Path, part: str, args) -> di
     tag = f"{part}" + (f"-{args.shard_of.replace('/', 'of')}" if getattr(args, "shard_of", None) else "")
     budget = args.time_budget_min * 60 if getattr(args, "time_budget_min", None) else None
     summary = distill.run(model, tok, rows, data_dir(data, cache, part), layers, mode=mode,
-                          max_new=data.max_new_tokens, batch=data.teacher_batch if mode == "teacher" else data.gen_batch,
+                          max_new=data.max_new_tokens,
+                          batch=getattr(args, "gen_batch", None) or (data.teacher_batch if mode == "teacher" else data.gen_batch),
                           seed=data.seed, max_prompt_tokens=data.max_prompt_tokens, meta=meta, tag=tag,
                           time_budget_s=budget, max_batches=_max_batches(data, part, args))
     print(f"[{part}] {summary}")
