@@ -173,25 +173,27 @@ def _recipes(tmp_path, kind: str, **options):
     return data, fit
 
 
-def _distilled(tmp_path, target, data_recipe, n=20):
+def _distilled(tmp_path, target, data_recipe, n=20, options=None):
     from specc.train.pipeline import data_dir
 
     tok = TinyTokenizer(V)
     rows = [{"id": f"q{i:03d}", "category": ["qa", "rag"][i % 2], "source": "wordnet",
              "messages": [{"role": "user", "content": f"tell me about item {i} please " * (1 + i % 2)}]}
             for i in range(n)]
-    layers = sorted({i for k in data_recipe.kinds for i in K.get(k).layers(target.config, {})})
+    layers = sorted({i for k in data_recipe.kinds for i in K.get(k).layers(target.config, options or {})})
     distill.run(target, tok, rows, data_dir(data_recipe, tmp_path, "round1"), layers, max_new=8, batch=5,
                 meta={"part": "round1", "command": "test"}, log=lambda *_: None)
     return tmp_path
 
 
-@pytest.mark.parametrize("kind,options", [("eagle3", {"draft_vocab": 48, "ttt_steps": 3}), ("eagle", {"ttt_steps": 2, "train_vocab": 64})])
+@pytest.mark.parametrize("kind,options", [("eagle3", {"draft_vocab": 48, "ttt_steps": 3}),
+                                          ("eagle3", {"draft_vocab": 48, "ttt_steps": 2, "soft_labels": True}),
+                                          ("eagle", {"ttt_steps": 2, "train_vocab": 64})])
 def test_fit_trains_saves_in_the_published_layout_and_renders_the_card(tmp_path, kind, options):
     target = tiny_target(seed=5)
     data_recipe, fit = _recipes(tmp_path, kind, **options)
     fit.parts = ["round1"]
-    cache = _distilled(tmp_path, target, data_recipe)
+    cache = _distilled(tmp_path, target, data_recipe, options=fit.options)
     args = argparse.Namespace(device="cpu", threads=1, out=None, init_from=None, time_budget_min=None)
     out = FIT.fit(fit, cache, args, target=target, data_recipe=data_recipe)
     rec = json.loads((out / "training.json").read_text())

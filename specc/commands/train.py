@@ -33,7 +33,9 @@ def default_cache() -> pathlib.Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stage", choices=STAGES, help="pipeline stage (see `specc train --help`)")
+    p.description = __doc__.split("\n\n", 1)[1]
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("stage", choices=STAGES, help="pipeline stage (described above)")
     p.add_argument("recipe", nargs="?", default=None,
                    help="data recipe (corpora/prompts/distill) or drafter recipe (fit/vocab/render/all): "
                         "a name under conf/train/ or a .yaml path")

@@ -168,7 +168,7 @@ def run(model, tok, rows: List[dict], out_dir, layers: Sequence[int], *, mode: s
     log(f"[{mode}] {len(done)} prompts already in shards ({n_done} whole batches), {sum(map(len, batches))} to do "
         f"in {len(batches)} batches ({skipped} skipped: longer than {max_prompt_tokens} tokens)")
     pending, n_shards, positions, answer_tok = [], 0, 0, 0
-    shard_t0 = time.time()
+    shard_t0, shard_c0 = time.time(), time.process_time()
     for s, idx in enumerate(batches):
         tb = time.time()
         if mode == "distill":
@@ -189,11 +189,12 @@ def run(model, tok, rows: List[dict], out_dir, layers: Sequence[int], *, mode: s
         if len(pending) and ((s + 1) % shard_batches == 0 or last or over):
             m = dict(meta or {})
             m.update({"kind": mode, "max_new_tokens": max_new if mode == "distill" else None,
-                      "seconds": round(time.time() - shard_t0, 1), "batch": batch})
+                      "seconds": round(time.time() - shard_t0, 1),
+                      "cpu_seconds": round(time.process_time() - shard_c0, 1), "batch": batch})
             D.write_shard(pathlib.Path(out_dir) / f"{tag}-{existing + n_shards:04d}", pending, layers, m)
             n_shards += 1
             pending = []
-            shard_t0 = time.time()
+            shard_t0, shard_c0 = time.time(), time.process_time()
         if over:
             log(f"[{mode}] time budget reached after {s + 1} batches")
             break

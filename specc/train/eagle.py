@@ -155,6 +155,8 @@ class _EagleBase(DrafterKind):
         tokens = torch.zeros(B, T + 1, dtype=torch.long)
         labels = torch.full((B, T), -100, dtype=torch.long)
         feats = torch.zeros(B, T, F_, dtype=torch.float16)
+        fl = tr.get("final_layer")
+        final = torch.zeros(B, T, data.feats[fl].shape[-1], dtype=torch.float16) if fl is not None else None
         for b, i in enumerate(idx):
             t, lab, f = data.seq(i)
             n = lens[b]
@@ -164,11 +166,18 @@ class _EagleBase(DrafterKind):
             lab[lab < 0] = -100
             labels[b, :n] = lab
             feats[b, :n] = torch.cat([f[k] for k in layers], -1)
+            if final is not None:
+                final[b, :n] = f[fl]
         feats = feats.to(device).float()
+        out = {"tokens": tokens.to(device), "labels": labels.to(device)}
+        if final is not None:
+            x = final.to(device).float()
+            out["final"] = tr["final_norm_w"].to(device) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + tr["eps"]))
         if "norm_w" in tr:  # EAGLE reads the final-norm output of the last layer
             w = tr["norm_w"].to(device)
             feats = w * (feats * torch.rsqrt(feats.pow(2).mean(-1, keepdim=True) + tr["eps"]))
-        return {"tokens": tokens.to(device), "labels": labels.to(device), "feats": feats}
+        out["feats"] = feats
+        return out
 
     def loss(self, model, batch, options, train: bool):
         tokens, labels, feats = batch["tokens"], batch["labels"], batch["feats"]
@@ -182,7 +191,7 @@ class _EagleBase(DrafterKind):
             at = sel + k + 1  # step k at p predicts the target's token after position p+k+1
             lab = torch.gather(labels, 1, at.clamp(max=T - 1))
             lab = torch.where(valid & (at < T), lab, torch.full_like(lab, -100))  # [B, A]
-            loss_k, pred = self._step_loss(model, g, lab, feats, at, options, train)
+            loss_k, pred = self._step_loss(model, g, lab, batch, at, options, train)
             total = total + float(options["step_decay"]) ** k * loss_k
             with torch.no_grad():
                 ok = lab >= 0
@@ -229,14 +238,22 @@ def _embedding(target):
 class Eagle3Kind(_EagleBase):
     name = "eagle3"
     title = "EAGLE-3"
-    options = {"aux_layers": None, "draft_vocab": 8192, "ttt_steps": 4, "step_decay": 0.8, "noise": 0.0}
+    options = {"aux_layers": None, "draft_vocab": 8192, "ttt_steps": 4, "step_decay": 0.8, "noise": 0.0,
+               "soft_labels": False}
 
     def layers(self, target_config, options):
+        """The capture layers (SafeAILab's default unless ``aux_layers``), plus the last layer when the
+        loss uses the target's distribution (``soft_labels``)."""
+        aux = self._aux(target_config, options)
+        return aux + ((target_config.num_layers - 1,) if options.get("soft_labels") else ())
+
+    @staticmethod
+    def _aux(target_config, options):
         aux = options.get("aux_layers")
         return tuple(int(i) for i in aux) if aux else default_aux_layer_ids(target_config.num_layers)
 
     def build(self, target, options, train):
-        aux = self.layers(target.config, options)
+        aux = self._aux(target.config, options)
         V = target.config.vocab_size
         counts = label_counts(train, V)
         size = int(options["draft_vocab"])
@@ -253,20 +270,39 @@ class Eagle3Kind(_EagleBase):
         return model, {"draft_vocab": size, "train_label_coverage": round(coverage, 4)}
 
     def adopt(self, model, target, options):
-        """Use a loaded head (``--init-from``): its draft vocabulary and capture layers are kept."""
+        """Attach what training needs to a built or loaded head (``--init-from``: its draft vocabulary and
+        capture layers are kept). With ``soft_labels`` the target's final norm and its LM-head rows of
+        the draft vocabulary give the target distribution at each labelled position."""
         V = target.config.vocab_size
         ids = torch.arange(model.cfg.draft_vocab_size) + model.d2t
         to_draft = torch.full((V,), -100, dtype=torch.long)
         to_draft[ids] = torch.arange(model.cfg.draft_vocab_size)
         model.train_state = {"layers": tuple(model.cfg.aux_layer_ids), "to_draft": to_draft}
+        if options.get("soft_labels"):
+            emb_w, _ = _embedding(target)
+            model.train_state.update({"final_layer": target.config.num_layers - 1, "vocab_head": emb_w[ids],
+                                      "final_norm_w": target.norm.weight.detach().float().cpu(),
+                                      "eps": float(target.config.rms_norm_eps)})
 
-    def _step_loss(self, model, g, lab, feats, at, options, train):
-        to_draft = model.train_state["to_draft"].to(lab.device)
+    def _step_loss(self, model, g, lab, batch, at, options, train):
+        """Cross-entropy against the target's argmax over the draft vocabulary, or (``soft_labels``)
+        against the target's distribution restricted to the draft vocabulary (EAGLE-3's training
+        objective as in SpecForge: target logits over the draft vocabulary, renormalised)."""
+        tr = model.train_state
+        to_draft = tr["to_draft"].to(lab.device)
         dl = torch.where(lab >= 0, to_draft[lab.clamp(min=0)], torch.full_like(lab, -100))
         logits = model.draft_logits(g)  # [B, A, Vd]
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), dl.reshape(-1), ignore_index=-100)
         pred = model.draft_to_target(logits.argmax(-1))
-        return ce, pred
+        if "final" not in batch:
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), dl.reshape(-1), ignore_index=-100)
+            return ce, pred
+        with torch.no_grad():
+            T = batch["final"].shape[1]
+            fin = torch.gather(batch["final"], 1, at.clamp(max=T - 1)[..., None].expand(-1, -1, batch["final"].shape[-1]))
+            p = torch.softmax(fin @ tr["vocab_head"].to(fin.device).t(), -1)  # [B, A, Vd]
+        m = (lab >= 0).float()
+        ce = -(p * torch.log_softmax(logits, -1)).sum(-1)
+        return (ce * m).sum() / m.sum().clamp(min=1), pred
 
 
 @register
@@ -303,8 +339,9 @@ class EagleKind(_EagleBase):
                              "eps": float(target.config.rms_norm_eps), "sub_ids": ids, "sub_head": emb_w[ids],
                              "to_sub": to_sub, "emb_w": emb_w}
 
-    def _step_loss(self, model, g, lab, feats, at, options, train):
+    def _step_loss(self, model, g, lab, batch, at, options, train):
         tr = model.train_state
+        feats = batch["feats"]
         dev = lab.device
         dl = torch.where(lab >= 0, tr["to_sub"].to(dev)[lab.clamp(min=0)], torch.full_like(lab, -100))
         logits = g @ tr["sub_head"].to(dev).t()  # [B, A, Vsub]

@@ -32,6 +32,15 @@ def _data_files(fit: R.FitRecipe, data: R.DataRecipe, cache) -> List[pathlib.Pat
     files = []
     for part in fit.parts:
         got = D.shard_paths(data_dir(data, cache, part))
+        if fit.max_shards.get(part) is not None:  # the first N shards of each writer (tag), an experiment's subset
+            per_tag: Dict[str, int] = {}
+            keep = []
+            for p in got:
+                tag = p.name.rsplit("-", 1)[0]
+                per_tag[tag] = per_tag.get(tag, 0) + 1
+                if per_tag[tag] <= int(fit.max_shards[part]):
+                    keep.append(p)
+            got = keep
         if not got:
             raise SpeccError(f"no {part} data for {data.name} in {data_dir(data, cache, part)}; run "
                              f"`specc train distill {data.name} --part {part}` first")
@@ -116,14 +125,16 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
         model, info = kind.build(target, options, train_set)
     del train_set
     model.to(device).train()
+    if isinstance(getattr(model, "train_state", None), dict):  # the kind's training tensors live with the model
+        model.train_state = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in model.train_state.items()}
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=fit.lr, betas=(0.9, 0.95), weight_decay=fit.weight_decay)
     per_epoch = math.ceil(len(train_idx) / fit.batch)
-    steps_total = fit.epochs * per_epoch
+    steps_total = fit.epochs * per_epoch if fit.max_steps is None else min(fit.epochs * per_epoch, int(fit.max_steps))
     warm = max(1, int(fit.warmup * steps_total))
     budget_min = getattr(args, "time_budget_min", None) or fit.time_budget_min
     budget = budget_min * 60
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
 
     def lr_at(s: int) -> float:
         if s < warm:
@@ -159,6 +170,8 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
                 print(f"[fit] epoch {epoch} step {step}/{steps_total} loss {float(loss.detach()):.4f} acc {acc} "
                       f"lr {lr:.2e} {time.time() - t0:.0f}s", flush=True)
             step += 1
+            if step >= steps_total:
+                break
             if time.time() - t0 > budget:
                 stopped = True
                 break
@@ -170,6 +183,8 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
                   f"({time.time() - t0:.0f}s)", flush=True)
         if stopped:
             print(f"[fit] time budget of {budget_min} min reached", flush=True)
+            break
+        if step >= steps_total:
             break
     out = _out_dir(fit, args)
     out.mkdir(parents=True, exist_ok=True)
@@ -187,7 +202,7 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
                  "shards": parts_meta},
         "info": info, "unroll_steps": kind.unroll_steps(options), "layers": list(layers),
         "steps": step, "epochs_run": len(vals) if val_idx else epoch + 1, "stopped_by_time_budget": stopped,
-        "seconds": round(time.time() - t0, 1), "threads": threads, "device": str(device),
+        "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1), "threads": threads, "device": str(device),
         "torch": torch.__version__, "command": command_line(), "curve": curve,
         "validation_before": before, "validation": vals,
         "params": int(sum(p.numel() for p in model.parameters())),

