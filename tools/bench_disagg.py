@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                     c = openai.AsyncOpenAI(base_url=d_srv.url + "/v1", api_key="none", max_retries=0, timeout=3600)
                     try:
                         return await asyncio.gather(*(c.chat.completions.create(
-                            model=dec.model_name, messages=[{"role": "user", "content": r.prompt}],
+                            model=dec.model_name, messages=r.messages or [{"role": "user", "content": r.prompt}],
                             max_tokens=args.max_new_tokens, temperature=0) for r in records))
                     finally:
                         await c.close()

@@ -169,7 +169,14 @@ class Runtime:
     def attach_lora(self, lora) -> None:
         """Serve LoRA adapters (:class:`specc.runtime.lora.LoraSet`, already hooked into the target):
         requests name theirs in ``Request.adapter``; admission keeps at most
-        ``lora.max_loras_per_batch`` distinct adapters among the live rows."""
+        ``lora.max_loras_per_batch`` distinct adapters among the live rows.
+
+        Raises:
+            ArtifactError: a state was captured as a CUDA graph (a graph replays the deltas of the
+                rows it was captured with; serve LoRA with ``deploy.cuda_graphs: false``)."""
+        if lora is not None and self.num_captured:
+            raise ArtifactError("LoRA adapters cannot run with CUDA-graph-captured states (a graph would replay "
+                                "the adapter grouping it was captured with); set deploy.cuda_graphs=false")
         self.lora = lora
 
     def new_metrics(self) -> SpecMetrics:
