@@ -198,7 +198,7 @@ def main(argv=None) -> None:
         model.train()
         return tot / max(n, 1)
 
-    record = {"command": "python " + " ".join([pathlib.Path(sys.argv[0]).name] + sys.argv[1:]),
+    record = {"command": "python tools/train_lora.py " + " ".join(sys.argv[1:]),
               "data": {"source": "chitchat-dataset 0.9.0 (PyPI), MIT licence",
                        "conversations": len(convs), "train_conversations": len(train),
                        "held_out_conversations": len(held)},
