@@ -260,10 +260,10 @@ def pct(xs: List[float], q: float) -> float:
 
 
 def load(args) -> int:
-    from specc.runtime.prompts import read_prompts, shipped_prompts_path
+    from specc.runtime.prompts import read_prompts, select, shipped_prompts_path
 
     art = Path(args.load)
-    records = [r for r in read_prompts(shipped_prompts_path()) if r.prompt is not None]
+    records = select([r for r in read_prompts(shipped_prompts_path()) if r.prompt is not None], args.prompts)
     manifest = json.loads((art / "manifest.json").read_text())
     rules = {s["parameters"]["verify_rule"] for s in manifest["states"]}
     sampled_ok = "greedy" not in rules
@@ -378,11 +378,13 @@ def main(argv=None) -> int:
     ap.add_argument("--load", metavar="ARTIFACT", help="bounded load test against this artifact")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--requests", type=int, default=64, help="requests per concurrency level (C=1: a quarter)")
+    ap.add_argument("--prompts", type=int, default=None, help="draw requests from N shipped prompts (round-robin "
+                    "over categories; default all)")
     ap.add_argument("--disconnect", type=float, default=0.1, help="fraction of clients that leave after one chunk")
     ap.add_argument("--soak", type=int, default=0, help="requests of the memory soak (0: none)")
     ap.add_argument("--soak-concurrency", type=int, default=16)
     ap.add_argument("--soak-max-new-tokens", type=int, default=8)
-    ap.add_argument("--soak-prompts", type=int, default=16, help="the soak cycles over the first N shipped prompts")
+    ap.add_argument("--soak-prompts", type=int, default=8, help="the soak cycles over the first N of those prompts")
     ap.add_argument("--strict-reference", action="store_true", help="reference pass one request at a time")
     ap.add_argument("--out", default=None, help="write the load rows as JSON")
     args = ap.parse_args(argv)

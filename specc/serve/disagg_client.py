@@ -11,7 +11,7 @@ first decode step already speculates. A payload that fails a check fails that re
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, Optional
+from typing import Dict, List, Optional
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -30,13 +30,13 @@ class PrefillBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: int = disagg.VERSION
     request_id: str = ""
-    prompt_token_ids: list = Field(..., min_length=1)
+    prompt_token_ids: List[int] = Field(..., min_length=1)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     seed: Optional[int] = None
     max_tokens: int = Field(1, ge=1)
-    stop: list = Field(default_factory=list)
+    stop: List[str] = Field(default_factory=list)
     adapter: Optional[str] = None
 
 
@@ -53,7 +53,7 @@ def add_prefill_route(app: FastAPI, state) -> None:
                            type="not_found_error")
         params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
                                 top_k=body.top_k, seed=body.seed, stop=tuple(body.stop))
-        req = Request(prompt_ids=[int(t) for t in body.prompt_token_ids], params=params, adapter=body.adapter,
+        req = Request(prompt_ids=list(body.prompt_token_ids), params=params, adapter=body.adapter,
                       request_id=body.request_id)
         try:
             state.runtime.check_request(req)
