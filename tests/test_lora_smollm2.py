@@ -54,10 +54,15 @@ def _peft_merged_greedy(target, adapter_dir, ids):
     from specc.models.hf_loader import to_transformers
 
     model = peft.PeftModel.from_pretrained(to_transformers(target), str(adapter_dir)).merge_and_unload().eval()
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    out, past, x = [], None, torch.tensor([ids])
+    with torch.no_grad():  # plain argmax steps (generate's processors would suppress EOS under min_new_tokens)
+        for _ in range(N):
+            res = model(input_ids=x, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            tok = int(res.logits[0, -1].argmax())
+            out.append(tok)
+            x = torch.tensor([[tok]])
+    return out
 
 
 def _runtime(target, tok, method, adapter_dir, k=3):
