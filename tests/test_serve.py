@@ -17,6 +17,7 @@ import openai
 import pytest
 import torch
 
+from specc.drafters.ngram import NgramDrafter
 from specc.runtime.request import Request, SamplingParams
 from specc.serve.server import BackgroundServer, state_from_runtime
 
@@ -136,8 +137,17 @@ def test_bad_requests_answer_openai_errors_naming_the_field(tok):
         assert _metric(m, "specc:requests_rejected_total", reason="invalid") >= 13
 
 
+class PacedDrafter(NgramDrafter):
+    """An n-gram drafter that sleeps in every step, so a 150-token request outlives a short client
+    timeout on any machine (the tiny target alone decodes 150 tokens in well under a second)."""
+
+    def propose(self, batch, num_steps, sampling):
+        time.sleep(0.05)
+        return super().propose(batch, num_steps, sampling)
+
+
 def test_full_queue_answers_429_and_disconnects_free_rows(tok):
-    rt = tiny_runtime(tok, buckets=(1,))
+    rt = tiny_runtime(tok, method="ngram", rule="greedy", buckets=(1,), drafter=PacedDrafter(1, 3))
     with BackgroundServer(state_from_runtime(rt, model_name="tiny", max_waiting=0)) as srv:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 150,
                 "temperature": 0, "stream": True}
