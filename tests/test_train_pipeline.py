@@ -226,7 +226,7 @@ def test_a_new_kind_plugs_in_as_one_adapter(tmp_path):
         def layers(self, cfg, options):
             return (cfg.num_layers - 1,)
 
-        def build(self, target, options, train):
+        def build(self, target, options, data, idx):
             m = torch.nn.Linear(target.config.hidden_size, target.config.vocab_size)
             m.layer = self.layers(target.config, options)[0]
             return m, {"built": True}

@@ -19,7 +19,6 @@ import argparse
 import json
 import pathlib
 import sys
-import tempfile
 
 import torch
 
@@ -38,6 +37,9 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=4, help="draft steps to unroll")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the table as JSON here")
+    ap.add_argument("--answers", default=str(ROOT / ".cache" / "eagle_transfer"),
+                    help="directory caching the target's answers and hidden states (reused when the prompts, "
+                         "token count and layers match)")
     args = ap.parse_args(argv)
     from specc.commands.train import command_line
     from specc.models import load_target
@@ -62,15 +64,19 @@ def main(argv=None) -> None:
         if seen.get(r.category, 0) < args.per_category:
             seen[r.category] = seen.get(r.category, 0) + 1
             chosen.append(r)
-    eos = sorted(set(tok.eos_token_ids) | set(target.config.eos_token_ids))
-    recs = []
-    for r in chosen:  # one at a time: no padding effects
-        rec = distill.generate(target, [encode_prompt(r, tok)], args.max_new, eos, layers)[0]
-        rec.update({"id": r.id, "category": r.category, "source": "shipped"})
-        recs.append(rec)
-    with tempfile.TemporaryDirectory() as tmp:
-        D.write_shard(pathlib.Path(tmp) / "shipped", recs, layers, {"kind": "distill"})
-        data = D.load(D.shard_paths(tmp), layers)
+    cache = pathlib.Path(args.answers) / f"shipped_{args.per_category}x{args.max_new}"
+    shards = D.shard_paths(cache)
+    gen_layers = sorted(set(layers) | {i for k in ("eagle", "eagle3") for i in K.get(k).layers(target.config, {})})
+    if not shards or not set(layers) <= set(D.shard_meta(shards[0])["layers"]):
+        eos = sorted(set(tok.eos_token_ids) | set(target.config.eos_token_ids))
+        recs = []
+        for r in chosen:  # one at a time: no padding effects
+            rec = distill.generate(target, [encode_prompt(r, tok)], args.max_new, eos, gen_layers)[0]
+            rec.update({"id": r.id, "category": r.category, "source": "shipped"})
+            recs.append(rec)
+        D.write_shard(cache / "answers", recs, gen_layers, {"kind": "distill", "target": TARGET_PATH})
+        shards = D.shard_paths(cache)
+    data = D.load(shards, layers)
     print(f"{len(chosen)} shipped prompts, {args.max_new} greedy tokens each; teacher-forced top-1 agreement per draft step:")
     out = {"prompts": len(chosen), "max_new": args.max_new, "steps": args.steps, "command": command_line(), "heads": []}
     opts = {"ttt_steps": args.steps, "step_decay": 1.0, "noise": 0.0, "ce_weight": 0.0}

@@ -65,6 +65,7 @@ class FitRecipe:
     prompt_context: int = 384
     val_every: int = 20
     threads: int = 2
+    amp: str = "bf16"
     options: Dict[str, Any] = field(default_factory=dict)
 
 
