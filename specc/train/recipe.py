@@ -39,6 +39,7 @@ class DataRecipe:
     teacher_batch: int = 16
     max_prompt_tokens: int = 1024
     max_batches: Dict[str, Optional[int]] = field(default_factory=dict)
+    split: Dict[str, int] = field(default_factory=dict)
     prompt_dir: str = "data/train"
 
 
