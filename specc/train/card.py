@@ -86,7 +86,7 @@ def render(out: pathlib.Path) -> pathlib.Path:
         L.append("")
     for part in ("round1", "round2", "teacher"):
         info = card.get(part)
-        if not info:
+        if not info or part not in rec["recipe"]["parts"]:
             continue
         L.append(f"Prompts `{dr['prompt_dir']}/{part}.jsonl.gz`: {info['count']} "
                  + {"round1": "round-1 prompts (the target answers them greedily)",
@@ -106,15 +106,23 @@ def render(out: pathlib.Path) -> pathlib.Path:
         p["positions"] += s["positions"]
         p["answer"] += s.get("answer_tokens", 0)
         p["seconds"] += s.get("seconds", 0.0)
-        p["cpu"] = p.get("cpu", 0.0) + s.get("cpu_seconds", s.get("seconds", 0.0) * 1)
+        if "cpu_seconds" in s:
+            p["cpu"] = p.get("cpu", 0.0) + s["cpu_seconds"]
+        else:
+            p["cpu_missing"] = True
         if s.get("command") and s["command"] not in p["commands"]:
             p["commands"].append(s["command"])
+    if dr.get("max_batches") or dr.get("split"):
+        L.append(f"Answered: each part's prompts in {dr.get('split') or 1} interleaved slice(s) (`split`), each slice only "
+                 f"its first `max_batches` {dr.get('max_batches')} batches of {dr['gen_batch']} prompts in its seeded order.")
+        L.append("")
     L.append(f"Distillation (greedy, at most {dr['max_new_tokens']} new tokens; hidden states of the recorded layers "
              f"and the target's argmax at every position). Used by this drafter (all of the prompt context up to "
              f"{rec['recipe']['prompt_context']} positions):")
     L.append("")
     L += _table(["part", "shards", "sequences", "positions", "answer positions", "wall time (s)", "CPU time (s)"],
-                [[k, v["shards"], v["sequences"], v["positions"], v["answer"], round(v["seconds"]), round(v["cpu"])]
+                [[k, v["shards"], v["sequences"], v["positions"], v["answer"], round(v["seconds"]),
+                  f"≥ {round(v.get('cpu', 0))} (not recorded for every shard)" if v.get("cpu_missing") else round(v.get("cpu", 0))]
                  for k, v in by_part.items()])
     L.append("")
     L.append(f"In memory: {d['sequences']} sequences ({d['train_sequences']} training, {d['val_sequences']} validation: "
