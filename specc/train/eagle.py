@@ -141,6 +141,29 @@ def top_vocab(counts: torch.Tensor, size: int):
 class _EagleBase(DrafterKind):
     """What EAGLE and EAGLE-3 share: collate, the unrolled loss, checkpoint I/O."""
 
+    def check_options(self, options: dict, source: str) -> dict:
+        """Defaults filled in and ranges checked; ``SpeccError`` naming the option and its allowed range."""
+        from specc.errors import SpeccError
+
+        out = super().check_options(options, source)
+        checks = {"ttt_steps": lambda v: isinstance(v, int) and v >= 1,
+                  "step_decay": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+                  "noise": lambda v: isinstance(v, (int, float)) and v >= 0,
+                  "draft_vocab": lambda v: isinstance(v, int) and v >= 1,
+                  "train_vocab": lambda v: isinstance(v, int) and v >= 1,
+                  "ce_weight": lambda v: isinstance(v, (int, float)) and v >= 0,
+                  "soft_labels": lambda v: isinstance(v, bool),
+                  "aux_layers": lambda v: v is None or (isinstance(v, (list, tuple)) and len(v) == 3
+                                                        and all(isinstance(i, int) and i >= 0 for i in v))}
+        allowed = {"ttt_steps": "an integer >= 1", "step_decay": "in (0, 1]", "noise": ">= 0",
+                   "draft_vocab": "an integer >= 1 (at most the target's vocabulary)", "train_vocab": "an integer >= 1",
+                   "ce_weight": ">= 0", "soft_labels": "true or false",
+                   "aux_layers": "null or three target layer ids, low to high"}
+        for k, ok in checks.items():
+            if k in out and not ok(out[k]):
+                raise SpeccError(f"{source}: options.{k}={out[k]!r} for drafter kind {self.name!r} must be {allowed[k]}")
+        return out
+
     def unroll_steps(self, options):
         return int(options["ttt_steps"])
 
@@ -258,6 +281,9 @@ class Eagle3Kind(_EagleBase):
         V = target.config.vocab_size
         counts = label_counts(data, V, idx)
         size = int(options["draft_vocab"])
+        if size > V:
+            from specc.errors import SpeccError
+            raise SpeccError(f"options.draft_vocab={size} exceeds the target's vocabulary ({V} tokens)")
         ids, d2t, t2d, coverage = top_vocab(counts, size)
         emb_w, embed = _embedding(target)
         model = EagleModel(self._config(target, "eagle3", size, aux), embed, None)
