@@ -178,12 +178,12 @@ def render(out: pathlib.Path) -> pathlib.Path:
         L += _table(["method", "κ", "threads", "τ", "acceptance per position", "tok/s", "× plain", "output == plain"],
                     [[x["method"], x["k"], x.get("threads", 1), f"{x['tau']:.2f}", x["acceptance_per_pos"],
                       f"{x['tokens_per_s']:.2f}", f"{x['speedup']:.2f}", "yes" if x["exact"] else "NO"]
-                     for x in b["rows"] if x["method"] in ("plain", rec["kind"])])
+                     for x in b["rows"] if x["method"] == "plain" or x["method"].split(":")[0] == rec["kind"]])
         if b.get("per_category"):
             L += ["", "τ per category:", ""]
             cats = sorted({c for x in b["per_category"] for c in x["tau"]})
             L += _table(["method", "κ"] + cats, [[x["method"], x["k"]] + [f"{x['tau'].get(c, 0):.2f}" for c in cats]
-                                                 for x in b["per_category"] if x["method"] == rec["kind"]])
+                                                 for x in b["per_category"] if x["method"].split(":")[0] == rec["kind"]])
     cmds = [card.get("corpora_command")] + [(card.get(p) or {}).get("command") for p in ("round1",)]
     cmds += by_part.get("round1", {}).get("commands", [])
     cmds += [(card.get("round2") or {}).get("command")] + by_part.get("round2", {}).get("commands", [])
