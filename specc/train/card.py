@@ -150,14 +150,19 @@ def render(out: pathlib.Path) -> pathlib.Path:
                     [[c] + a for c, a in last["by_category"].items()] + [[f"({k} data)"] + a for k, a in last["by_kind"].items()])
     L += ["", "Curves: `training.json` (every step), `training_curve.png`."]
     voc = _load(out / "vocab.json")
+    tr = _load(out / "transfer.json")
     if voc:
+        held = ((tr or {}).get("vocab_coverage") or {}).get("coverage") or {}
         L += ["", "## Draft vocabulary: coverage and LM-head cost", "",
               f"`{voc['command']}`: answer labels covered by the n most frequent training labels, and the draft "
-              f"LM head's cost per draft token (one row, fp32, {voc['threads']} thread(s), median):", ""]
-        L += _table(["draft vocabulary", "training coverage", "validation coverage", "LM-head params", "ms per draft token"],
-                    [[x["size"], f"{x['train_coverage']:.3f}", f"{x['val_coverage']:.3f}", f"{x['params'] / 1e6:.1f} M",
-                      f"{x['ms_per_row']:.3f}"] for x in voc["rows"]])
-    tr = _load(out / "transfer.json")
+              f"LM head's cost per draft token (one row, fp32, {voc['threads']} thread(s), median; the machine was "
+              f"shared)" + (f"; held-out: the shipped prompts' answer tokens covered (`{tr['command']}`)" if held else "")
+              + ":", ""]
+        L += _table(["draft vocabulary", "training coverage", "validation coverage"] + (["shipped (held-out) coverage"] if held else [])
+                    + ["LM-head params", "ms per draft token"],
+                    [[x["size"], f"{x['train_coverage']:.3f}", f"{x['val_coverage']:.3f}"]
+                     + ([f"{held[str(x['size'])]:.3f}" if str(x["size"]) in held else "–"] if held else [])
+                     + [f"{x['params'] / 1e6:.1f} M", f"{x['ms_per_row']:.3f}"] for x in voc["rows"]])
     if tr:
         L += ["", "## Held out: teacher-forced agreement on the shipped prompts", "",
               f"`{tr['command']}` ({tr['prompts']} shipped prompts, {tr['max_new']} greedy tokens each; "
