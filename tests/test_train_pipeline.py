@@ -226,7 +226,7 @@ def test_a_new_kind_plugs_in_as_one_adapter(tmp_path):
         def layers(self, cfg, options):
             return (cfg.num_layers - 1,)
 
-        def build(self, target, options, train):
+        def build(self, target, options, data, idx):
             m = torch.nn.Linear(target.config.hidden_size, target.config.vocab_size)
             m.layer = self.layers(target.config, options)[0]
             return m, {"built": True}
@@ -286,6 +286,24 @@ def test_recipes_load_and_name_bad_keys(tmp_path):
         R.load_fit_recipe(str(bad))
     with pytest.raises(R.RecipeError, match="no recipe 'nope'"):
         R.load_fit_recipe("nope")
+    bad.write_text("name: x\nkind: eagle3\ndata: smollm2_specbench\nout: /tmp/x\noptions: {ttt_steps: 0}\n")
+    with pytest.raises(R.RecipeError, match="options.ttt_steps=0"):
+        R.load_fit_recipe(str(bad))
+    bad.write_text("name: x\nkind: eagle3\ndata: smollm2_specbench\nout: /tmp/x\nparts: [round3]\n")
+    with pytest.raises(R.RecipeError, match="round3"):
+        R.load_fit_recipe(str(bad))
+    bad.write_text("name: x\ncorpora: [wikipedia]\n")
+    with pytest.raises(R.RecipeError, match="unknown corpora"):
+        R.load_data_recipe(str(bad))
+
+
+def test_row_groups_bound_rows_times_length():
+    from specc.train.distill import _row_groups
+
+    lengths = {0: 10, 1: 20, 2: 30, 3: 100, 4: 100}
+    groups = _row_groups([0, 1, 2, 3, 4], lengths.get, 200)
+    assert groups == [[0, 1, 2], [3, 4]]
+    assert _row_groups([3], lengths.get, 50) == [[3]]  # one row always fits
 
 
 # ------------------------------------------------------------------------------------ the command

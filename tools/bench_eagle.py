@@ -75,16 +75,18 @@ def main(argv=None) -> None:
     ap.add_argument("--kappas", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
     ap.add_argument("--methods", nargs="+", default=["eagle", "eagle3"], choices=["eagle", "eagle3"])
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of the speculative runs (plain: 1 and this)")
-    ap.add_argument("--head", action="append", default=[], metavar="KIND=DIR",
-                    help="measure this head directory instead of the shipped one (e.g. eagle3=/tmp/head)")
+    ap.add_argument("--head", action="append", default=[], metavar="KIND[:LABEL]=DIR",
+                    help="measure this head directory instead of the shipped one (eagle3=/tmp/head), or, with a "
+                         "label, as well as it (eagle3:old=/tmp/old_head); repeatable")
     ap.add_argument("--json", default=None, help="write the table as JSON here")
     args = ap.parse_args(argv)
-    heads = dict(HEADS)
+    heads = {k: HEADS[k] for k in args.methods}  # label -> directory; the label starts with the kind
     for item in args.head:
-        kind, _, path = item.partition("=")
+        key, _, path = item.partition("=")
+        kind, _, label = key.partition(":")
         if kind not in HEADS or not path:
-            ap.error(f"--head takes KIND=DIR with KIND in {sorted(HEADS)}, got {item!r}")
-        heads[kind] = pathlib.Path(path)
+            ap.error(f"--head takes KIND[:LABEL]=DIR with KIND in {sorted(HEADS)}, got {item!r}")
+        heads[f"{kind}:{label}" if label else kind] = pathlib.Path(path)
     from specc.drafters.eagle import EagleDrafter
     from specc.models import load_target
     from specc.models.eagle_loader import load_eagle_head
@@ -99,11 +101,12 @@ def main(argv=None) -> None:
     # every configuration decodes prompt 1, then every configuration prompt 2, ...: on a shared machine
     # a load change then hits all configurations alike instead of whichever ran at that time
     configs = [("plain", 0, t, None) for t in sorted({1, args.threads})]
-    for kind in args.methods:
-        head = load_eagle_head(heads[kind], target.config, target.embed, target.lm_head, expect_kind=kind)
+    for label, path in heads.items():
+        kind = label.split(":")[0]
+        head = load_eagle_head(path, target.config, target.embed, target.lm_head, expect_kind=kind)
         for k in args.kappas:
-            configs.append((kind, k, args.threads, EagleDrafter(head, target.config.num_layers, target.norm)))
-    runtimes = [make_runtime(target, tok, d, kind, k) for kind, k, _, d in configs]
+            configs.append((label, k, args.threads, EagleDrafter(head, target.config.num_layers, target.norm)))
+    runtimes = [make_runtime(target, tok, d, label.split(":")[0], k) for label, k, _, d in configs]
     wall = [0.0] * len(configs)
     outs = [[] for _ in configs]
     category = {pid: pid.rsplit("-", 1)[0] for pid, _ in prompts}

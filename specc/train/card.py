@@ -86,7 +86,7 @@ def render(out: pathlib.Path) -> pathlib.Path:
         L.append("")
     for part in ("round1", "round2", "teacher"):
         info = card.get(part)
-        if not info:
+        if not info or part not in rec["recipe"]["parts"]:
             continue
         L.append(f"Prompts `{dr['prompt_dir']}/{part}.jsonl.gz`: {info['count']} "
                  + {"round1": "round-1 prompts (the target answers them greedily)",
@@ -106,15 +106,23 @@ def render(out: pathlib.Path) -> pathlib.Path:
         p["positions"] += s["positions"]
         p["answer"] += s.get("answer_tokens", 0)
         p["seconds"] += s.get("seconds", 0.0)
-        p["cpu"] = p.get("cpu", 0.0) + s.get("cpu_seconds", s.get("seconds", 0.0) * 1)
+        if "cpu_seconds" in s:
+            p["cpu"] = p.get("cpu", 0.0) + s["cpu_seconds"]
+        else:
+            p["cpu_missing"] = True
         if s.get("command") and s["command"] not in p["commands"]:
             p["commands"].append(s["command"])
+    if dr.get("max_batches") or dr.get("split"):
+        L.append(f"Answered: each part's prompts in {dr.get('split') or 1} interleaved slice(s) (`split`), each slice only "
+                 f"its first `max_batches` {dr.get('max_batches')} batches of {dr['gen_batch']} prompts in its seeded order.")
+        L.append("")
     L.append(f"Distillation (greedy, at most {dr['max_new_tokens']} new tokens; hidden states of the recorded layers "
              f"and the target's argmax at every position). Used by this drafter (all of the prompt context up to "
              f"{rec['recipe']['prompt_context']} positions):")
     L.append("")
     L += _table(["part", "shards", "sequences", "positions", "answer positions", "wall time (s)", "CPU time (s)"],
-                [[k, v["shards"], v["sequences"], v["positions"], v["answer"], round(v["seconds"]), round(v["cpu"])]
+                [[k, v["shards"], v["sequences"], v["positions"], v["answer"], round(v["seconds"]),
+                  f"≥ {round(v.get('cpu', 0))} (not recorded for every shard)" if v.get("cpu_missing") else round(v.get("cpu", 0))]
                  for k, v in by_part.items()])
     L.append("")
     L.append(f"In memory: {d['sequences']} sequences ({d['train_sequences']} training, {d['val_sequences']} validation: "
@@ -142,14 +150,19 @@ def render(out: pathlib.Path) -> pathlib.Path:
                     [[c] + a for c, a in last["by_category"].items()] + [[f"({k} data)"] + a for k, a in last["by_kind"].items()])
     L += ["", "Curves: `training.json` (every step), `training_curve.png`."]
     voc = _load(out / "vocab.json")
+    tr = _load(out / "transfer.json")
     if voc:
+        held = ((tr or {}).get("vocab_coverage") or {}).get("coverage") or {}
         L += ["", "## Draft vocabulary: coverage and LM-head cost", "",
               f"`{voc['command']}`: answer labels covered by the n most frequent training labels, and the draft "
-              f"LM head's cost per draft token (one row, fp32, {voc['threads']} thread(s), median):", ""]
-        L += _table(["draft vocabulary", "training coverage", "validation coverage", "LM-head params", "ms per draft token"],
-                    [[x["size"], f"{x['train_coverage']:.3f}", f"{x['val_coverage']:.3f}", f"{x['params'] / 1e6:.1f} M",
-                      f"{x['ms_per_row']:.3f}"] for x in voc["rows"]])
-    tr = _load(out / "transfer.json")
+              f"LM head's cost per draft token (one row, fp32, {voc['threads']} thread(s), median; the machine was "
+              f"shared)" + (f"; held-out: the shipped prompts' answer tokens covered (`{tr['command']}`)" if held else "")
+              + ":", ""]
+        L += _table(["draft vocabulary", "training coverage", "validation coverage"] + (["shipped (held-out) coverage"] if held else [])
+                    + ["LM-head params", "ms per draft token"],
+                    [[x["size"], f"{x['train_coverage']:.3f}", f"{x['val_coverage']:.3f}"]
+                     + ([f"{held[str(x['size'])]:.3f}" if str(x["size"]) in held else "–"] if held else [])
+                     + [f"{x['params'] / 1e6:.1f} M", f"{x['ms_per_row']:.3f}"] for x in voc["rows"]])
     if tr:
         L += ["", "## Held out: teacher-forced agreement on the shipped prompts", "",
               f"`{tr['command']}` ({tr['prompts']} shipped prompts, {tr['max_new']} greedy tokens each; "
@@ -170,12 +183,12 @@ def render(out: pathlib.Path) -> pathlib.Path:
         L += _table(["method", "κ", "threads", "τ", "acceptance per position", "tok/s", "× plain", "output == plain"],
                     [[x["method"], x["k"], x.get("threads", 1), f"{x['tau']:.2f}", x["acceptance_per_pos"],
                       f"{x['tokens_per_s']:.2f}", f"{x['speedup']:.2f}", "yes" if x["exact"] else "NO"]
-                     for x in b["rows"] if x["method"] in ("plain", rec["kind"])])
+                     for x in b["rows"] if x["method"] == "plain" or x["method"].split(":")[0] == rec["kind"]])
         if b.get("per_category"):
             L += ["", "τ per category:", ""]
             cats = sorted({c for x in b["per_category"] for c in x["tau"]})
             L += _table(["method", "κ"] + cats, [[x["method"], x["k"]] + [f"{x['tau'].get(c, 0):.2f}" for c in cats]
-                                                 for x in b["per_category"] if x["method"] == rec["kind"]])
+                                                 for x in b["per_category"] if x["method"].split(":")[0] == rec["kind"]])
     cmds = [card.get("corpora_command")] + [(card.get(p) or {}).get("command") for p in ("round1",)]
     cmds += by_part.get("round1", {}).get("commands", [])
     cmds += [(card.get("round2") or {}).get("command")] + by_part.get("round2", {}).get("commands", [])

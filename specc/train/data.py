@@ -139,9 +139,7 @@ def load(paths: Iterable[pathlib.Path], layers: Sequence[int], kinds: Optional[S
     naming the shard that lacks a layer."""
     from safetensors import safe_open
 
-    toks, labs, offs, plen, meta, parts = [], [], [], [], [], []
-    feats: Dict[int, list] = {int(k): [] for k in layers}
-    base = 0
+    chosen, sizes, base = [], [], 0  # pass 1: which shards, and how many positions each keeps
     for p in paths:
         side = shard_meta(p)
         if kinds is not None and side.get("kind") not in kinds:
@@ -150,6 +148,23 @@ def load(paths: Iterable[pathlib.Path], layers: Sequence[int], kinds: Optional[S
         if missing:
             raise ValueError(f"{p}.safetensors has no hidden states of layer(s) {missing} (it holds {side['layers']}); "
                              f"re-run `specc train distill` with a recipe whose kinds read them")
+        with safe_open(str(p.with_suffix(".safetensors")), framework="pt") as f:
+            o, pl = f.get_tensor("offsets"), f.get_tensor("prompt_len")
+            width = {k: f.get_slice(f"h{k}").get_shape()[-1] for k in layers}
+        n_pos = int(o[-1]) if context is None else int((o[1:] - o[:-1] - (pl - int(context)).clamp(min=0)).sum())
+        chosen.append((p, side))
+        sizes.append((n_pos, width))
+        base += n_pos
+        if limit_positions and base >= limit_positions:
+            break
+    if not chosen:
+        raise ValueError("no data shards to load (run `specc train distill` first)")
+    total = base
+    # pass 2: fill preallocated tensors (peak memory = the result + one shard)
+    feats = {int(k): torch.empty(total, sizes[0][1][k], dtype=torch.float16) for k in layers}
+    toks, labs, offs, plen, meta, parts = [], [], [], [], [], []
+    base = 0
+    for (p, side), (n_pos, _) in zip(chosen, sizes):
         with safe_open(str(p.with_suffix(".safetensors")), framework="pt") as f:
             o = f.get_tensor("offsets")
             t, lab, pl = f.get_tensor("tokens").long(), f.get_tensor("labels").long(), f.get_tensor("prompt_len")
@@ -161,20 +176,16 @@ def load(paths: Iterable[pathlib.Path], layers: Sequence[int], kinds: Optional[S
         offs.append(o[:-1] + base)
         plen.append(pl)
         for k in feats:
-            feats[k].append(fs[k])
-        base += int(o[-1])
+            feats[k][base: base + n_pos] = fs[k]
+        del fs
+        base += n_pos
         n = len(side["ids"])
         meta += [{"id": side["ids"][j], "category": side["categories"][j], "source": side["sources"][j],
                   "finished": side["finished"][j], "kind": side.get("kind", "distill")} for j in range(n)]
         parts.append({k: v for k, v in side.items() if k not in ("ids", "categories", "sources", "finished")}
                      | {"shard": p.name, "sequences": n})
-        if limit_positions and base >= limit_positions:
-            break
-    if not toks:
-        raise ValueError("no data shards to load (run `specc train distill` first)")
     offsets = torch.cat(offs + [torch.tensor([base])])
-    return SeqSet(torch.cat(toks), torch.cat(labs), offsets, torch.cat(plen),
-                  {k: torch.cat(v) for k, v in feats.items()}, meta, parts)
+    return SeqSet(torch.cat(toks), torch.cat(labs), offsets, torch.cat(plen), feats, meta, parts)
 
 
 def _cut_context(offsets, tokens, labels, prompt_len, feats, context: int):

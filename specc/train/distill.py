@@ -129,7 +129,7 @@ def teacher_force(model, prompts: List[List[int]], answers: List[List[int]], lay
 def run(model, tok, rows: List[dict], out_dir, layers: Sequence[int], *, mode: str = "distill",
         max_new: int = 96, batch: int = 32, seed: int = 0, shard_batches: int = 4, max_prompt_tokens: int = 1024,
         meta: Optional[dict] = None, log: Callable = print, time_budget_s: Optional[float] = None,
-        tag: Optional[str] = None, max_batches: Optional[int] = None) -> dict:
+        tag: Optional[str] = None, max_batches: Optional[int] = None, max_batch_tokens: int = 12288) -> dict:
     """Answer (``mode="distill"``) or teacher-force (``mode="teacher"``, rows carry ``reference``) the
     prompt ``rows`` into shards under ``out_dir``, resuming after prompts already there.
 
@@ -138,7 +138,9 @@ def run(model, tok, rows: List[dict], out_dir, layers: Sequence[int], *, mode: s
     ``max_batches`` (the first batches of that order) names a reproducible subset. Prompts already in
     a shard are skipped; a shard is written every ``shard_batches`` batches. Prompts longer than
     ``max_prompt_tokens`` are skipped. Stops after ``time_budget_s`` seconds (at a shard boundary) if
-    given. Shards are named ``<tag>-NNNN`` (default tag: ``mode``). Returns a summary dict."""
+    given. Shards are named ``<tag>-NNNN`` (default tag: ``mode``). A batch whose rows x padded
+    length exceeds ``max_batch_tokens`` runs as several row groups one after the other (same prompts,
+    same records; it bounds the memory of the prefill's attention). Returns a summary dict."""
     t0 = time.time()
     done = D.done_ids(out_dir)
     eos = sorted(set(tok.eos_token_ids) | set(model.config.eos_token_ids))
@@ -171,10 +173,12 @@ def run(model, tok, rows: List[dict], out_dir, layers: Sequence[int], *, mode: s
     shard_t0, shard_c0 = time.time(), time.process_time()
     for s, idx in enumerate(batches):
         tb = time.time()
-        if mode == "distill":
-            recs = generate(model, [enc[i][1] for i in idx], max_new, eos, layers)
-        else:
-            recs = teacher_force(model, [enc[i][1] for i in idx], [enc[i][2] for i in idx], layers)
+        recs = []
+        for group in _row_groups(idx, lambda i: len(enc[i][1]) + (len(enc[i][2]) if enc[i][2] else 0), max_batch_tokens):
+            if mode == "distill":
+                recs += generate(model, [enc[i][1] for i in group], max_new, eos, layers)
+            else:
+                recs += teacher_force(model, [enc[i][1] for i in group], [enc[i][2] for i in group], layers)
         for i, rec in zip(idx, recs):
             rec.update({"id": enc[i][0]["id"], "category": enc[i][0]["category"], "source": enc[i][0].get("source", "")})
         pending += recs
@@ -200,6 +204,19 @@ def run(model, tok, rows: List[dict], out_dir, layers: Sequence[int], *, mode: s
             break
     return {"prompts": sum(map(len, batches)), "shards": n_shards, "positions": positions, "answer_positions": answer_tok,
             "seconds": round(time.time() - t0, 1), "skipped_long": skipped}
+
+
+def _row_groups(idx: List[int], length: Callable[[int], int], max_tokens: int) -> List[List[int]]:
+    """Split a batch (sorted by length) into consecutive groups with rows x longest row <= ``max_tokens``
+    (at least one row each)."""
+    groups, cur = [], []
+    for i in idx:
+        longest = max([length(j) for j in cur + [i]])
+        if cur and (len(cur) + 1) * longest > max_tokens:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    return groups + ([cur] if cur else [])
 
 
 def _reference_ids(tok, row: dict, prompt_ids: List[int], eos: Sequence[int]) -> Optional[List[int]]:

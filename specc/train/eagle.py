@@ -91,7 +91,7 @@ def ttt_forward(model: EagleModel, tokens: torch.Tensor, feats: torch.Tensor, st
         s0 = (q @ k0.transpose(-1, -2)) * scale  # [B,h,A,T]
         s0 = s0.masked_fill(~visible[:, None], float("-inf"))
         diag = [((q * ck).sum(-1) * scale)[..., None] for ck in chain_k]  # [B,h,A,1] each
-        scores = torch.cat([s0] + diag, -1).softmax(-1)
+        scores = torch.cat([s0] + diag, -1).float().softmax(-1)  # fp32 softmax under autocast
         o = scores[..., :T] @ v0  # [B,h,A,d]
         for i, cv in enumerate(chain_v):
             o = o + scores[..., T + i: T + i + 1] * cv
@@ -118,10 +118,11 @@ def loss_positions(labels: torch.Tensor):
     return sel, j < count[:, None]
 
 
-def label_counts(data, V: int) -> torch.Tensor:
-    """How often each target id is an answer label in ``data`` (a ``SeqSet``): ``[V]`` int64."""
+def label_counts(data, V: int, idx=None) -> torch.Tensor:
+    """How often each target id is an answer label in sequences ``idx`` (default all) of ``data`` (a
+    ``SeqSet``): ``[V]`` int64."""
     counts = torch.zeros(V, dtype=torch.long)
-    for i in range(len(data)):
+    for i in (range(len(data)) if idx is None else idx):
         _, lab, _ = data.seq(i, int(data.prompt_len[i]) - 1)
         lab = lab[lab >= 0]
         counts += torch.bincount(lab, minlength=V)
@@ -139,6 +140,29 @@ def top_vocab(counts: torch.Tensor, size: int):
 
 class _EagleBase(DrafterKind):
     """What EAGLE and EAGLE-3 share: collate, the unrolled loss, checkpoint I/O."""
+
+    def check_options(self, options: dict, source: str) -> dict:
+        """Defaults filled in and ranges checked; ``SpeccError`` naming the option and its allowed range."""
+        from specc.errors import SpeccError
+
+        out = super().check_options(options, source)
+        checks = {"ttt_steps": lambda v: isinstance(v, int) and v >= 1,
+                  "step_decay": lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+                  "noise": lambda v: isinstance(v, (int, float)) and v >= 0,
+                  "draft_vocab": lambda v: isinstance(v, int) and v >= 1,
+                  "train_vocab": lambda v: isinstance(v, int) and v >= 1,
+                  "ce_weight": lambda v: isinstance(v, (int, float)) and v >= 0,
+                  "soft_labels": lambda v: isinstance(v, bool),
+                  "aux_layers": lambda v: v is None or (isinstance(v, (list, tuple)) and len(v) == 3
+                                                        and all(isinstance(i, int) and i >= 0 for i in v))}
+        allowed = {"ttt_steps": "an integer >= 1", "step_decay": "in (0, 1]", "noise": ">= 0",
+                   "draft_vocab": "an integer >= 1 (at most the target's vocabulary)", "train_vocab": "an integer >= 1",
+                   "ce_weight": ">= 0", "soft_labels": "true or false",
+                   "aux_layers": "null or three target layer ids, low to high"}
+        for k, ok in checks.items():
+            if k in out and not ok(out[k]):
+                raise SpeccError(f"{source}: options.{k}={out[k]!r} for drafter kind {self.name!r} must be {allowed[k]}")
+        return out
 
     def unroll_steps(self, options):
         return int(options["ttt_steps"])
@@ -252,11 +276,14 @@ class Eagle3Kind(_EagleBase):
         aux = options.get("aux_layers")
         return tuple(int(i) for i in aux) if aux else default_aux_layer_ids(target_config.num_layers)
 
-    def build(self, target, options, train):
+    def build(self, target, options, data, idx):
         aux = self._aux(target.config, options)
         V = target.config.vocab_size
-        counts = label_counts(train, V)
+        counts = label_counts(data, V, idx)
         size = int(options["draft_vocab"])
+        if size > V:
+            from specc.errors import SpeccError
+            raise SpeccError(f"options.draft_vocab={size} exceeds the target's vocabulary ({V} tokens)")
         ids, d2t, t2d, coverage = top_vocab(counts, size)
         emb_w, embed = _embedding(target)
         model = EagleModel(self._config(target, "eagle3", size, aux), embed, None)
@@ -291,7 +318,7 @@ class Eagle3Kind(_EagleBase):
         tr = model.train_state
         to_draft = tr["to_draft"].to(lab.device)
         dl = torch.where(lab >= 0, to_draft[lab.clamp(min=0)], torch.full_like(lab, -100))
-        logits = model.draft_logits(g)  # [B, A, Vd]
+        logits = model.draft_logits(g).float()  # [B, A, Vd]; fp32 losses under autocast
         pred = model.draft_to_target(logits.argmax(-1))
         if "final" not in batch:
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), dl.reshape(-1), ignore_index=-100)
@@ -314,10 +341,10 @@ class EagleKind(_EagleBase):
     def layers(self, target_config, options):
         return (target_config.num_layers - 1,)  # the final-norm output is computed from it
 
-    def build(self, target, options, train):
+    def build(self, target, options, data, idx):
         V, H = target.config.vocab_size, target.config.hidden_size
         emb_w, embed = _embedding(target)
-        ids, _, _, coverage = top_vocab(label_counts(train, V), int(options["train_vocab"]))
+        ids, _, _, coverage = top_vocab(label_counts(data, V, idx), int(options["train_vocab"]))
         model = EagleModel(self._config(target, "eagle", V), embed, lambda h: F.linear(h, emb_w))
         self._init(model)
         with torch.no_grad():  # start as "the feature passes through": fc([emb; f]) = f
@@ -344,12 +371,12 @@ class EagleKind(_EagleBase):
         feats = batch["feats"]
         dev = lab.device
         dl = torch.where(lab >= 0, tr["to_sub"].to(dev)[lab.clamp(min=0)], torch.full_like(lab, -100))
-        logits = g @ tr["sub_head"].to(dev).t()  # [B, A, Vsub]
+        logits = (g @ tr["sub_head"].to(dev).t()).float()  # [B, A, Vsub]
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), dl.reshape(-1), ignore_index=-100)
         T = feats.shape[1]
         nf = torch.gather(feats, 1, at.clamp(max=T - 1)[..., None].expand(-1, -1, feats.shape[-1]))
         m = (lab >= 0).float()[..., None]
-        reg = (F.smooth_l1_loss(g, nf, reduction="none") * m).sum() / (m.sum() * g.shape[-1]).clamp(min=1)
+        reg = (F.smooth_l1_loss(g.float(), nf, reduction="none") * m).sum() / (m.sum() * g.shape[-1]).clamp(min=1)
         with torch.no_grad():  # agreement as at inference: argmax of the full target LM head
             pred = (g @ tr["emb_w"].to(dev).t()).argmax(-1) if not train else tr["sub_ids"].to(dev)[logits.argmax(-1)]
         return reg + float(options["ce_weight"]) * ce, pred

@@ -41,9 +41,10 @@ class DrafterKind:
         """Draft steps scored per position (agreement is reported for each)."""
         return 1
 
-    def build(self, target, options: dict, train) -> Tuple[torch.nn.Module, dict]:
+    def build(self, target, options: dict, data, idx: Sequence[int]) -> Tuple[torch.nn.Module, dict]:
         """A freshly initialised model for ``target`` and a dict of facts for the card (e.g. the draft
-        vocabulary's coverage of ``train``, a :class:`specc.train.data.SeqSet`)."""
+        vocabulary's coverage of the training sequences ``idx`` of ``data``, a
+        :class:`specc.train.data.SeqSet`)."""
         raise NotImplementedError
 
     def collate(self, data, idx: Sequence[int], options: dict, device) -> dict:

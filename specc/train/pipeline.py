@@ -168,34 +168,48 @@ def answered_rows(data: R.DataRecipe, cache: pathlib.Path, part: str, rows: List
 
 
 def distill_part(data: R.DataRecipe, cache: pathlib.Path, part: str, args) -> dict:
-    """Run the target over one prompt set into shards (resumable; see :func:`specc.train.distill.run`)."""
+    """Run the target over one prompt set into shards (resumable; see :func:`specc.train.distill.run`).
+
+    The prompt list is split into the recipe's ``split[part]`` (default 1) interleaved slices (prompts ``k, k+N, ...``),
+    each with its own seeded batch order and shard names: ``--shard-of K/N`` runs one slice (N
+    processes side by side), without it the slices run one after the other and give the same shards."""
     from specc.commands.train import command_line
     from specc.train import distill, kinds
 
     rows = read_prompts(prompt_dir(data) / f"{part}.jsonl.gz")
+    n = max(1, int((data.split or {}).get(part, 1)))
+    slices = list(range(1, n + 1))
     if getattr(args, "shard_of", None):
         try:
-            k, n = (int(x) for x in args.shard_of.split("/"))
-            assert 1 <= k <= n
+            k, n_arg = (int(x) for x in args.shard_of.split("/"))
+            assert 1 <= k <= n_arg
         except (ValueError, AssertionError):
             raise SpeccError(f"--shard-of {args.shard_of!r}: expected K/N with 1 <= K <= N, e.g. 1/2") from None
-        rows = rows[k - 1::n]
-    if getattr(args, "limit", None):
-        rows = rows[: args.limit]
+        if n_arg != n:
+            raise SpeccError(f"--shard-of {args.shard_of}: the recipe {data.name} splits its {part} prompts in {n} "
+                             f"(split.{part}: {n}); use K/{n}")
+        slices = [k]
     model, tok = load_target(data.target, data.target_format, args.device, args.threads or 1)
     layers = sorted({i for k in data.kinds for i in kinds.get(k).layers(model.config, {})} | set(data.layers))
     meta = {"target": data.target, "data_recipe": data.name, "part": part, "command": command_line(),
             "device": args.device, "torch": torch.__version__}
     mode = "teacher" if part == "teacher" else "distill"
-    tag = f"{part}" + (f"-{args.shard_of.replace('/', 'of')}" if getattr(args, "shard_of", None) else "")
     budget = args.time_budget_min * 60 if getattr(args, "time_budget_min", None) else None
-    summary = distill.run(model, tok, rows, data_dir(data, cache, part), layers, mode=mode,
-                          max_new=data.max_new_tokens,
-                          batch=getattr(args, "gen_batch", None) or (data.teacher_batch if mode == "teacher" else data.gen_batch),
-                          seed=data.seed, max_prompt_tokens=data.max_prompt_tokens, meta=meta, tag=tag,
-                          time_budget_s=budget, max_batches=_max_batches(data, part, args))
-    print(f"[{part}] {summary}")
-    return summary
+    total: dict = {}
+    for k in slices:
+        sub = rows[k - 1::n] if n > 1 else rows
+        if getattr(args, "limit", None):
+            sub = sub[: args.limit]
+        tag = part + (f"-{k}of{n}" if n > 1 else "")
+        summary = distill.run(model, tok, sub, data_dir(data, cache, part), layers, mode=mode,
+                              max_new=data.max_new_tokens,
+                              batch=getattr(args, "gen_batch", None) or (data.teacher_batch if mode == "teacher" else data.gen_batch),
+                              seed=data.seed, max_prompt_tokens=data.max_prompt_tokens, meta=meta, tag=tag,
+                              time_budget_s=budget, max_batches=_max_batches(data, part, args))
+        print(f"[{tag}] {summary}")
+        for key, v in summary.items():
+            total[key] = total.get(key, 0) + v
+    return total
 
 
 def _max_batches(data: R.DataRecipe, part: str, args) -> Optional[int]:

@@ -39,6 +39,7 @@ class DataRecipe:
     teacher_batch: int = 16
     max_prompt_tokens: int = 1024
     max_batches: Dict[str, Optional[int]] = field(default_factory=dict)
+    split: Dict[str, int] = field(default_factory=dict)
     prompt_dir: str = "data/train"
 
 
@@ -65,6 +66,7 @@ class FitRecipe:
     prompt_context: int = 384
     val_every: int = 20
     threads: int = 2
+    amp: str = "bf16"
     options: Dict[str, Any] = field(default_factory=dict)
 
 
