@@ -248,14 +248,22 @@ class KernelVariant:
 
 
 def _verify_variant(state: Any) -> KernelVariant:
-    """The chain verify kernel of a state: ``greedy_verify`` for verify.rule=greedy,
-    ``rejection_verify`` (one-hot or full q by ``draft_sampling``) for verify.rule=standard; both
-    take ``[B, num_draft_tokens - 1]`` drafts and ``[B, num_draft_tokens, V]`` target scores
-    (``specc.kernels.verify``)."""
-    if state.tree_choices is not None or int(state.topk) > 1:
-        raise PlanError(f"state {state.name}: specc's verify kernels handle chains only (topk=1, no "
-                        f"tree_choices); set method.topk=1 or target another engine")
+    """The verify kernel of a state: for a chain ``greedy_verify`` (verify.rule=greedy) or
+    ``rejection_verify`` (verify.rule=standard, one-hot or full q by ``draft_sampling``), taking
+    ``[B, num_draft_tokens - 1]`` drafts and ``[B, num_draft_tokens, V]`` target scores
+    (``specc.kernels.verify``); for a tree ``tree_greedy_verify`` or ``tree_rejection_verify``
+    (``specc.kernels.tree``) over ``num_draft_tokens`` nodes."""
+    from specc import methods
+
     width = int(state.num_draft_tokens)
+    if methods.state_kind(int(state.num_steps), int(state.topk), bool(state.parallel), state.tree_choices) == "tree":
+        if state.verify_rule == "greedy":
+            return KernelVariant("tree_greedy_verify", (("NUM_DRAFT_TOKENS", width),))
+        if state.verify_rule == "standard":
+            probabilistic = state.draft_sampling == "probabilistic"
+            return KernelVariant("tree_rejection_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
+        raise PlanError(f"state {state.name}: verify.rule {state.verify_rule!r} has no tree kernel in specc's "
+                        f"runtime; use verify.rule=greedy or verify.rule=standard")
     if width != int(state.num_steps) + 1:
         raise PlanError(f"state {state.name}: a chain verifies num_draft_tokens = num_steps + 1 = "
                         f"{int(state.num_steps) + 1} tokens, not {width}")
@@ -279,7 +287,7 @@ def kernel_variants_for(state: Any) -> Dict[str, KernelVariant]:
     rule accepts by its curve in the accept program itself and needs no verify kernel.
 
     Raises:
-        PlanError: if the state needs a kernel specc does not have (a tree, an unsupported verify rule).
+        PlanError: if the state needs a kernel specc does not have (an unsupported verify rule).
     """
     if state.verify_rule == "synthetic" and int(state.num_steps) > 0:
         return {}

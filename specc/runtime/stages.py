@@ -139,8 +139,9 @@ def verify_tree(ctx: Any, bufs: Any) -> None:
 def accept_tree_greedy(ctx: Any, bufs: Any, max_depth: int) -> None:
     """Greedy tree rule (``specc.kernels.tree_greedy_verify``): from the root, accept the child equal
     to the target argmax while one matches. Writes ``bufs.result``."""
-    bufs.result = tree_greedy_verify(bufs.draft_tokens, bufs.parents, bufs.logits, bufs.num_valid, max_depth,
-                                     backend=ctx.kernel_backend)
+    fn = _kernel(ctx, bufs, tree_greedy_verify)
+    bufs.result = fn(bufs.draft_tokens, bufs.parents, bufs.logits, bufs.num_valid, max_depth,
+                     backend=ctx.kernel_backend)
 
 
 def accept_tree_standard(ctx: Any, bufs: Any, probabilistic_q: bool, max_depth: int) -> None:
@@ -149,11 +150,13 @@ def accept_tree_standard(ctx: Any, bufs: Any, probabilistic_q: bool, max_depth: 
     step whose rows are all greedy takes the greedy tree rule (the same result, as for chains).
     Writes ``bufs.result``."""
     if bufs.all_greedy:
-        accept_tree_greedy(ctx, bufs, max_depth)
+        bufs.result = tree_greedy_verify(bufs.draft_tokens, bufs.parents, bufs.logits, bufs.num_valid, max_depth,
+                                         backend=ctx.kernel_backend)
         return
     q = bufs.draft_probs if probabilistic_q else None
-    bufs.result = tree_rejection_verify(bufs.draft_tokens, bufs.parents, _target_probs(bufs), q, bufs.uniforms,
-                                        bufs.exp_noise, bufs.num_valid, backend=ctx.kernel_backend)
+    fn = _kernel(ctx, bufs, tree_rejection_verify)
+    bufs.result = fn(bufs.draft_tokens, bufs.parents, _target_probs(bufs), q, bufs.uniforms, bufs.exp_noise,
+                     bufs.num_valid, backend=ctx.kernel_backend)
 
 
 def commit_none(ctx: Any, bufs: Any) -> None:
