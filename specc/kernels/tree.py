@@ -274,7 +274,8 @@ def tree_rejection_verify_torch(draft_tokens: torch.Tensor, parents: torch.Tenso
         rx = resid[rows, x].double()
         if probabilistic:
             qx = qw[rows, x].double()
-            accept = has & ((u * qx) * rsum < rx * qsum)
+            # u < p_i(x) / q_i(x) cross-multiplied; q_i empty (its mass all rejected): q_i(x) = 0, accept if p_i(x) > 0
+            accept = has & torch.where(qsum > 0, (u * qx) * rsum < rx * qsum, rx > 0)
         else:
             accept = has & (u * rsum < rx)
         reject = has & ~accept

@@ -142,6 +142,8 @@ def _kernels():
                         else:
                             qx = tl.load(dprob_ptr + (b * N + cur) * V + x).to(tl.float64)
                         ok = (u * qx) * rsum < rx * qsum
+                        if qsum <= 0:
+                            ok = rx > 0
                     else:
                         # a token already rejected at this node has residual mass 0
                         for c in range(0, N):
