@@ -326,3 +326,25 @@ def test_eagle_draft_kv_after_tree_steps_equals_a_plain_forward(tree):
                  pos[:, :committed], cache=cache)
         torch.testing.assert_close(drafter.cache.k[row, :, :committed], cache.k[0, :, :committed], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(drafter.cache.v[row, :, :committed], cache.v[0, :, :committed], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["adaptive", "budget"])
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_eagle_trees_under_load_aware_schedules(tree, kind):
+    """The EAGLE drafter's own KV stays in sync when the adaptive controller switches κ (and tree)
+    every step, or the budget trims the tree to a prefix: output equals plain greedy."""
+    target = tiny_target(seed=9, identity_layers=True)
+    head = oracle_eagle_head(target)
+    with torch.no_grad():
+        head.fc.weight[:, head.cfg.hidden_size:].normal_(0, 0.3, generator=torch.Generator().manual_seed(2))
+    prompts = _prompts(6, seed=9)
+    plan = Plan(method=TREES[tree], schedule=SCHEDULES[kind])
+    rt = runtime_for_plan(plan, target, EagleDrafter(head, target.config.num_layers, target.norm),
+                          cost_table=CPU_TABLE)
+    outs = rt.generate([Request(prompt_ids=p, params=SamplingParams(max_new_tokens=18)) for p in prompts],
+                       batch_size=4)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == naive_greedy(target, p, 18)
+    assert rt.metrics.num_accepted_tokens > 0
+    if kind == "adaptive":
+        assert rt.metrics.num_kappa_switches > 0
