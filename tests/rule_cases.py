@@ -337,6 +337,9 @@ CASES = {
     "specc.S-WIDTH": (S_E3, {"method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4}, "error"),
     "specc.S-WIDTH-FILL": (S_E3, {"method.num_draft_tokens": None}, {"method.num_draft_tokens": 4}, "filled"),
     # trees (specc/trees.py, specc/runtime/stages.py; SGLang's limits, sglang-0.5.23.md §5 and U7)
+    "specc.S-TREE-KIND": (S_E3, {"method.name": "medusa", "draft.path": "x/medusa", "method.topk": 2,
+                                 "method.num_draft_tokens": 6}, {"method.name": "eagle3", "draft.path": SMOL_E3["path"]},
+                          "error"),
     "specc.S-TREE-CHOICES": (S_E3, {"method.tree_choices": [[0, 0]]}, {"method.tree_choices": [[0], [0, 0]]}, "error"),
     "specc.S-TREE-STEPS-FILL": (S_E3, _m(STATIC, {"method.num_steps": None, "method.num_draft_tokens": None}),
                                 {"method.num_steps": 2}, "filled"),

@@ -160,6 +160,16 @@ RULES = (
       "method.topk={p.method.topk} / method.tree_choices: tree drafting is not supported by the specc runtime "
       "for {p.method.name} (chains only, topk 1); use an EAGLE head (eagle, eagle3) or Medusa heads, or target "
       "sglang", RT),
+    R("S-TREE-KIND", "error", ("method.topk", "method.tree_choices"),
+      lambda p: _tree_plan(p) and (
+          (bool(p.method.tree_choices) and not methods.get(p.method.name).static_tree)
+          or (not p.method.tree_choices and not methods.get(p.method.name).dynamic_tree)),
+      "method.name={p.method.name} drafts {what} trees only (the method table, specc/methods.py): "
+      "{fix}", "specc/methods.py (Method.dynamic_tree, Method.static_tree)",
+      message_args=lambda p: {"what": "static" if methods.get(p.method.name).static_tree else "dynamic",
+                              "fix": "set method.tree_choices (paths of child ranks, e.g. [[0], [1], [0, 0]]) "
+                                     "and method.topk=null" if methods.get(p.method.name).static_tree
+                              else "drop method.tree_choices and set method.topk > 1"}),
     R("S-TREE-TOPK-IGN", "warning", ("method.topk", "method.tree_choices"),
       lambda p: _tree_plan(p) and _choices(p) is not None and isinstance(p.method.topk, int)
       and p.method.topk != trees.tree_topk(_choices(p)),
