@@ -116,7 +116,7 @@ class MedusaKind(DrafterKind):
     def save(self, model, directory, target):
         from specc.models.medusa import save_medusa_heads
 
-        save_medusa_heads(model, directory)
+        save_medusa_heads(model, directory, dtype=torch.float16)
 
     def load(self, directory, target):
         from specc.models.medusa import load_medusa_heads
