@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import jinja2
 
 import specc
-from specc import programs
+from specc import programs, trees
 from specc.errors import ArtifactError, PlanError
 from specc.plan.schema import Plan, plan_to_dict
 
@@ -249,14 +249,22 @@ class KernelVariant:
 
 
 def _verify_variant(state: Any) -> KernelVariant:
-    """The chain verify kernel of a state: ``greedy_verify`` for verify.rule=greedy,
-    ``rejection_verify`` (one-hot or full q by ``draft_sampling``) for verify.rule=standard; both
-    take ``[B, num_draft_tokens - 1]`` drafts and ``[B, num_draft_tokens, V]`` target scores
-    (``specc.kernels.verify``)."""
-    if state.tree_choices is not None or int(state.topk) > 1:
-        raise PlanError(f"state {state.name}: specc's verify kernels handle chains only (topk=1, no "
-                        f"tree_choices); set method.topk=1 or target another engine")
+    """The verify kernel of a state: for a chain ``greedy_verify`` (verify.rule=greedy) or
+    ``rejection_verify`` (verify.rule=standard, one-hot or full q by ``draft_sampling``), taking
+    ``[B, num_draft_tokens - 1]`` drafts and ``[B, num_draft_tokens, V]`` target scores
+    (``specc.kernels.verify``); for a tree ``tree_greedy_verify`` or ``tree_rejection_verify``
+    (``specc.kernels.tree``) over ``num_draft_tokens`` nodes."""
+    from specc import methods
+
     width = int(state.num_draft_tokens)
+    if methods.state_kind(int(state.num_steps), int(state.topk), bool(state.parallel), state.tree_choices) == "tree":
+        if state.verify_rule == "greedy":
+            return KernelVariant("tree_greedy_verify", (("NUM_DRAFT_TOKENS", width),))
+        if state.verify_rule == "standard":
+            probabilistic = state.draft_sampling == "probabilistic"
+            return KernelVariant("tree_rejection_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
+        raise PlanError(f"state {state.name}: verify.rule {state.verify_rule!r} has no tree kernel in specc's "
+                        f"runtime; use verify.rule=greedy or verify.rule=standard")
     if width != int(state.num_steps) + 1:
         raise PlanError(f"state {state.name}: a chain verifies num_draft_tokens = num_steps + 1 = "
                         f"{int(state.num_steps) + 1} tokens, not {width}")
@@ -280,7 +288,7 @@ def kernel_variants_for(state: Any) -> Dict[str, KernelVariant]:
     rule accepts by its curve in the accept program itself and needs no verify kernel.
 
     Raises:
-        PlanError: if the state needs a kernel specc does not have (a tree, an unsupported verify rule).
+        PlanError: if the state needs a kernel specc does not have (an unsupported verify rule).
     """
     if state.verify_rule == "synthetic" and int(state.num_steps) > 0:
         return {}
@@ -292,46 +300,14 @@ def kernel_variants_for(state: Any) -> Dict[str, KernelVariant]:
 
 
 def tree_buffers(tree_choices: Optional[Sequence[Sequence[int]]]) -> Optional[Dict[str, Any]]:
-    """Static buffers of a draft tree, as plain lists (no torch at compile time).
-
-    ``tree_choices`` lists the paths of the tree's nodes below the root, e.g. ``[[0], [1], [0, 0]]``
-    (Medusa's format: ``[0, 1]`` is the second child of the first child of the root).
-
-    Returns ``None`` for a chain (``tree_choices is None``), else a dict with ``N = len(nodes)``:
-    ``nodes`` [N] (paths sorted by (depth, path)), ``parents`` [N] (index of each node's parent in
-    the 1-based node numbering, root = 0), ``depths`` [N+1] (root 0; the position offset of each
-    slot), ``attn_mask`` [N+1][N+1] of 0/1 (slot i sees slot j iff j is i or an ancestor of i),
-    ``retrieve_indices`` [num_leaves][max_depth+1] (slot indices along each root-to-leaf path,
-    padded with -1).
+    """Static buffers of a draft tree, as plain lists (no torch at compile time): see
+    :func:`specc.trees.compile_tree` (nodes, parents, depths, ranks, the tree-only attention mask,
+    retrieve indices, the nodes a drafter expands per depth). None for a chain.
 
     Raises:
         PlanError: if a path is empty, has a negative entry, repeats, or its parent path is missing.
     """
-    if tree_choices is None:
-        return None
-    nodes = sorted((tuple(int(c) for c in p) for p in tree_choices), key=lambda p: (len(p), p))
-    index = {(): 0}
-    for i, p in enumerate(nodes, start=1):
-        if not p or min(p) < 0:
-            raise PlanError(f"method.tree_choices: path {list(p)} must be non-empty with entries >= 0")
-        if p in index:
-            raise PlanError(f"method.tree_choices: path {list(p)} is listed twice")
-        if p[:-1] not in index:
-            raise PlanError(f"method.tree_choices: path {list(p)} has no parent {list(p[:-1])}; "
-                            f"list every prefix of a path")
-        index[p] = i
-    n = len(nodes) + 1
-    mask = [[0] * n for _ in range(n)]
-    for p, i in index.items():
-        for d in range(len(p) + 1):
-            mask[i][index[p[:d]]] = 1
-    parents = [index[p[:-1]] for p in nodes]
-    depths = [0] + [len(p) for p in nodes]
-    leaves = [p for p in nodes if not any(q[:-1] == p for q in nodes)]
-    width = max(len(p) for p in nodes) + 1 if nodes else 1
-    retrieve = [[index[p[:d]] for d in range(len(p) + 1)] + [-1] * (width - len(p) - 1) for p in leaves]
-    return {"nodes": [list(p) for p in nodes], "parents": parents, "depths": depths,
-            "attn_mask": mask, "retrieve_indices": retrieve}
+    return trees.compile_tree(tree_choices)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -149,10 +149,12 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
     if ctx.lora:
         b.stage("lora_segments", "lora_layout", produces={"lora_segment_ids": (["B*W"], "int32")},
                 note="per-token adapter ids of the verify batch; the draft is not adapted")
+    tree_state = k > 0 and kind == "tree" and not info.lookup
+    nodes = "W-1" if tree_state else "K"  # draft positions: κ for a chain, W - 1 nodes for a tree
     if sampled:
         rng = {"bonus_uniforms": (["B"], f32)}
         if k > 0:
-            rng["accept_uniforms"] = (["B", "K"], f32)
+            rng["accept_uniforms"] = (["B", nodes], f32)
         b.stage("rng", "input", produces=rng, note="randomness passed in as tensors")
 
     # -- drafting ------------------------------------------------------------------------------------
@@ -228,12 +230,17 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
                  "retrieve_index": (["B", "W"], i64), "retrieve_next_token": (["B", "W"], i64),
                  "retrieve_next_sibling": (["B", "W"], i64)},
                 note="tree shape compiled to static buffers (Medusa tree buffers)")
-        b.stage("draft_heads", "draft_heads_forward", "draft",
-                {"head_topk": (["B", "K", "T"], i64)},
+        heads = {"head_topk": (["B", "K", "T"], i64)}
+        gather = {"draft_tokens": (["B", "W-1"], i64)}
+        if q_probs:  # children drawn without replacement from each node's q
+            heads["head_probs"] = (["B", "K", "V"], f32)
+            gather["draft_probs"] = (["B", "W-1", "V"], f32)
+        b.stage("draft_heads", "draft_heads_forward", "draft", heads,
                 {"draft_hidden": (["B", "H"], act)} if hidden_fed else {"last_tokens": (["B"], i64)},
-                note="one pass of the draft heads over the last hidden state")
-        b.stage("tree_gather", "tree_build", None, {"draft_tokens": (["B", "W-1"], i64)},
-                {"head_topk": (["B", "K", "T"], i64), "retrieve_index": (["B", "W"], i64)})
+                note="one pass of the draft heads over the last hidden state (EAGLE: one pass per level)")
+        b.stage("tree_gather", "tree_build", None, gather,
+                dict({"head_topk": (["B", "K", "T"], i64), "retrieve_index": (["B", "W"], i64)},
+                     **({"head_probs": (["B", "K", "V"], f32)} if q_probs else {})))
     if k > 0 and info.lookup:
         # lookups replace whatever model drafting was built above
         for n in [n for n, d in b.g.nodes(data=True) if d["forward"] == "draft"]:
@@ -273,14 +280,14 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
             cons.update({"retrieve_index": (["B", "W"], i64), "retrieve_next_token": (["B", "W"], i64),
                          "retrieve_next_sibling": (["B", "W"], i64)})
         if sampled:
-            cons["accept_uniforms"] = (["B", "K"], f32)
+            cons["accept_uniforms"] = (["B", nodes], f32)
         if q_probs:
-            cons["draft_probs"] = (["B", "K", "V"], f32)
+            cons["draft_probs"] = (["B", nodes, "V"], f32)
         if "budget_select" in b.g:
             cons["verify_lens"] = (["B"], i64)
         b.stage("accept", "accept_kernel", None,
                 {"accepted_len": (["B"], i64), "accept_index": (["B", "K+1"], i64)}, cons,
-                note=f"{s.verify_rule} verify")
+                note=f"{s.verify_rule} verify" + (" (tree: recursive rejection over siblings)" if tree else ""))
     cons = {"target_logits": (["B", "W", "V"], f32)}
     if k > 0:
         cons["accepted_len"] = (["B"], i64)
@@ -294,7 +301,8 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
     if k > 0:
         cons.update({"accepted_len": (["B"], i64), "accept_index": (["B", "K+1"], i64)})
     b.stage("kv_commit", "kv_commit", None, {"new_seq_lens": (["B"], i64)}, cons,
-            note="advance lengths by accepted+1; rejected slots are overwritten next step")
+            note=("copy the accepted path's KV to its positions' slots (tree), advance lengths"
+                  if tree else "advance lengths by accepted+1; rejected slots are overwritten next step"))
     ext_cons = {"target_hidden": (["B", "W", "H"], act), "bonus_tokens": (["B"], i64)}
     if k > 0:
         ext_cons["accept_index"] = (["B", "K+1"], i64)

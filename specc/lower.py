@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from specc import cost, methods
+from specc import cost, methods, trees
 from specc.errors import PlanError
 from specc.plan.schema import Plan
 
@@ -171,22 +171,10 @@ def is_parallel(plan: Plan) -> bool:
 
 
 def plan_tree_choices(plan: Plan) -> Optional[Tuple[Tuple[int, ...], ...]]:
-    """``method.tree_choices`` as a tuple of tuples, validated (non-empty paths of ranks ≥ 0 whose
-    parents are present). Raises PlanError naming ``method.tree_choices``."""
-    tc = plan.method.tree_choices
-    if not tc:
-        return None
-    paths = tuple(tuple(int(r) for r in p) for p in tc)
-    seen = set(paths)
-    for p in paths:
-        if not p or min(p) < 0:
-            raise PlanError(f"method.tree_choices: path {list(p)} must be a non-empty list of ranks >= 0")
-        if len(p) > 1 and p[:-1] not in seen:
-            raise PlanError(f"method.tree_choices: path {list(p)} has no parent {list(p[:-1])}; "
-                            "list every prefix of a path")
-    if len(seen) != len(paths):
-        raise PlanError("method.tree_choices: duplicate paths")
-    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+    """``method.tree_choices`` as a tuple of tuples sorted by (depth, path), validated (non-empty
+    paths of ranks ≥ 0 whose parents are present, no duplicates; :func:`specc.trees.normalize_choices`).
+    Raises PlanError naming ``method.tree_choices``."""
+    return trees.normalize_choices(plan.method.tree_choices)
 
 
 def base_num_steps(plan: Plan) -> Tuple[int, Optional[str]]:
@@ -220,27 +208,37 @@ def base_num_steps(plan: Plan) -> Tuple[int, Optional[str]]:
 def verify_width(plan: Plan, num_steps: int) -> int:
     """W, the verify width per request incl. the bonus/root, for κ = ``num_steps``.
 
-    chain / parallel / plain: κ + 1 (SGLang EG20 and AD11). Static tree: len(tree_choices) + 1.
-    Dynamic tree (topk > 1): ``method.num_draft_tokens`` when set, else the whole candidate pool + 1
-    (topk + (κ − 1)·topk² nodes, sglang-0.5.23.md §5). Raises PlanError when num_draft_tokens − 1
-    exceeds the pool (a case SGLang does not check at startup)."""
+    chain / parallel / plain: κ + 1 (SGLang EG20 and AD11). Static tree: the nodes of its first κ
+    levels + 1 (:func:`state_tree_choices`). Dynamic tree (topk > 1): ``method.num_draft_tokens`` when
+    set, else the whole candidate pool + 1 (topk + (κ − 1)·topk² nodes, sglang-0.5.23.md §5); a
+    smaller κ of an adaptive schedule caps it at its own pool + 1. Raises PlanError when
+    num_draft_tokens − 1 exceeds the pool of the plan's own κ (a case SGLang does not check at
+    startup)."""
     if num_steps == 0:
         return 1
-    tc = plan_tree_choices(plan)
+    tc = state_tree_choices(plan, num_steps)
     if tc is not None:
         return len(tc) + 1
     topk = plan_topk(plan)
     if topk <= 1:
         return num_steps + 1
-    pool = cost.tree_pool_size(num_steps, topk)
+    pool = trees.pool_size(num_steps, topk)
     w = plan.method.num_draft_tokens
     if w is None:
         return pool + 1
     if w - 1 > pool:
-        raise PlanError(f"method.num_draft_tokens = {w} exceeds the draft tree: κ = {num_steps}, "
-                        f"topk = {topk} has only {pool} candidates (+1 root); lower "
-                        f"num_draft_tokens to <= {pool + 1} or raise num_steps/topk")
+        if plan.method.num_steps is None or int(plan.method.num_steps) == num_steps:
+            raise PlanError(f"method.num_draft_tokens = {w} exceeds the draft tree: κ = {num_steps}, "
+                            f"topk = {topk} has only {pool} candidates (+1 root); lower "
+                            f"num_draft_tokens to <= {pool + 1} or raise num_steps/topk")
+        return pool + 1
     return int(w)
+
+
+def state_tree_choices(plan: Plan, num_steps: int) -> Optional[Tuple[Tuple[int, ...], ...]]:
+    """The static tree a state of κ = ``num_steps`` verifies: the plan's ``tree_choices`` cut to its
+    first κ levels (an adaptive schedule's smaller κ drafts a shallower tree); None without one."""
+    return trees.truncate(plan_tree_choices(plan), num_steps)
 
 
 def plan_topk(plan: Plan) -> int:
@@ -450,14 +448,13 @@ def lower_report(plan: Plan, alpha: Optional[float] = None,
     keys = sorted(buckets)
     spec = schedule_spec(plan, sizes, buckets)
     par = is_parallel(plan)
-    tc = plan_tree_choices(plan)
     topk = plan_topk(plan)
     states: Dict[str, CandidateState] = {}
     for b in sizes:
         for k in reachable_steps(spec.kind, keys, buckets, sizes, b):
             plain = k == 0
             st_topk = 1 if plain else topk
-            st_tc = None if plain else tc
+            st_tc = None if plain else state_tree_choices(plan, k)
             st_par = False if plain else par
             w = verify_width(plan, k)
             name = state_name(b, k, st_topk, w, plan.verify.rule, plan.verify.draft_sampling,

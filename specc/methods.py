@@ -143,6 +143,9 @@ class Method:
 
 
 _CHAIN_RUNTIME = dict(verify_rules=("greedy", "standard", "synthetic"), schedules=SCHEDULES, shapes=("plain", "chain"))
+# EAGLE heads also grow trees: dynamic (topk > 1) and static (tree_choices), verified in one target
+# forward with the tree mask (specc.runtime.stages.verify_tree; sglang-0.5.23.md §5)
+_TREE_RUNTIME = dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "tree"))
 
 METHODS: Dict[str, Method] = {m.name: m for m in (
     Method("none", "plain decoding: κ = 0, every step emits the target's own token", "none",
@@ -167,13 +170,13 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True,
            runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
                                   draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **_CHAIN_RUNTIME)),
+                                  **_TREE_RUNTIME)),
     Method("eagle3", "EAGLE-3 head: fused low/mid/high target layers, reduced draft vocabulary", "chain",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="fused", default_c=0.042,
            seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True,
            runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
                                   draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **_CHAIN_RUNTIME)),
+                                  **_TREE_RUNTIME)),
     Method("mtp", "multi-token-prediction layers shipped inside the target checkpoint, as a chain", "chain",
            needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="last", default_c=0.042,
            seed="hidden_topk", dynamic_tree=True),
@@ -185,7 +188,10 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            default_c=0.042, seed="hidden_topk"),
     Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
            needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01, seed="none",
-           always_parallel=True, static_tree=True),
+           always_parallel=True, static_tree=True,
+           runtime=RuntimeSupport(drafter="specc.drafters.medusa:build_drafter", verify_rules=("greedy", "standard"),
+                                  draft_sampling=("greedy", "probabilistic"), schedules=SCHEDULES,
+                                  confidence="draft_probability", shapes=("plain", "parallel", "tree"))),
     Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
            "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
            seed="lengths", always_parallel=True, default_num_steps=15),

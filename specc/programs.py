@@ -1,13 +1,21 @@
 """The programs a candidate state runs: one table, read by codegen (which renders each state's module
 from it) and by the runtime (which builds states without an artifact from the same table).
 
-A state runs four stage programs, each a function of :mod:`specc.runtime.stages` called as
+A state runs five stage programs, each a function of :mod:`specc.runtime.stages` called as
 ``fn(ctx, bufs, *args)`` with the state's constants as ``args``:
 
-* **draft** — ``draft_none`` (κ = 0) or ``draft_chain(κ, draft_sampling[, every_position])``;
+* **draft** — ``draft_none`` (κ = 0), ``draft_chain(κ, draft_sampling[, every_position])``,
+  ``draft_tree(κ, topk, draft_sampling)`` (a dynamic EAGLE tree) or ``draft_tree_static(κ,
+  draft_sampling)`` (the state's compiled static tree);
 * **verify** — ``verify_chain``: one target forward over each request's pending token and drafts;
+  ``verify_tree``: one target forward over each request's tree with the tree mask over its cached
+  prefix;
 * **accept** — ``accept_greedy`` (greedy rule), ``accept_standard(probabilistic_q)`` (rejection
-  sampling; also κ = 0, where it is plain sampling), ``accept_synthetic(conditional_rates)``;
+  sampling; also κ = 0, where it is plain sampling), ``accept_synthetic(conditional_rates)``; for
+  trees ``accept_tree_greedy(max_depth)`` and ``accept_tree_standard(probabilistic_q, max_depth)``
+  (multi-candidate recursive rejection over siblings);
+* **commit** — ``commit_none`` (a chain's KV is in place by position) or ``commit_tree`` (moves the
+  accepted path's target KV into place and hands the drafter the path);
 * **extend** — ``extend_drafter`` whenever the plan has a drafter (at κ = 0 too, as SGLang runs
   draft-extend at steps = 0, sglang-0.5.23.md §4: a state switch must find the drafter in sync),
   else ``extend_none``.
@@ -20,16 +28,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
 
-from specc import methods
+from specc import methods, trees
 
-STAGES = ("draft", "verify", "accept", "extend")
+STAGES = ("draft", "verify", "accept", "commit", "extend")
 
 PROGRAM_DOCS = {
     "draft_none": "κ = 0: nothing to propose (plain decoding through the same runtime).",
     "draft_chain": "Ask the drafter for κ tokens per request, clipped per request (draft_tokens [B, κ], "
                    "num_valid [B], confidence [B, κ]).",
+    "draft_tree": "Ask the drafter for a dynamic tree (topk beams per level, the best num_draft_tokens - 1 "
+                  "nodes of the candidate pool): draft_tokens, parents, depths [B, W-1], the tree mask.",
+    "draft_tree_static": "Ask the drafter for the tokens of the state's compiled static tree (parents, depths "
+                         "and mask are this state's constant buffers).",
     "verify_chain": "One target forward over each request's pending token and its drafts (KV written by "
                     "position; rows past a request's drafts cost nothing on the CPU).",
+    "verify_tree": "One target forward over each request's draft tree: node i at position root + depth, KV at "
+                   "slot root + i, attending to the cached prefix and its own ancestors (the tree mask).",
+    "accept_tree_greedy": "Greedy tree rule: walk from the root, accepting the child equal to the target argmax; "
+                          "bonus = argmax where no child matches.",
+    "accept_tree_standard": "Tree rejection sampling: multi-candidate recursive rejection over siblings "
+                            "(one-hot q unless the first argument is True); exact for the target distribution.",
+    "commit_none": "Nothing to move: a chain's accepted KV is already in place by position.",
+    "commit_tree": "Move the accepted path's target KV from its tree slots to consecutive positions and hand "
+                   "the drafter the path as a chain.",
     "accept_greedy": "Greedy rule: accept drafts equal to the target argmax; bonus = argmax at the first miss.",
     "accept_standard": "Standard rule (rejection sampling; one-hot q unless the first argument is True); "
                        "with κ = 0 it samples the bonus token alone from the processed target distribution.",
@@ -52,11 +73,12 @@ class Call:
 
 @dataclass(frozen=True)
 class StatePrograms:
-    """The four programs of a state (see the module docstring)."""
+    """The five programs of a state (see the module docstring)."""
 
     draft: Call
     verify: Call
     accept: Call
+    commit: Call
     extend: Call
 
     def items(self) -> Tuple[Tuple[str, Call], ...]:
@@ -109,12 +131,52 @@ def unsupported_reason(state: Any) -> Optional[str]:
     if state.num_steps > 0 and state.draft_sampling not in rt.draft_sampling:
         return (f"{where}: {state.method} cannot draw {state.draft_sampling} drafts; set "
                 f"verify.draft_sampling={rt.draft_sampling[0]}")
-    if kind == "chain" and state.num_draft_tokens not in (0, state.num_steps + 1):
+    if kind in ("chain", "parallel") and state.num_draft_tokens not in (0, state.num_steps + 1):
         return (f"{where}: a chain verifies num_draft_tokens = κ + 1 = {state.num_steps + 1} rows, the state "
                 f"says {state.num_draft_tokens}")
+    if kind == "tree":
+        reason = _tree_reason(state, m, where)
+        if reason:
+            return reason
     if state.num_steps < 0 or state.batch_size < 1:
         return f"{where}: batch_size must be >= 1 and num_steps >= 0"
     return None
+
+
+def _tree_reason(state: Any, m: Any, where: str) -> Optional[str]:
+    """Why a tree state cannot run, or None (the shapes the runtime's tree programs handle)."""
+    static = state.tree_choices is not None
+    if static and not m.static_tree:
+        return f"{where}: method {state.method} has no static trees (method.tree_choices); drop tree_choices"
+    if not static and not m.dynamic_tree:
+        return f"{where}: method {state.method} has no dynamic trees (method.topk > 1); use method.topk=1"
+    if state.verify_rule == "synthetic":
+        return f"{where}: verify.rule=synthetic runs chains only; use verify.rule=greedy or standard"
+    if state.verify_rule == "standard" and state.draft_sampling == "probabilistic":
+        if not static:
+            return (f"{where}: a dynamic tree (topk={state.topk}) keeps nodes by their drafted scores, so "
+                    f"probabilistic drafts would bias rejection sampling (SGLang refuses rejection sampling with "
+                    f"topk > 1, EG16); set verify.draft_sampling=greedy (one-hot q) or use method.tree_choices")
+        gaps = trees.rank_gaps(trees.normalize_choices(state.tree_choices))
+        if gaps:
+            return (f"{where}: probabilistic drafts take a node's children as its first draws without replacement, "
+                    f"so each node's child ranks must be 0..m-1; method.tree_choices misses ranks under "
+                    f"{[list(g) for g in gaps[:3]]}; add them or set verify.draft_sampling=greedy")
+    width = int(state.num_draft_tokens)
+    if static and width != len(state.tree_choices) + 1:
+        return (f"{where}: a static tree of {len(state.tree_choices)} nodes verifies {len(state.tree_choices) + 1} "
+                f"rows, the state says num_draft_tokens={width}")
+    if not static and not 2 <= width <= trees.pool_size(state.num_steps, state.topk) + 1:
+        return (f"{where}: num_draft_tokens={width} must lie in [2, pool + 1 = "
+                f"{trees.pool_size(state.num_steps, state.topk) + 1}] for κ={state.num_steps}, topk={state.topk}")
+    return None
+
+
+def tree_max_depth(state: Any) -> int:
+    """The deepest node a tree state can verify: the static tree's depth, else min(κ, W - 1)."""
+    if state.tree_choices is not None:
+        return trees.max_depth(trees.normalize_choices(state.tree_choices))
+    return min(int(state.num_steps), int(state.num_draft_tokens) - 1)
 
 
 def state_programs(state: Any, synthetic_rates: Optional[Sequence[float]] = None) -> StatePrograms:
@@ -134,6 +196,19 @@ def state_programs(state: Any, synthetic_rates: Optional[Sequence[float]] = None
         raise ValueError(reason)
     k, sampling = int(state.num_steps), state.draft_sampling
     has_drafter = methods.get(state.method).drafts
+    extend = Call("extend_drafter") if has_drafter else Call("extend_none")
+    if k > 0 and methods.state_kind(k, state.topk, state.parallel, state.tree_choices) == "tree":
+        depth = tree_max_depth(state)
+        if state.tree_choices is not None:
+            draft = Call("draft_tree_static", (k, sampling))
+        else:
+            draft = Call("draft_tree", (k, int(state.topk), sampling))
+        if state.verify_rule == "greedy":
+            accept = Call("accept_tree_greedy", (depth,))
+        else:
+            accept = Call("accept_tree_standard", (sampling == "probabilistic", depth))
+        return StatePrograms(draft=draft, verify=Call("verify_tree"), accept=accept, commit=Call("commit_tree"),
+                             extend=extend)
     if k == 0:
         draft = Call("draft_none")
     elif state.verify_rule == "synthetic":
@@ -151,5 +226,5 @@ def state_programs(state: Any, synthetic_rates: Optional[Sequence[float]] = None
         accept = Call("accept_synthetic", (tuple(float(r) for r in synthetic_rates[:k]),))
     else:
         accept = Call("accept_standard", (sampling == "probabilistic",))
-    extend = Call("extend_drafter") if has_drafter else Call("extend_none")
-    return StatePrograms(draft=draft, verify=Call("verify_chain"), accept=accept, extend=extend)
+    return StatePrograms(draft=draft, verify=Call("verify_chain"), accept=accept, commit=Call("commit_none"),
+                         extend=extend)

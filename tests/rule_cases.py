@@ -99,6 +99,9 @@ S_PLAIN = {"engine": "specc", "target": SMOL, "method": {"name": "none", "num_st
 
 PROB = {"verify.rule": "standard", "verify.draft_sampling": "probabilistic"}
 TREE = {"method.topk": 4, "method.num_steps": 5, "method.num_draft_tokens": 8}
+STATIC = {"method.tree_choices": [[0], [1], [0, 0]], "method.num_steps": 2, "method.topk": 2,
+          "method.num_draft_tokens": 4}  # a static tree of depth 2, ranks 0..1
+DYN = {"method.topk": 2, "method.num_steps": 3, "method.num_draft_tokens": 6}  # a dynamic tree (pool 10)
 LORA = {"deploy.lora.adapters": ["a=/x"]}
 
 
@@ -329,10 +332,29 @@ CASES = {
                       "error"),
     "specc.S-KZERO": (S_E3, {"method.num_steps": 0, "method.num_draft_tokens": 1},
                       {"method.num_steps": 1, "method.num_draft_tokens": 2}, "warning"),
-    "specc.S-TREE": (S_E3, {"method.topk": 2}, {"method.topk": 1}, "error"),
+    "specc.S-TREE": (S_NG, {"method.topk": 2}, {"method.topk": 1}, "error"),
     "specc.S-TOPK-FILL": (S_E3, {"method.topk": None}, {"method.topk": 1}, "filled"),
     "specc.S-WIDTH": (S_E3, {"method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4}, "error"),
     "specc.S-WIDTH-FILL": (S_E3, {"method.num_draft_tokens": None}, {"method.num_draft_tokens": 4}, "filled"),
+    # trees (specc/trees.py, specc/runtime/stages.py; SGLang's limits, sglang-0.5.23.md §5 and U7)
+    "specc.S-TREE-KIND": (S_E3, {"method.name": "medusa", "draft.path": "x/medusa", "method.topk": 2,
+                                 "method.num_draft_tokens": 6}, {"method.name": "eagle3", "draft.path": SMOL_E3["path"]},
+                          "error"),
+    "specc.S-TREE-CHOICES": (S_E3, {"method.tree_choices": [[0, 0]]}, {"method.tree_choices": [[0], [0, 0]]}, "error"),
+    "specc.S-TREE-STEPS-FILL": (S_E3, _m(STATIC, {"method.num_steps": None, "method.num_draft_tokens": None}),
+                                {"method.num_steps": 2}, "filled"),
+    "specc.S-TREE-DEPTH": (S_E3, _m(STATIC, {"method.num_steps": 3}), {"method.num_steps": 2}, "error"),
+    "specc.S-TREE-TOPK-IGN": (S_E3, _m(STATIC, {"method.topk": 1}), {"method.topk": 2}, "warning"),
+    "specc.S-TREE-WIDTH": (S_E3, _m(STATIC, {"method.num_draft_tokens": 5}), {"method.num_draft_tokens": 4}, "error"),
+    "specc.S-TREE-POOL": (S_E3, {"method.topk": 2, "method.num_steps": 2, "method.num_draft_tokens": 8},
+                          {"method.num_draft_tokens": 7}, "error"),
+    "specc.S-TREE-SHAPE": (S_E3, {"method.topk": 4, "method.num_steps": 12, "method.num_draft_tokens": 129},
+                           {"method.num_draft_tokens": 128}, "error"),
+    "specc.S-TREE-SHALLOW": (S_E3, {"method.topk": 2, "method.num_steps": 5, "method.num_draft_tokens": 4},
+                             {"method.num_draft_tokens": 6}, "warning"),
+    "specc.S-TREE-PROB": (S_E3, _m(DYN, PROB), {"verify.draft_sampling": "greedy"}, "error"),
+    "specc.S-TREE-SYN": (S_E3, _m(DYN, {"verify.rule": "synthetic", "verify.synthetic.acceptance_length": 2.0}),
+                         {"method.topk": 1, "method.num_draft_tokens": 4}, "error"),
     "specc.S-PARALLEL-DRAFT": (S_E3, {"method.parallel_drafting": True}, {"method.parallel_drafting": False}, "error"),
     "specc.S-DRAFT": (S_E3, {"draft": None}, {"draft.path": SMOL_E3["path"]}, "error"),
     "specc.S-DRAFT-IGN": (S_NG, {"draft.path": "x/y"}, {"draft": None}, "warning"),

@@ -89,7 +89,7 @@ def test_all_presets_against_all_engines(all_presets_json):
         assert errors(p, "specc") == []
     # Cross-engine outcomes worked out from the reference tables:
     assert errors("sglang_eagle_tree", "vllm") == ["vllm.T1"]          # no tree speculation in vLLM 0.33
-    assert errors("sglang_eagle_tree", "specc") == ["specc.S-TREE"]    # chains only
+    assert errors("sglang_eagle_tree", "specc") == []                  # specc runs EAGLE trees
     assert errors("sglang_eagle3_adaptive", "vllm") == ["vllm.A1"]     # no κ controller
     assert errors("sglang_eagle3_adaptive", "specc") == []              # specc runs SGLang's controller
     assert errors("vllm_batch_buckets", "sglang") == ["sglang.BB1"]    # no per-batch static κ in SGLang
@@ -105,11 +105,11 @@ def test_all_presets_against_all_engines(all_presets_json):
 
 
 def test_text_output_points_to_the_yaml_line(capsys):
-    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=eagle_tree")
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=p_eagle")
     assert rc == 1
-    lines = (REPO / "conf/method/eagle_tree.yaml").read_text().splitlines()
-    topk_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("topk:"))
-    assert f"conf/method/eagle_tree.yaml:{topk_line}: error: [specc.S-TREE] method.topk=4" in out
+    lines = (REPO / "conf/method/p_eagle.yaml").read_text().splitlines()
+    par_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("parallel_drafting:"))
+    assert f"conf/method/p_eagle.yaml:{par_line}: error: [specc.S-PARALLEL-DRAFT] method.parallel_drafting" in out
     assert "source: specc==0.1.0" in out
     assert out.rstrip().splitlines()[-1].startswith("checked 1 plan: 1 error,")
 
@@ -141,22 +141,22 @@ def test_globs_and_directories(capsys, tmp_path):
 
 
 def test_github_annotations(capsys):
-    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=eagle_tree", "--format", "github")
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=p_eagle", "--format", "github")
     assert rc == 1
-    first = out.splitlines()[0]
-    assert first.startswith("::error file=conf/method/eagle_tree.yaml,line=")
-    assert "title=specc.S-TREE (specc==0.1.0)::method.topk=4" in first
+    first = next(ln for ln in out.splitlines() if ln.startswith("::error"))
+    assert first.startswith("::error file=conf/method/p_eagle.yaml,line=")
+    assert "title=specc.S-PARALLEL-DRAFT (specc==0.1.0)::method.parallel_drafting" in first
 
 
 def test_sarif(capsys):
-    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=eagle_tree", "--format", "sarif")
+    rc, out, _ = _run(capsys, "smollm2_eagle3", "method=p_eagle", "--format", "sarif")
     doc = json.loads(out)
     assert doc["version"] == "2.1.0"
-    (result,) = [r for r in doc["runs"][0]["results"] if r["ruleId"] == "specc.S-TREE"]
+    (result,) = [r for r in doc["runs"][0]["results"] if r["ruleId"] == "specc.S-PARALLEL-DRAFT"]
     assert result["level"] == "error"
     loc = result["locations"][0]["physicalLocation"]
-    assert loc["artifactLocation"]["uri"] == "conf/method/eagle_tree.yaml" and loc["region"]["startLine"] > 1
-    assert "specc.S-TREE" in {r["id"] for r in doc["runs"][0]["tool"]["driver"]["rules"]}
+    assert loc["artifactLocation"]["uri"] == "conf/method/p_eagle.yaml" and loc["region"]["startLine"] > 1
+    assert "specc.S-PARALLEL-DRAFT" in {r["id"] for r in doc["runs"][0]["tool"]["driver"]["rules"]}
 
 
 def test_show_resolved_marks_filled_and_overridden_values(capsys):

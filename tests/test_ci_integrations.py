@@ -45,7 +45,7 @@ def test_schema_is_the_sarif_2_1_0_schema():
 
 @pytest.mark.parametrize("args", [
     ["conf/plan/", "--engine", "all"],                               # errors, warnings, fallbacks, undecided
-    ["smollm2_eagle3", "method=eagle_tree"],
+    ["smollm2_eagle3", "method=p_eagle"],
     ["--sglang-args", str(FIX / "sglang_eagle3.sh")],                # a launch command with a parser error
     ["--vllm-args", "vllm", "serve", "m", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}'],
 ])
@@ -79,8 +79,8 @@ def test_pre_commit_hooks_run_as_pre_commit_would(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     bad = tmp_path / "plans" / "tree.yaml"
     bad.parent.mkdir()
-    bad.write_text("defaults:\n  - /target: smollm2_135m\n  - /method: eagle_tree\n  - _self_\nname: tree\n"
-                   "engine: specc\n")
+    bad.write_text("defaults:\n  - /target: smollm2_135m\n  - /method: ngram\n  - _self_\nname: tree\n"
+                   "engine: specc\nmethod:\n  topk: 2\n")
     r = subprocess.run(hooks["specc-check"]["entry"].split() + [str(bad)], capture_output=True, text=True,
                        cwd=REPO, env=_env())
     assert r.returncode == 1 and "specc.S-TREE" in r.stdout

@@ -124,8 +124,13 @@ def test_kernel_variant_names_follow_parameters():
     assert codegen.kernel_variants_for(s)["verify"].name == f"rejection_verify_w{k + 1}_qonehot"
     with pytest.raises(PlanError, match="block"):
         codegen.kernel_variants_for(replace(states[0], verify_rule="block"))
-    with pytest.raises(PlanError, match="chains only"):
-        codegen.kernel_variants_for(replace(states[0], topk=2))
+    # a tree state gets the tree kernels, specialized by its verify width
+    tree = replace(states[0], topk=2, num_draft_tokens=7)
+    assert codegen.kernel_variants_for(tree)["verify"].name == "tree_greedy_verify_w7"
+    assert codegen.kernel_variants_for(replace(tree, verify_rule="standard"))["verify"].name == \
+        "tree_rejection_verify_w7_qonehot"
+    with pytest.raises(PlanError, match="tree kernel"):
+        codegen.kernel_variants_for(replace(tree, verify_rule="block"))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -118,10 +118,10 @@ def test_resolve_does_not_modify_the_input_plan():
 
 
 def test_all_violations_are_reported_at_once():
-    plan = _plan(build(S_E3, {"method.topk": 2, "verify.rule": "block", "schedule.kind": "budget",
-                              "deploy.lora.adapters": ["a=/x"]}))
+    plan = _plan(build(S_E3, {"method.topk": 2, "method.num_draft_tokens": 12, "verify.rule": "block",
+                              "schedule.kind": "budget", "deploy.lora.adapters": ["a=/x"]}))
     errors = {v.rule for v in check(plan, "specc") if v.severity == "error"}
-    assert {"specc.S-TREE", "specc.S-VERIFY", "specc.S-BUDGET-TABLE", "specc.S-LORA"} <= errors
+    assert {"specc.S-TREE-POOL", "specc.S-VERIFY", "specc.S-BUDGET-TABLE", "specc.S-LORA"} <= errors
 
 
 def test_unknown_engine_is_a_key_error():

@@ -216,6 +216,34 @@ def test_fit_trains_saves_in_the_published_layout_and_renders_the_card(tmp_path,
         assert abs(a - b) <= 0.05
 
 
+def test_medusa_kind_trains_heads_that_load_in_the_runtime_layout(tmp_path):
+    """The Medusa kind through the same loop: heads over the last layer's final-norm output, scored per
+    head against the label k + 1 positions on; saved in vLLM's layout with the target's LM head
+    shared, read back by the runtime's loader, scoring on validation as the trained heads did."""
+    from specc.models.medusa import MedusaModel
+
+    target = tiny_target(seed=7)
+    data_recipe, fit = _recipes(tmp_path, "medusa", num_heads=3, train_vocab=64)
+    fit.parts, fit.epochs, fit.prompt_context = ["round1"], 4, 1
+    cache = _distilled(tmp_path, target, data_recipe, n=25, options=fit.options)
+    args = argparse.Namespace(device="cpu", threads=1, out=None, init_from=None, time_budget_min=None)
+    out = FIT.fit(fit, cache, args, target=target, data_recipe=data_recipe)
+    rec = json.loads((out / "training.json").read_text())
+    assert rec["layers"] == [target.config.num_layers - 1] and len(rec["validation"][-1]["all"]) == 3
+    assert rec["curve"]["loss"][-1] < rec["curve"]["loss"][0]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "medusa" and cfg["original_lm_head"] is True and cfg["num_heads"] == 3
+    heads = K.get("medusa").load(out, target)
+    assert isinstance(heads, MedusaModel) and heads.lm_head is None and not len(heads.lm_heads)
+    # the loaded heads score on the validation split as the trained ones did
+    K.get("medusa").adopt(heads, target, fit.options)
+    data = D.load(D.shard_paths(tmp_path / "data" / "tiny" / "round1"), rec["layers"], context=fit.prompt_context)
+    _, val = FIT.split(data, fit.val_every)
+    again = FIT.evaluate(K.get("medusa"), heads, data, val, fit.options, 4, torch.device("cpu"))
+    assert again["all"] == rec["validation"][-1]["all"]
+    assert "## Training" in (out / "TRAINING.md").read_text()
+
+
 def test_a_new_kind_plugs_in_as_one_adapter(tmp_path):
     """A kind registered by a test (a linear next-next-token head over the last layer) trains through the
     same loop: the registry, recipe option checks, collate/loss/save/load hooks."""

@@ -12,8 +12,12 @@ a request's lifetime, and are also the rows of every KV cache):
 2. ``prefill(batch, chunk)`` once per newly admitted set of rows, *after* the target's prefill and
    after the first generated token was sampled (so ``batch.tokens`` already holds it: EAGLE needs the
    token at position i+1 next to the target hidden state at position i).
-3. Per decode step: ``propose(batch, num_steps, sampling)`` -> :class:`Proposal`; the target verifies;
-   ``commit(batch, step)`` with the verify forward's hidden states and the accepted lengths.
+3. Per decode step: ``propose(batch, num_steps, sampling)`` -> :class:`Proposal` (a chain), or
+   ``propose_tree(batch, tree, sampling)`` -> a tree-shaped :class:`Proposal` (tokens, parents, depths)
+   for tree states (``supports_tree``); the target verifies; ``commit(batch, step)`` with the verify
+   forward's hidden states and the accepted lengths. For a tree the runtime first moves the accepted
+   path's target KV into place (the KV-commit stage) and hands ``commit`` the path as a chain
+   (``VerifyStep.accept_index`` says which tree nodes it came from).
 
 Conventions shared by all methods:
 
@@ -125,26 +129,89 @@ class DraftSampling:
 
 @dataclass
 class Proposal:
-    """Draft tokens for one step.
+    """Draft tokens for one step: a chain of K = κ tokens, or a tree of N = W - 1 nodes.
 
     Attributes:
-        tokens: ``[B, K]`` int64, K = num_steps (κ); entries past ``num_valid[b]`` are ignored.
+        tokens: ``[B, K]`` int64, K = num_steps (κ); entries past ``num_valid[b]`` are ignored. A
+            tree: ``[B, N]``, draft node j + 1 of the tree (node 0 is the root, the pending token).
         num_valid: ``[B]`` int64 in ``[0, K]``, draft tokens row b really proposes (n-gram lookup may
-            find fewer than κ, or none).
+            find fewer than κ, or none). A tree: a prefix of the nodes (itself a tree).
         probs: ``[B, K, V]`` fp32 processed draft distribution q for probabilistic drafts, else None.
+            A tree: ``[B, N, V]``, row n = the q node n's children were drawn from (without
+            replacement, in node order; ``specc.kernels.tree_rejection_verify``); rows of leaves are
+            unused.
         confidence: ``[B, K]`` fp32 in [0, 1], the drafter's estimate that draft i is accepted given
             that drafts ``0..i-1`` were (the ``budget`` schedule's survival probability is their running
             product; second seed "Deciding how much to verify by load"). It must not depend on the
             token drafted at i itself (for model drafters: the top probability of the draft
             distribution at i, not the probability of a sampled token), so verifying a prefix chosen
             from it keeps rejection sampling exact. None: no estimate (the schedule then treats every
-            position as certain).
+            position as certain). A tree: ``[B, N]``, each node's path probability under the
+            drafter (the runtime turns it into per-node factors for the budget).
+        parents: None for a chain; a tree: ``[B, N]`` int64, the parent node (0..j) of node j + 1
+            (nodes in a topological order: every prefix of the nodes is a tree).
+        depths: None for a chain; a tree: ``[B, N]`` int64 in [1, κ], each node's depth (its
+            position is the root's position + depth).
     """
 
     tokens: torch.Tensor
     num_valid: torch.Tensor
     probs: Optional[torch.Tensor] = None
     confidence: Optional[torch.Tensor] = None
+    parents: Optional[torch.Tensor] = None
+    depths: Optional[torch.Tensor] = None
+
+
+@dataclass
+class StaticTree:
+    """A static draft tree (``method.tree_choices``) as device tensors, compiled once per state
+    (:func:`specc.trees.compile_tree`; W = N + 1 nodes, root = 0).
+
+    Attributes:
+        parents: ``[N]`` int64, parent node of node j + 1. depths: ``[W]`` int64 (root 0).
+        ranks: ``[N]`` int64, the child rank that picks node j + 1's token among its parent's ranked
+            candidates (greedy: the parent's top-k; probabilistic: its draws without replacement).
+        expand: per depth d < κ, ``[F_d]`` int64, the nodes at depth d with children (depth 0: the root).
+        mask: ``[W, W]`` bool, node i sees node j iff j is i or an ancestor.
+        topk: candidates a parent needs (largest rank + 1).
+    """
+
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ranks: torch.Tensor
+    expand: Tuple[torch.Tensor, ...]
+    mask: torch.Tensor
+    topk: int
+
+    @property
+    def num_nodes(self) -> int:
+        """N, draft nodes (the root excluded)."""
+        return int(self.parents.shape[0])
+
+    @classmethod
+    def from_buffers(cls, tree: dict, device) -> "StaticTree":
+        """From :func:`specc.trees.compile_tree`'s plain lists (a generated module's ``TREE``)."""
+        i64 = dict(dtype=torch.int64, device=device)
+        return cls(parents=torch.tensor(tree["parents"], **i64), depths=torch.tensor(tree["depths"], **i64),
+                   ranks=torch.tensor(tree["ranks"], **i64),
+                   expand=tuple(torch.tensor(e, **i64) for e in tree["expand"]),
+                   mask=torch.tensor(tree["attn_mask"], dtype=torch.bool, device=device), topk=int(tree["topk"]))
+
+
+@dataclass
+class TreeRequest:
+    """The tree a tree state asks its drafter for.
+
+    Attributes:
+        num_steps: κ, the deepest level. topk: branching factor of a dynamic tree (SGLang's
+            ``speculative_eagle_topk``). num_nodes: N = num_draft_tokens - 1 nodes to return.
+        static: the compiled static tree, or None for a dynamic (EAGLE-2 style) tree.
+    """
+
+    num_steps: int
+    topk: int
+    num_nodes: int
+    static: Optional[StaticTree] = None
 
 
 @dataclass
@@ -164,6 +231,9 @@ class VerifyStep:
             drafts were all trimmed); None when unknown.
         num_steps: κ of the state that ran this step (0: nothing was proposed; the drafter's
             ``propose`` was not called).
+        accept_index: None for a chain; after a tree step ``[B, W]`` int64, the tree nodes the
+            (chain-shaped) rows of this step came from (root first, -1 past ``accepted``): the
+            fields above then hold the accepted path, not the tree.
     """
 
     input_ids: torch.Tensor
@@ -174,6 +244,7 @@ class VerifyStep:
     target_hidden: List[torch.Tensor]
     num_valid: Optional[torch.Tensor] = None
     num_steps: int = 0
+    accept_index: Optional[torch.Tensor] = None
 
 
 class Drafter(abc.ABC):
@@ -189,6 +260,7 @@ class Drafter(abc.ABC):
             (no host syncs), so the runtime may capture them as CUDA graphs.
         prefill_row_index: whether ``prefill`` takes a compact chunk of the new requests only
             (``PrefillChunk.row_index``); otherwise it gets rows ``0..n-1`` with ``rows`` marking the new.
+        supports_tree: whether ``propose_tree`` grows draft trees (dynamic and/or static).
     """
 
     name: str = "drafter"
@@ -196,6 +268,7 @@ class Drafter(abc.ABC):
     supports_probabilistic: bool = False
     capturable: bool = False
     prefill_row_index: bool = False
+    supports_tree: bool = False
 
     def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
         """Allocate caches for ``max_batch_size`` rows of ``max_seq_len`` slots (trash slot
@@ -212,6 +285,16 @@ class Drafter(abc.ABC):
         Returns: :class:`Proposal` with ``tokens [B, κ]``; ``probs [B, κ, V]`` only for
         ``sampling.mode == "probabilistic"``. Must not change the target's state.
         """
+
+    def propose_tree(self, batch: BatchView, tree: TreeRequest, sampling: DraftSampling) -> Proposal:
+        """Propose a draft tree of ``tree.num_nodes`` nodes per row (``supports_tree`` drafters).
+
+        Returns: :class:`Proposal` with ``tokens``, ``parents``, ``depths``, ``confidence`` ``[B, N]``
+        and, for probabilistic drafts, ``probs [B, N, V]``; ``sampling.exp_noise`` is then
+        ``[B, N, V]``, row n for drawing node n's children. A static tree's parents/depths are
+        ``tree.static``'s. Must not change the target's state. Default: NotImplementedError.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not draft trees")
 
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
         """Update the drafter after verification (the *extend* stage): EAGLE refreshes its KV over
@@ -248,6 +331,6 @@ def clip_num_valid(proposal_valid: torch.Tensor, max_draft: torch.Tensor, active
 
 
 __all__: Sequence[str] = (
-    "BatchView", "PrefillChunk", "DraftSampling", "Proposal", "VerifyStep", "Drafter",
+    "BatchView", "PrefillChunk", "DraftSampling", "Proposal", "StaticTree", "TreeRequest", "VerifyStep", "Drafter",
     "check_same_vocab", "clip_num_valid",
 )

@@ -1,4 +1,5 @@
-"""EAGLE / EAGLE-3 chain drafting (topk = 1) behind the runtime's drafter protocol.
+"""EAGLE / EAGLE-3 drafting behind the runtime's drafter protocol: chains (topk = 1), dynamic trees
+(EAGLE-2 style, topk > 1) and static trees (``method.tree_choices``).
 
 Per decode step (SGLang's EAGLE worker call pattern; seeds, speculative-decoding-zoo: one draft
 extension and ``num_steps - 1`` recurrent calls):
@@ -12,6 +13,25 @@ extension and ``num_steps - 1`` recurrent calls):
 Draft position ``p`` holds the pair (target feature at ``p``, token at ``p + 1``); its KV lives in the
 head's own cache at slot ``p``; padding and inactive rows write to the runtime's trash slot, which no
 real query sees (every real position is smaller).
+
+Trees (``propose_tree``): level by level, the head runs once over the level's frontier nodes (the
+topk beams of a dynamic tree, the nodes with children of a static one), each at the draft position of
+its depth, with its KV in a scratch slot past the row's last committed draft position and an explicit
+mask (the committed prefix plus the node's own ancestors' scratch slots). The draft-extend over the
+accepted path (``commit``, which the runtime hands the path as a chain) overwrites the scratch slots
+it reaches; the rest lie past every later query's position or mask.
+
+* Dynamic tree (SGLang's EAGLE worker, sglang-0.5.23.md §5, eagle_worker_v2.py:742-919; EAGLE-2's
+  ``topK_genrate``, anchors.md §A3): the root's topk children; then per level each of the topk beams
+  expands into its topk children scored by cumulative draft log-probability, all topk² join the
+  candidate pool and the best topk become the next beams; finally the best ``num_draft_tokens - 1``
+  pool nodes are kept. They are numbered in score order (ties: pool order), a topological order
+  since a child never outscores its parent (log-probabilities are ≤ 0), so every prefix is the best
+  subtree (the budget schedule admits prefixes). Greedy drafts only (the tree is then a deterministic
+  function of the context, which one-hot tree rejection sampling needs).
+* Static tree: node ``[.., r]`` takes its parent's rank-r candidate: the r-th largest draft
+  probability (greedy) or the r-th draw without replacement (probabilistic: ``argmax q / Exp(1)``
+  ranked, the exponential race of the parent's own noise row).
 """
 from __future__ import annotations
 
@@ -19,7 +39,7 @@ from typing import Any, Optional
 
 import torch
 
-from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep
+from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, TreeRequest, VerifyStep
 from specc.errors import CheckpointError, PlanError
 from specc.models.eagle import DraftKVCache, EagleModel
 
@@ -35,6 +55,7 @@ class EagleDrafter(Drafter):
 
     supports_probabilistic = True
     capturable = False
+    supports_tree = True
 
     def __init__(self, model: EagleModel, target_num_layers: int, target_norm=None):
         self.model = model.prepare_inference()
@@ -136,6 +157,148 @@ class EagleDrafter(Drafter):
         return Proposal(tokens=tokens, num_valid=torch.full((B,), num_steps, dtype=torch.int64, device=dev),
                         probs=torch.stack(probs, dim=1) if probabilistic else None,
                         confidence=torch.stack(conf, dim=1) if conf else None)
+
+    # ------------------------------------------------------------------ trees
+    def _run_level(self, batch: BatchView, tokens: torch.Tensor, feats: torch.Tensor, depth: int,
+                   scratch: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+        """One head pass over F frontier nodes per row: ``tokens [B, F]`` target ids at tree depth
+        ``depth`` (draft position ``last_pos + depth``), ``feats [B, F, H]`` their parents' head
+        outputs, KV at scratch slots ``last_pos + 1 + scratch [F]``, each seeing the committed prefix
+        and the scratch slots flagged in ``ancestors [B, F, Sc]`` (itself included). Returns the
+        outputs ``[B, F, H]``."""
+        B, F = tokens.shape
+        trash = batch.trash_slot
+        last = self.last_pos[:B].view(B, 1)  # [B, 1]
+        sc = ancestors.shape[-1]
+        slot = last + 1 + scratch.view(1, F)  # [B, F]
+        active = batch.active[:B].view(B, 1)
+        slots = torch.where(active & (slot < trash), slot, torch.full_like(slot, trash))
+        span = int(last.max()) + 1 + sc
+        rel = torch.arange(span, device=tokens.device).view(1, 1, span) - (last + 1).view(B, 1, 1)  # [B, 1, S]
+        anc = ancestors.gather(2, rel.clamp(0, sc - 1).expand(B, F, span))
+        mask = (rel < 0) | ((rel < sc) & anc)  # [B, F, S]
+        pos = (last + depth).expand(B, F).clamp(max=trash)
+        return self.model(tokens, feats, pos, cache=self.cache, cache_slots=slots, attn_mask=mask, from_target=False)
+
+    @torch.inference_mode()
+    def propose_tree(self, batch: BatchView, tree: TreeRequest, sampling: DraftSampling) -> Proposal:
+        """A draft tree of ``tree.num_nodes`` nodes per row (see the module docstring): tokens,
+        parents, depths, confidence (path probabilities) ``[B, N]``; for a static tree with
+        probabilistic drafts also ``probs [B, N, V]`` (q at every parent node, zero rows for leaves).
+        Raises ValueError for probabilistic drafts on a dynamic tree (its node selection uses the
+        drafted scores)."""
+        if tree.static is not None:
+            return self._static_tree(batch, tree, sampling)
+        if sampling.mode == "probabilistic":
+            raise ValueError("a dynamic EAGLE tree drafts greedily (one-hot q); use a static tree "
+                             "(method.tree_choices) for probabilistic drafts")
+        return self._dynamic_tree(batch, tree)
+
+    def _dynamic_tree(self, batch: BatchView, tree: TreeRequest) -> Proposal:
+        m = self.model
+        B = batch.batch_size
+        dev = batch.tokens.device
+        k, steps, n = int(tree.topk), int(tree.num_steps), int(tree.num_nodes)
+        g0 = self.g_last[:B]  # [B, H]
+        logp = torch.log_softmax(m.draft_logits(g0.unsqueeze(1))[:, 0].float(), dim=-1)  # [B, Vd]
+        score, ids = logp.topk(k, dim=-1)  # [B, k], descending
+        tok = m.draft_to_target(ids)
+        pool_score, pool_tok = [score], [tok]
+        pool_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
+        pool_depth = [torch.ones(B, k, dtype=torch.int64, device=dev)]
+        beam_tok, beam_score = tok, score
+        beam_feat = g0.unsqueeze(1).expand(B, k, g0.shape[-1])
+        beam_pool = torch.arange(k, device=dev).expand(B, k)
+        sc = max(1, (steps - 1) * k)
+        beam_anc = torch.zeros(B, k, sc, dtype=torch.bool, device=dev)
+        offset = k
+        rk = torch.arange(k, device=dev)
+        for i in range(1, steps):
+            scratch = (i - 1) * k + rk  # [k]
+            anc = beam_anc.clone()
+            anc[:, rk, scratch] = True
+            g = self._run_level(batch, beam_tok, beam_feat, i, scratch, anc)  # [B, k, H]
+            lp = torch.log_softmax(m.draft_logits(g).float(), dim=-1)  # [B, k, Vd]
+            csc, cid = lp.topk(k, dim=-1)  # [B, k, k]
+            cum = (beam_score.unsqueeze(-1) + csc).reshape(B, k * k)
+            ctok = m.draft_to_target(cid).reshape(B, k * k)
+            pool_score.append(cum)
+            pool_tok.append(ctok)
+            pool_parent.append(beam_pool.unsqueeze(-1).expand(B, k, k).reshape(B, k * k))
+            pool_depth.append(torch.full((B, k * k), i + 1, dtype=torch.int64, device=dev))
+            beam_score, top = cum.topk(k, dim=-1)  # [B, k] the next beams
+            parent_r = top // k
+            beam_tok = ctok.gather(1, top)
+            beam_feat = g.gather(1, parent_r.unsqueeze(-1).expand(B, k, g.shape[-1]))
+            beam_anc = anc.gather(1, parent_r.unsqueeze(-1).expand(B, k, sc))
+            beam_pool = offset + top
+            offset += k * k
+        scores = torch.cat(pool_score, dim=1)  # [B, P]
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]  # [B, N]
+        parent_pool = torch.cat(pool_parent, dim=1).gather(1, order)  # [B, N]
+        rank_of = torch.full_like(scores, -1, dtype=torch.int64)
+        rank_of.scatter_(1, order, torch.arange(n, device=dev).expand(B, n).contiguous())
+        parents = torch.where(parent_pool < 0, torch.zeros_like(parent_pool),
+                              rank_of.gather(1, parent_pool.clamp(min=0)) + 1)
+        return Proposal(tokens=torch.cat(pool_tok, dim=1).gather(1, order),
+                        num_valid=torch.full((B,), n, dtype=torch.int64, device=dev),
+                        confidence=scores.gather(1, order).exp(), parents=parents,
+                        depths=torch.cat(pool_depth, dim=1).gather(1, order))
+
+    def _static_tree(self, batch: BatchView, tree: TreeRequest, sampling: DraftSampling) -> Proposal:
+        from specc.kernels import process_logits
+
+        m = self.model
+        st = tree.static
+        B = batch.batch_size
+        dev = batch.tokens.device
+        n, kmax = st.num_nodes, st.topk
+        probabilistic = sampling.mode == "probabilistic"
+        g0 = self.g_last[:B]
+        hsize = g0.shape[-1]
+        out = g0.new_zeros(B, n + 1, hsize)  # head output of each node (root: the last committed pair's)
+        out[:, 0] = g0
+        tokens = torch.zeros(B, n + 1, dtype=torch.int64, device=dev)
+        path_p = torch.ones(B, n + 1, dtype=torch.float32, device=dev)
+        probs = torch.zeros(B, n, self.model.cfg.vocab_size, device=dev) if probabilistic else None
+        run_nodes = torch.cat(list(st.expand[1:])) if len(st.expand) > 1 else torch.zeros(0, dtype=torch.int64, device=dev)
+        scratch_of = torch.full((n + 1,), -1, dtype=torch.int64, device=dev)
+        scratch_of[run_nodes] = torch.arange(run_nodes.numel(), device=dev)
+        sc = max(1, int(run_nodes.numel()))
+        anc_all = st.mask[:, run_nodes] if run_nodes.numel() else torch.zeros(n + 1, 1, dtype=torch.bool, device=dev)
+        parent_of = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), st.parents])  # [W]
+        rank_of = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), st.ranks])
+        depth_of = st.depths
+        for d, frontier in enumerate(st.expand):  # frontier: [F] nodes at depth d with children
+            if d > 0:
+                out[:, frontier] = self._run_level(
+                    batch, tokens[:, frontier], out[:, parent_of[frontier]], d, scratch_of[frontier],
+                    anc_all[frontier].unsqueeze(0).expand(B, -1, -1))
+            logits = m.draft_logits(out[:, frontier])  # [B, F, Vd]
+            if probabilistic:
+                f = frontier.numel()
+                temp = batch.temperature[:B].repeat_interleave(f)
+                q = process_logits(logits.reshape(B * f, 1, -1), temp, batch.top_k[:B].repeat_interleave(f),
+                                   batch.top_p[:B].repeat_interleave(f))[:, 0].view(B, f, -1)  # [B, F, Vd]
+                noise = sampling.exp_noise[:B][:, frontier, : q.shape[-1]]
+                cand = torch.div(q, noise).topk(kmax, dim=-1).indices  # [B, F, kmax] draws without replacement
+                probs[:, frontier] = m.target_probs(q)
+            else:
+                q = torch.softmax(logits.float(), dim=-1)
+                cand = logits.topk(kmax, dim=-1).indices  # [B, F, kmax]
+            slot = torch.full((n + 1,), -1, dtype=torch.int64, device=dev)
+            slot[frontier] = torch.arange(frontier.numel(), device=dev)
+            children = torch.nonzero(depth_of == d + 1).view(-1)  # [C] nodes at depth d + 1
+            if children.numel() == 0:
+                continue
+            par_slot = slot[parent_of[children]]  # [C]
+            picked = cand[:, par_slot, rank_of[children]]  # [B, C] draft-vocab ids
+            tokens[:, children] = m.draft_to_target(picked)
+            qp = q[:, par_slot].gather(2, picked.unsqueeze(-1)).squeeze(-1)  # [B, C]
+            path_p[:, children] = path_p[:, parent_of[children]] * qp
+        return Proposal(tokens=tokens[:, 1:], num_valid=torch.full((B,), n, dtype=torch.int64, device=dev),
+                        probs=probs, confidence=path_p[:, 1:],
+                        parents=st.parents.expand(B, n), depths=st.depths[1:].expand(B, n))
 
     @torch.inference_mode()
     def commit(self, batch: BatchView, step: VerifyStep) -> None:

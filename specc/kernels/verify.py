@@ -73,7 +73,8 @@ def greedy_verify(
         backend: "auto" (Triton on CUDA, torch elsewhere), "torch" or "triton" (on CPU tensors the
             Triton kernel needs `TRITON_INTERPRET=1` in the environment before its first call).
     Returns:
-        `VerifyOutput(accepted_len [B] int32, output_tokens [B, K+1] int64, bonus [B] int64)`.
+        `VerifyOutput(accepted_len [B] int32, output_tokens [B, K+1] int64, bonus [B] int64,
+        accept_index [B, K+1] int64)` (a chain: rows 0..accepted_len).
     Raises:
         ValueError: on wrong shapes/dtypes or an unknown backend. SpeccError: backend="triton" on CPU
         without TRITON_INTERPRET=1, or triton missing.
@@ -174,7 +175,8 @@ def rejection_verify(
         backend: "auto" (Triton on CUDA, torch elsewhere), "torch" or "triton" (on CPU tensors the
             Triton kernel needs `TRITON_INTERPRET=1` in the environment before its first call).
     Returns:
-        `VerifyOutput(accepted_len [B] int32, output_tokens [B, K+1] int64, bonus [B] int64)`.
+        `VerifyOutput(accepted_len [B] int32, output_tokens [B, K+1] int64, bonus [B] int64,
+        accept_index [B, K+1] int64)` (a chain: rows 0..accepted_len).
     Raises:
         ValueError: on wrong shapes/dtypes or an unknown backend. SpeccError: backend="triton" on CPU
         without TRITON_INTERPRET=1, or triton missing.

@@ -10,17 +10,29 @@ import torch
 
 
 class VerifyOutput(NamedTuple):
-    """Result of one verify step for B requests with K draft positions.
+    """Result of one verify step for B requests with K draft positions (a chain) or N = W - 1 draft
+    nodes (a tree of verify width W; then read K as N below).
 
-    accepted_len: `[B]` int32 in [0, K], number of draft tokens accepted.
+    accepted_len: `[B]` int32 in [0, K], number of draft tokens accepted (the accepted path's depth).
     output_tokens: `[B, K+1]` int64: the accepted drafts at [0, accepted_len), the bonus at
         accepted_len, -1 after it. The tokens to append are `output_tokens[b, :accepted_len[b] + 1]`.
     bonus: `[B]` int64, the bonus token (`output_tokens[b, accepted_len[b]]`).
+    accept_index: `[B, K+1]` int64, the verify rows (tree nodes, root = 0) of the accepted path:
+        entries [0, accepted_len] hold the root and the accepted nodes, -1 after. A chain's is
+        0, 1, ..., accepted_len. The KV-commit stage moves the target KV of these rows into place.
+        None only from code written before trees (use :func:`chain_accept_index`).
     """
 
     accepted_len: torch.Tensor
     output_tokens: torch.Tensor
     bonus: torch.Tensor
+    accept_index: torch.Tensor | None = None
+
+
+def chain_accept_index(accepted: torch.Tensor, width: int) -> torch.Tensor:
+    """A chain's accepted rows: ``[B, width]`` int64, ``0..accepted[b]`` then -1."""
+    pos = torch.arange(width, device=accepted.device).view(1, -1)  # [1, W]
+    return torch.where(pos <= accepted.view(-1, 1).to(torch.int64), pos, torch.full_like(pos, -1))
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -66,7 +78,7 @@ def _finish(accepted: torch.Tensor, draft_tokens: torch.Tensor, bonus: torch.Ten
     padded = torch.cat([draft_tokens, bonus.view(batch, 1)], dim=1)  # [B, K+1]
     out = torch.where(pos < accepted.view(batch, 1), padded, torch.full_like(padded, -1))
     out = torch.where(pos == accepted.view(batch, 1), bonus.view(batch, 1), out)  # [B, K+1]
-    return VerifyOutput(accepted.to(torch.int32), out, bonus)
+    return VerifyOutput(accepted.to(torch.int32), out, bonus, chain_accept_index(accepted, num_steps + 1))
 
 
 def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:

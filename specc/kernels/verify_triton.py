@@ -26,6 +26,7 @@ import torch
 from specc.errors import SpeccError
 from specc.kernels.verify_common import (
     VerifyOutput,
+    chain_accept_index,
     _check_drafts,
     _check_rejection_inputs,
     _num_valid,
@@ -226,13 +227,13 @@ def greedy_verify_triton(
     valid = _num_valid(num_valid, batch, num_steps, draft_tokens.device)
     acc, out, bonus = _outputs(batch, num_steps, draft_tokens.device)
     if batch == 0:
-        return VerifyOutput(acc, out, bonus)
+        return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))
     greedy_kernel, _ = _kernels()
     greedy_kernel[(batch,)](
         _nonempty(draft_tokens, draft_tokens), target_arg, valid, acc, out, bonus, num_steps, vocab,
         FROM_LOGITS=from_logits, BLOCK=BLOCK_V, enable_fp_fusion=False,
     )
-    return VerifyOutput(acc, out, bonus)
+    return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))
 
 
 def rejection_verify_triton(
@@ -249,7 +250,7 @@ def rejection_verify_triton(
     valid = _num_valid(num_valid, batch, num_steps, draft_tokens.device)
     acc, out, bonus = _outputs(batch, num_steps, draft_tokens.device)
     if batch == 0:
-        return VerifyOutput(acc, out, bonus)
+        return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))
     _, rejection_kernel = _kernels()
     has_q = draft_probs is not None
     rejection_kernel[(batch,)](
@@ -258,4 +259,4 @@ def rejection_verify_triton(
         _nonempty(uniforms, target_probs), exp_noise.contiguous(), valid, acc, out, bonus, num_steps, vocab,
         HAS_DRAFT_PROBS=has_q, BLOCK=BLOCK_V, enable_fp_fusion=False,
     )
-    return VerifyOutput(acc, out, bonus)
+    return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))

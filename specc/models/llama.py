@@ -519,6 +519,23 @@ class LlamaModel(nn.Module):
         self._slot_ids = torch.arange(max_seq_len, device=dev)  # [S]
         self._batch_ids = torch.arange(max_batch_size, device=dev)[:, None]  # [Bmax, 1]
 
+    def copy_kv(self, src_slots: torch.Tensor, dst_slots: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
+        """Copy every layer's cached K and V of batch row b from slot ``src_slots[b, m]`` to slot
+        ``dst_slots[b, m]`` (all reads happen before any write, so the two may overlap): the KV commit
+        of a tree verify (Medusa's gather-copy of the accepted path, anchors.md §A2). Entries that
+        should do nothing point both at the trash slot.
+
+        Args: src_slots, dst_slots: ``[B, M]`` int64 slots ``< max_seq_len``; rows: ``[B]`` int64
+        cache rows (default ``0..B-1``). Raises RuntimeError before ``setup_cache``."""
+        if self.max_seq_len == 0:
+            raise RuntimeError("LlamaModel.setup_cache(max_batch_size, max_seq_len) must be called before copy_kv")
+        b, m = src_slots.shape
+        bi = (self._batch_ids[:b] if rows is None else rows.view(b, 1)).expand(b, m)  # [B, M] cache rows
+        for layer in self.layers:
+            for cache in (layer.attn.k_cache, layer.attn.v_cache):
+                view = cache.transpose(1, 2)  # [max_batch, max_seq, kv_heads, head_dim]
+                view.index_put_((bi, dst_slots), view[bi, src_slots])  # the gather is a copy
+
     # -------------------------------------------------------------- forward
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings: ids ``[...]`` int64 -> ``[..., H]`` in the weights' dtype."""

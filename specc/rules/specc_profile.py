@@ -16,7 +16,8 @@ from __future__ import annotations
 import keyword
 import re
 
-from specc import methods
+from specc import methods, trees
+from specc.errors import PlanError
 from specc.rules.base import Profile, Rule, gt, ne, ngram_window_set, rejection_sampling, thresholds_set
 
 SUPPORTED = methods.runtime_methods()
@@ -53,12 +54,63 @@ def bad_name(name) -> bool:
 
 
 def usable_len(p):
-    """Tokens (prompt + output) a request may hold in the runtime: max_model_len - κ - 2, or None
+    """Tokens (prompt + output) a request may hold in the runtime: max_model_len minus the cache
+    slack of the plan's widest step (:func:`specc.trees.cache_slack`: κ + 2 for a chain), or None
     when either is unknown."""
     m, k = p.target.max_model_len, p.method.num_steps
     if not isinstance(m, int) or not isinstance(k, int):
         return None
-    return m - k - 2
+    w = p.method.num_draft_tokens if isinstance(p.method.num_draft_tokens, int) else k + 1
+    topk = p.method.topk if isinstance(p.method.topk, int) else 1
+    return m - trees.cache_slack(k, topk, w, static=bool(p.method.tree_choices))
+
+
+TREE_SRC = "specc/runtime/stages.py (draft_tree, verify_tree); sglang-0.5.23.md §5"
+U7 = "specc/trees.py (SGLang's tree-shape limits: arg_groups/speculative_hook.py:494-559, U7)"
+
+
+def _tree_plan(p) -> bool:
+    """A tree plan the runtime runs (the method has trees): topk > 1 or tree_choices."""
+    rt = _rt(p)
+    return (drafting(p) and rt is not None and "tree" in rt.shapes
+            and (gt(p.method.topk, 1) or bool(p.method.tree_choices)))
+
+
+def _choices(p):
+    """The plan's tree_choices normalized, None when unset or malformed (S-TREE-CHOICES reports it)."""
+    try:
+        return trees.normalize_choices(p.method.tree_choices)
+    except PlanError:
+        return None
+
+
+def _bad_choices(p) -> bool:
+    if not p.method.tree_choices:
+        return False
+    try:
+        trees.normalize_choices(p.method.tree_choices)
+    except PlanError:
+        return True
+    return False
+
+
+def _dynamic(p) -> bool:
+    return _tree_plan(p) and not p.method.tree_choices
+
+
+def _pool(p):
+    k, t = p.method.num_steps, p.method.topk
+    return trees.pool_size(k, t) if isinstance(k, int) and isinstance(t, int) else None
+
+
+def _fill_width(p):
+    k = p.method.num_steps
+    tc = _choices(p)
+    if tc is not None:
+        return {"method.num_draft_tokens": len(tc) + 1}
+    if isinstance(p.method.topk, int) and p.method.topk > 1:
+        return {"method.num_draft_tokens": trees.pool_size(k, p.method.topk) + 1}
+    return {"method.num_draft_tokens": k + 1}
 
 
 def drafting(p) -> bool:
@@ -86,6 +138,20 @@ RULES = (
       "or pick a method", RT),
     R("S-K0-FILL", "filled", ("method.num_steps",), lambda p: p.method.name == "none" and p.method.num_steps is None,
       "method.name=none: method.num_steps = 0 (plain decoding)", RT, lambda p: {"method.num_steps": 0}),
+    R("S-TREE-CHOICES", "error", ("method.tree_choices",), lambda p: drafting(p) and _bad_choices(p),
+      "method.tree_choices={p.method.tree_choices}: each path must be a non-empty list of ranks >= 0, listed once, "
+      "with every prefix of it listed too (e.g. [[0], [1], [0, 0]])", "specc/trees.py (normalize_choices)"),
+    R("S-TREE-STEPS-FILL", "filled", ("method.num_steps",),
+      lambda p: _tree_plan(p) and _choices(p) is not None and p.method.num_steps is None,
+      "method.num_steps = {new[method.num_steps]}, the depth of method.tree_choices", "specc/lower.py (base_num_steps)",
+      lambda p: {"method.num_steps": trees.max_depth(_choices(p))}),
+    R("S-TREE-DEPTH", "error", ("method.num_steps", "method.tree_choices"),
+      lambda p: _tree_plan(p) and _choices(p) is not None and isinstance(p.method.num_steps, int)
+      and p.method.num_steps != trees.max_depth(_choices(p)),
+      "method.num_steps={p.method.num_steps} but method.tree_choices is "
+      "{depth} levels deep; a static tree drafts its own depth: unset num_steps (`method.num_steps=null`) "
+      "or change the tree", "specc/lower.py (base_num_steps)",
+      message_args=lambda p: {"depth": trees.max_depth(_choices(p))}),
     R("S-STEPS", "error", ("method.num_steps",),
       lambda p: drafting(p) and p.method.num_steps is None and p.schedule.kind in ("static", "budget"),
       "method.num_steps (κ) is required for {p.method.name} with schedule.kind={p.schedule.kind} on the specc "
@@ -96,19 +162,79 @@ RULES = (
       lambda p: drafting(p) and (gt(p.method.topk, 1) or bool(p.method.tree_choices))
       and "tree" not in _rt(p).shapes,
       "method.topk={p.method.topk} / method.tree_choices: tree drafting is not supported by the specc runtime "
-      "for {p.method.name} (chains only, topk 1); target sglang or vllm", RT),
+      "for {p.method.name} (chains only, topk 1); use an EAGLE head (eagle, eagle3) or Medusa heads, or target "
+      "sglang", RT),
+    R("S-TREE-KIND", "error", ("method.topk", "method.tree_choices"),
+      lambda p: _tree_plan(p) and (
+          (bool(p.method.tree_choices) and not methods.get(p.method.name).static_tree)
+          or (not p.method.tree_choices and not methods.get(p.method.name).dynamic_tree)),
+      "method.name={p.method.name} drafts {what} trees only (the method table, specc/methods.py): "
+      "{fix}", "specc/methods.py (Method.dynamic_tree, Method.static_tree)",
+      message_args=lambda p: {"what": "static" if methods.get(p.method.name).static_tree else "dynamic",
+                              "fix": "set method.tree_choices (paths of child ranks, e.g. [[0], [1], [0, 0]]) "
+                                     "and method.topk=null" if methods.get(p.method.name).static_tree
+                              else "drop method.tree_choices and set method.topk > 1"}),
+    R("S-TREE-TOPK-IGN", "warning", ("method.topk", "method.tree_choices"),
+      lambda p: _tree_plan(p) and _choices(p) is not None and isinstance(p.method.topk, int)
+      and p.method.topk != trees.tree_topk(_choices(p)),
+      "method.topk={p.method.topk} is ignored: method.tree_choices fixes each node's candidates (up to rank "
+      "{topk} - 1); drop method.topk", "specc/lower.py (plan_topk)",
+      message_args=lambda p: {"topk": trees.tree_topk(_choices(p))}),
     R("S-TOPK-FILL", "filled", ("method.topk",), lambda p: drafting(p) and p.method.topk is None,
-      "method.topk = 1 (chain drafting)", RT, lambda p: {"method.topk": 1}),
+      "method.topk = {new[method.topk]} ({what})", RT,
+      lambda p: {"method.topk": trees.tree_topk(_choices(p)) if _choices(p) is not None else 1},
+      message_args=lambda p: {"what": "the widest rank of method.tree_choices + 1" if p.method.tree_choices
+                              else "chain drafting"}),
     R("S-WIDTH", "error", ("method.num_draft_tokens", "method.num_steps"),
-      lambda p: drafting(p) and p.method.topk == 1 and isinstance(p.method.num_steps, int)
-      and ne(p.method.num_draft_tokens, p.method.num_steps + 1),
+      lambda p: drafting(p) and p.method.topk == 1 and not p.method.tree_choices
+      and isinstance(p.method.num_steps, int) and ne(p.method.num_draft_tokens, p.method.num_steps + 1),
       "method.num_draft_tokens={p.method.num_draft_tokens}: a chain verifies κ + 1 = {p.method.num_steps} + 1 "
       "tokens; unset it with the override `method.num_draft_tokens=null` (it is then filled as κ + 1) or set it "
       "to num_steps + 1", RT),
+    R("S-TREE-WIDTH", "error", ("method.num_draft_tokens", "method.tree_choices"),
+      lambda p: _tree_plan(p) and _choices(p) is not None and isinstance(p.method.num_draft_tokens, int)
+      and p.method.num_draft_tokens != len(_choices(p)) + 1,
+      "method.num_draft_tokens={p.method.num_draft_tokens}: a static tree of {n} nodes verifies "
+      "{n} + 1 tokens (the root included); unset it (`method.num_draft_tokens=null`)", TREE_SRC,
+      message_args=lambda p: {"n": len(_choices(p))}),
     R("S-WIDTH-FILL", "filled", ("method.num_draft_tokens",),
-      lambda p: drafting(p) and isinstance(p.method.num_steps, int) and p.method.num_draft_tokens is None,
-      "method.num_draft_tokens = κ + 1 = {new[method.num_draft_tokens]}", RT,
-      lambda p: {"method.num_draft_tokens": p.method.num_steps + 1}),
+      lambda p: drafting(p) and isinstance(p.method.num_steps, int) and p.method.num_draft_tokens is None
+      and not _bad_choices(p),
+      "method.num_draft_tokens = {what} = {new[method.num_draft_tokens]}", RT, _fill_width,
+      message_args=lambda p: {"what": "the static tree's nodes + 1" if p.method.tree_choices else
+                              "topk + (κ − 1)·topk² + 1 (the whole candidate pool)" if gt(p.method.topk, 1)
+                              else "κ + 1"}),
+    R("S-TREE-POOL", "error", ("method.num_draft_tokens", "method.num_steps", "method.topk"),
+      lambda p: _dynamic(p) and _pool(p) is not None and isinstance(p.method.num_draft_tokens, int)
+      and p.method.num_draft_tokens - 1 > _pool(p),
+      "method.num_draft_tokens={p.method.num_draft_tokens} exceeds the draft tree: κ = {p.method.num_steps}, "
+      "topk = {p.method.topk} builds a candidate pool of topk + (κ − 1)·topk² = {pool} nodes (+1 root); "
+      "lower num_draft_tokens to <= {pool1} or raise num_steps/topk (SGLang does not check this at startup "
+      "and keeps only the pool)", "specc/lower.py (verify_width; sglang-0.5.23.md §5, eagle_worker_v2.py:742-919)",
+      message_args=lambda p: {"pool": _pool(p), "pool1": _pool(p) + 1}),
+    R("S-TREE-SHAPE", "error", ("method.num_draft_tokens", "method.topk"),
+      lambda p: _tree_plan(p) and isinstance(p.method.num_draft_tokens, int) and (
+          p.method.num_draft_tokens < 2 or p.method.num_draft_tokens > 128
+          or (isinstance(p.method.topk, int) and p.method.num_draft_tokens * p.method.topk > 2048)),
+      "method.num_draft_tokens={p.method.num_draft_tokens}, topk={p.method.topk}: a draft tree must verify 2..128 "
+      "tokens with num_draft_tokens·topk <= 2048 (SGLang's tree-shape limits); lower num_draft_tokens or topk", U7),
+    R("S-TREE-SHALLOW", "warning", ("method.num_draft_tokens", "method.num_steps"),
+      lambda p: _dynamic(p) and isinstance(p.method.num_draft_tokens, int) and isinstance(p.method.num_steps, int)
+      and p.method.num_draft_tokens < p.method.num_steps + 1,
+      "method.num_draft_tokens={p.method.num_draft_tokens} < num_steps + 1 = {p.method.num_steps} + 1: no verified "
+      "node can be deeper than num_draft_tokens - 1, so the last draft levels are drafted for nothing (SGLang's "
+      "tree mode refuses Q < F); raise num_draft_tokens or lower num_steps", U7),
+    R("S-TREE-PROB", "error", ("verify.draft_sampling", "method.topk", "method.tree_choices"),
+      lambda p: _tree_plan(p) and rejection_sampling(p) and (
+          not p.method.tree_choices or (_choices(p) is not None and bool(trees.rank_gaps(_choices(p))))),
+      "verify.draft_sampling=probabilistic with this tree: a dynamic tree (topk={p.method.topk}) keeps nodes by "
+      "their drafted scores and a static tree must keep each node's children as its first draws (ranks 0..m-1), "
+      "else rejection sampling is biased; set verify.draft_sampling=greedy (one-hot q, exact for any tree built "
+      "deterministically; SGLang's target-only tree sampling) or use method.tree_choices with contiguous ranks",
+      "specc/kernels/tree.py (tree_rejection_verify); sglang EG16 (speculative_hook.py:1221-1224)"),
+    R("S-TREE-SYN", "error", ("verify.rule",), lambda p: _tree_plan(p) and p.verify.rule == "synthetic",
+      "verify.rule=synthetic runs chains only in the specc runtime; use verify.rule=greedy or standard with a tree, "
+      "or method.topk=1 without tree_choices", "specc/programs.py (unsupported_reason)"),
     R("S-PARALLEL-DRAFT", "error", ("method.parallel_drafting",),
       lambda p: drafting(p) and bool(p.method.parallel_drafting) and "parallel" not in _rt(p).shapes,
       "method.parallel_drafting (PARD / P-EAGLE) is not supported by the specc runtime for {p.method.name}; "

@@ -4,11 +4,14 @@ draft → admit (budget) → verify → accept → emit → extend, until every 
 KV is committed by position (gpt-fast, anchors A1): the verify forward of a step writes the target
 KV of rows ``seq_len-1 .. seq_len-1+κ`` of each request; the accepted prefix is kept simply by
 advancing ``seq_len``; rejected entries are overwritten by the next step and hidden meanwhile by the
-causal-by-position mask. Padding (inactive rows, prompt padding) writes to the trash slot.
+causal-by-position mask. Padding (inactive rows, prompt padding) writes to the trash slot. A tree
+state verifies W nodes at slots ``seq_len-1 .. seq_len-2+W`` (positions by depth) and its commit
+stage copies the accepted path's KV to the slots of its positions, so the cache is a chain again.
 
-Cache geometry: every cache has ``cache_len = max_model_len + κ_max + 2`` slots per row (verify rows
-past a request's limit and the trash slot ``cache_len - 1``); when the target's config allows fewer
-slots, the runtime's usable ``max_model_len`` shrinks to ``cache_len - κ_max - 2`` (reported).
+Cache geometry: every cache has ``cache_len = max_model_len + slack`` slots per row, slack the
+largest :attr:`StateSpec.cache_slack` (κ + 2 for a chain: κ + 1 verify rows and the trash slot
+``cache_len - 1``; a tree's W rows and its drafter's scratch); when the target's config allows fewer
+slots, the runtime's usable ``max_model_len`` shrinks to ``cache_len - slack`` (reported).
 
 States are keyed by ``(batch bucket, κ)`` and all built at load; the schedule policy
 (:mod:`specc.runtime.schedule`) picks one per step (a pointer swap) and learns from each step's
@@ -122,7 +125,7 @@ class Runtime:
         self.device = torch.device(device) if device is not None else target.norm.weight.device
         self.vocab_size = int(cfg.vocab_size)
         k_max = max(s.num_steps for s in specs)
-        slack = k_max + 2
+        slack = max(s.cache_slack for s in specs)
         want = int(max_model_len or cfg.max_model_len)
         self.cache_len = min(int(cfg.max_model_len), want + slack)
         self.max_model_len = self.cache_len - slack
@@ -159,7 +162,8 @@ class Runtime:
         self.states: List[SpecRuntimeState] = list(self.by_key.values())
         self.schedule: Schedule = make_schedule(schedule, self.by_key.keys())
         self.num_captured = sum(1 for s in self.states if s.capture())
-        self._stale_conf = torch.ones(self.max_rows, k_max, dtype=torch.float32, device=self.device)
+        self._stale_conf = torch.ones(self.max_rows, max(s.width - 1 for s in specs), dtype=torch.float32,
+                                      device=self.device)
         self._active_key: Optional[Tuple[int, int]] = None
         self.metrics = self.new_metrics()
         self.lora = None  # specc.runtime.lora.LoraSet once adapters are attached (attach_lora)
@@ -604,6 +608,8 @@ class Runtime:
             with self.metrics.stage("accept", sync):
                 state.programs.accept(state.ctx, state.cur)
                 result = state.cur.result
+            with self.metrics.stage("commit", sync):
+                state.programs.commit(state.ctx, state.cur)
         with self.metrics.stage("emit"):
             accepted = self._emit_step(batch, state, result, live)
         with self.metrics.stage("extend", sync):
@@ -622,8 +628,9 @@ class Runtime:
         and randomness. Returns which of the n rows hold a live request."""
         spec = state.spec
         bufs = state.begin(rows)
-        n, K, dev = bufs.input_ids.shape[0], spec.num_steps, self.device
+        n, K, dev = bufs.input_ids.shape[0], spec.num_steps, self.device  # K: κ, the deepest draft
         W = bufs.input_ids.shape[1]
+        N = W - 1  # draft positions (chain) or nodes (tree)
         live = [batch.rows[r] is not None and batch.rows[r].finish_reason is None for r in range(n)]
         max_draft = []
         for r in range(n):
@@ -646,12 +653,12 @@ class Runtime:
         sampled = [r for r in range(n) if params[r] is not None and params[r].temperature > 0]
         # the synthetic rule draws acceptance uniforms for greedy rows too (vLLM accepts by the curve for all)
         drawn = [r for r in range(n) if live[r]] if spec.verify_rule == "synthetic" else sampled
-        if K and drawn:
-            self._fill_noise(batch, drawn, lambda g, m: torch.rand(m, K, generator=g, device=dev), bufs.uniforms)
+        if N and drawn:
+            self._fill_noise(batch, drawn, lambda g, m: torch.rand(m, N, generator=g, device=dev), bufs.uniforms)
         if sampled:  # randomness (sampled rows only): draft noise, bonus noise
             V = self.vocab_size
             if bufs.draft_noise is not None:
-                self._fill_noise(batch, sampled, lambda g, m: self._exp_noise(g, m * K * V).view(m, K, V),
+                self._fill_noise(batch, sampled, lambda g, m: self._exp_noise(g, m * N * V).view(m, N, V),
                                  bufs.draft_noise)
             self._fill_noise(batch, sampled, lambda g, m: self._exp_noise(g, m * V).view(m, V), bufs.exp_noise)
         active = torch.tensor(live, dtype=torch.bool, device=dev)  # [n]
@@ -668,6 +675,7 @@ class Runtime:
         step: ``num_tokens`` per row (ragged verify) and, eager, the widest row's width."""
         bufs = state.cur
         K = state.spec.num_steps
+        N = bufs.confidence.shape[1]  # draft positions (chain: κ) or tree nodes
         verified = bufs.num_valid.clone() if self.schedule.verify_all else None
         if K > 0:
             rows = [r for r, on in enumerate(live) if on]
@@ -677,7 +685,7 @@ class Runtime:
                 if state.spec.draft_sampling == "probabilistic":
                     # budget from the previous step's confidences: a prefix chosen from the current
                     # sampled drafts' own scores would bias rejection sampling (see drafters.base.Proposal)
-                    conf, self._stale_conf[idx, :K] = self._stale_conf[idx, :K].clone(), conf
+                    conf, self._stale_conf[idx, :N] = self._stale_conf[idx, :N].clone(), conf
                 admitted = self.schedule.admit(conf.cpu().numpy(), bufs.num_valid[idx].cpu().numpy())
                 if admitted is not None:
                     bufs.num_valid[idx] = torch.as_tensor(admitted, dtype=torch.int64, device=self.device)

@@ -10,7 +10,7 @@ from typing import Deque, Dict, Iterator, List, Tuple
 
 from specc.runtime.request import RequestCounters
 
-STAGES = ("prefill", "draft", "verify", "accept", "emit", "extend")
+STAGES = ("prefill", "draft", "verify", "accept", "commit", "emit", "extend")
 TRACE_STEPS = 100_000
 """Decode steps kept in :attr:`SpecMetrics.trace` (a bounded window, for long-running servers)."""
 

@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from specc.drafters.base import Drafter
 from specc.models.config import LlamaConfig
 from specc.models.llama import LlamaModel
 
@@ -92,3 +93,206 @@ def runtime_for_plan(plan, target, drafter, *, cost_table: Optional[dict] = None
 
     return runtime_from_plan(plan, target, tokenizer, drafter, cost_table=cost_table, max_model_len=max_model_len,
                              seed=seed, prefill_chunk=prefill_chunk)
+
+
+class CopyTreeDrafter(Drafter):
+    """A reference tree drafter for tests: grows draft trees (dynamic, SGLang/EAGLE-2 style, or a
+    state's static tree) from a small causal LM ``model`` (e.g. :func:`perturbed_copy` of the
+    target, which agrees with it often but not always) by a full forward over every frontier node's
+    context (history + path) in each level, without any draft KV to manage. It keeps no state between
+    steps, so it isolates the runtime's tree contract (verify mask, KV commit, emission) from a
+    drafter's own caching. CPU only.
+
+    Args:
+        model: ``LlamaModel`` with the target's vocabulary (its cache is used as scratch).
+        max_rows: scratch rows for one level's forward (B × frontier nodes).
+    """
+
+    name = "eagle"
+    hidden_layers = ()
+    supports_probabilistic = True
+    supports_tree = True
+    capturable = False
+    prefill_row_index = False
+
+    def __init__(self, model: LlamaModel, max_rows: int = 1 << 15) -> None:
+        self.model = model
+        self.max_rows = int(max_rows)
+        self.max_len = 0
+
+    def setup(self, max_batch_size: int, max_seq_len: int, device) -> None:
+        self.max_len = int(max_seq_len)
+
+    def prefill(self, batch, chunk) -> None:
+        """Nothing to absorb: every step re-reads the history."""
+
+    def commit(self, batch, step) -> None:
+        """Stateless."""
+
+    @torch.inference_mode()
+    def _level_logits(self, batch, path_tokens: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[B, F, V]`` after each row's history followed by ``path_tokens [B, F, d]``."""
+        b, f, d = path_tokens.shape
+        lens = batch.seq_lens[:b]  # [B]
+        width = int(lens.max()) + d
+        rows = b * f
+        self.model.setup_cache(min(self.max_rows, max(rows, 1)), max(self.max_len, width + 1))
+        hist = batch.tokens[:b, :width]  # [B, S]
+        col = torch.arange(width).view(1, width)
+        ids = hist.unsqueeze(1).expand(b, f, width).clone()  # [B, F, S]
+        for j in range(d):  # place the path right after each row's history
+            at = (lens + j).view(b, 1, 1).expand(b, f, 1)
+            ids.scatter_(2, at, path_tokens[:, :, j:j + 1])
+        ids = ids.reshape(rows, width)
+        last = (lens + d - 1).repeat_interleave(f).view(rows, 1)
+        out = []
+        for r0 in range(0, rows, self.max_rows):  # chunks of the scratch cache
+            r1 = min(rows, r0 + self.max_rows)
+            pos = col.expand(r1 - r0, width)
+            logits, _ = self.model.forward(ids[r0:r1], pos, logits_at=last[r0:r1])
+            out.append(logits[:, 0])
+        return torch.cat(out).view(b, f, -1).float()
+
+    @torch.inference_mode()
+    def propose(self, batch, num_steps: int, sampling):
+        """A chain: the tree with one child per node."""
+        from specc.drafters.base import StaticTree, TreeRequest
+        from specc.trees import chain_choices, compile_tree
+
+        tree = StaticTree.from_buffers(compile_tree(chain_choices(num_steps)), batch.tokens.device)
+        prop = self.propose_tree(batch, TreeRequest(num_steps, 1, num_steps, tree), sampling)
+        prop.parents = prop.depths = None
+        return prop
+
+    @torch.inference_mode()
+    def propose_tree(self, batch, tree, sampling):
+        from specc.drafters.base import Proposal
+        from specc.kernels import process_logits
+
+        b = batch.batch_size
+        st = tree.static
+        probabilistic = sampling.mode == "probabilistic"
+        if st is None:
+            if probabilistic:
+                raise ValueError("dynamic trees draft greedily")
+            return self._dynamic(batch, tree)
+        n = st.num_nodes
+        tokens = torch.zeros(b, n + 1, dtype=torch.int64)
+        path_p = torch.ones(b, n + 1)
+        probs = torch.zeros(b, n, self.model.config.vocab_size) if probabilistic else None
+        parent_of = torch.cat([torch.zeros(1, dtype=torch.int64), st.parents])
+        rank_of = torch.cat([torch.zeros(1, dtype=torch.int64), st.ranks])
+        anc = st.mask  # [W, W]
+        for d, frontier in enumerate(st.expand):
+            f = frontier.numel()
+            # the path of each frontier node: its ancestors' tokens at depths 1..d, in depth order
+            path = torch.zeros(b, f, d, dtype=torch.int64)
+            for i, node in enumerate(frontier.tolist()):
+                chain = [j for j in range(1, n + 1) if bool(anc[node, j])]  # ancestors + itself, depth order
+                chain.sort(key=lambda j: int(st.depths[j]))
+                for k, j in enumerate(chain):
+                    path[:, i, k] = tokens[:, j]
+            logits = self._level_logits(batch, path)  # [B, F, V]
+            if probabilistic:
+                q = process_logits(logits.reshape(b * f, 1, -1), batch.temperature[:b].repeat_interleave(f),
+                                   batch.top_k[:b].repeat_interleave(f), batch.top_p[:b].repeat_interleave(f))
+                q = q[:, 0].view(b, f, -1)
+                cand = torch.div(q, sampling.exp_noise[:b][:, frontier]).topk(st.topk, dim=-1).indices
+                probs[:, frontier] = q
+            else:
+                q = torch.softmax(logits, dim=-1)
+                cand = logits.topk(st.topk, dim=-1).indices
+            slot = torch.full((n + 1,), -1, dtype=torch.int64)
+            slot[frontier] = torch.arange(f)
+            children = torch.nonzero(st.depths == d + 1).view(-1)
+            if children.numel() == 0:
+                continue
+            ps = slot[parent_of[children]]
+            picked = cand[:, ps, rank_of[children]]
+            tokens[:, children] = picked
+            path_p[:, children] = path_p[:, parent_of[children]] * q[:, ps].gather(2, picked.unsqueeze(-1)).squeeze(-1)
+        return Proposal(tokens=tokens[:, 1:], num_valid=torch.full((b,), n, dtype=torch.int64), probs=probs,
+                        confidence=path_p[:, 1:], parents=st.parents.expand(b, n), depths=st.depths[1:].expand(b, n))
+
+    def _dynamic(self, batch, tree):
+        """SGLang's EAGLE tree over this model's log-probabilities (see ``specc.drafters.eagle``)."""
+        from specc.drafters.base import Proposal
+
+        b, k, steps, n = batch.batch_size, tree.topk, tree.num_steps, tree.num_nodes
+        lp = torch.log_softmax(self._level_logits(batch, torch.zeros(b, 1, 0, dtype=torch.int64))[:, 0], -1)
+        score, tok = lp.topk(k, dim=-1)
+        pool_s, pool_t = [score], [tok]
+        pool_par, pool_d = [torch.full((b, k), -1, dtype=torch.int64)], [torch.ones(b, k, dtype=torch.int64)]
+        beam_s, beam_pool = score, torch.arange(k).expand(b, k)
+        beam_path = tok.unsqueeze(-1)  # [B, k, depth]
+        off = k
+        for i in range(1, steps):
+            lp = torch.log_softmax(self._level_logits(batch, beam_path), -1)  # [B, k, V]
+            cs, ct = lp.topk(k, dim=-1)
+            cum = (beam_s.unsqueeze(-1) + cs).reshape(b, k * k)
+            ctok = ct.reshape(b, k * k)
+            pool_s.append(cum)
+            pool_t.append(ctok)
+            pool_par.append(beam_pool.unsqueeze(-1).expand(b, k, k).reshape(b, k * k))
+            pool_d.append(torch.full((b, k * k), i + 1, dtype=torch.int64))
+            beam_s, top = cum.topk(k, dim=-1)
+            parent_r = top // k
+            beam_path = torch.cat([beam_path.gather(1, parent_r.unsqueeze(-1).expand(b, k, i)),
+                                   ctok.gather(1, top).unsqueeze(-1)], dim=2)
+            beam_pool = off + top
+            off += k * k
+        scores = torch.cat(pool_s, 1)
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]
+        par_pool = torch.cat(pool_par, 1).gather(1, order)
+        rank = torch.full(scores.shape, -1, dtype=torch.int64)
+        rank.scatter_(1, order, torch.arange(n).expand(b, n).contiguous())
+        parents = torch.where(par_pool < 0, torch.zeros_like(par_pool), rank.gather(1, par_pool.clamp(min=0)) + 1)
+        return Proposal(tokens=torch.cat(pool_t, 1).gather(1, order), num_valid=torch.full((b,), n, dtype=torch.int64),
+                        confidence=scores.gather(1, order).exp(), parents=parents,
+                        depths=torch.cat(pool_d, 1).gather(1, order))
+
+
+def shortcut_tree_rejection(draft_tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor,
+                            draft_probs, uniforms: torch.Tensor, exp_noise: torch.Tensor, num_valid=None,
+                            *, backend: str = "torch"):
+    """A WRONG tree verify rule, kept to show what :func:`specc.kernels.tree.tree_rejection_verify`
+    buys (tests and ``tools/bench_tree_distribution.py``): each child x of the current node is
+    accepted with probability min(1, p(x) / q(x)) against the node's *original* p ("top-k drafts with
+    q treated as 1" for greedy drafts: probability p(x)), never the residual left by its rejected
+    siblings; when all are rejected the bonus comes from p with the tried siblings removed,
+    renormalised. With one child per node this is the exact chain rule; with several it over-samples
+    the later siblings' complement. Same signature and result type as the exact rule."""
+    from specc.kernels.tree import _path_outputs
+
+    b, n = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    rows = torch.arange(b)
+    valid_n = torch.full((b,), n) if num_valid is None else num_valid.to(torch.int64)
+    cur = torch.zeros(b, dtype=torch.int64)
+    accepted = torch.zeros(b, dtype=torch.int64)
+    path = torch.full((b, n + 1), -1, dtype=torch.int64)
+    path[:, 0] = 0
+    finished = torch.zeros(b, dtype=torch.bool)
+    tried = torch.zeros(b, n, dtype=torch.bool)
+    removed = torch.zeros(b, vocab, dtype=torch.bool)  # siblings tried at the current node
+    idx = torch.arange(n).view(1, n)
+    valid = (idx < valid_n.view(b, 1)) & (draft_tokens >= 0) & (draft_tokens < vocab)
+    for _ in range(n + 1 if n else 0):
+        cand = (parents == cur.view(b, 1)) & valid & ~tried
+        has = cand.any(1) & ~finished
+        finished = finished | ~has
+        j = cand.to(torch.int32).argmax(1).to(torch.int64)
+        x = draft_tokens[rows, j].clamp(0, vocab - 1)
+        px = target_probs[rows, cur, x]
+        qx = torch.ones_like(px) if draft_probs is None else draft_probs[rows, cur.clamp(max=n - 1), x]
+        accept = has & (uniforms[rows, j] * qx < px)
+        tried[rows, j] |= has
+        removed[rows, x] |= has & ~accept
+        cur = torch.where(accept, j + 1, cur)
+        accepted = accepted + accept.to(torch.int64)
+        path[rows, accepted] = torch.where(accept, cur, path[rows, accepted])
+        removed = removed & ~accept.view(b, 1)
+    p_cur = target_probs[rows, cur]
+    w = torch.where(removed, torch.zeros_like(p_cur), p_cur)
+    w = torch.where(w.amax(1, keepdim=True) > 0, w, p_cur)
+    return _path_outputs(path, accepted, draft_tokens, torch.div(w, exp_noise).argmax(-1))

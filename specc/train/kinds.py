@@ -6,8 +6,9 @@ one subclass of :class:`DrafterKind` registered with :func:`register`, plus one 
 initialise its model from the target, how a batch is collated and scored (loss and per-draft-step
 top-1 agreement), and how its checkpoint is written and read in its published layout.
 
-Kinds registered today: ``eagle`` and ``eagle3`` (:mod:`specc.train.eagle`). A kind added later
-(a DFlash / DSpark block drafter, Medusa heads, a PARD draft model) implements the same methods:
+Kinds registered today: ``eagle`` and ``eagle3`` (:mod:`specc.train.eagle`), ``medusa``
+(:mod:`specc.train.medusa`). A kind added later (a DFlash / DSpark block drafter, a PARD draft
+model) implements the same methods:
 ``layers`` (e.g. the target layers a DFlash draft conditions on; none for PARD), ``build``,
 ``collate`` + ``loss`` (its own objective: Medusa's per-head cross-entropy, a parallel drafter's
 block loss), ``save`` / ``load`` in its published layout, and optionally ``coverage_report``.
@@ -95,3 +96,4 @@ def get(name: str) -> DrafterKind:
 
 def _load_builtin() -> None:
     import specc.train.eagle  # noqa: F401  (registers eagle, eagle3)
+    import specc.train.medusa  # noqa: F401  (registers medusa)
