@@ -249,7 +249,8 @@ class KernelVariant:
 
 def _verify_variant(state: Any) -> KernelVariant:
     """The chain verify kernel of a state: ``greedy_verify`` for verify.rule=greedy,
-    ``rejection_verify`` (one-hot or full q by ``draft_sampling``) for verify.rule=standard; both
+    ``rejection_verify`` (one-hot or full q by ``draft_sampling``) for verify.rule=standard,
+    ``block_verify`` (the same two specializations) for verify.rule=block; all
     take ``[B, num_draft_tokens - 1]`` drafts and ``[B, num_draft_tokens, V]`` target scores
     (``specc.kernels.verify``)."""
     if state.tree_choices is not None or int(state.topk) > 1:
@@ -264,8 +265,11 @@ def _verify_variant(state: Any) -> KernelVariant:
     if state.verify_rule == "standard":
         probabilistic = state.draft_sampling == "probabilistic"
         return KernelVariant("rejection_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
+    if state.verify_rule == "block":
+        probabilistic = state.draft_sampling == "probabilistic"
+        return KernelVariant("block_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
     raise PlanError(f"state {state.name}: verify.rule {state.verify_rule!r} has no kernel in specc's "
-                    f"runtime; use verify.rule=greedy or verify.rule=standard")
+                    f"runtime; use verify.rule=greedy, standard or block")
 
 
 KERNEL_ROLES: Dict[str, Callable[[Any], KernelVariant]] = {

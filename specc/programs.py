@@ -4,10 +4,13 @@ from it) and by the runtime (which builds states without an artifact from the sa
 A state runs four stage programs, each a function of :mod:`specc.runtime.stages` called as
 ``fn(ctx, bufs, *args)`` with the state's constants as ``args``:
 
-* **draft** — ``draft_none`` (κ = 0) or ``draft_chain(κ, draft_sampling[, every_position])``;
+* **draft** — ``draft_none`` (κ = 0), ``draft_chain(κ, draft_sampling[, every_position])`` (κ draft
+  passes) or ``draft_parallel(κ, draft_sampling[, every_position])`` (one pass emits the block: DFlash,
+  DSpark, PARD, P-EAGLE);
 * **verify** — ``verify_chain``: one target forward over each request's pending token and drafts;
 * **accept** — ``accept_greedy`` (greedy rule), ``accept_standard(probabilistic_q)`` (rejection
-  sampling; also κ = 0, where it is plain sampling), ``accept_synthetic(conditional_rates)``;
+  sampling; also κ = 0, where it is plain sampling), ``accept_block(probabilistic_q)`` (block
+  verification, Sun et al. 2024), ``accept_synthetic(conditional_rates)``;
 * **extend** — ``extend_drafter`` whenever the plan has a drafter (at κ = 0 too, as SGLang runs
   draft-extend at steps = 0, sglang-0.5.23.md §4: a state switch must find the drafter in sync),
   else ``extend_none``.
@@ -28,11 +31,15 @@ PROGRAM_DOCS = {
     "draft_none": "κ = 0: nothing to propose (plain decoding through the same runtime).",
     "draft_chain": "Ask the drafter for κ tokens per request, clipped per request (draft_tokens [B, κ], "
                    "num_valid [B], confidence [B, κ]).",
+    "draft_parallel": "Ask the drafter for the whole block of κ tokens in one draft pass (draft_tokens [B, κ], "
+                      "num_valid [B], confidence [B, κ]), clipped per request.",
     "verify_chain": "One target forward over each request's pending token and its drafts (KV written by "
                     "position; rows past a request's drafts cost nothing on the CPU).",
     "accept_greedy": "Greedy rule: accept drafts equal to the target argmax; bonus = argmax at the first miss.",
     "accept_standard": "Standard rule (rejection sampling; one-hot q unless the first argument is True); "
                        "with κ = 0 it samples the bonus token alone from the processed target distribution.",
+    "accept_block": "Block verification (Sun et al. 2024): accept the longest prefix whose joint test passes, "
+                    "resample from the joint residual (one-hot q unless the first argument is True).",
     "accept_synthetic": "Synthetic rule (an ablation harness, not the target's distribution): accept draft i "
                         "with the given conditional rate, whatever the tokens (vLLM SYNTHETIC_MODE).",
     "extend_none": "No drafter to extend.",
@@ -109,8 +116,9 @@ def unsupported_reason(state: Any) -> Optional[str]:
     if state.num_steps > 0 and state.draft_sampling not in rt.draft_sampling:
         return (f"{where}: {state.method} cannot draw {state.draft_sampling} drafts; set "
                 f"verify.draft_sampling={rt.draft_sampling[0]}")
-    if kind == "chain" and state.num_draft_tokens not in (0, state.num_steps + 1):
-        return (f"{where}: a chain verifies num_draft_tokens = κ + 1 = {state.num_steps + 1} rows, the state "
+    if kind in ("chain", "parallel") and state.num_draft_tokens not in (0, state.num_steps + 1):
+        shape = "chain" if kind == "chain" else "parallel block"
+        return (f"{where}: a {shape} verifies num_draft_tokens = κ + 1 = {state.num_steps + 1} rows, the state "
                 f"says {state.num_draft_tokens}")
     if state.num_steps < 0 or state.batch_size < 1:
         return f"{where}: batch_size must be >= 1 and num_steps >= 0"
@@ -134,12 +142,14 @@ def state_programs(state: Any, synthetic_rates: Optional[Sequence[float]] = None
         raise ValueError(reason)
     k, sampling = int(state.num_steps), state.draft_sampling
     has_drafter = methods.get(state.method).drafts
+    parallel = methods.state_kind(k, state.topk, state.parallel, state.tree_choices) == "parallel"
+    draft_fn = "draft_parallel" if parallel else "draft_chain"
     if k == 0:
         draft = Call("draft_none")
     elif state.verify_rule == "synthetic":
-        draft = Call("draft_chain", (k, sampling, True))
+        draft = Call(draft_fn, (k, sampling, True))
     else:
-        draft = Call("draft_chain", (k, sampling))
+        draft = Call(draft_fn, (k, sampling))
     if k == 0:
         accept = Call("accept_standard", (False,))
     elif state.verify_rule == "greedy":
@@ -149,6 +159,8 @@ def state_programs(state: Any, synthetic_rates: Optional[Sequence[float]] = None
             raise ValueError(f"candidate state {state.name}: verify.rule=synthetic needs κ = {k} "
                              f"acceptance rates (verify.synthetic)")
         accept = Call("accept_synthetic", (tuple(float(r) for r in synthetic_rates[:k]),))
+    elif state.verify_rule == "block":
+        accept = Call("accept_block", (sampling == "probabilistic",))
     else:
         accept = Call("accept_standard", (sampling == "probabilistic",))
     extend = Call("extend_drafter") if has_drafter else Call("extend_none")

@@ -213,6 +213,17 @@ class Drafter(abc.ABC):
         ``sampling.mode == "probabilistic"``. Must not change the target's state.
         """
 
+    def propose_block(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
+        """Propose the whole block of ``num_steps`` (κ ≥ 1) tokens per row in **one** draft pass (a
+        parallel state's draft program, ``specc.runtime.stages.draft_parallel``): DFlash/DSpark's
+        non-causal pass over [bonus, MASK × κ], PARD's and P-EAGLE's pass over mask tokens for the
+        positions the draft has not seen. Same return value as :meth:`propose`. Default: the drafter
+        has no parallel mode (the method table does not list ``parallel`` for it).
+
+        Raises: NotImplementedError.
+        """
+        raise NotImplementedError(f"drafter {self.name!r} has no parallel (one-pass block) mode")
+
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
         """Update the drafter after verification (the *extend* stage): EAGLE refreshes its KV over
         the accepted tokens here. Called after every decode step, κ = 0 steps included (then
