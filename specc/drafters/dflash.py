@@ -26,7 +26,7 @@ import torch
 
 from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep
 from specc.errors import CheckpointError, PlanError
-from specc.models.dflash import BlockDraftCache, BlockDraftModel
+from specc.models.dflash import BlockDraftCache, BlockDraftModel, markov_walk
 
 
 class BlockDrafter(Drafter):
@@ -93,31 +93,23 @@ class BlockDrafter(Drafter):
         base = m.logits(hidden)  # [B, κ, V]
         self.last_base_logits = base
         probabilistic = sampling.mode == "probabilistic"
-        markov = m.markov if self.use_markov else None
-        state = markov.init_state(B, dev) if markov is not None else None
-        prev = anchor
-        toks, probs, conf = [], [], []
-        for j in range(k):
-            z = base[:, j]  # [B, V]
-            h = hidden[:, j]
-            if markov is not None:
-                prev_emb = m.embed(prev) if markov.kind == "gated" else None
-                bias, state = markov.bias(prev, h, prev_emb, state)
-                z = z + bias
+        probs = []
+
+        def choose(z: torch.Tensor, j: int) -> torch.Tensor:
+            if not probabilistic:
+                return z.argmax(dim=-1)
+            q = process_logits(z.view(B, 1, -1), batch.temperature[:B], batch.top_k[:B], batch.top_p[:B])[:, 0]
+            probs.append(q)
+            return torch.div(q, sampling.exp_noise[:B, j, : q.shape[-1]]).argmax(dim=-1)  # exponential race
+
+        tokens, zs, prevs = markov_walk(base, hidden, anchor, m.markov if self.use_markov else None, choose, m.embed)
+        conf = []
+        for j, (z, prev) in enumerate(zip(zs, prevs)):
             if self.use_confidence_head:
                 feat = m.markov.feature(prev) if m.markov is not None else None
-                conf.append(m.confidence.prob(m.confidence.logit(h, feat), j))
+                conf.append(m.confidence.prob(m.confidence.logit(hidden[:, j], feat), j))
             else:
                 conf.append(torch.softmax(z, dim=-1).amax(dim=-1))  # top draft probability
-            if probabilistic:
-                q = process_logits(z.view(B, 1, -1), batch.temperature[:B], batch.top_k[:B], batch.top_p[:B])[:, 0]
-                tok = torch.div(q, sampling.exp_noise[:B, j, : q.shape[-1]]).argmax(dim=-1)  # exponential race
-                probs.append(q)
-            else:
-                tok = z.argmax(dim=-1)
-            toks.append(tok)
-            prev = tok
-        tokens = torch.stack(toks, dim=1) if toks else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         return Proposal(tokens=tokens, num_valid=torch.full((B,), k, dtype=torch.int64, device=dev),
                         probs=torch.stack(probs, dim=1) if probabilistic else None,
                         confidence=torch.stack(conf, dim=1).float() if conf else None)

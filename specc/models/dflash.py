@@ -209,6 +209,38 @@ class MarkovHead(nn.Module):
         return b, state
 
 
+def markov_walk(base: torch.Tensor, hidden: Optional[torch.Tensor], anchor: torch.Tensor,
+                markov: Optional[MarkovHead], choose: Callable[[torch.Tensor, int], torch.Tensor],
+                embed: Optional[Callable] = None) -> Tuple[torch.Tensor, List[torch.Tensor], List[torch.Tensor]]:
+    """DSpark's left-to-right pass over a block's base logits (no transformer forward).
+
+    Position j's logits are ``base[:, j] + bias(x_{j-1})`` (``x_{-1}`` = the anchor) when ``markov`` is
+    given, else ``base[:, j]``; ``choose(logits [B, V], j) -> [B]`` picks x_j (argmax, or a draw).
+
+    Args: base ``[B, K, V]`` fp32; hidden ``[B, K, H]`` (gated/rnn heads read it; may be None for
+    vanilla); anchor ``[B]`` int64; embed: token embedding for the gated head.
+    Returns: ``(tokens [B, K] int64, logits per position (list of [B, V]), previous token per position
+    (list of [B]))``.
+    """
+    B, K = base.shape[:2]
+    state = markov.init_state(B, base.device) if markov is not None else None
+    prev = anchor
+    toks, zs, prevs = [], [], []
+    for j in range(K):
+        z = base[:, j]
+        if markov is not None:
+            h = hidden[:, j] if hidden is not None else None
+            prev_emb = embed(prev) if markov.kind == "gated" else None
+            bias, state = markov.bias(prev, h, prev_emb, state)
+            z = z + bias
+        prevs.append(prev)
+        zs.append(z)
+        prev = choose(z, j)
+        toks.append(prev)
+    tokens = torch.stack(toks, dim=1) if toks else torch.zeros(B, 0, dtype=torch.int64, device=base.device)
+    return tokens, zs, prevs
+
+
 class ConfidenceHead(nn.Module):
     """``sigmoid(a_j · (w · [h_j; m_j] + b) + b_j)``: the estimate that draft j is accepted given the
     earlier drafts were. ``m_j`` is the Markov head's ``w1[x_{j-1}]`` (empty without one);
