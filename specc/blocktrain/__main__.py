@@ -89,7 +89,9 @@ def data(recipe: dict) -> None:
     target, tok = load_target(recipe["target"], recipe.get("target_format", "auto"))
     target.requires_grad_(False)
     t0 = time.perf_counter()
-    stats = bdata.build(target, tok, read_jsonl(_abs(recipe["prompt_file"])), read_jsonl(_abs(recipe["passage_file"])),
+    prompts_ = read_jsonl(_abs(recipe["prompt_file"]))[: int(recipe.get("distill_prompts", 10 ** 9))]
+    passages_ = read_jsonl(_abs(recipe["passage_file"]))[: int(recipe.get("teacher_passages", 10 ** 9))]
+    stats = bdata.build(target, tok, prompts_, passages_,
                         _abs(recipe["shard_dir"]), [int(i) for i in recipe["layers"]],
                         max_new_tokens=int(recipe["max_new_tokens"]), gen_batch=int(recipe["gen_batch"]),
                         teacher_batch=int(recipe["teacher_batch"]), max_prompt_tokens=int(recipe["max_prompt_tokens"]),

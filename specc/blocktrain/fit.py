@@ -154,7 +154,7 @@ def train(recipe: dict, data_recipe: dict, data=None, target=None, tokenizer=Non
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, float(recipe.get("clip", 1.0)))
         opt.step()
-        curve.append({"step": step + 1, "loss": float(loss), "acc1": hits[0] / max(counts[0], 1),
+        curve.append({"step": step + 1, "loss": float(loss.detach()), "acc1": hits[0] / max(counts[0], 1),
                       "s": time.perf_counter() - t0})
         if (step + 1) % int(recipe.get("log_every", 10)) == 0:
             log(f"step {step + 1} loss {float(loss):.3f} acc@1 {curve[-1]['acc1']:.3f} ({curve[-1]['s']:.0f} s)")
@@ -166,7 +166,7 @@ def train(recipe: dict, data_recipe: dict, data=None, target=None, tokenizer=Non
     after = agreement(kind, model, data, ho, opts)
     val_curve.append({"step": len(curve), **after})
     calib = None
-    if recipe["kind"] == "dspark" and model.confidence is not None:
+    if recipe["kind"] == "dspark" and model.confidence is not None and ho:
         calib = calibrate_confidence(kind, model, data, ho, opts)
     model.eval()
     record = {"name": recipe["name"], "kind": recipe["kind"], "recipe": {k: v for k, v in recipe.items() if not k.startswith("_")},
@@ -186,6 +186,7 @@ def train(recipe: dict, data_recipe: dict, data=None, target=None, tokenizer=Non
             kind.save(model, out, target)
         (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
         write_card(record, out)
+    record["model"] = model  # the trained model itself (not written to training.json)
     return record
 
 
