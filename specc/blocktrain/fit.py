@@ -157,7 +157,7 @@ def train(recipe: dict, data_recipe: dict, data=None, target=None, tokenizer=Non
         curve.append({"step": step + 1, "loss": float(loss.detach()), "acc1": hits[0] / max(counts[0], 1),
                       "s": time.perf_counter() - t0})
         if (step + 1) % int(recipe.get("log_every", 10)) == 0:
-            log(f"step {step + 1} loss {float(loss):.3f} acc@1 {curve[-1]['acc1']:.3f} ({curve[-1]['s']:.0f} s)")
+            log(f"step {step + 1} loss {float(loss.detach()):.3f} acc@1 {curve[-1]['acc1']:.3f} ({curve[-1]['s']:.0f} s)")
         if (step + 1) % int(recipe.get("val_every", 100)) == 0:
             v = agreement(kind, model, data, ho, opts)
             val_curve.append({"step": step + 1, **v})

@@ -137,7 +137,8 @@ def build_drafter(spec: Any, target: Any, tokenizer: Any = None, device: Any = "
     Raises:
         PlanError: no ``draft.path``.
         CheckpointError: a draft that does not fit the target or the method
-            (:func:`specc.models.dflash.load_block_drafter`), or a block shorter than κ.
+            (:func:`specc.models.dflash.load_block_drafter`), or a DSpark draft without a confidence
+            head under ``ragged_verify`` cap_accept / compact.
     """
     from specc.models.dflash import load_block_drafter
     from specc.models.resolve import resolve_model_path
@@ -149,5 +150,11 @@ def build_drafter(spec: Any, target: Any, tokenizer: Any = None, device: Any = "
         raise PlanError(f"method.name={kind} needs draft.path (e.g. the draft preset smollm2_135m_{kind})")
     path = resolve_model_path(draft["path"])
     model = load_block_drafter(path, target, expect_kind=kind)
+    sched = spec.get("schedule") or {}
+    if (kind == "dspark" and sched.get("kind") == "budget" and sched.get("ragged_verify") in ("cap_accept", "compact")
+            and model.confidence is None):
+        raise CheckpointError(f"{draft['path']}: schedule.ragged_verify={sched.get('ragged_verify')} needs DSpark's trained "
+                              f"confidence head (SGLang DS21) and this draft has none; use a draft with one or "
+                              f"schedule.ragged_verify=static")
     model.to(device)
     return BlockDrafter(model)
