@@ -51,6 +51,29 @@ class BlockKind:
     def unroll_steps(self, options: dict) -> int:
         return int(options["gamma"])
 
+    # ---- training vocabulary ------------------------------------------------------------------
+    @staticmethod
+    def train_vocab(data, size: int, vocab_size: int) -> torch.Tensor:
+        """The ``size`` most frequent label tokens of ``data`` (sorted ids): training computes the
+        softmax over these only (EAGLE-3's reduced draft vocabulary, used here for training cost
+        alone: the shipped draft keeps the target's full LM head, and held-out agreement is measured
+        over the full vocabulary). ``size`` 0: the full vocabulary."""
+        if size <= 0 or size >= vocab_size:
+            return torch.arange(vocab_size)
+        counts = torch.bincount(data.labels, minlength=vocab_size)
+        return torch.sort(torch.topk(counts, size).indices).values
+
+    @staticmethod
+    def restrict(batch: dict, vocab: torch.Tensor, vocab_size: int) -> dict:
+        """``batch`` with labels mapped into ``vocab`` (positions whose label is outside it dropped)."""
+        lut = torch.full((vocab_size,), -1, dtype=torch.int64, device=batch["labels"].device)
+        lut[vocab] = torch.arange(len(vocab), device=lut.device)
+        idx = lut[batch["labels"]]
+        out = dict(batch)
+        out["valid"] = batch["valid"] & (idx >= 0)
+        out["labels"] = idx.clamp(min=0)
+        return out
+
     # ---- anchors and labels -------------------------------------------------------------------
     @staticmethod
     def anchors(data, i: int, count: int, gamma: int, gen: torch.Generator, context: int):
@@ -104,7 +127,11 @@ class _BlockBackboneKind(BlockKind):
         with torch.no_grad():
             if model.markov is not None:
                 model.markov.w2.weight.zero_()  # start as a plain DFlash draft
-        return model.train(), {}
+        vocab = self.train_vocab(train, int(options.get("train_vocab", 0)), target.config.vocab_size)
+        model._train_vocab = vocab
+        model._head_weight = target.output.weight
+        cover = float(torch.isin(train.labels, vocab).float().mean()) if train is not None else 1.0
+        return model.train(), {"train_vocab": len(vocab), "train_vocab_label_coverage": round(cover, 4)}
 
     def collate(self, data, idx: Sequence[int], options: dict, device, gen: torch.Generator) -> dict:
         gamma, A, ctx_len = int(options["gamma"]), int(options["anchors"]), int(options["context"])
@@ -186,12 +213,17 @@ class DFlashKind(_BlockBackboneKind):
     name = "dflash"
     title = "DFlash block draft"
     options = {"gamma": 7, "num_layers": 1, "target_layer_ids": [1, 14, 27], "mask_token_id": 4, "anchors": 8,
-               "context": 320, "decay": 0.8, "init_seed": 0}
+               "context": 320, "decay": 0.8, "init_seed": 0, "train_vocab": 0}
 
     def loss(self, model, batch: dict, options: dict, train: bool):
         gamma = int(options["gamma"])
         h = self._hidden(model, batch, gamma)
-        logits = model.logits(h)  # [B, A, γ, V]
+        vocab = getattr(model, "_train_vocab", None) if train else None
+        if vocab is not None and len(vocab) < model.cfg.vocab_size:
+            batch = self.restrict(batch, vocab, model.cfg.vocab_size)
+            logits = F.linear(h, model._head_weight[vocab])  # [B, A, γ, V_train]
+        else:
+            logits = model.logits(h)  # [B, A, γ, V]
         loss, hits, counts, _ = self._score(logits, batch, self._weights(gamma, float(options["decay"]), h.device))
         return loss, hits, counts
 
@@ -204,10 +236,16 @@ class DSparkKind(_BlockBackboneKind):
     def loss(self, model, batch: dict, options: dict, train: bool):
         gamma = int(options["gamma"])
         h = self._hidden(model, batch, gamma)  # [B, A, γ, H]
-        base = model.logits(h)
         w = self._weights(gamma, float(options["decay"]), h.device)
         m = model.markov
-        bias = m.w2(m.w1(batch["prev"]))  # [B, A, γ, V] teacher-forced vanilla bias
+        vocab = getattr(model, "_train_vocab", None) if train else None
+        if vocab is not None and len(vocab) < model.cfg.vocab_size:
+            batch = self.restrict(batch, vocab, model.cfg.vocab_size)
+            base = F.linear(h, model._head_weight[vocab])
+            bias = F.linear(m.w1(batch["prev"]), m.w2.weight[vocab])  # [B, A, γ, V_train]
+        else:
+            base = model.logits(h)
+            bias = m.w2(m.w1(batch["prev"]))  # [B, A, γ, V] teacher-forced vanilla bias
         corrected = base + bias
         loss, hits, counts, hit = self._score(corrected, batch, w)
         if float(options["base_weight"]) > 0:
@@ -238,7 +276,8 @@ class DSparkKind(_BlockBackboneKind):
 class PardKind(BlockKind):
     name = "pard"
     title = "PARD parallel draft model (shallow SmolLM2 trained for mask tokens)"
-    options = {"gamma": 7, "draft_layers": 4, "mask_token_id": 4, "anchors": 8, "context": 320, "decay": 0.8}
+    options = {"gamma": 7, "draft_layers": 4, "mask_token_id": 4, "anchors": 8, "context": 320, "decay": 0.8,
+               "train_vocab": 0}
 
     def layers(self, target_config, options: dict) -> Tuple[int, ...]:
         return ()
@@ -249,7 +288,10 @@ class PardKind(BlockKind):
         draft = shallow_copy(target, int(options["draft_layers"]))
         for name, p in draft.named_parameters():
             p.requires_grad_(not (name.startswith("output.") or name == "embed_tokens"))
-        return draft.train(), {}
+        vocab = self.train_vocab(train, int(options.get("train_vocab", 0)), target.config.vocab_size)
+        draft._train_vocab = vocab
+        cover = float(torch.isin(train.labels, vocab).float().mean()) if train is not None else 1.0
+        return draft.train(), {"train_vocab": len(vocab), "train_vocab_label_coverage": round(cover, 4)}
 
     def collate(self, data, idx: Sequence[int], options: dict, device, gen: torch.Generator) -> dict:
         gamma, A, ctx_len = int(options["gamma"]), int(options["anchors"]), int(options["context"])
@@ -299,7 +341,12 @@ class PardKind(BlockKind):
         h = train_forward(model, batch["ids"], batch["pos"], batch["mask"])  # [B, N, H] final-norm
         B, A, G = batch["out_idx"].shape
         sel = h.gather(1, batch["out_idx"].view(B, A * G, 1).expand(B, A * G, h.shape[-1])).view(B, A, G, -1)
-        logits = model.lm_head(sel)
+        vocab = getattr(model, "_train_vocab", None) if train else None
+        if vocab is not None and len(vocab) < model.config.vocab_size:
+            batch = self.restrict(batch, vocab, model.config.vocab_size)
+            logits = F.linear(sel, model.output.weight[vocab])
+        else:
+            logits = model.lm_head(sel)
         loss, hits, counts, _ = _BlockBackboneKind._score(logits, batch, _BlockBackboneKind._weights(gamma, float(options["decay"]), h.device))
         return loss, hits, counts
 

@@ -24,7 +24,7 @@ PARALLEL = tuple(n for n in SUPPORTED if "parallel" in methods.get(n).runtime.sh
 #: chain methods whose parallel mode (PARD, P-EAGLE) needs a draft trained with a mask token
 PARALLEL_CAPABLE = tuple(n for n in PARALLEL if methods.get(n).parallel_capable)
 BLOCK = tuple(n for n in SUPPORTED if methods.get(n).draft_shape == "block")
-DRAFTERS_SRC = "specc/drafters/dflash.py, specc/drafters/draft_model.py (PARD), specc/drafters/eagle.py (P-EAGLE)"
+DRAFTERS_SRC = "specc/drafters/dflash.py (block drafters; PARD: draft_model.py, P-EAGLE: eagle.py)"
 SCHED = "specc/runtime/schedule.py"
 
 
