@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from specc.errors import SpeccError
+from specc.io import CONFIG_JSON_LIMIT, read_bounded
 from specc.rules.base import Profile, Rule
 
 #: Shipped drafters that ``tools/install`` builds (not committed): directory name under
@@ -106,8 +108,9 @@ def _weights(directory: Path) -> Tuple[List[Path], List[str]]:
         index = directory / name
         if index.is_file():
             try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                shards = sorted(set(json.loads(read_bounded(index, CONFIG_JSON_LIMIT, "weight index"))
+                                    ["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, SpeccError) as exc:
                 return [], [f"{index} is not a readable weight index ({type(exc).__name__}: {exc})"]
             missing = [s for s in shards if not (directory / s).is_file()]
             if missing:
@@ -159,10 +162,10 @@ def _read_local(ck: Checkpoint, path: Path, fmt_hint: str) -> None:
         ck.unreadable = "no config.json"
         return
     try:
-        data = json.loads(config.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(config, CONFIG_JSON_LIMIT, "checkpoint config"))
         if not isinstance(data, dict):
             raise ValueError("top level is not an object")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, SpeccError) as exc:
         ck.problems.append(f"{config} is not valid JSON ({exc})")
         ck.unreadable = "config.json unreadable"
         return

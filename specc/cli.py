@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "export": "lower a plan to SGLang or vLLM launch settings",
     "profile": "measure a cost table (step time by verify token count) on this machine",
     "import": "read an SGLang or vLLM launch command back into a plan",
+    "train": "build training data from installable corpora and train a drafter for a target",
 }
 #: subcommands whose module name differs from the command (``import`` is a Python keyword)
 MODULES = {"import": "import_"}

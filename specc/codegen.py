@@ -34,6 +34,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -620,12 +621,48 @@ class CompileResult:
 
 
 def read_tree(path: Path) -> Dict[str, bytes]:
-    """Every regular file under ``path`` (``__pycache__`` excluded) as relative POSIX path → bytes."""
+    """Every regular file under ``path`` (``__pycache__`` excluded) as relative POSIX path → bytes.
+    Symbolic links are not followed (a link is neither read nor listed)."""
     out = {}
-    for p in sorted(path.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.relative_to(path).parts:
-            out[p.relative_to(path).as_posix()] = p.read_bytes()
-    return out
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for name in filenames:
+            p = Path(dirpath) / name
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                out[p.relative_to(path).as_posix()] = p.read_bytes()
+    return dict(sorted(out.items()))
+
+
+def same_tree(path: Path, files: Mapping[str, bytes]) -> bool:
+    """True iff ``path`` is a real directory holding exactly ``files`` (relative POSIX path →
+    bytes; ``__pycache__`` ignored) as regular files. Symbolic links, devices, FIFOs and extra
+    files make it differ; only files whose size matches are read, so nothing unbounded is read."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    seen = set()
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for name in dirnames:
+            if stat.S_ISLNK(os.lstat(Path(dirpath) / name).st_mode):
+                return False
+        for name in filenames:
+            p = Path(dirpath) / name
+            rel = p.relative_to(path).as_posix()
+            st = os.lstat(p)
+            if rel not in files or not stat.S_ISREG(st.st_mode) or st.st_size != len(files[rel]):
+                return False
+            try:
+                fd = os.open(str(p), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError:
+                return False
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode) or fh.read(len(files[rel]) + 1) != files[rel]:
+                    return False
+            seen.add(rel)
+    return seen == set(files)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -636,74 +673,204 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# Temporary directories of a write: ``.<name>.tmp-<random>`` (the new files) and
+# ``.<name>.old-<random>`` (the artifact being replaced, kept until the new one is in place).
+_TEMP_RE = re.compile(r"^\.(?P<name>[A-Za-z_][A-Za-z0-9_]*-[0-9a-f]+)\.(?P<kind>tmp|old)-[A-Za-z0-9_]+$")
+
+
+class _Locked:
+    """An exclusive ``flock`` on a directory, held while the ``with`` block runs (blocking, or
+    ``None`` from ``__enter__`` if ``wait`` is False and another process holds it). The kernel
+    drops the lock when the holder exits, however it exits (SIGKILL included)."""
+
+    def __init__(self, path: Path, wait: bool = True) -> None:
+        self.path, self.wait, self.fd = path, wait, None
+
+    def __enter__(self):
+        import fcntl
+
+        fd = os.open(str(self.path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor releases the flock
+            self.fd = None
+
+
+def _owned_temp(out_dir: Path, name: str, kind: str) -> Tuple[Path, int]:
+    """Create ``out_dir/.<name>.<kind>-<random>`` and lock it for this process (fd returned); the
+    caller holds ``out_dir``'s lock, so no sweep can see it unlocked in between."""
+    import fcntl
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.{kind}-", dir=str(out_dir)))
+    fd = os.open(str(tmp), os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return tmp, fd
+
+
+def remove_stale_temps(out_dir: Path) -> List[Path]:
+    """Remove the temporary directories that crashed or killed compiles left in ``out_dir``.
+
+    A write locks its ``.<name>.tmp-*`` / ``.<name>.old-*`` directories (``flock``) for as long as
+    it runs, and the kernel releases the lock when its process ends, so a directory whose lock
+    can be taken belongs to no running compile (whatever its age; a live compile's directories are
+    never touched). A stale ``.old-*`` holds the previous artifact moved aside: it is renamed back
+    into place when the artifact itself is missing, else removed. Call with ``out_dir``'s lock held.
+    Returns the directories removed or restored."""
+    done: List[Path] = []
+    try:
+        entries = sorted(os.listdir(out_dir))
+    except OSError:
+        return done
+    for entry in entries:
+        m = _TEMP_RE.match(entry)
+        if not m:
+            continue
+        p = out_dir / entry
+        try:
+            if not stat.S_ISDIR(os.lstat(p).st_mode):
+                continue
+        except OSError:
+            continue
+        with _Locked(p, wait=False) as held:
+            if held is None:
+                continue  # a running compile owns it
+            final = out_dir / m.group("name")
+            if m.group("kind") == "old" and (p / "artifact").is_dir() and not os.path.lexists(final):
+                os.rename(p / "artifact", final)
+            shutil.rmtree(p, ignore_errors=True)
+        done.append(p)
+    return done
+
+
+class _SigtermAsInterrupt:
+    """While active (main thread only), SIGTERM raises :class:`CompileTerminated` instead of ending
+    the process at once, so a write's cleanup runs; on leaving, the previous handler is restored
+    and, if SIGTERM arrived, re-delivered (the process then ends as a SIGTERM would end it)."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.prev = None
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum, frame):
+                raise CompileTerminated("terminated by SIGTERM")
+
+            try:
+                self.prev = signal.signal(signal.SIGTERM, handler)
+            except (ValueError, OSError):
+                self.prev = None
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        import signal
+
+        if self.prev is not None:
+            signal.signal(signal.SIGTERM, self.prev)
+            if exc_type is CompileTerminated:
+                signal.raise_signal(signal.SIGTERM)
+
+
+class CompileTerminated(BaseException):
+    """SIGTERM arrived while an artifact was being written (see :class:`_SigtermAsInterrupt`)."""
+
+
 def write_artifact(out_dir: Path, name: str, files: Mapping[str, bytes],
                    on_file: Optional[Callable[[str], None]] = None) -> CompileResult:
     """Write ``files`` as ``out_dir/name/`` atomically.
 
-    Files go to a hidden temporary directory inside ``out_dir`` (same filesystem), each fsynced,
-    then the directory is renamed into place and ``out_dir`` fsynced. On any exception the temporary
-    directory is removed, so an interrupted compile leaves no partial artifact. If ``out_dir/name``
-    already holds exactly these files, nothing is written (status ``"unchanged"``); if it holds
-    something else (e.g. built from older specc code of the same version), it is replaced.
-    ``on_file(path)`` is called before each file is written (tests use it to fail midway).
+    Files go to a hidden temporary directory ``.<name>.tmp-*`` inside ``out_dir`` (same
+    filesystem), each fsynced, then the directory is renamed into place and ``out_dir`` fsynced.
+    On any exception, SIGINT (KeyboardInterrupt) or SIGTERM the temporary directory is removed, so an
+    interrupted compile leaves no partial artifact and no temporary directory (after cleaning up,
+    SIGTERM is re-delivered). Temporary directories of earlier compiles that were killed outright
+    (SIGKILL, power loss) are removed first when their owner is gone (:func:`remove_stale_temps`).
+
+    Status: ``"unchanged"`` if ``out_dir/name`` already holds exactly these files (also when a
+    concurrent compile of the same plan put them there first: the compare and the rename run under
+    an exclusive lock on ``out_dir``), ``"replaced"`` if it held something else (e.g. built by
+    older specc code of the same version), else ``"created"``. ``on_file(path)`` is called before
+    each file is written (tests use it to fail or pause midway).
 
     Raises:
         ArtifactError: if ``out_dir`` cannot be created or written (naming it).
     """
     out_dir = Path(out_dir)
     final = out_dir / check_identifier_path(name)
+    if os.path.exists(out_dir) and not out_dir.is_dir():
+        raise ArtifactError(f"output directory {out_dir} exists and is not a directory; pass a directory as "
+                            f"--out DIR (it is created if missing)")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ArtifactError(f"cannot create output directory {out_dir}: {exc.strerror}; "
                             f"pass a writable --out DIR") from None
-    if final.is_dir() and read_tree(final) == dict(files):
-        return CompileResult(final, "unchanged", tuple(sorted(files)))
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=str(out_dir)))
-    except OSError as exc:
-        raise ArtifactError(f"cannot write into {out_dir}: {exc.strerror}; pass a writable --out DIR") from None
+    if not out_dir.is_dir():
+        raise ArtifactError(f"output directory {out_dir} is not a directory; pass a directory as --out DIR")
+    names = tuple(sorted(files))
+    tmp: Optional[Path] = None
     old: Optional[Path] = None
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; an artifact is readable like any other output
-        for rel in sorted(files):
-            if on_file is not None:
-                on_file(rel)
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as fh:
-                fh.write(files[rel])
-                fh.flush()
-                os.fsync(fh.fileno())
-        for d in sorted({(tmp / r).parent for r in files}, key=lambda p: -len(p.parts)):
-            _fsync_dir(d)
-        status = "created"
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{name}.old-", dir=str(out_dir)))
-            os.rename(final, old / "artifact")
-            status = "replaced"
+    fds: List[int] = []
+    with _SigtermAsInterrupt():
         try:
-            os.rename(tmp, final)
-        except OSError:
-            # Another compile of the same plan renamed its copy in first: fine if identical.
-            if final.is_dir() and read_tree(final) == dict(files):
+            with _Locked(out_dir):
+                remove_stale_temps(out_dir)
+                if same_tree(final, files):
+                    return CompileResult(final, "unchanged", names)
+                try:
+                    tmp, fd = _owned_temp(out_dir, name, "tmp")
+                except OSError as exc:
+                    raise ArtifactError(f"cannot write into {out_dir}: {exc.strerror}; "
+                                        f"pass a writable --out DIR") from None
+                fds.append(fd)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; an artifact is readable like any other output
+            for rel in names:
+                if on_file is not None:
+                    on_file(rel)
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "wb") as fh:
+                    fh.write(files[rel])
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            for d in sorted({(tmp / r).parent for r in files}, key=lambda p: -len(p.parts)):
+                _fsync_dir(d)
+            with _Locked(out_dir):
+                if same_tree(final, files):  # a concurrent compile of the same plan was first
+                    return CompileResult(final, "unchanged", names)
+                status = "created"
+                if os.path.lexists(final):
+                    old, fd = _owned_temp(out_dir, name, "old")
+                    fds.append(fd)
+                    os.rename(final, old / "artifact")
+                    status = "replaced"
+                os.rename(tmp, final)
+                tmp = None
+                _fsync_dir(out_dir)
+            return CompileResult(final, status, names)
+        except OSError as exc:
+            raise ArtifactError(f"cannot write the artifact into {out_dir}: {exc.strerror or exc}; "
+                                f"pass a writable --out DIR") from None
+        finally:
+            if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-                return CompileResult(final, "unchanged", tuple(sorted(files)))
-            raise ArtifactError(f"cannot move the new artifact into {final}: it appeared meanwhile "
-                                f"with other content; remove it and re-run specc compile") from None
-        _fsync_dir(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not final.exists() and (old / "artifact").exists():
-            os.rename(old / "artifact", final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return CompileResult(final, status, tuple(sorted(files)))
+            if old is not None:
+                if not os.path.lexists(final) and (old / "artifact").exists():
+                    os.rename(old / "artifact", final)
+                shutil.rmtree(old, ignore_errors=True)
+            for fd in fds:
+                os.close(fd)
 
 
 def check_identifier_path(name: str) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -537,9 +538,23 @@ class CostTable:
         return max(0.0, _step_lookup(xs, np.array(self.draft_ms), int(xs[-1]), num_requests))
 
 
+COST_TABLE_HINT = ('give a cost table JSON (see `specc profile`: `specc profile PLAN --out FILE` writes one; '
+                   'format {"format": "specc-cost-table/1", "verify_ms": {"1": 7.9, "2": 8.1, ...}}, '
+                   'token count -> milliseconds, as specc.cost.CostTable documents)')
+
+
 def load_cost_table(path: str) -> CostTable:
-    """Read a cost-table JSON (format in :class:`CostTable`). Raises PlanError naming
-    ``schedule.cost_table`` and the file when it is missing, not JSON, or lacks ``verify_ms``."""
+    """Read a cost-table JSON (format in :class:`CostTable`): a regular file of at most
+    :data:`specc.io.COST_TABLE_LIMIT` bytes (:func:`specc.io.read_bounded`) whose ``verify_ms``
+    (and optional ``draft_ms``) map positive integer counts to finite milliseconds >= 0.
+    ``pkg://<package>/<file>`` paths are resolved first.
+
+    Raises:
+        PlanError: naming ``schedule.cost_table``, the file and how to get a table, when the file is
+            missing, not a regular file, too large, not JSON, or its tables are malformed.
+    """
+    from specc.io import COST_TABLE_LIMIT, read_bounded
+
     if str(path).startswith("pkg://"):
         from specc.models.resolve import resolve_model_path
 
@@ -548,20 +563,41 @@ def load_cost_table(path: str) -> CostTable:
         except SpeccError as exc:
             raise PlanError(f"schedule.cost_table: {exc}") from None
     p = Path(path)
-    if not p.is_file():
-        raise PlanError(f"schedule.cost_table: file not found: {p} (`specc profile PLAN --out FILE` writes one)")
+    if not os.path.lexists(p):
+        raise PlanError(f"schedule.cost_table: file not found: {p}; {COST_TABLE_HINT}")
     try:
-        data = json.loads(p.read_text())
-        verify = {int(k): float(v) for k, v in data["verify_ms"].items()}
-        draft = {int(k): float(v) for k, v in (data.get("draft_ms") or {}).items()}
+        text = read_bounded(p, COST_TABLE_LIMIT, "cost table", error=PlanError)
+    except PlanError as exc:
+        raise PlanError(f"schedule.cost_table: {exc}") from None
+
+    def table(obj, key: str) -> Dict[int, float]:
+        if not isinstance(obj, dict):
+            raise ValueError(f"{key!r} must be an object mapping counts to milliseconds")
+        out = {}
+        for k, v in obj.items():
+            n, ms = int(k), float(v)
+            if n < 1 or not math.isfinite(ms) or ms < 0:
+                raise ValueError(f"{key}[{k!r}] = {v!r}: counts must be integers >= 1 and times finite ms >= 0")
+            out[n] = ms
+        return out
+
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("the file must hold a JSON object")
+        if "verify_ms" not in data:
+            raise ValueError("no 'verify_ms' key")
+        verify = table(data["verify_ms"], "verify_ms")
+        draft = table(data.get("draft_ms") or {}, "draft_ms")
         if len(verify) < 1:
             raise ValueError("verify_ms is empty")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise PlanError(f"schedule.cost_table: {p} is not a cost table ({exc!r}); expected JSON with "
-                        "a 'verify_ms' object mapping token counts to milliseconds") from None
+        captures = data.get("capture_sizes") or list(verify)
+        if not isinstance(captures, list) or not all(isinstance(c, int) and c >= 1 for c in captures):
+            raise ValueError("capture_sizes must be a list of integers >= 1")
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise PlanError(f"schedule.cost_table: {p} is not a cost table ({exc}); {COST_TABLE_HINT}") from None
     vx, vy = _monotone_table(verify)
     dx, dy = _monotone_table(draft) if draft else (np.array([], dtype=np.int64), np.array([]))
-    captures = data.get("capture_sizes") or list(verify)
     return CostTable(verify_x=tuple(int(x) for x in vx), verify_ms=tuple(float(y) for y in vy),
                      capture_limit=int(max(captures)), draft_x=tuple(int(x) for x in dx),
                      draft_ms=tuple(float(y) for y in dy), device=str(data.get("device", "")),

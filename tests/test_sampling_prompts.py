@@ -59,5 +59,5 @@ def test_bad_prompt_files_name_line_and_field(tmp_path, line, match):
 
 
 def test_missing_file():
-    with pytest.raises(PromptError, match="cannot read prompt file"):
+    with pytest.raises(PromptError, match="prompts file /nonexistent/prompts.jsonl: no such file"):
         read_prompts("/nonexistent/prompts.jsonl")

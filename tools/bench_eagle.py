@@ -1,11 +1,16 @@
 #!/usr/bin/env python
 """τ and tokens/s of EAGLE and EAGLE-3 chain drafting against plain decoding, on this CPU, batch 1.
 
-Runs the shipped prompt set (``specc/data/prompts.jsonl``; the heads were trained on
-``data/train_prompts.jsonl`` only, so this is also the held-out check) through the specc runtime:
+Runs the shipped prompt set (``specc/data/prompts.jsonl``; no stage of ``specc train`` reads it, so
+this is the held-out check) through the specc runtime:
 plain greedy decoding, then each head at κ = 1..6 with greedy verification. Every speculative output is
 compared token for token with the plain output (exactness); τ is Spec-Bench's mean emitted tokens per
-verify step (bonus included), tokens/s is output tokens over wall time (prefill included).
+verify step (bonus included), also printed per category; tokens/s is output tokens over wall time
+(prefill included).
+
+Interleaved: every configuration (plain at 1 and ``--threads`` threads, each head at each κ) decodes the
+first prompt, then every configuration the second, and so on, so that load from other jobs on a
+shared machine falls on all of them alike.
 
 Threads: the heads run with ``--threads`` CPU threads (OpenBLAS and the skinny GEMM of the verify
 forward); plain decoding runs with 1 thread and with ``--threads``, and the speed-ups are against the
@@ -46,25 +51,23 @@ def load_prompts(tok, per_category: int):
     return out
 
 
-def run(target, tok, drafter, kind: str, k: int, prompts, max_new: int):
+def make_runtime(target, tok, drafter, kind: str, k: int):
     from specc.runtime.engine import Runtime
-    from specc.runtime.request import Request, SamplingParams
     from specc.runtime.state import StateSpec
 
     name = f"b1_k{k}_topk1_w{k + 1}_greedy_chain"
     spec = StateSpec(name=name, method=kind if k else "none", batch_size=1, num_steps=k, topk=1,
                      num_draft_tokens=k + 1, verify_rule="greedy", draft_sampling="greedy")
-    rt = Runtime(target, tok, drafter if k else None, [spec], max_model_len=2048)
-    reqs = [Request(prompt_ids=ids, params=SamplingParams(max_new_tokens=max_new), request_id=pid)
-            for pid, ids in prompts]
-    t0 = time.perf_counter()
-    outs = rt.generate(reqs, batch_size=1)
-    wall = time.perf_counter() - t0
-    return outs, rt.metrics, wall
+    return Runtime(target, tok, drafter if k else None, [spec], max_model_len=2048)
+
+
+def _rel(path) -> str:
+    p = pathlib.Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def main(argv=None) -> None:
-    from train_drafter import _command, _rel  # the training tool's recorders: one definition
+    from specc.commands.train import command_line as _command
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category (10 = all 60)")
@@ -91,48 +94,70 @@ def main(argv=None) -> None:
     target.use_cpu_fast()
     prompts = load_prompts(tok, args.per_category)
     print(f"{len(prompts)} shipped prompts, {args.max_new} new tokens each, batch 1, greedy", flush=True)
-    rows = []
-    plain_tps, refs = 0.0, {}
-    for threads in sorted({1, args.threads}):
-        configure_cpu_threads(threads)
-        plain_outs, pm, pwall = run(target, tok, None, "none", 0, prompts, args.max_new)
-        tps = pm.num_output_tokens / pwall
-        plain_tps = max(plain_tps, tps)
-        refs[threads] = {o.request.request_id: o.token_ids for o in plain_outs}
-        rows.append({"method": "plain", "k": 0, "threads": threads, "tau": 1.0, "tokens_per_s": round(tps, 2),
-                     "exact": True, "acceptance_per_pos": [], "wall_s": round(pwall, 1)})
-        print(f"plain ({threads} thread(s)): {tps:.2f} tok/s ({pm.num_output_tokens} tokens, {pwall:.1f}s)", flush=True)
-    for r in rows:
-        r["speedup"] = round(r["tokens_per_s"] / plain_tps, 3)
+    from specc.runtime.request import Request, SamplingParams
+
+    # every configuration decodes prompt 1, then every configuration prompt 2, ...: on a shared machine
+    # a load change then hits all configurations alike instead of whichever ran at that time
+    configs = [("plain", 0, t, None) for t in sorted({1, args.threads})]
+    for kind in args.methods:
+        head = load_eagle_head(heads[kind], target.config, target.embed, target.lm_head, expect_kind=kind)
+        for k in args.kappas:
+            configs.append((kind, k, args.threads, EagleDrafter(head, target.config.num_layers, target.norm)))
+    runtimes = [make_runtime(target, tok, d, kind, k) for kind, k, _, d in configs]
+    wall = [0.0] * len(configs)
+    outs = [[] for _ in configs]
+    category = {pid: pid.rsplit("-", 1)[0] for pid, _ in prompts}
+    for n, (pid, ids) in enumerate(prompts):
+        for c, (kind, k, threads, _) in enumerate(configs):
+            configure_cpu_threads(threads)
+            req = Request(prompt_ids=ids, params=SamplingParams(max_new_tokens=args.max_new), request_id=pid)
+            t0 = time.perf_counter()
+            outs[c] += runtimes[c].generate([req], batch_size=1)
+            wall[c] += time.perf_counter() - t0
+        print(f"prompt {n + 1}/{len(prompts)} done: " + ", ".join(
+            f"{kind}{'' if kind == 'plain' else f' k={k}'}@{t}t {sum(len(o.token_ids) for o in outs[c]) / wall[c]:.1f} tok/s"
+            for c, (kind, k, t, _) in enumerate(configs)), flush=True)
+    refs = {}
+    for c, (kind, k, threads, _) in enumerate(configs):
+        if kind == "plain":
+            refs[threads] = {o.request.request_id: o.token_ids for o in outs[c]}
+    plain_tps = max(runtimes[c].metrics.num_output_tokens / wall[c] for c, x in enumerate(configs) if x[0] == "plain")
     # exactness is against plain decoding with the same thread count (the same matmul kernels: one row
     # on one thread goes through numpy's GEMV, whose sums differ from the skinny GEMM's in the last bits)
     ref = refs[args.threads]
     same = sum(refs[1][p] == ref[p] for p in ref)
     print(f"plain outputs at 1 and {args.threads} thread(s) identical for {same}/{len(ref)} prompts", flush=True)
-    configure_cpu_threads(args.threads)
-    for kind in args.methods:
-        head = load_eagle_head(heads[kind], target.config, target.embed, target.lm_head, expect_kind=kind)
-        drafter = EagleDrafter(head, target.config.num_layers, target.norm)
-        for k in args.kappas:
-            outs, m, wall = run(target, tok, drafter, kind, k, prompts, args.max_new)
-            exact = all(o.token_ids == ref[o.request.request_id] for o in outs)
-            tps = m.num_output_tokens / wall
-            row = {"method": kind, "k": k, "threads": args.threads, "tau": round(m.tau, 3), "tokens_per_s": round(tps, 2),
-                   "speedup": round(tps / plain_tps, 3), "exact": exact,
-                   "acceptance_per_pos": [round(a, 3) for a in m.acceptance_per_pos], "wall_s": round(wall, 1),
-                   "stage_time_s": {s: round(v, 2) for s, v in m.stage_time_s.items()}}
-            rows.append(row)
-            print(f"{kind} k={k}: tau {m.tau:.2f}, {tps:.2f} tok/s ({tps / plain_tps:.2f}x plain), exact {exact}, "
-                  f"acc/pos {row['acceptance_per_pos']}", flush=True)
+    rows, per_category = [], []
+    for c, (kind, k, threads, _) in enumerate(configs):
+        m = runtimes[c].metrics
+        tps = m.num_output_tokens / wall[c]
+        row = {"method": kind, "k": k, "threads": threads, "tau": round(m.tau, 3) if k else 1.0,
+               "tokens_per_s": round(tps, 2), "speedup": round(tps / plain_tps, 3),
+               "exact": all(o.token_ids == refs[threads][o.request.request_id] for o in outs[c]),
+               "acceptance_per_pos": [round(a, 3) for a in m.acceptance_per_pos] if k else [], "wall_s": round(wall[c], 1),
+               "stage_time_s": {s: round(v, 2) for s, v in m.stage_time_s.items()}}
+        rows.append(row)
+        if k:
+            tau: dict = {}
+            for o in outs[c]:  # Spec-Bench's τ per category: emitted tokens / verify steps of its requests
+                t = tau.setdefault(category[o.request.request_id], [0, 0])
+                t[0] += o.counters.num_emitted
+                t[1] += o.counters.num_steps
+            per_category.append({"method": kind, "k": k, "tau": {x: round(e / max(1, n), 3) for x, (e, n) in sorted(tau.items())}})
     print("\n| method | κ | threads | τ | acceptance per position | tok/s | × best plain | output == plain |\n"
           "|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['method']} | {r['k']} | {r['threads']} | {r['tau']:.2f} | {r['acceptance_per_pos']} | "
               f"{r['tokens_per_s']:.2f} | {r['speedup']:.2f} | {'yes' if r['exact'] else 'NO'} |")
+    cats = sorted({c for x in per_category for c in x["tau"]})
+    if per_category:
+        print("\nτ per category:\n| method | κ | " + " | ".join(cats) + " |\n|---|---|" + "---|" * len(cats))
+        for x in per_category:
+            print(f"| {x['method']} | {x['k']} | " + " | ".join(f"{x['tau'].get(c, 0):.2f}" for c in cats) + " |")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({
             "prompts": [p for p, _ in prompts], "max_new": args.max_new, "threads": args.threads,
-            "heads": {k: _rel(v) for k, v in heads.items()}, "load_average_after": list(os.getloadavg()),
+            "heads": {k: _rel(v) for k, v in heads.items()}, "per_category": per_category, "load_average_after": list(os.getloadavg()),
             "command": _command(), "rows": rows}, indent=1) + "\n")
 
 

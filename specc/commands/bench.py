@@ -2,7 +2,8 @@
 runtime and target) over the shipped prompts (or ``--prompts``), with a check that greedy outputs
 are identical:
 
-* default: batch 1, per category: decode tokens/s, τ, speedup;
+* default: batch 1, per category: decode tokens/s (prefill excluded) next to end-to-end tokens/s
+  (prefill included), τ, the speedup on each;
 * ``--concurrency 1,4,16,64``: continuous batching with at most C requests in flight (the prompts
   cycled to ``--requests-per-slot`` × C requests): output and decode tokens/s, τ, time per output
   token p50/p99, the κ the schedule chose, speedup over plain — and, when the artifact carries a
@@ -75,7 +76,8 @@ def run(args) -> int:
                           "results": {m: {c: vars(s) for c, s in per.items()} for m, per in results.items()}}))
     else:
         print(f"{art.path.name} vs plain decoding, batch 1, {len(reqs)} prompts, max_new_tokens {args.max_new_tokens}")
-        print("per category: decode tokens/s (prefill excluded) | tau | speedup over plain")
+        print("decode tok/s: tokens after the first per second of decode (prefill excluded); e2e tok/s: all "
+              "output tokens per second of wall time (prefill included); x: over plain decoding")
         print(format_table(results))
         print(f"greedy outputs identical to plain: {exact}/{len(reqs)}")
     return 0 if exact == len(reqs) else 1
@@ -145,12 +147,14 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
         print(json.dumps({"artifact": art.path.name, "results": rows}))
     else:
         print(f"{art.path.name} vs plain decoding, continuous batching, max_new_tokens {args.max_new_tokens}")
-        print(f"{'C':>4s} {'plain tok/s':>12s} {'tok/s':>8s} {'speedup':>8s} {'predicted':>9s} {'tau':>5s} "
-              f"{'TPOT p50/p99 ms':>16s}  kappa steps")
+        print("decode tok/s: tokens after each request's first per second of decode (prefill excluded); e2e "
+              "tok/s: all output tokens per second of wall time (prefill included); speedup: on decode tok/s")
+        print(f"{'C':>4s} {'plain decode':>12s} {'decode tok/s':>12s} {'e2e tok/s':>9s} {'speedup':>8s} "
+              f"{'predicted':>9s} {'tau':>5s} {'TPOT p50/p99 ms':>16s}  kappa steps")
         for r in rows:
             pred = f"{r['predicted_speedup']:.2f}x" if r["predicted_speedup"] is not None else "-"
-            print(f"{r['concurrency']:4d} {r['plain_decode_tok_s']:12.1f} {r['decode_tok_s']:8.1f} "
-                  f"{r['speedup']:7.2f}x {pred:>9s} {r['tau']:5.2f} "
+            print(f"{r['concurrency']:4d} {r['plain_decode_tok_s']:12.1f} {r['decode_tok_s']:12.1f} "
+                  f"{r['output_tok_s']:9.1f} {r['speedup']:7.2f}x {pred:>9s} {r['tau']:5.2f} "
                   f"{r['tpot_ms_p50']:7.1f}/{r['tpot_ms_p99']:<8.1f}  "
                   + " ".join(f"k{k}:{v}" for k, v in sorted(r["kappa_steps"].items())))
         print("greedy outputs identical to plain: " + ", ".join(f"C={r['concurrency']} {r['exact']}/{r['n']}" for r in rows))

@@ -355,7 +355,12 @@ def check_command(engine: str, words: List[str], pinned: Optional[str]) -> List[
     text, argv, base = None, list(words), None
     if len(argv) == 1 and os.path.isfile(argv[0]):
         label, base = argv[0], Path(argv[0]).resolve().parent
-        text, argv = Path(argv[0]).read_text(encoding="utf-8"), None
+        from specc.io import LAUNCH_FILE_LIMIT, read_bounded
+
+        try:
+            text, argv = str(read_bounded(argv[0], LAUNCH_FILE_LIMIT, "launch file")), None
+        except SpeccError as exc:
+            return [Result(plan_path=label, error=str(exc))]
     elif len(argv) == 1 and " " in argv[0]:
         text, argv = argv[0], None
     try:

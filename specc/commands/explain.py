@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from specc.errors import SpeccError
 
@@ -30,9 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan YAML file or preset name (conf/plan/<name>.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                         help="Hydra overrides: group=option or dotted.key=value")
-    parser.add_argument("--alpha", type=float, default=None,
-                        help="per-position acceptance α for the predictions (default: the plan's "
-                             "verify.synthetic acceptance, else 0.70)")
+    parser.add_argument("--engine", choices=("specc", "sglang", "vllm"), default=None,
+                        help="explain the plan as this engine runs it (default: the plan's `engine` key); "
+                             "its rules are checked first, as `specc check` does")
+    alpha = parser.add_mutually_exclusive_group()
+    alpha.add_argument("--alpha", type=float, default=None,
+                       help="per-position acceptance α for the predictions (default: the plan's "
+                            "verify.synthetic acceptance, else §6.2's 0.70, which is not a measurement)")
+    alpha.add_argument("--acceptance", metavar="RUN.json", default=None,
+                       help="predict from the acceptance measured by `specc run ARTIFACT --json` (its "
+                            "output file: per-position accepted counts of the summary line)")
     parser.add_argument("--c", dest="draft_cost", type=float, default=None,
                         help="draft cost ratio c = t_draft/t_target (default: from the checkpoints, "
                              "else the method's default)")
@@ -74,13 +83,20 @@ def plot_formats() -> Dict[str, str]:
 
 
 def _probe_writable(path: Path, flag: str) -> None:
-    """Raise SpeccError naming ``flag`` if a file cannot be created at ``path`` (its folder is not a
-    directory, cannot be created or is not writable). Leaves no file behind that was not there."""
+    """Raise SpeccError naming ``flag`` if a file cannot be created at ``path`` (its folder does not
+    exist — it is never created — or is not writable; the path is a directory, FIFO or device).
+    Leaves no file behind that was not there."""
     if path.is_dir():
         raise SpeccError(f"{flag} {path}: is a directory; give a file name such as {path / 'explain.png'}")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise SpeccError(f"{flag} {path}: the folder {parent} {what}; create it first or give a path in an "
+                         f"existing folder")
+    if path.exists() and not path.is_file():
+        raise SpeccError(f"{flag} {path}: exists and is not a regular file; give another file name")
     existed = path.exists()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "ab"):
             pass
     except OSError as exc:
@@ -104,6 +120,8 @@ def validate_outputs(args: argparse.Namespace) -> None:
     a = getattr(args, "alpha", None)
     if a is not None and not math.isfinite(a):
         raise SpeccError(f"--alpha must lie in [0, 1], got {a}")
+    if getattr(args, "acceptance", None):
+        args.measured = read_acceptance(args.acceptance)
     if getattr(args, "plot", None):
         path = Path(args.plot)
         ext = path.suffix.lower().lstrip(".")
@@ -117,8 +135,11 @@ def validate_outputs(args: argparse.Namespace) -> None:
         if out.exists() and not out.is_dir():
             raise SpeccError(f"--graphs {out}: exists and is not a directory; give a directory path "
                              f"(it is created if missing)")
+        if not out.parent.is_dir():
+            raise SpeccError(f"--graphs {out}: the folder {out.parent} does not exist; create it first or "
+                             f"give a directory in an existing folder")
         try:
-            out.mkdir(parents=True, exist_ok=True)
+            out.mkdir(exist_ok=True)
         except OSError as exc:
             raise SpeccError(f"--graphs {out}: cannot create the directory ({exc.strerror or exc}); "
                              f"give a path in a writable folder") from None
@@ -216,7 +237,6 @@ def plot(path: str, plan, preds, title: str) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     except OSError as exc:
         raise SpeccError(f"--plot {path}: cannot write the plot ({exc.strerror or exc}); "
@@ -241,22 +261,195 @@ def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = N
             "issues": issues}
 
 
+@dataclass(frozen=True)
+class MeasuredAcceptance:
+    """Acceptance measured by a ``specc run --json`` run (its summary line).
+
+    ``rates[i]`` = accepted tokens at draft position i / verify steps (vLLM's per-position counts
+    over steps, so 1 + Σ rates = τ, the run's tokens per step); ``alpha`` the constant
+    per-position α with E(α, κ) = τ at the run's κ = len(rates) (:func:`specc.cost.alpha_for_expected_tokens`,
+    the inversion ``verify.synthetic.acceptance_rates`` uses)."""
+
+    alpha: float
+    rates: Tuple[float, ...]
+    tau: float
+    num_steps: int
+    num_drafts: int
+    artifact: str
+    path: str
+
+    @property
+    def source(self) -> str:
+        rates = ", ".join(f"{r:.3f}" for r in self.rates)
+        art = f" of {self.artifact}" if self.artifact else ""
+        return (f"measured: {self.path}{art}, accepted per position per step [{rates}], τ = {self.tau:.3f} "
+                f"at κ = {len(self.rates)} over {self.num_steps} steps; α fitted so E(α, {len(self.rates)}) = τ")
+
+
+def _summary_object(text: str, where: str) -> dict:
+    """The summary object of ``specc run --json`` output: the last line ``{"summary": {...}}``
+    (JSONL), or a whole-file JSON object holding ``summary`` or being one."""
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        whole = None
+    if isinstance(whole, dict) and isinstance(whole.get("summary"), dict):
+        return whole["summary"]
+    if isinstance(whole, dict) and "num_accepted_tokens_per_pos" in whole:
+        return whole
+    found = None
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise SpeccError(f"--acceptance {where}:{i}: not JSON ({exc}); give the output of "
+                             f"`specc run ARTIFACT --json > RUN.json`") from None
+        if isinstance(obj, dict) and isinstance(obj.get("summary"), dict):
+            found = obj["summary"]
+    if found is None:
+        raise SpeccError(f"--acceptance {where}: no {{\"summary\": ...}} line; give the output of "
+                         f"`specc run ARTIFACT --json > RUN.json`")
+    return found
+
+
+def read_acceptance(path: str) -> MeasuredAcceptance:
+    """Read the acceptance a ``specc run --json`` run measured (see :class:`MeasuredAcceptance`).
+
+    The file is read with :func:`specc.io.read_bounded` (a regular file of at most
+    :data:`specc.io.RUN_JSON_LIMIT` bytes).
+
+    Raises:
+        SpeccError: unreadable, not the output of ``specc run --json``, counters that are not
+            non-negative integers or do not fit together (more accepted at a position than steps,
+            or more at a later position than an earlier one), or a run that drafted nothing.
+    """
+    from specc import cost
+    from specc.io import RUN_JSON_LIMIT, read_bounded
+
+    text = str(read_bounded(path, RUN_JSON_LIMIT, "--acceptance file"))
+    summary = _summary_object(text, path)
+    per_pos = summary.get("num_accepted_tokens_per_pos")
+    steps = summary.get("num_steps", summary.get("num_drafts"))
+    drafts = summary.get("num_drafts", steps)
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(per_pos, list) or not all(count(n) for n in per_pos) or not count(steps) or not count(drafts):
+        raise SpeccError(f"--acceptance {path}: the summary needs integer counters num_steps, num_drafts and "
+                         f"num_accepted_tokens_per_pos (a list); give the output of `specc run ARTIFACT --json`")
+    if not per_pos or not steps or not drafts:
+        raise SpeccError(f"--acceptance {path}: the run drafted nothing (κ = 0, or no draft was proposed), so "
+                         f"it measured no acceptance; run a speculative artifact")
+    if any(n > steps for n in per_pos) or any(b > a for a, b in zip(per_pos, per_pos[1:])):
+        raise SpeccError(f"--acceptance {path}: num_accepted_tokens_per_pos {per_pos[:8]} does not fit "
+                         f"num_steps {steps} (a position cannot accept more often than the one before it); "
+                         f"the file was edited or is not from specc run")
+    rates = tuple(n / steps for n in per_pos)
+    tau = 1.0 + sum(rates)
+    alpha = cost.alpha_for_expected_tokens(min(tau, len(rates) + 1.0), len(rates))
+    art = summary.get("artifact")
+    return MeasuredAcceptance(alpha=alpha, rates=rates, tau=tau, num_steps=int(steps), num_drafts=int(drafts),
+                              artifact=str(art) if isinstance(art, str) else "", path=str(path))
+
+
+def refuse_rule_errors(args: argparse.Namespace, engine: str) -> int:
+    """Print the plan's rule errors exactly as ``specc check PLAN [OVERRIDES] --engine ENGINE``
+    prints them (its own renderer), to stderr, and return check's exit code for errors (1)."""
+    from specc.commands import check
+
+    results = check.check_inputs([args.plan], list(args.overrides or ()), engine)
+    sys.stderr.write(check.render_text(results, False))
+    n = sum(v.severity == "error" for r in results for v in r.violations)
+    print(f"specc explain: error: the plan has {n} error(s) for engine {engine!r} (listed above, as "
+          f"`specc check` reports them); nothing to explain until they are fixed", file=sys.stderr)
+    return check.exit_code(results) or 1
+
+
+def _violation_line(v, where) -> str:
+    """``file:line: severity: [rule] message`` as ``specc check`` prints it (location of the first
+    of the rule's keys, or of the values it sets, that the plan or an override wrote)."""
+    loc = ""
+    for key in [k for k, _ in v.sets] + list(v.keys):
+        src = where(key)
+        if src:
+            loc = f"{src[0]}:{src[1]}: " if src[1] else f"{src[0]}: "
+            break
+    return f"{loc}{v.severity}: [{v.rule}] {v.message}"
+
+
+def planning_only(plan, violations) -> list:
+    """The errors that only say the engine does not *run* ``schedule.kind: auto`` (SGLang's BB1,
+    vLLM's A1: they name the key ``schedule.kind`` alone). For those engines ``auto`` is a planning
+    mode: explain derives the κ candidates per batch bucket from the cost model, which the user then
+    writes into ``schedule.buckets`` of an adaptive or batch-bucket schedule; explain reports these
+    errors as notes instead of refusing."""
+    if plan.schedule.kind != "auto":
+        return []
+    return [v for v in violations if v.severity == "error" and tuple(v.keys) == ("schedule.kind",)]
+
+
+def _legend(preds, inputs=None) -> List[str]:
+    """What the two speedup columns mean, and which batch-1 rows differ and why (``inputs``: the
+    plan's :class:`specc.sizing.CostInputs`; with a profiled cost table, speedup@B of chain,
+    parallel and plain states comes from its measured step times)."""
+    t_star = preds[0].saturation_tokens
+    table = getattr(inputs, "batch_model", None) is not None
+    lines = [f"speedup: §6.2's E / (1 + draft cost) at batch 1, every verify costing one target step whatever "
+             f"its width W; speedup@B: at the bucket's batch B, "
+             + ("from the profiled cost table's step times (the second seed's throughput model; tree states: "
+                f"a pass over n tokens costing max(1, n / T*), T* = {t_star:.1f})" if table else
+                f"a pass over n tokens costing max(1, n / T*) (T* = {t_star:.1f} tokens on {preds[0].hardware})")]
+    differ = [p.state for p in preds if p.batch_size == 1 and abs(p.speedup - p.speedup_at_batch) > 5e-3]
+    if differ and table:
+        lines.append(f"  at batch 1 they differ for {', '.join(differ)}: the measured cost of the verify and "
+                     f"draft passes replaces §6.2's one step per verify and c per draft pass")
+    elif differ:
+        lines.append(f"  at batch 1 they differ where W > T*: the verify of {', '.join(differ)} is compute-bound, "
+                     f"so speedup@B is the lower, saturating-model figure")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from specc import graph
     from specc.plan.load import load_plan
+    from specc.rules import resolve
 
     validate_outputs(args)
     loaded = load_plan(args.plan, list(args.overrides or ()))
-    plan = loaded.plan
-    res = explain(plan, args.alpha, args.draft_cost, args.hardware)
+    engine = args.engine or loaded.plan.engine
+    resolved, violations = resolve(loaded.plan, engine)
+    planning = planning_only(loaded.plan, violations)
+    if any(v.severity == "error" and v not in planning for v in violations):
+        return refuse_rule_errors(args, engine)
+    plan = resolved  # as the engine runs it: filled defaults and fallbacks applied, as check reports
+    measured: Optional[MeasuredAcceptance] = getattr(args, "measured", None)
+    alpha = measured.alpha if measured is not None else args.alpha
+    res = explain(plan, alpha, args.draft_cost, args.hardware)
     low, preds, issues = res["lowering"], res["predictions"], res["issues"]
+    alpha_used, alpha_source = res["inputs"].alpha, res["inputs"].alpha_source
+    if measured is not None:
+        alpha_source = measured.source
+        preds = [replace(p, alpha_source=measured.source) for p in preds]
     if not preds:
         raise SpeccError(f"plan {plan.name!r} lowers to no candidate state")
+    alpha_note = None
+    if alpha_source.startswith("default"):
+        alpha_note = (f"α = {alpha_used:.2f} is §6.2's textbook value, not a measurement of this drafter: the "
+                      f"speedups are illustrative. Measure it (`specc run ARTIFACT --json > run.jsonl`) and "
+                      f"pass --acceptance run.jsonl, or --alpha")
+    elif measured is not None and any(p.num_steps > len(measured.rates) for p in preds):
+        alpha_note = (f"states with κ > {len(measured.rates)} (the measured run's κ) extrapolate the fitted α "
+                      f"to positions that run never drafted")
     bad = {k: v for k, v in issues.items() if v}
     if args.graphs:
         out = Path(args.graphs)
         try:
-            out.mkdir(parents=True, exist_ok=True)
+            out.mkdir(exist_ok=True)
             for name, g in res["graphs"].items():
                 (out / f"{name}.json").write_text(json.dumps(graph.to_json(g), indent=1))
                 (out / f"{name}.dot").write_text(graph.to_dot(g))
@@ -266,23 +459,37 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}")
     p0 = preds[0]
+    notes = [_violation_line(v, loaded.where) for v in violations if v not in planning]
+    notes += [f"note: {_violation_line(v, loaded.where)} — schedule.kind=auto is a planning mode: the "
+              f"buckets below are what to write into schedule.buckets (kind adaptive or batch_buckets) "
+              f"to run it" for v in planning]
     if args.format == "json":
         data = {
-            "plan": plan.name, "path": str(loaded.path), "method": plan.method.name,
-            "schedule": plan.schedule.kind, "alpha": res["inputs"].alpha, "alpha_source": res["inputs"].alpha_source,
+            "plan": plan.name, "path": str(loaded.path), "engine": engine, "method": plan.method.name,
+            "schedule": plan.schedule.kind, "alpha": alpha_used, "alpha_source": alpha_source,
+            "alpha_measured": measured is not None, "alpha_note": alpha_note,
+            "measured_acceptance": None if measured is None else {
+                "path": measured.path, "artifact": measured.artifact, "rates_per_step": list(measured.rates),
+                "tau": measured.tau, "num_steps": measured.num_steps, "num_drafts": measured.num_drafts},
             "c": p0.c, "c_source": p0.c_source, "hardware": p0.hardware,
             "saturation_tokens": p0.saturation_tokens, "capture_sizes": list(low.capture_sizes),
             "buckets": {str(k): list(v) for k, v in low.buckets.items()},
             "reasons": {str(k): v for k, v in low.reasons.items()}, "notes": list(low.notes),
+            "violations": [v.to_json() for v in violations],
+            "speedup_columns": " ".join(_legend(preds, res["inputs"])),
             "states": [dict(p.as_dict(), graph_issues=[str(i) for i in issues[p.state]]) for p in preds],
             "plot": args.plot,
         }
         print(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
     else:
         print(f"plan {plan.name} ({loaded.path}): method {plan.method.name}, verify {plan.verify.rule}, "
-              f"schedule {plan.schedule.kind}")
-        print(f"α = {res['inputs'].alpha:.3f} ({res['inputs'].alpha_source}); c = {p0.c:.4f} ({p0.c_source}); "
+              f"schedule {plan.schedule.kind}, as {engine} runs it")
+        for line in notes:
+            print(f"  {line}")
+        print(f"α = {alpha_used:.3f} ({alpha_source}); c = {p0.c:.4f} ({p0.c_source}); "
               f"hardware {p0.hardware}: T* = {p0.saturation_tokens:.1f} tokens")
+        if alpha_note:
+            print(f"  note: {alpha_note}")
         print(f"captured batch sizes: {list(low.capture_sizes)}")
         from specc.lower import route_slot
 
@@ -299,6 +506,8 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(format_table(table_rows(preds)))
         print()
+        for line in _legend(preds, res["inputs"]):
+            print(line)
         print(f"{len(preds)} states; stage graphs: "
               + ("all valid" if not bad else f"{len(bad)} INVALID"))
         for name, found in bad.items():

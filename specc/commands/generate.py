@@ -136,7 +136,7 @@ def generate_outputs(model, prompts: Sequence[Sequence[int]], max_new_tokens: in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, unit_interval
+    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, seed_int, unit_interval
 
     src = parser.add_argument_group("model")
     src.add_argument("--target", default="smollm2_135m", help="target preset (conf/target/<name>.yaml)")
@@ -157,7 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=unit_interval, default=1.0, help="in (0, 1]; 1 = off")
     p.add_argument("--top-k", type=non_negative_int, default=0, help="0 = no top-k filter")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=seed_int, default=0, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
 
 

@@ -81,9 +81,12 @@ def run(args: argparse.Namespace) -> int:
     text = None
     source = "the command line"
     if args.file is not None:
-        try:
-            text = Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        from specc.errors import SpeccError
+        from specc.io import LAUNCH_FILE_LIMIT, read_bounded
+
+        try:  # a regular file of bounded size: a FIFO or /dev/zero never hangs or fills memory
+            text = str(read_bounded(args.file, LAUNCH_FILE_LIMIT, "launch file"))
+        except SpeccError as exc:
             print(f"specc import: error: --file {args.file}: {exc}", file=sys.stderr)
             return 2
         base_dir, source = Path(args.file).resolve().parent, args.file

@@ -16,7 +16,7 @@ from typing import List
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, unit_interval
+    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, seed_int, unit_interval
 
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
     src = parser.add_mutually_exclusive_group()
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=unit_interval, default=1.0, help="in (0, 1]; 1 = off")
     parser.add_argument("--top-k", type=non_negative_int, default=0, help="0 = off")
-    parser.add_argument("--seed", type=int, default=None, help="seed request i with SEED + i (reproducible "
+    parser.add_argument("--seed", type=seed_int, default=None, help="seed request i with SEED + i (reproducible "
                         "whatever the batch); default: one shared generator seeded 0")
     parser.add_argument("--stop", action="append", default=[], metavar="STRING", help="stop string (repeatable)")
     parser.add_argument("--batch-size", type=positive_int, default=1, metavar="N",

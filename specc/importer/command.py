@@ -89,7 +89,14 @@ def _yaml_commands(text: str) -> List[List[str]]:
     """``command``/``args`` word lists from a YAML document (Kubernetes, compose)."""
     import yaml
 
+    from specc.errors import SpeccError
+    from specc.io import YAML_MAX_NODES, expanded_size
+
     try:
+        for node in yaml.compose_all(text, Loader=yaml.SafeLoader):
+            if node is not None and expanded_size(node) > YAML_MAX_NODES:  # an alias bomb: walk() would expand it
+                raise SpeccError(f"YAML aliases expand to more than {YAML_MAX_NODES:,} nodes (an alias bomb?); "
+                                 f"write the values out")
         docs = list(yaml.safe_load_all(text))
     except yaml.YAMLError:
         return []

@@ -119,10 +119,13 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, base_dir
         path = Path(v["speculative_adaptive_config"])
         full = path if path.is_absolute() or base_dir is None else base_dir / path
         try:
-            cfg = json.loads(full.read_text())
+            from specc.errors import SpeccError
+            from specc.io import CONFIG_JSON_LIMIT, read_bounded
+
+            cfg = json.loads(read_bounded(full, CONFIG_JSON_LIMIT, "adaptive config"))
             if not isinstance(cfg, dict):
                 raise ValueError("top level is not an object")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SpeccError) as exc:
             out.notes.append(f"--speculative-adaptive-config {path}: not read ({exc}); schedule.buckets left "
                              f"unset (SGLang reads the file at launch)")
             out.unmapped.append(out.spell("speculative_adaptive_config", v))

@@ -184,11 +184,16 @@ class LlamaConfig:
 def read_hf_config(directory: pathlib.Path, max_model_len: Optional[int] = None) -> LlamaConfig:
     """Read ``directory/config.json``. Raises ``CheckpointError`` if it is missing or not JSON."""
     path = pathlib.Path(directory) / "config.json"
-    if not path.is_file():
+    if not path.exists():  # a FIFO or device is refused by read_bounded
         raise CheckpointError(f"{directory}: no config.json; an HF checkpoint directory needs config.json "
                               f"and *.safetensors")
+    from specc.io import CONFIG_JSON_LIMIT, read_bounded
+
+    text = read_bounded(path, CONFIG_JSON_LIMIT, "checkpoint config", error=CheckpointError)
     try:
-        d = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: not a JSON object; an HF config.json maps keys to values")
     return LlamaConfig.from_hf_dict(d, source=str(path), max_model_len=max_model_len)

@@ -97,13 +97,19 @@ def read_weights(directory: pathlib.Path) -> Dict[str, torch.Tensor]:
 def read_config_json(directory: pathlib.Path) -> dict:
     """``directory/config.json`` as a dict; ``CheckpointError`` if missing or not JSON."""
     path = pathlib.Path(directory) / "config.json"
-    if not path.is_file():
+    if not path.exists():  # a FIFO or device is refused by read_bounded
         raise CheckpointError(f"{directory}: no config.json (an EAGLE head directory needs config.json "
                               f"and model.safetensors or pytorch_model.bin)")
+    from specc.io import CONFIG_JSON_LIMIT, read_bounded
+
+    text = read_bounded(path, CONFIG_JSON_LIMIT, "checkpoint config", error=CheckpointError)
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: not a JSON object; config.json maps keys to values")
+    return d
 
 
 def parse_eagle_config(cfg: dict, kind: str, target, source: str) -> EagleConfig:

@@ -238,6 +238,11 @@ def load_gguf(path: str | pathlib.Path, dtype: torch.dtype = torch.float32, max_
 
     path = pathlib.Path(path)
     if not path.is_file():
+        if path.exists():
+            from specc.io import file_kind
+
+            raise CheckpointError(f"{path}: is {file_kind(path.stat().st_mode)}, not a GGUF file; set target.path "
+                                  f"to a .gguf file or an HF checkpoint directory")
         raise CheckpointError(f"{path}: GGUF file not found")
     with open(path, "rb") as fh:
         if fh.read(4) != b"GGUF":

@@ -24,10 +24,19 @@ def safetensors_files(directory: pathlib.Path) -> List[pathlib.Path]:
     directory = pathlib.Path(directory)
     index = directory / INDEX_NAME
     if index.is_file():
+        from specc.io import CONFIG_JSON_LIMIT, read_bounded
+
+        text = read_bounded(index, CONFIG_JSON_LIMIT, "safetensors index", error=CheckpointError)
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            weight_map = json.loads(text)["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise KeyError("weight_map must map tensor names to shard file names")
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{index}: not a valid safetensors index ({exc!r})") from None
+        bad = [f for f in set(weight_map.values()) if "/" in f or "\\" in f or f in ("", ".", "..")]
+        if bad:
+            raise CheckpointError(f"{index} names shard(s) {sorted(bad)[:3]} outside {directory}; shards are "
+                                  f"file names in the checkpoint directory")
         files = [directory / f for f in sorted(set(weight_map.values()))]
         missing = [f.name for f in files if not f.is_file()]
         if missing:

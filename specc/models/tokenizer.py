@@ -92,9 +92,12 @@ def _is_plain_fast_tokenizer(directory: pathlib.Path) -> bool:
     cfg = directory / "tokenizer_config.json"
     if not (directory / "tokenizer.json").is_file() or not cfg.is_file():
         return False
+    from specc.errors import SpeccError
+    from specc.io import CONFIG_JSON_LIMIT, read_bounded
+
     try:
-        cls = json.loads(cfg.read_text()).get("tokenizer_class")
-    except (OSError, ValueError):
+        cls = json.loads(read_bounded(cfg, CONFIG_JSON_LIMIT, "tokenizer config")).get("tokenizer_class")
+    except (SpeccError, ValueError, AttributeError):
         return False
     return cls in ("PreTrainedTokenizerFast", "TokenizersBackend")
 

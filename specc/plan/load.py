@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 import warnings
@@ -31,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from specc.errors import PlanError
+from specc.io import PLAN_LIMIT, compose_yaml_bounded, read_bounded
 from specc.plan import schema as S
 
 #: (file, line) where a dotted plan key was written; line 0 means "not a file" (a command-line override).
@@ -94,9 +96,11 @@ def locate(source: str) -> Path:
     looks_like_path = src.endswith(YAML_SUFFIXES) or os.sep in src or "/" in src
     if p.is_file():
         return p.resolve()
-    if looks_like_path:
+    if looks_like_path or p.exists():
         if p.is_dir():
             raise PlanError(f"{src}: is a directory; pass a plan file (.yaml) or use `specc check {src}`")
+        if p.exists():  # a FIFO, device or socket: refused by the bounded read, with its kind
+            _read_text(p)
         raise PlanError(f"{src}: no such plan file")
     preset = conf_dir() / "plan" / f"{src}.yaml"
     if preset.is_file():
@@ -112,15 +116,19 @@ def locate(source: str) -> Path:
 # YAML with line numbers
 
 
+def _read_text(path: Path) -> str:
+    """The text of a plan or config-group file: a regular file of at most
+    :data:`specc.io.PLAN_LIMIT` bytes (:func:`specc.io.read_bounded`). Raises PlanError."""
+    return str(read_bounded(path, PLAN_LIMIT, "plan file", error=PlanError))
+
+
 def _read_yaml_nodes(path: Path):
-    """Parse ``path`` into a PyYAML node tree. Raises PlanError naming the file and line of a
-    syntax error."""
+    """Parse ``path`` into a PyYAML node tree, read with :func:`_read_text` and with aliases
+    expanding to at most :data:`specc.io.YAML_MAX_NODES` nodes. Raises PlanError naming the file
+    and line of a syntax error, or the limit exceeded."""
+    text = _read_text(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanError(f"{_display(path)}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return yaml.compose(text, Loader=yaml.SafeLoader), text
+        return compose_yaml_bounded(text, _display(path), error=PlanError), text
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{_display(path)}:{mark.line + 1}:{mark.column + 1}" if mark else _display(path)
@@ -272,32 +280,49 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "runtime.compile_backend": S.COMPILE_BACKENDS,
 }
 
+# Upper bounds that no engine's real configuration comes near, so an absurd value (a typo of
+# ``num_steps: 1000000``) is refused at load, before lowering builds a state or a stage graph per
+# value. For scale: SGLang's largest shipped κ is DFlash's block of 16 (κ = 15) and its adaptive
+# default tops at 7; EAGLE trees verify tens of tokens; vLLM and SGLang capture CUDA graphs for
+# batches up to a few hundred or thousand requests.
+MAX_NUM_STEPS = 64  # κ
+MAX_TOPK = 64
+MAX_VERIFY_WIDTH = 1024  # num_draft_tokens
+MAX_BATCH = 65536  # captured batch sizes, bucket keys, max_batch_size, max_running_requests
+MAX_LIST = 512  # entries of capture_batch_sizes, buckets, tree_choices, candidate lists
+MAX_MODEL_LEN = 1 << 24
+MAX_NGRAM = 1024
+MAX_PARALLEL = 4096  # tp / dp / pp / LoRAs per batch
+# Candidate states (captured batch sizes × the κ candidates each routes to): each is lowered,
+# graphed, predicted and compiled to its own program. SGLang's adaptive default gives 21.
+MAX_STATES = 512
+
 #: Inclusive numeric ranges; None = unbounded. Values outside are meaningless for any engine.
 RANGES: Dict[str, Tuple[Optional[float], Optional[float]]] = {
-    "target.max_model_len": (1, None),
-    "target.vocab_size": (1, None),
-    "draft.max_model_len": (1, None),
-    "draft.vocab_size": (1, None),
-    "method.num_steps": (0, None),
-    "method.topk": (1, None),
-    "method.num_draft_tokens": (1, None),
-    "method.block_size": (1, None),
-    "method.ngram.min": (1, None),
-    "method.ngram.max": (1, None),
-    "method.markov.rank": (0, None),
-    "verify.synthetic.acceptance_length": (1, None),
+    "target.max_model_len": (1, MAX_MODEL_LEN),
+    "target.vocab_size": (1, 1 << 24),
+    "draft.max_model_len": (1, MAX_MODEL_LEN),
+    "draft.vocab_size": (1, 1 << 24),
+    "method.num_steps": (0, MAX_NUM_STEPS),
+    "method.topk": (1, MAX_TOPK),
+    "method.num_draft_tokens": (1, MAX_VERIFY_WIDTH),
+    "method.block_size": (1, MAX_NUM_STEPS),
+    "method.ngram.min": (1, MAX_NGRAM),
+    "method.ngram.max": (1, MAX_NGRAM),
+    "method.markov.rank": (0, 1 << 16),
+    "verify.synthetic.acceptance_length": (1, MAX_NUM_STEPS + 1),
     "verify.accept_threshold.single": (0, 1),
     "verify.accept_threshold.acc": (0, 1),
     "schedule.ema_alpha": (0, 1),
     "schedule.warmup_batches": (0, None),
     "schedule.update_interval": (1, None),
-    "deploy.lora.max_loras_per_batch": (1, None),
-    "deploy.parallel.tp": (1, None),
-    "deploy.parallel.dp": (1, None),
-    "deploy.parallel.pp": (1, None),
-    "deploy.page_size": (1, None),
-    "deploy.max_running_requests": (1, None),
-    "runtime.max_batch_size": (1, None),
+    "deploy.lora.max_loras_per_batch": (1, MAX_PARALLEL),
+    "deploy.parallel.tp": (1, MAX_PARALLEL),
+    "deploy.parallel.dp": (1, MAX_PARALLEL),
+    "deploy.parallel.pp": (1, MAX_PARALLEL),
+    "deploy.page_size": (1, 1 << 20),
+    "deploy.max_running_requests": (1, MAX_BATCH),
+    "runtime.max_batch_size": (1, MAX_BATCH),
 }
 
 
@@ -326,25 +351,144 @@ def _range_errors(plan: S.Plan) -> List[Tuple[str, str]]:
         v = get_key(plan, key)
         if v is None:
             continue
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        if isinstance(v, float) and not math.isfinite(v):
+            errs.append((key, f"{v} is not a finite number; must be {rng}"))
+        elif (lo is not None and v < lo) or (hi is not None and v > hi):
             errs.append((key, f"{v} is out of range; must be {rng}"))
     rates = plan.verify.synthetic.acceptance_rates
     if rates is not None and any(not (0.0 <= r <= 1.0) for r in rates):
-        errs.append(("verify.synthetic.acceptance_rates", f"{list(rates)}: every rate must be in [0, 1]"))
-    for bs, bucket in (plan.schedule.buckets or {}).items():
-        if bs < 1:
-            errs.append((f"schedule.buckets.{bs}", f"batch size {bs} must be >= 1"))
-        if any(c < 0 for c in bucket.candidates):
-            errs.append((f"schedule.buckets.{bs}.candidates", f"{list(bucket.candidates)}: κ candidates must be >= 0"))
+        errs.append(("verify.synthetic.acceptance_rates", f"{_short(rates)}: every rate must be in [0, 1]"))
+    if rates is not None and len(rates) > MAX_NUM_STEPS:
+        errs.append(("verify.synthetic.acceptance_rates",
+                     f"{len(rates)} rates: at most one per draft position, {MAX_NUM_STEPS} in all"))
+    buckets = plan.schedule.buckets or {}
+    if len(buckets) > MAX_LIST:
+        errs.append(("schedule.buckets", f"{len(buckets)} buckets: at most {MAX_LIST}"))
+    for bs, bucket in list(buckets.items())[:MAX_LIST]:
+        if not 1 <= bs <= MAX_BATCH:
+            errs.append((f"schedule.buckets.{bs}", f"batch size {bs} must be in [1, {MAX_BATCH}]"))
+        for x in bucket.up_hysteresis, bucket.down_hysteresis, bucket.ceiling_coeff:
+            if x is not None and not math.isfinite(x):
+                errs.append((f"schedule.buckets.{bs}", f"{x}: hysteresis and ceiling must be finite numbers"))
+                break
+        if any(not 0 <= c <= MAX_NUM_STEPS for c in bucket.candidates) or len(bucket.candidates) > MAX_LIST:
+            errs.append((f"schedule.buckets.{bs}.candidates",
+                         f"{_short(bucket.candidates)}: κ candidates must be in [0, {MAX_NUM_STEPS}]"))
     for key in ("schedule.capture_batch_sizes",):
         v = get_key(plan, key)
-        if v is not None and any(x < 1 for x in v):
-            errs.append((key, f"{list(v)}: batch sizes must be >= 1"))
+        if v is not None and any(not 1 <= x <= MAX_BATCH for x in v):
+            errs.append((key, f"{_short(v)}: batch sizes must be in [1, {MAX_BATCH}]"))
+        elif v is not None and len(v) > MAX_LIST:
+            errs.append((key, f"{len(v)} batch sizes: at most {MAX_LIST}"))
+    if not errs:
+        n_states = _state_count_bound(plan)
+        if n_states > MAX_STATES:
+            errs.append(("schedule", f"{n_states} candidate states (captured batch sizes × the κ candidates "
+                                     f"of the bucket each routes to); at most {MAX_STATES}: capture fewer "
+                                     f"batch sizes (schedule.capture_batch_sizes, runtime.max_batch_size) "
+                                     f"or list fewer κ per bucket"))
     tc = plan.method.tree_choices
     if tc is not None and any(any(c < 0 for c in path) for path in tc):
         errs.append(("method.tree_choices", "child indices must be >= 0"))
+    elif tc is not None and (len(tc) > MAX_VERIFY_WIDTH - 1 or any(len(p) > MAX_NUM_STEPS or max(p, default=0) >= MAX_TOPK
+                                                             for p in tc)):
+        errs.append(("method.tree_choices", f"{len(tc)} paths: at most {MAX_VERIFY_WIDTH - 1} paths (the verify "
+                                            f"width), each at most {MAX_NUM_STEPS} deep with ranks < {MAX_TOPK}"))
     return errs
+
+
+def _state_count_bound(plan: S.Plan) -> int:
+    """How many candidate states lowering makes at most, counted without lowering: one per
+    (captured batch size, κ candidate of the bucket it routes to) — the rule of
+    :func:`specc.lower.lower_report`; 4 per size for SGLang's default adaptive table, 3 for
+    ``auto`` (κ at α − 0.1, α, α + 0.1), 1 otherwise."""
+    import bisect
+
+    s = plan.schedule
+    if s.capture_batch_sizes:
+        n_sizes = len(set(s.capture_batch_sizes))
+        sizes = sorted(set(s.capture_batch_sizes))
+    else:
+        top = int(plan.runtime.max_batch_size)
+        sizes = sorted({1 << i for i in range(top.bit_length()) if 1 << i <= top} | {top})
+        n_sizes = len(sizes)
+    if plan.method.name == "none":
+        return 1
+    if s.kind in ("adaptive", "batch_buckets") and s.buckets:
+        keys = sorted(s.buckets)
+        total = 0
+        for b in sizes:
+            i = max(bisect.bisect_right(keys, b) - 1, 0)
+            total += max(1, len(set(s.buckets[keys[i]].candidates)))
+        return total
+    per = {"adaptive": 4, "auto": 3}.get(s.kind, 1)
+    return n_sizes * per
+
+
+def _short(values, n: int = 8) -> str:
+    """A list for a message, cut after ``n`` entries."""
+    values = list(values)
+    if len(values) <= n:
+        return str(values)
+    return "[" + ", ".join(map(str, values[:n])) + f", ... ({len(values)} in all)]"
+
+
+# --------------------------------------------------------------------------------------------
+# Files Hydra will read: checked (bounded read, bounded alias expansion) before it reads them
+
+
+def _defaults_entries(node) -> List[Tuple[str, str]]:
+    """(group, option) pairs of a config's ``defaults:`` list from its node tree (scalar options
+    only; ``_self_``, bare names and lists are skipped). ``group`` keeps a leading ``/``."""
+    out: List[Tuple[str, str]] = []
+    if not isinstance(node, yaml.MappingNode):
+        return out
+    for k, v in node.value:
+        if getattr(k, "value", None) != "defaults" or not isinstance(v, yaml.SequenceNode):
+            continue
+        for item in v.value:
+            if not isinstance(item, yaml.MappingNode) or len(item.value) != 1:
+                continue
+            gk, gv = item.value[0]
+            if not isinstance(gk, yaml.ScalarNode) or not isinstance(gv, yaml.ScalarNode):
+                continue
+            group = str(gk.value).strip()
+            for word in ("override ", "optional "):
+                if group.startswith(word):
+                    group = group[len(word):].strip()
+            group = group.split("@", 1)[0]
+            if group and gv.value not in (None, "", "null"):
+                out.append((group, str(gv.value)))
+    return out
+
+
+def _check_included_files(path: Path, root, group_ovs: Sequence[str], limit: int = 256) -> None:
+    """Read every config-group file the plan's defaults lists (followed recursively) and the
+    ``group=option`` overrides select, as Hydra will, but bounded first: each must be a regular file
+    under :data:`specc.io.PLAN_LIMIT` whose aliases expand to at most
+    :data:`specc.io.YAML_MAX_NODES` nodes. A FIFO or device named ``method/x.yaml`` next to a
+    plan would otherwise hang Hydra, and an alias bomb expand for minutes. Raises PlanError."""
+    dirs = [path.parent, conf_dir()]
+    todo: List[Tuple[str, str, str]] = [("", g, o) for g, o in _defaults_entries(root)]
+    for text in group_ovs:
+        key, sep, option = text.partition("=")
+        key = key.lstrip("+~").split("@", 1)[0]
+        if sep and key and option:
+            todo.append(("", "/" + key.lstrip("/"), option))
+    seen: set = set()
+    while todo and len(seen) < limit:
+        parent, group, option = todo.pop()
+        full = group.lstrip("/") if group.startswith("/") or not parent else f"{parent}/{group}"
+        if (full, option) in seen:
+            continue
+        seen.add((full, option))
+        for base in dirs:
+            f = base / full / f"{option}.yaml"
+            if os.path.lexists(f):
+                node, _ = _read_yaml_nodes(f)
+                todo.extend((full, g, o) for g, o in _defaults_entries(node))
+                break
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,7 +535,7 @@ def _merge_order(path: Path, choices: Dict[str, Any], dirs: Sequence[Path]) -> L
                 group_files.append((f, pkg or grp.replace("/", ".")))
                 break
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(_read_text(path)) or {}
         defaults = data.get("defaults") or [] if isinstance(data, dict) else []
     except yaml.YAMLError:
         defaults = []
@@ -446,11 +590,11 @@ def _hydra_error(exc: Exception, path: Path) -> PlanError:
             hint = f"; did you mean /{close[0]}?" if close else ""
             loc = _display(path)
             try:
-                for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for i, ln in enumerate(_read_text(path).splitlines(), 1):
                     if re.search(rf"(^|[\s/+~\[]){re.escape(group)}\s*[:=]", ln):
                         loc += f":{i}"
                         break
-            except OSError:
+            except PlanError:
                 pass
             return PlanError(f"{loc}: unknown config group {group!r} in the defaults list{hint} "
                              f"(groups: {', '.join(known_groups)})")
@@ -495,6 +639,7 @@ def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
         raise PlanError(f"{_display(path)}:{root.start_mark.line + 1}: a plan must be a YAML mapping "
                         f"(key: value lines), not a {root.tag.rsplit(':', 1)[-1]}")
     group_ovs, key_ovs = _parse_overrides(overrides, _groups([path.parent, conf_dir()]))
+    _check_included_files(path, root, group_ovs)
 
     from hydra.errors import HydraException
 
@@ -506,10 +651,10 @@ def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
         # A broken YAML in a group file: find it and report its line.
         for f in sorted(conf_dir().rglob("*.yaml")) + [path]:
             try:
-                yaml.compose(f.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+                yaml.compose(_read_text(f), Loader=yaml.SafeLoader)
             except yaml.YAMLError:
                 _read_yaml_nodes(f)  # raises with file:line
-            except OSError:
+            except PlanError:
                 pass
         raise _hydra_error(exc, path) from None
 
@@ -541,7 +686,9 @@ def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
         cur[parts[-1]] = value
         ov_problems: List[Tuple[str, str]] = []
         _unknown_keys(tree, S.Plan, "", ov_problems)
-        problems += [(k, f"{m} (from override {text!r})") for k, m in ov_problems]
+        for k, _ in ov_problems:  # the override is the place to fix, not the plan line of its parent
+            sources[k] = (f"{OVERRIDE_FILE} {text}", 0)
+        problems += ov_problems
 
     typed = _typed(_drop_unknown(data, S.Plan), problems)
     _warn_repeated(key_ovs)

@@ -54,3 +54,15 @@ def unit_interval(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must lie in (0, 1] (1 = off), got {text!r}")
     return value
 
+
+
+MAX_SEED = 2 ** 62
+
+
+def seed_int(text: str) -> int:
+    """A seed in ``[0, 2**62]`` (request i of a run is seeded with SEED + i, which must still fit
+    the 64-bit seed of ``torch.Generator.manual_seed``). Raises ``argparse.ArgumentTypeError``."""
+    value = _number(int, text, f"an integer in [0, {MAX_SEED}]")
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**62], got {text!r}")
+    return value

@@ -16,7 +16,9 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import os
 import re
+import stat
 import sys
 import types
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 import specc
 from specc.errors import ArtifactError, PlanError
+from specc.io import ARTIFACT_FILE_LIMIT, ARTIFACT_TOTAL_LIMIT, compose_yaml_bounded, file_kind, human_size, read_inside
 from specc.plan.schema import Plan
 
 MANIFEST = "manifest.json"
@@ -78,16 +81,18 @@ def read_manifest(path: Path) -> Dict[str, Any]:
     """
     path = Path(path)
     if not path.is_dir():
-        raise ArtifactError(f"artifact {path} is not a directory; compile one with `specc compile PLAN` "
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise ArtifactError(f"artifact {path} {what}; compile one with `specc compile PLAN` "
                             f"and pass the directory it prints")
     mpath = path / MANIFEST
-    try:
-        text = mpath.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not os.path.lexists(mpath):
         raise ArtifactError(f"{mpath} is missing, so {path} is not a complete artifact; "
-                            f"{_fix(path)}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"cannot read {mpath}: {exc}; {_fix(path)}") from None
+                            f"{_fix(path)}")
+    try:
+        text = str(read_inside(path, MANIFEST, ARTIFACT_FILE_LIMIT, "artifact file", text=True,
+                               error=ArtifactError))
+    except ArtifactError as exc:
+        raise ArtifactError(f"{exc}; {_fix(path)}") from None
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -124,28 +129,55 @@ def verify_files(path: Path, manifest: Mapping[str, Any]) -> Dict[str, bytes]:
     path = Path(path)
     listed = manifest["files"]
     contents: Dict[str, bytes] = {}
+    _check_tree(path, manifest)
+    total = 0
     for rel in sorted(listed):
         fpath = path / rel
+        if not os.path.lexists(fpath):
+            raise ArtifactError(f"artifact file {fpath} is missing; {_fix(path, manifest)}")
         try:
-            data = fpath.read_bytes()
-        except FileNotFoundError:
-            raise ArtifactError(f"artifact file {fpath} is missing; {_fix(path, manifest)}") from None
-        except OSError as exc:
-            raise ArtifactError(f"cannot read artifact file {fpath}: {exc.strerror}; {_fix(path, manifest)}") from None
+            data = bytes(read_inside(path, rel, ARTIFACT_FILE_LIMIT, "artifact file", error=ArtifactError))
+        except ArtifactError as exc:
+            raise ArtifactError(f"{exc}; {_fix(path, manifest)}") from None
+        total += len(data)
+        if total > ARTIFACT_TOTAL_LIMIT:
+            raise ArtifactError(f"artifact {path}: its files add up to more than the "
+                                f"{human_size(ARTIFACT_TOTAL_LIMIT)} limit of an artifact; {_fix(path, manifest)}")
         actual = "sha256:" + hashlib.sha256(data).hexdigest()
         if actual != listed[rel]:
             raise ArtifactError(f"artifact file {fpath} was changed or truncated after compile (sha256 "
                                 f"{actual[7:19]}…, manifest says {listed[rel][7:19]}…); {_fix(path, manifest)}")
         contents[rel] = data
-    for p in sorted(path.rglob("*")):
-        rel_parts = p.relative_to(path).parts
-        if "__pycache__" in rel_parts or p.is_dir():
-            continue
-        rel = p.relative_to(path).as_posix()
-        if rel != MANIFEST and rel not in listed:
-            raise ArtifactError(f"artifact file {p} is not listed in {MANIFEST}; remove it, or "
-                                f"{_fix(path, manifest)}")
     return contents
+
+
+def _check_tree(path: Path, manifest: Mapping[str, Any]) -> None:
+    """Every entry below the artifact directory is a real directory or a regular file the manifest
+    lists (``__pycache__`` directories are skipped, never read): no symbolic link, device, FIFO or
+    socket, and no unlisted file. Walks without following links (``os.walk(followlinks=False)``
+    and ``lstat``). Raises ArtifactError naming the first offending entry."""
+    listed = manifest["files"]
+    count = 0
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(dirnames) + sorted(filenames):
+            p = Path(dirpath) / name
+            count += 1
+            if count > 100_000:
+                raise ArtifactError(f"artifact {path}: holds more than 100000 entries; {_fix(path, manifest)}")
+            try:
+                mode = os.lstat(p).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                raise ArtifactError(f"artifact file {p} is {file_kind(mode)}; an artifact holds only regular "
+                                    f"files inside its directory; {_fix(path, manifest)}")
+            rel = p.relative_to(path).as_posix()
+            if rel != MANIFEST and rel not in listed:
+                raise ArtifactError(f"artifact file {p} is not listed in {MANIFEST}; remove it, or "
+                                    f"{_fix(path, manifest)}")
 
 
 def plan_from_yaml(text: str, where: str) -> Plan:
@@ -160,6 +192,7 @@ def plan_from_yaml(text: str, where: str) -> Plan:
     from specc.plan.load import plan_from_dict
 
     try:
+        compose_yaml_bounded(text, where, error=ArtifactError)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ArtifactError(f"{where} is not valid YAML ({exc}); re-run specc compile") from None

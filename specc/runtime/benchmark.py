@@ -47,33 +47,43 @@ def time_requests(runtime, requests: Sequence, categories: Sequence[str], on_don
 
 
 def summarize(timings: Sequence[RequestTiming]) -> Dict[str, CategoryStats]:
-    """Per category and ``"all"``: decode tok/s = tokens / (wall − prefill), e2e tok/s, τ."""
+    """Per category and ``"all"``: decode tok/s (prefill excluded, the first token — which the
+    prefill yields — not counted: :func:`specc.runtime.metrics.decode_tokens_per_s`), end-to-end
+    tok/s (all output tokens over wall time, prefill included), τ."""
+    from specc.runtime.metrics import decode_tokens_per_s
+
     cats = sorted({t.category for t in timings}) + ["all"]
     stats = {}
     for c in cats:
         sel = [t for t in timings if c == "all" or t.category == c]
         n = sum(len(t.tokens) for t in sel)
-        dec = sum(t.total_s - t.prefill_s for t in sel)
         tot = sum(t.total_s for t in sel)
+        pre = sum(t.prefill_s for t in sel)
         steps = sum(t.steps for t in sel)
-        stats[c] = CategoryStats(n / dec if dec > 0 else 0.0, n / tot if tot > 0 else 0.0,
+        stats[c] = CategoryStats(decode_tokens_per_s(n, len(sel), tot, pre), n / tot if tot > 0 else 0.0,
                                  sum(t.emitted for t in sel) / steps if steps else 0.0, n)
     return stats
 
 
 def format_table(results: Dict[str, Dict[str, CategoryStats]], baseline: str = "plain") -> str:
-    """Rows = methods; per category ``decode tok/s | τ | speedup``."""
+    """One row per (category, method): decode tok/s (prefill excluded), end-to-end tok/s (prefill
+    included), τ, and the speedup over ``baseline`` on each of the two rates."""
     cats = list(next(iter(results.values())).keys())
-    lines = [f"{'method':14s}" + "".join(f"{c[:16]:>22s}" for c in cats)]
     base = results.get(baseline)
-    for name, per in results.items():
-        row = f"{name:14s}"
-        for c in cats:
+    header = ("category", "method", "decode tok/s", "e2e tok/s", "tau", "decode x", "e2e x")
+    rows = []
+    for c in cats:
+        for name, per in results.items():
             s = per[c]
-            sp = s.decode_tok_s / base[c].decode_tok_s if base and base[c].decode_tok_s else float("nan")
-            row += f"{s.decode_tok_s:8.1f} t/s {s.tau:4.2f} {sp:4.2f}x".rjust(22)
-        lines.append(row)
-    return "\n".join(lines)
+            b = base[c] if base else None
+            sp = s.decode_tok_s / b.decode_tok_s if b and b.decode_tok_s else float("nan")
+            se = s.e2e_tok_s / b.e2e_tok_s if b and b.e2e_tok_s else float("nan")
+            rows.append((c, name, f"{s.decode_tok_s:.1f}", f"{s.e2e_tok_s:.1f}", f"{s.tau:.2f}",
+                         f"{sp:.2f}x", f"{se:.2f}x"))
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda r: "  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w)  # noqa: E731
+                              for i, (v, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)])
 
 
 # ------------------------------------------------------------------ continuous batching at a concurrency
@@ -82,7 +92,8 @@ class ConcurrencyResult:
     """One run of ``requests`` with at most ``concurrency`` in flight (continuous batching).
 
     Throughputs are output tokens per second: ``output_tok_s`` over the whole run (prefills included),
-    ``decode_tok_s`` over its decode steps (wall time minus prefill). ``tpot_ms_p50/p99``: per-request
+    ``decode_tok_s`` the tokens after each request's first over its decode steps (wall time minus
+    prefill; :func:`specc.runtime.metrics.decode_tokens_per_s`). ``tpot_ms_p50/p99``: per-request
     mean time per output token after the first, percentiles over requests; ``ttft_ms_p50/p99``: time
     to first token from admission. ``mean_batch``: live requests per decode step; ``drafts_per_req``:
     drafts verified per request and step; ``kappa_steps``: decode steps run at each κ;
@@ -118,6 +129,8 @@ def _pct(xs: Sequence[float], q: float) -> float:
 def run_concurrency(runtime, requests: Sequence, concurrency: int) -> ConcurrencyResult:
     """Decode ``requests`` with at most ``concurrency`` live (``Runtime.generate(batch_size=...)``:
     a finished request's row is refilled from the queue at once), on fresh metrics."""
+    from specc.runtime.metrics import decode_tokens_per_s
+
     runtime.metrics = runtime.new_metrics()
     t0 = time.perf_counter()
     outs = runtime.generate(list(requests), batch_size=concurrency)
@@ -131,7 +144,7 @@ def run_concurrency(runtime, requests: Sequence, concurrency: int) -> Concurrenc
     return ConcurrencyResult(
         concurrency=concurrency, num_requests=len(outs), output_tokens=n_out, wall_s=wall, prefill_s=prefill,
         output_tok_s=n_out / wall if wall > 0 else 0.0,
-        decode_tok_s=n_out / (wall - prefill) if wall > prefill else 0.0,
+        decode_tok_s=decode_tokens_per_s(n_out, len(outs), wall, prefill),
         tau=m.tau, acceptance_per_pos=m.acceptance_per_pos,
         tpot_ms_p50=_pct([o.tpot_s * 1e3 for o in outs if len(o.token_ids) > 1], 50),
         tpot_ms_p99=_pct([o.tpot_s * 1e3 for o in outs if len(o.token_ids) > 1], 99),

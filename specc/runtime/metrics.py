@@ -91,8 +91,19 @@ class SpecMetrics:
 
     @property
     def tokens_per_s(self) -> float:
-        """Output tokens per second of wall time (prefill included)."""
+        """End-to-end output tokens per second of wall time (prefill included)."""
         return self.num_output_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def decode_time_s(self) -> float:
+        """Wall time not spent in prefill (seconds): the decode steps."""
+        return max(0.0, self.wall_time_s - self.stage_time_s.get("prefill", 0.0))
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode tokens per second, prefill excluded: :func:`decode_tokens_per_s` of this run."""
+        return decode_tokens_per_s(self.num_output_tokens, self.num_requests, self.wall_time_s,
+                                   self.stage_time_s.get("prefill", 0.0))
 
     def as_dict(self) -> Dict[str, object]:
         return {
@@ -105,6 +116,8 @@ class SpecMetrics:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_per_pos": [round(a, 4) for a in self.acceptance_per_pos],
             "wall_time_s": round(self.wall_time_s, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+            "decode_time_s": round(self.decode_time_s, 4),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "stage_time_s": {k: round(v, 4) for k, v in self.stage_time_s.items()},
             "num_kappa_switches": self.num_kappa_switches,
             "kappa_steps": {str(k): v for k, v in sorted(self.kappa_steps.items())},
@@ -118,9 +131,21 @@ class SpecMetrics:
         if len(self.kappa_steps) > 1 or self.num_kappa_switches:
             mix = ", ".join(f"κ={k}: {n}" for k, n in sorted(self.kappa_steps.items()))
             kappas = f"\nsteps per κ: {mix} ({self.num_kappa_switches} switches)"
-        return (f"requests {self.num_requests}, output tokens {self.num_output_tokens}, "
-                f"{self.tokens_per_s:.1f} tok/s, tau {self.tau:.2f}\n"
+        prefill = self.stage_time_s.get("prefill", 0.0)
+        return (f"requests {self.num_requests}, output tokens {self.num_output_tokens}, tau {self.tau:.2f}\n"
+                f"decode {self.decode_tokens_per_s:.1f} tok/s (prefill excluded), end-to-end "
+                f"{self.tokens_per_s:.1f} tok/s (prefill {prefill:.2f}s of {self.wall_time_s:.2f}s)\n"
                 f"num_drafts {self.num_drafts}, num_draft_tokens {self.num_draft_tokens}, "
                 f"num_accepted_tokens {self.num_accepted_tokens}, acceptance {self.acceptance_rate:.2f}, "
                 f"per position [{acc}]\n"
                 f"time: {stages}{kappas}")
+
+
+def decode_tokens_per_s(num_output_tokens: int, num_requests: int, wall_time_s: float, prefill_time_s: float) -> float:
+    """Tokens the decode steps produced per second of decode time: (output tokens − one per request,
+    the first token, which the prefill forward yields) / (wall time − prefill time). 0.0 when no
+    decode step ran. ``specc run`` and ``specc bench`` both report it next to end-to-end tokens/s
+    (output tokens / wall time)."""
+    tokens = num_output_tokens - num_requests
+    decode = wall_time_s - prefill_time_s
+    return tokens / decode if tokens > 0 and decode > 0 else 0.0

@@ -112,26 +112,37 @@ def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
 
 def read_prompts(path: str | Path) -> List[PromptRecord]:
     """Read a prompts file (see :func:`parse_prompts`); ``-`` reads standard input.
-    Raises PromptError if unreadable."""
+
+    The file must be a regular file of at most :data:`specc.io.PROMPTS_LIMIT` bytes (a FIFO, device
+    or directory is refused without blocking: pipe prompts into ``--prompts -`` instead); standard
+    input is read up to the same limit (:func:`specc.io.read_stdin_bounded`).
+
+    Raises:
+        PromptError: missing, unreadable, not a regular file, over the limit, not UTF-8, or not
+            prompts (:func:`parse_prompts`), naming the file.
+    """
+    from specc.io import PROMPTS_LIMIT, read_bounded, read_stdin_bounded
+
     if str(path) == "-":
-        try:
-            text = sys.stdin.read()
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise PromptError(f"cannot read prompts from stdin: {exc}") from None
+        text = read_stdin_bounded(PROMPTS_LIMIT, "prompts on standard input", error=PromptError)
         return parse_prompts(text.splitlines(), "<stdin>")
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PromptError(f"cannot read prompt file {p}: it does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptError(f"cannot read prompts file {p}: {exc}") from None
-    return parse_prompts(text.splitlines(), str(p))
+    if p.exists() and not p.is_dir() and not p.is_file():
+        import os as _os
+
+        from specc.io import file_kind
+
+        kind = file_kind(_os.stat(p).st_mode)
+        raise PromptError(f"prompts file {p}: is {kind}, not a regular file; to pipe prompts in, use "
+                          f"`--prompts -` and redirect them into standard input")
+    text = str(read_bounded(p, PROMPTS_LIMIT, "prompts file", error=PromptError))
+    return parse_prompts(text.lstrip("\ufeff").splitlines(), str(p))
 
 
 def read_stdin(wait_s: float = 1.0) -> Optional[str]:
-    """Prompts piped or redirected into stdin, or None when stdin is a terminal, /dev/null, or a
-    pipe that stays silent for ``wait_s`` seconds (so an inherited, idle pipe never hangs a run)."""
+    """Prompts piped or redirected into stdin, or None when stdin is a terminal, /dev/null (or any
+    device), or a pipe that stays silent for ``wait_s`` seconds (so an inherited, idle pipe never
+    hangs a run). Read up to :data:`specc.io.PROMPTS_LIMIT` bytes (PromptError beyond)."""
     import os
     import select as _select
     import stat
@@ -142,11 +153,13 @@ def read_stdin(wait_s: float = 1.0) -> Optional[str]:
             return None
     except (OSError, ValueError, AttributeError):
         return None
+    from specc.io import PROMPTS_LIMIT, read_stdin_bounded
+
     if stat.S_ISREG(mode):
-        return sys.stdin.read()
+        return read_stdin_bounded(PROMPTS_LIMIT, "prompts on standard input", error=PromptError)
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
         ready, _, _ = _select.select([sys.stdin], [], [], wait_s)
-        return sys.stdin.read() if ready else None
+        return read_stdin_bounded(PROMPTS_LIMIT, "prompts on standard input", error=PromptError) if ready else None
     return None
 
 

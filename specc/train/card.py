@@ -1,0 +1,186 @@
+"""``TRAINING.md`` (model and data card) and ``training_curve.png`` of a trained drafter directory.
+
+Rendered only from files in the directory and the committed prompt card, so ``specc train render``
+reproduces it: ``training.json`` (written by :func:`specc.train.fit.fit`), ``vocab.json`` (``specc
+train vocab``), ``transfer.json`` (``tools/eagle_transfer.py --json``: teacher-forced agreement on
+the shipped prompts) and ``bench_eagle.json`` (``tools/bench_eagle.py --json``: the runtime on the
+shipped prompts).
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import List
+
+
+def _load(path: pathlib.Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def plot_curve(record: dict, path: pathlib.Path) -> None:
+    """Training loss per step and validation agreement per draft step after each epoch."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = record["curve"]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax[0].plot(c["step"], c["loss"], lw=0.6)
+    ax[0].set_xlabel("optimizer step")
+    ax[0].set_ylabel("training loss")
+    ax[0].set_title(f"{record['title']}: loss")
+    vals = record.get("validation") or []
+    for k in range(record["unroll_steps"]):
+        xs = [0] + [v["step"] for v in vals]
+        ys = [record["validation_before"]["all"][k] if record.get("validation_before") else None] + [v["all"][k] for v in vals]
+        ax[1].plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], marker="o",
+                   label=f"draft step {k + 1}")
+    ax[1].set_xlabel("optimizer step")
+    ax[1].set_ylabel("top-1 agreement with the target")
+    ax[1].legend()
+    ax[1].set_title("validation split (held-out training prompts)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _table(header: List[str], rows: List[List]) -> List[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return out
+
+
+def render(out: pathlib.Path) -> pathlib.Path:
+    """Write ``out/TRAINING.md`` and ``out/training_curve.png`` from the JSON files there."""
+    from specc.train.recipe import repo_root
+
+    out = pathlib.Path(out)
+    rec = _load(out / "training.json")
+    if rec is None:
+        raise FileNotFoundError(f"{out}/training.json missing: train with `specc train fit` first")
+    cfg = _load(out / "config.json") or {}
+    plot_curve(rec, out / "training_curve.png")
+    dr = rec["data_recipe"]
+    card = _load(repo_root() / dr["prompt_dir"] / "card.json") or {}
+    size = sum(f.stat().st_size for f in out.glob("model.*"))
+    L: List[str] = []
+    L.append(f"# {out.name}: {rec['title']} drafter for `{dr['target']}`")
+    L.append("")
+    L.append(f"Trained on this machine by `specc train` from the recipe `{rec['recipe_file']}` (data: "
+             f"`{rec['data_recipe_file']}`). Layout: the published {rec['title']} layout (`config.json` + "
+             f"`model.safetensors`, fp16), {rec['params']:,} parameters, {size / 2 ** 20:.1f} MB. Target layers read: "
+             f"{rec['layers']}" + (" (final-norm output computed from the last)" if rec["kind"] == "eagle" else "") + ".")
+    if cfg.get("draft_vocab_size"):
+        L.append(f"Draft vocabulary: {cfg['draft_vocab_size']} tokens (`d2t`/`t2d`), the most frequent answer labels "
+                 f"of the training split, covering {100 * rec['info'].get('train_label_coverage', 0):.1f} % of them.")
+    L += ["", "## Data card", "",
+          "Every prompt is built from text in installable packages (below); the shipped evaluation prompts "
+          "`specc/data/prompts.jsonl` are never read by any stage, and `tests/test_train_prompts_held_out.py` "
+          "checks that no committed training prompt shares an 8-word span with them.", ""]
+    corp = card.get("corpora") or {}
+    if corp:
+        L += _table(["source", "package", "registry", "version", "licence", "what", "file (sha256)"],
+                    [[k, v["package"], v["registry"], v["version"], v["licence"], v["what"],
+                      f"`{v['files'][0]['file']}` ({v['files'][0]['sha256'][:12]}…)" if v.get("files") else ""]
+                     for k, v in corp.items()])
+        L.append("")
+    for part in ("round1", "round2", "teacher"):
+        info = card.get(part)
+        if not info:
+            continue
+        L.append(f"Prompts `{dr['prompt_dir']}/{part}.jsonl.gz`: {info['count']} "
+                 + {"round1": "round-1 prompts (the target answers them greedily)",
+                    "round2": f"multi-turn follow-ups over the target's own round-1 answers (from {info.get('from_answered', '?')} answers)",
+                    "teacher": "prompts with a real-text answer (teacher forcing, prefill only)"}[part] + ":")
+        L.append("")
+        L += _table(["category", "sources (prompts)"],
+                    [[c, ", ".join(f"{s} {n}" for s, n in v.items())] for c, v in info["by_category_source"].items()])
+        L.append("")
+    d = rec["data"]
+    by_part = {}
+    for s in d["shards"]:
+        p = by_part.setdefault(s.get("part", "?"), {"shards": 0, "sequences": 0, "positions": 0, "answer": 0, "seconds": 0.0,
+                                                     "commands": []})
+        p["shards"] += 1
+        p["sequences"] += s["sequences"]
+        p["positions"] += s["positions"]
+        p["answer"] += s.get("answer_tokens", 0)
+        p["seconds"] += s.get("seconds", 0.0)
+        p["cpu"] = p.get("cpu", 0.0) + s.get("cpu_seconds", s.get("seconds", 0.0) * 1)
+        if s.get("command") and s["command"] not in p["commands"]:
+            p["commands"].append(s["command"])
+    L.append(f"Distillation (greedy, at most {dr['max_new_tokens']} new tokens; hidden states of the recorded layers "
+             f"and the target's argmax at every position). Used by this drafter (all of the prompt context up to "
+             f"{rec['recipe']['prompt_context']} positions):")
+    L.append("")
+    L += _table(["part", "shards", "sequences", "positions", "answer positions", "wall time (s)", "CPU time (s)"],
+                [[k, v["shards"], v["sequences"], v["positions"], v["answer"], round(v["seconds"]), round(v["cpu"])]
+                 for k, v in by_part.items()])
+    L.append("")
+    L.append(f"In memory: {d['sequences']} sequences ({d['train_sequences']} training, {d['val_sequences']} validation: "
+             f"every {rec['recipe']['val_every']}th), {d['positions']} positions, {d['answer_positions']} answer positions.")
+    r = rec["recipe"]
+    opts = ", ".join(f"{k}={v}" for k, v in r["options"].items())
+    L += ["", "## Training", "",
+          f"- Kind `{rec['kind']}` ({opts}); AdamW lr {r['lr']} (warm-up {r['warmup']}, cosine to {r['min_lr_ratio']}x), "
+          f"batch {r['batch']} sequences, grad-clip {r['clip']}, weight decay {r['weight_decay']}, seed {r['seed']}.",
+          f"- {rec['steps']} steps, {rec['epochs_run']} epoch(s){' (stopped by the time budget)' if rec['stopped_by_time_budget'] else ''}, "
+          f"{rec['seconds']:.0f} s wall on {rec['threads']} {rec['device']} thread(s) (torch {rec['torch']}), "
+          f"{rec.get('cpu_seconds', rec['seconds'] * rec['threads']) / 3600:.2f} CPU-hours (process CPU time; the "
+          f"machine was shared, so wall time is longer).",
+          "", "Validation agreement (top-1 equal to the target's token) per draft step:", ""]
+    steps = rec["unroll_steps"]
+    rows = []
+    if rec.get("validation_before"):
+        rows.append(["before training", 0] + rec["validation_before"]["all"])
+    rows += [[f"epoch {v['epoch']}", v["step"]] + v["all"] for v in rec.get("validation", [])]
+    L += _table(["", "step"] + [f"step {k + 1}" for k in range(steps)], rows)
+    if rec.get("validation"):
+        last = rec["validation"][-1]
+        L += ["", "After training, per category and per data kind:", ""]
+        L += _table(["split"] + [f"step {k + 1}" for k in range(steps)],
+                    [[c] + a for c, a in last["by_category"].items()] + [[f"({k} data)"] + a for k, a in last["by_kind"].items()])
+    L += ["", "Curves: `training.json` (every step), `training_curve.png`."]
+    voc = _load(out / "vocab.json")
+    if voc:
+        L += ["", "## Draft vocabulary: coverage and LM-head cost", "",
+              f"`{voc['command']}`: answer labels covered by the n most frequent training labels, and the draft "
+              f"LM head's cost per draft token (one row, fp32, {voc['threads']} thread(s), median):", ""]
+        L += _table(["draft vocabulary", "training coverage", "validation coverage", "LM-head params", "ms per draft token"],
+                    [[x["size"], f"{x['train_coverage']:.3f}", f"{x['val_coverage']:.3f}", f"{x['params'] / 1e6:.1f} M",
+                      f"{x['ms_per_row']:.3f}"] for x in voc["rows"]])
+    tr = _load(out / "transfer.json")
+    if tr:
+        L += ["", "## Held out: teacher-forced agreement on the shipped prompts", "",
+              f"`{tr['command']}` ({tr['prompts']} shipped prompts, {tr['max_new']} greedy tokens each; "
+              f"the draft's top-1 at each answer position, unrolled on its own outputs):", ""]
+        hdr = ["head", "category"] + [f"step {k + 1}" for k in range(tr["steps"])]
+        rows = []
+        for h in tr["heads"]:
+            for c, a in h["by_category"].items():
+                rows.append([h["label"], c] + [f"{x:.3f}" for x in a])
+            if h.get("coverage") is not None:
+                rows.append([h["label"], "draft vocabulary coverage", f"{h['coverage']:.3f}"] + [""] * (tr["steps"] - 1))
+        L += _table(hdr, rows)
+    b = _load(out / "bench_eagle.json")
+    if b:
+        L += ["", "## Held out: the runtime on the shipped prompts", "",
+              f"`{b.get('command', '')}`: batch 1, greedy verification, {b['max_new']} new tokens, tokens/s over wall "
+              f"time with prefill, speed-ups against the faster plain run.", ""]
+        L += _table(["method", "κ", "threads", "τ", "acceptance per position", "tok/s", "× plain", "output == plain"],
+                    [[x["method"], x["k"], x.get("threads", 1), f"{x['tau']:.2f}", x["acceptance_per_pos"],
+                      f"{x['tokens_per_s']:.2f}", f"{x['speedup']:.2f}", "yes" if x["exact"] else "NO"]
+                     for x in b["rows"] if x["method"] in ("plain", rec["kind"])])
+        if b.get("per_category"):
+            L += ["", "τ per category:", ""]
+            cats = sorted({c for x in b["per_category"] for c in x["tau"]})
+            L += _table(["method", "κ"] + cats, [[x["method"], x["k"]] + [f"{x['tau'].get(c, 0):.2f}" for c in cats]
+                                                 for x in b["per_category"] if x["method"] == rec["kind"]])
+    cmds = [card.get("corpora_command")] + [(card.get(p) or {}).get("command") for p in ("round1",)]
+    cmds += by_part.get("round1", {}).get("commands", [])
+    cmds += [(card.get("round2") or {}).get("command")] + by_part.get("round2", {}).get("commands", [])
+    cmds += by_part.get("teacher", {}).get("commands", [])
+    cmds += [rec["command"], (voc or {}).get("command"), (tr or {}).get("command"), (b or {}).get("command")]
+    L += ["", "## Commands run (as recorded)", "", "```"] + [c for c in dict.fromkeys(cmds) if c] + ["```", ""]
+    (out / "TRAINING.md").write_text("\n".join(L))
+    return out / "TRAINING.md"
