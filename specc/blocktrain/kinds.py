@@ -100,7 +100,7 @@ class BlockKind:
         good = True
         for j in range(1, gamma + 1):
             t = s + j - 1
-            if t >= T or not good:
+            if t >= T or not good or int(labels[t]) < 0:  # -1: the target's argmax was not recorded there
                 break
             lab[j - 1] = labels[t]
             ok[j - 1] = True
@@ -290,6 +290,7 @@ class PardKind(BlockKind):
             p.requires_grad_(not (name.startswith("output.") or name == "embed_tokens"))
         vocab = self.train_vocab(train, int(options.get("train_vocab", 0)), target.config.vocab_size)
         draft._train_vocab = vocab
+        draft._mask_token_id = int(options["mask_token_id"])
         cover = float(torch.isin(train.labels, vocab).float().mean()) if train is not None else 1.0
         return draft.train(), {"train_vocab": len(vocab), "train_vocab_label_coverage": round(cover, 4)}
 
@@ -359,7 +360,8 @@ class PardKind(BlockKind):
         write_shallow(m, tokenizer, m.config.num_layers, pathlib.Path(directory), source="specc.blocktrain (pard)")
         cfg_path = pathlib.Path(directory) / "config.json"
         cfg = json.loads(cfg_path.read_text())
-        cfg["pard_token"] = int(extra_config.pop("mask_token_id")) if extra_config and "mask_token_id" in extra_config else 4
+        extra_config = dict(extra_config or {})
+        cfg["pard_token"] = int(extra_config.pop("mask_token_id", getattr(model, "_mask_token_id", 4)))
         cfg.update(extra_config or {})
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
 

@@ -94,3 +94,4 @@ def get(name: str) -> DrafterKind:
 
 def _load_builtin() -> None:
     import specc.train.eagle  # noqa: F401  (registers eagle, eagle3)
+    import specc.train.block  # noqa: F401  (registers dflash, dspark, pard)
