@@ -264,3 +264,17 @@ def test_loader_refuses_the_other_kind_and_bad_heads(target, tmp_path):
         load_block_drafter(d2, target)
     with pytest.raises(CheckpointError, match="not a directory"):
         load_block_drafter(tmp_path / "nope", target)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_block_clipped_by_max_model_len_inside_the_block(target, trained, kind):
+    """A request whose max_model_len falls inside a γ = 7 block: the block is cut there, the output
+    equals plain greedy decoding up to the limit, and the cache slack (κ + 2 slots) is never overrun."""
+    drafter = BlockDrafter(trained[kind]["model"])
+    spec = StateSpec("b2_k7_greedy_parallel", kind, 2, 7, num_draft_tokens=8, parallel=True)
+    rt = Runtime(target, None, drafter, [spec], max_model_len=24, eos_token_ids=[])
+    reqs = [Request(prompt_ids=p, params=SamplingParams(max_new_tokens=100)) for p in (PROMPTS[2], PROMPTS[4])]
+    out = rt.generate(reqs, batch_size=2)
+    for r, o in zip(reqs, out):
+        assert o.finish_reason == "max_model_len"
+        assert o.token_ids == reference_greedy(target, r.prompt_ids, 100, max_model_len=24)
