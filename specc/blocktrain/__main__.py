@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("stage", choices=("fetch", "prompts", "data", "train", "eval"))
     ap.add_argument("recipe")
     ap.add_argument("--minutes", type=float, default=None, help="train: override the recipe's time budget")
+    ap.add_argument("--steps", type=int, default=None, help="train: override the recipe's step count")
+    ap.add_argument("--init-from", default=None, help="train: start from this checkpoint directory (same kind)")
     args = ap.parse_args(argv)
     recipe = load_recipe(args.recipe)
     if args.stage == "fetch":
@@ -120,6 +122,10 @@ def main(argv=None) -> int:
 
         if args.minutes is not None:
             recipe["time_budget_min"] = args.minutes
+        if args.steps is not None:
+            recipe["steps"] = args.steps
+        if args.init_from:
+            recipe["init_from"] = args.init_from
         (fit.train if args.stage == "train" else fit.evaluate_recipe)(recipe, load_recipe(recipe["data"]))
     return 0
 

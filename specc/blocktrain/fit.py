@@ -128,6 +128,17 @@ def train(recipe: dict, data_recipe: dict, data=None, target=None, tokenizer=Non
     tr, ho = split(data)
     ho = ho[: int(recipe.get("held_out_max", 120))]
     model, facts = kind.build(target, opts, data)
+    if recipe.get("init_from"):  # continue from a checkpoint of this kind (same shapes)
+        start = kind.load(_abs(recipe["init_from"]), target)
+        own = model.state_dict()
+        with torch.no_grad():
+            for k, v in start.state_dict().items():
+                if k in own and own[k].shape == v.shape:
+                    own[k].copy_(v.to(own[k].dtype))
+        facts["init_from"] = str(recipe["init_from"])
+        prior = _abs(recipe["init_from"]) / "training.json"
+        if prior.is_file():
+            facts["prior_steps"] = json.loads(prior.read_text()).get("steps")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=float(recipe["lr"]), weight_decay=float(recipe.get("weight_decay", 0.0)),
                             betas=(0.9, 0.95))
@@ -253,7 +264,12 @@ def write_card(record: dict, out: pathlib.Path) -> None:
     lines += ["", "## Held-out table", "",
               f"{record['held_out_sequences']} held-out self-distilled sequences (never trained on); top-1 agreement of block "
               f"position j with the target's greedy token given the earlier positions matched. Training: {record['steps']} steps, "
-              f"{record['train_s'] / 60:.1f} min on one thread.", "",
+              f"{record['train_s'] / 60:.1f} min on one thread"
+              + (f", continued from `{record['facts']['init_from']}` ({record['facts'].get('prior_steps')} earlier steps; "
+                 f"\"before\" is that checkpoint)" if record.get("facts", {}).get("init_from") else "")
+              + (f"; training softmax over the {record['facts']['train_vocab']} most frequent label tokens "
+                 f"({record['facts'].get('train_vocab_label_coverage', 0):.1%} of the labels)" if record.get("facts", {}).get("train_vocab") else "")
+              + ".", "",
               "| | " + " | ".join(f"pos {j + 1}" for j in range(len(a["agreement"]))) + " | loss | τ if independent |",
               "|---|" + "---|" * (len(a["agreement"]) + 2)]
     for name, v, tau in (("before", b, record["expected_tau_before"]), ("after", a, record["expected_tau_after"])):
