@@ -9,6 +9,9 @@ over the profiled table, at the α measured by the static κ = 4 run at C = 1); 
 drafters: the n-gram drafter (real acceptance) and the synthetic rule at mean acceptance lengths
 ``--synthetic`` (acceptance by a curve, whatever the tokens: isolates what acceptance buys).
 
+Each concurrency runs every configuration once per round for ``--rounds`` rounds, interleaved, and
+keeps each configuration's best round (load from other jobs then falls on all alike).
+
 Per row: decode tokens/s (prefill excluded) and output tokens/s (all), speedup over plain at the
 same C, the cost model's predicted decode speedup from the profiled table (with the run's own τ and
 drafts per request: a check of the step-cost side), τ, time per output token p50/p99, and the κ
@@ -43,7 +46,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--requests-per-slot", type=int, default=2)
     ap.add_argument("--min-requests", type=int, default=12)
+    ap.add_argument("--max-requests", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds over all configurations per concurrency (best kept)")
     ap.add_argument("--cost-table", default=TABLE)
+    ap.add_argument("--max-model-len", type=int, default=512,
+                    help="cache slots per request (the shipped prompts take at most 298 tokens); the KV cache "
+                         "is 64 rows of this many slots")
     ap.add_argument("--out", default=None, help="JSON results")
     ap.add_argument("--plot", default=None, help="PNG: throughput against concurrency per schedule")
     args = ap.parse_args(argv)
@@ -68,13 +76,13 @@ def main(argv=None) -> int:
     base_plan = load_plan("smollm2_ngram").plan
     base_plan = dataclasses.replace(base_plan, runtime=dataclasses.replace(base_plan.runtime, max_batch_size=max(sizes)),
                                     schedule=ScheduleConfig(capture_batch_sizes=sizes))
-    target, tok = load_target(base_plan.target.path, base_plan.target.format, max_model_len=2048)
+    target, tok = load_target(base_plan.target.path, base_plan.target.format, max_model_len=args.max_model_len + 8)
     records = read_prompts(shipped_prompts_path())
     encoded = [encode_prompt(r, tok) for r in records]
     window = (base_plan.method.ngram.min, base_plan.method.ngram.max)
 
     def requests(c):
-        n = max(args.min_requests, args.requests_per_slot * c)
+        n = min(args.max_requests, max(args.min_requests, args.requests_per_slot * c))
         return [Request(prompt_ids=encoded[i % len(encoded)], request_id=f"r{i}",
                         params=SamplingParams(max_new_tokens=args.max_new_tokens)) for i in range(n)]
 
@@ -88,36 +96,58 @@ def main(argv=None) -> int:
     def run(plan, c, with_drafter=True):
         drafter = NgramDrafter(*window) if with_drafter else None
         rt = runtime_from_plan(plan, target, tok, drafter, cost_table=None if plan.schedule.kind != "budget" else
-                               _table_dict(table), max_model_len=2048)
+                               _table_dict(table), max_model_len=args.max_model_len)
         return run_concurrency(rt, requests(c), c)
 
-    results = {}
-    plain = {}
     t_start = time.perf_counter()
     none_plan = dataclasses.replace(base_plan, method=MethodConfig(name="none", num_steps=0))
-    for c in args.concurrency:
-        plain[c] = run(none_plan, c, with_drafter=False)
-        print(f"[{time.perf_counter() - t_start:6.0f}s] plain C={c}: {plain[c].decode_tok_s:.1f} tok/s", flush=True)
     drafters = ["ngram"] + [f"syn{L:g}" for L in args.synthetic]
+    configs = [("plain", None, none_plan)]
+    autos = {}
     for d in drafters:
-        rows = results.setdefault(d, {})
-        for k in args.kappas:
-            for c in args.concurrency:
-                rows.setdefault(f"static k={k}", {})[c] = run(plan_for(d, ScheduleConfig(kind="static"), k), c)
-        # batch_buckets from auto: the cost model's best κ per captured size at the measured α
-        ref = rows.get("static k=4", {}).get(min(args.concurrency))
-        alpha = cost.alpha_for_expected_tokens(min(max(ref.tau, 1.0), 5.0), 4) if ref else 0.5
+        # batch_buckets from auto: the cost model's best κ per captured size, at α measured by a static
+        # κ = 4 pilot run at the smallest concurrency (n-gram) or given by the synthetic curve
+        if d == "ngram":
+            pilot = run(plan_for(d, ScheduleConfig(kind="static"), 4), min(args.concurrency))
+            alpha = cost.alpha_for_expected_tokens(min(max(pilot.tau, 1.0), 5.0), 4)
+        else:
+            from specc.sizing import plan_alpha
+
+            alpha = plan_alpha(plan_for(d, ScheduleConfig(kind="static"), 4))[0]
         probe = plan_for(d, ScheduleConfig(kind="auto", cost_table=args.cost_table, alpha=alpha))
-        auto, reasons = lower.derive_auto_buckets(probe, sizes, alpha, cost.batch_model_from_table(table), spread=0.0)
+        auto, _ = lower.derive_auto_buckets(probe, sizes, alpha, cost.batch_model_from_table(table), spread=0.0)
+        autos[d] = {"alpha": alpha, "buckets": {k: list(v) for k, v in auto.items()}}
+        for k in args.kappas:
+            configs.append((f"static k={k}", d, plan_for(d, ScheduleConfig(kind="static"), k)))
         bb = ScheduleConfig(kind="batch_buckets", buckets={k: BucketConfig([v[0]]) for k, v in auto.items()})
-        for c in args.concurrency:
-            rows.setdefault("batch_buckets (auto)", {})[c] = run(plan_for(d, bb, max(max(v) for v in auto.values()) or 1), c)
+        configs.append(("batch_buckets (auto)", d, plan_for(d, bb, max(max(v) for v in auto.values()) or 1)))
         for name, preset in (("adaptive", adaptive_preset), ("budget", budget_preset)):
-            sched = dataclasses.replace(preset.schedule)
-            for c in args.concurrency:
-                rows.setdefault(name, {})[c] = run(plan_for(d, sched, preset.method.num_steps or 4), c)
-        rows["_auto"] = {"alpha": alpha, "buckets": {k: list(v) for k, v in auto.items()}}
-        print(f"[{time.perf_counter() - t_start:6.0f}s] {d} done; auto α={alpha:.3f} buckets {auto}", flush=True)
+            configs.append((name, d, plan_for(d, dataclasses.replace(preset.schedule), preset.method.num_steps or 4)))
+        print(f"[{time.perf_counter() - t_start:6.0f}s] {d}: auto α={alpha:.3f} buckets {auto}", flush=True)
+    # every configuration at a concurrency runs once per round, round after round (order reversed on
+    # odd rounds), and the best round is kept: load from other jobs on this shared machine falls on
+    # all configurations alike instead of on whichever ran during a busy minute
+    results = {d: {"_auto": autos[d]} for d in drafters}
+    plain = {}
+    for c in args.concurrency:
+        best = {}
+        for rnd in range(args.rounds):
+            order = configs if rnd % 2 == 0 else configs[::-1]
+            for name, d, plan in order:
+                res = run(plan, c, with_drafter=d is not None)
+                key = (name, d)
+                if key not in best or res.decode_tok_s > best[key].decode_tok_s:
+                    best[key] = res
+            print(f"[{time.perf_counter() - t_start:6.0f}s] C={c} round {rnd + 1}/{args.rounds}: plain "
+                  f"{best[('plain', None)].decode_tok_s:.1f} tok/s", flush=True)
+        plain[c] = best[("plain", None)]
+        for (name, d), res in best.items():
+            if d is not None:
+                results[d].setdefault(name, {})[c] = res
+        if args.out:  # keep what is measured so far
+            done = [x for x in args.concurrency if x in plain]
+            part = _report(_Args(args, done), results, plain, table, methods)
+            Path(args.out + ".partial").write_text(json.dumps(part["json"], indent=1, default=str) + "\n")
 
     report = _report(args, results, plain, table, methods)
     print(report["text"])
@@ -126,6 +156,14 @@ def main(argv=None) -> int:
     if args.plot:
         _plot(args.plot, results, plain, args.concurrency)
     return 0
+
+
+class _Args:
+    """``args`` with only the concurrencies measured so far (for the partial report)."""
+
+    def __init__(self, args, concurrency):
+        self.__dict__.update(vars(args))
+        self.concurrency = concurrency
 
 
 def _table_dict(t):

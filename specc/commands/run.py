@@ -107,6 +107,7 @@ def run(args) -> int:
         print(f"artifact {art.path.name}: {len(runtime.states)} state(s) "
               f"[{', '.join(s.spec.name for s in runtime.states)}] on {runtime.device}; "
               f"{len(requests)} prompt(s)", file=sys.stderr)
+        print(f"loaded: {runtime.load_report()}", file=sys.stderr)
     bar = tqdm(total=len(requests), desc="specc run", unit="req", file=sys.stderr,
                disable=args.no_progress)
 

@@ -135,10 +135,20 @@ class Runtime:
         return self.by_key[self.schedule.select(num_requests or num_rows, num_rows)]
 
     def describe(self) -> List[dict]:
-        """One line of facts per state: name, bucket, κ, rule, buffer bytes, captured."""
+        """One line of facts per state: name, bucket, κ, rule, static-buffer bytes, whether its verify
+        + accept is a captured CUDA graph and the seconds its capture took."""
         return [{"name": s.spec.name, "batch_size": s.spec.batch_size, "num_steps": s.spec.num_steps,
-                 "verify_rule": s.spec.verify_rule, "buffer_bytes": s.bufs.nbytes(), "captured": s.captured}
-                for s in self.states]
+                 "verify_rule": s.spec.verify_rule, "buffer_bytes": s.bufs.nbytes(), "captured": s.captured,
+                 "capture_s": round(s.capture_s, 4)} for s in self.states]
+
+    def load_report(self) -> str:
+        """One line for the log at load: states, schedule, static-buffer memory, captured graphs."""
+        mib = sum(s.bufs.nbytes() for s in self.states) / (1 << 20)
+        cap = sum(s.capture_s for s in self.states)
+        graphs = (f"{self.num_captured} CUDA graph(s) captured in {cap:.2f}s" if self.num_captured
+                  else "no CUDA graphs (eager)")
+        return (f"{len(self.states)} state(s) under schedule {self.schedule.kind}, static buffers {mib:.1f} MiB, "
+                f"{graphs}")
 
     def states_of(self, names: Iterable[str]) -> List[SpecRuntimeState]:
         """The states named ``names`` (in that order)."""

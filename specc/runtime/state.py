@@ -239,6 +239,7 @@ class SpecRuntimeState:
         self.bufs = StateBuffers.allocate(spec, ctx)
         self.bufs.kernels = dict(kernels or {})
         self._graph = None
+        self.capture_s = 0.0  # seconds its CUDA-graph capture took at load (0 when not captured)
         self.cur = self.bufs
 
     # ------------------------------------------------------------------ stages
@@ -293,6 +294,9 @@ class SpecRuntimeState:
         """
         if not (self.ctx.use_cuda_graphs and self.ctx.device.type == "cuda" and torch.cuda.is_available()):
             return False
+        import time
+
+        t0 = time.perf_counter()
         b = self.bufs
         b.cache_slots.fill_(self.ctx.trash_slot)
         b.positions.copy_(torch.arange(self.spec.width, device=b.positions.device).expand_as(b.positions))
@@ -309,7 +313,9 @@ class SpecRuntimeState:
         with torch.cuda.graph(graph):
             self.programs.verify(self.ctx, b)
             self.programs.accept(self.ctx, b)
+        torch.cuda.synchronize(self.ctx.device)
         self._graph = graph
+        self.capture_s = time.perf_counter() - t0
         return True
 
 
