@@ -217,7 +217,8 @@ def test_first_token_follows_the_target():
 @pytest.mark.parametrize("one_hot", [False, True])
 def test_comparison_theorem_block_accepts_at_least_standard(one_hot):
     """Sun et al.'s Theorem 3, measured: on the same drafts, block verification's mean accepted length
-    is at least the standard rule's (several random Markov target/draft pairs, K = 5)."""
+    is at least the standard rule's (several random Markov target/draft pairs, K = 5); with sampled
+    drafts it is clearly larger (``python tools/bench_block.py --comparison`` prints the table)."""
     V, K, N = 8, 5, 100_000
     gains = []
     for seed in range(4):
@@ -235,4 +236,5 @@ def test_comparison_theorem_block_accepts_at_least_standard(one_hot):
         blk = block_verify(d, p, q, torch.rand(N, K, generator=g), noise).accepted_len.float().mean()
         gains.append(float(blk - std))
         assert blk >= std - 3 * (K / N ** 0.5), (seed, float(std), float(blk))
-    assert sum(gains) > 0  # and strictly better on average over these pairs
+    if not one_hot:  # strictly better with a draft distribution; with one-hot drafts the two agree in mean
+        assert sum(gains) > 0.1, gains

@@ -13,7 +13,8 @@ calibration table of DSpark's confidence head: per position the mean predicted s
 (running product of the confidences) against the observed rate of steps that accepted that far.
 
 Usage: ``python tools/bench_block.py [--per-category 1] [--max-new 64] [--gammas 4 7] [--threads 1]
-[--json out.json]``. Tokens/s are wall-clock: the machine is shared, so every method runs in the same
+[--json out.json]``; ``--comparison`` prints block vs standard verification's mean accepted length on
+the same drafts (the comparison theorem, measured on random Markov target/draft pairs). Tokens/s are wall-clock: the machine is shared, so every method runs in the same
 process one after the other, and the table says what the load average was.
 """
 from __future__ import annotations
@@ -102,6 +103,34 @@ def run(target, tok, drafter, method: str, k: int, prompts, max_new: int, parall
     return outs, rt.metrics, time.perf_counter() - t0
 
 
+def comparison(pairs: int = 8, n: int = 200_000, k: int = 7, vocab: int = 16) -> None:
+    """Block vs standard verification on the same drafts (Sun et al.'s comparison theorem, measured):
+    random first-order Markov target/draft pairs, drafts sampled from the draft (probabilistic q) and
+    its greedy chain (one-hot q), mean accepted drafts of each rule over ``n`` blocks of ``k``."""
+    import torch
+
+    from specc.kernels import block_verify, rejection_verify
+
+    print(f"\nComparison theorem: mean accepted drafts on the same {n} blocks of γ = {k} "
+          f"(V = {vocab}, random Markov target/draft pairs)\n| pair | q | standard | block | block − standard |\n|---|---|---|---|---|")
+    for seed in range(pairs):
+        g = torch.Generator().manual_seed(100 + seed)
+        P = torch.softmax(torch.randn(vocab, vocab, generator=g) * 1.5, -1)
+        Q = torch.softmax(torch.randn(vocab, vocab, generator=g) * 1.5, -1)
+        for one_hot in (False, True):
+            d = torch.zeros(n, k, dtype=torch.int64)
+            prev = torch.full((n,), 0)
+            for i in range(k):
+                d[:, i] = Q[prev].argmax(-1) if one_hot else torch.multinomial(Q[prev], 1, generator=g).view(-1)
+                prev = d[:, i]
+            ctx = torch.cat([torch.zeros(n, 1, dtype=torch.int64), d], 1)
+            p, q = P[ctx], None if one_hot else Q[ctx[:, :k]]
+            noise = torch.empty(n, vocab).exponential_(generator=g)
+            std = rejection_verify(d, p, q, torch.rand(n, k, generator=g), noise).accepted_len.float().mean()
+            blk = block_verify(d, p, q, torch.rand(n, k, generator=g), noise).accepted_len.float().mean()
+            print(f"| {seed} | {'one-hot' if one_hot else 'probabilistic'} | {std:.4f} | {blk:.4f} | {blk - std:+.4f} |")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=1, help="shipped prompts per category (10 = all 60)")
@@ -112,7 +141,12 @@ def main(argv=None) -> None:
     ap.add_argument("--drafter", action="append", default=[], metavar="KIND=DIR",
                     help="measure this drafter directory instead of the shipped one (dflash, dspark, pard, eagle3)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--comparison", action="store_true",
+                    help="only print block vs standard verification on the same drafts (no models)")
     args = ap.parse_args(argv)
+    if args.comparison:
+        comparison()
+        return
     dirs = {k: ASSETS / f"smollm2_135m_{k}" for k in ("dflash", "dspark", "pard", "eagle3")}
     for item in args.drafter:
         kind, _, path = item.partition("=")
