@@ -88,19 +88,33 @@ class Recorder:
         return rows
 
 
-def run(target, tok, drafter, method: str, k: int, prompts, max_new: int, parallel: bool):
+def make_runtime(target, tok, drafter, method: str, k: int, parallel: bool):
     from specc.runtime.engine import Runtime
-    from specc.runtime.request import Request, SamplingParams
     from specc.runtime.state import StateSpec
 
     shape = "parallel" if parallel else "chain"
     spec = StateSpec(name=f"b1_k{k}_topk1_w{k + 1}_greedy_{shape if k else 'plain'}", method=method if k else "none",
                      batch_size=1, num_steps=k, num_draft_tokens=k + 1, verify_rule="greedy", parallel=parallel and k > 0)
-    rt = Runtime(target, tok, drafter if k else None, [spec], max_model_len=2048)
-    reqs = [Request(prompt_ids=ids, params=SamplingParams(max_new_tokens=max_new), request_id=pid) for pid, ids in prompts]
-    t0 = time.perf_counter()
-    outs = rt.generate(reqs, batch_size=1)
-    return outs, rt.metrics, time.perf_counter() - t0
+    return Runtime(target, tok, drafter if k else None, [spec], max_model_len=2048)
+
+
+class Tally:
+    """One configuration's totals over the prompts it ran (metrics summed prompt by prompt)."""
+
+    def __init__(self, k):
+        self.k, self.wall, self.tokens, self.steps, self.accepted_pos = k, 0.0, 0, 0, [0] * k
+        self.stage = {}
+        self.exact = True
+
+    def add(self, out, m, wall, ref):
+        self.wall += wall
+        self.tokens += len(out.token_ids)
+        self.steps += m.num_steps
+        for j, a in enumerate(m.num_accepted_tokens_per_pos[: self.k]):
+            self.accepted_pos[j] += a
+        for s_, v in m.stage_time_s.items():
+            self.stage[s_] = self.stage.get(s_, 0.0) + v
+        self.exact &= out.token_ids == ref
 
 
 def comparison(pairs: int = 8, n: int = 200_000, k: int = 7, vocab: int = 16) -> None:
@@ -169,14 +183,7 @@ def main(argv=None) -> None:
     prompts = load_prompts(tok, args.per_category)
     print(f"{len(prompts)} shipped prompts, {args.max_new} new tokens each, batch 1, greedy, {args.threads} thread(s); "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    outs, pm, pwall = run(target, tok, None, "none", 0, prompts, args.max_new, False)
-    ref = {o.request.request_id: o.token_ids for o in outs}
-    plain_tps = pm.num_output_tokens / pwall
-    decode_s = sum(v for s, v in pm.stage_time_s.items() if s != "prefill")
-    t_step = decode_s / max(pm.num_steps, 1)
-    rows = [{"method": "plain", "gamma": 0, "tau": 1.0, "acceptance_per_pos": [], "draft_share": 0.0,
-             "tokens_per_s": round(plain_tps, 2), "speedup": 1.0, "exact": True, "c": 0.0}]
-    print(f"plain: {plain_tps:.2f} tok/s, {t_step * 1e3:.1f} ms per target step", flush=True)
+    from specc.runtime.request import Request, SamplingParams
 
     def make(method):
         if method in ("dflash", "dspark", "dspark_no_markov"):
@@ -191,30 +198,51 @@ def main(argv=None) -> None:
         head = load_eagle_head(dirs["eagle3"], target.config, target.embed, target.lm_head, expect_kind="eagle3")
         return EagleDrafter(head, target.config.num_layers, target.norm), "eagle3", False
 
-    calib = {}
+    # every configuration is built once; the prompts then run configuration by configuration *per
+    # prompt* (plain first), so a change of the machine's load hits every configuration alike
+    configs = [("plain", 0, make_runtime(target, tok, None, "none", 0, False), None)]
+    recorders = {}
     for g in args.gammas:
         for method in args.methods:
-            if not dirs.get("dspark" if method.startswith("dspark") else method, pathlib.Path("/nonexistent")).exists():
-                print(f"{method}: no drafter at {dirs.get(method)}; skipped", flush=True)
+            key = "dspark" if method.startswith("dspark") else method
+            if not dirs.get(key, pathlib.Path("/nonexistent")).exists():
+                print(f"{method}: no drafter at {dirs.get(key)}; skipped", flush=True)
                 continue
             drafter, kind, parallel = make(method)
-            rec = Recorder(drafter) if method == "dspark" else drafter
-            outs, m, wall = run(target, tok, rec, kind, g, prompts, args.max_new, parallel)
-            exact = all(o.token_ids == ref[o.request.request_id] for o in outs)
-            tps = m.num_output_tokens / wall
-            dec = sum(v for s, v in m.stage_time_s.items() if s != "prefill")
-            draft_s = m.stage_time_s.get("draft", 0.0)
-            c = (draft_s / max(m.num_steps, 1)) / t_step
-            row = {"method": method, "gamma": g, "tau": round(m.tau, 3),
-                   "acceptance_per_pos": [round(a, 3) for a in m.acceptance_per_pos[:g]],
-                   "draft_share": round(draft_s / max(dec, 1e-9), 3), "tokens_per_s": round(tps, 2),
-                   "speedup": round(tps / plain_tps, 3), "exact": exact, "c": round(c, 3),
-                   "stage_time_s": {s: round(v, 2) for s, v in m.stage_time_s.items()}}
-            rows.append(row)
-            print(f"{method} γ={g}: τ {m.tau:.2f}, {tps:.2f} tok/s ({tps / plain_tps:.2f}× plain), c {c:.3f}, "
-                  f"draft share {row['draft_share']:.2f}, exact {exact}, acc/pos {row['acceptance_per_pos']}", flush=True)
             if method == "dspark":
-                calib[g] = rec.table(g)
+                drafter = recorders[g] = Recorder(drafter)
+            configs.append((method, g, make_runtime(target, tok, drafter, kind, g, parallel), drafter))
+    tallies = {(m, g): Tally(g) for m, g, _, _ in configs}
+    for pid, ids in prompts:
+        ref = None
+        for method, g, rt, _ in configs:
+            req = Request(prompt_ids=ids, params=SamplingParams(max_new_tokens=args.max_new), request_id=pid)
+            rt.metrics = rt.new_metrics()
+            t0 = time.perf_counter()
+            out = rt.generate([req], batch_size=1)[0]
+            wall = time.perf_counter() - t0
+            if ref is None:
+                ref = out.token_ids
+            tallies[(method, g)].add(out, rt.metrics, wall, ref)
+        print(f"{pid}: done ({len(ref)} tokens; load average {os.getloadavg()[0]:.1f})", flush=True)
+    plain = tallies[("plain", 0)]
+    plain_tps = plain.tokens / plain.wall
+    t_step = sum(v for s_, v in plain.stage.items() if s_ != "prefill") / max(plain.steps, 1)
+    rows = []
+    calib = {}
+    for (method, g), t in tallies.items():
+        dec = sum(v for s_, v in t.stage.items() if s_ != "prefill")
+        draft_s = t.stage.get("draft", 0.0)
+        tps = t.tokens / t.wall
+        emitted = t.steps + sum(t.accepted_pos)
+        rows.append({"method": method, "gamma": g, "tau": round(emitted / max(t.steps, 1), 3),
+                     "acceptance_per_pos": [round(a / max(t.steps, 1), 3) for a in t.accepted_pos],
+                     "draft_share": round(draft_s / max(dec, 1e-9), 3), "tokens_per_s": round(tps, 2),
+                     "speedup": round(tps / plain_tps, 3), "exact": t.exact,
+                     "c": round((draft_s / max(t.steps, 1)) / t_step, 3) if g else 0.0,
+                     "stage_time_s": {s_: round(v, 2) for s_, v in t.stage.items()}})
+    for g, rec in recorders.items():
+        calib[g] = rec.table(g)
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     print("\n| method | γ | τ | acceptance per position | draft share | c | tok/s | × plain | output == plain |\n"
           "|---|---|---|---|---|---|---|---|---|")
