@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from specc.models.llama import default_cpu_threads
 
     top = args.max_tokens or max_batch * max_width
-    total = len(token_grid(top)) + (len(token_grid(max_batch)) if drafter is not None else 0)
+    total = args.repeats + 1 + (len(token_grid(max_batch)) if drafter is not None else 0)
     bar = tqdm(total=total, desc="specc profile", unit="size", file=sys.stderr)
     try:
         measured = profile_costs(target, drafter, max_batch=max_batch, max_width=max_width,

@@ -49,10 +49,19 @@ def token_grid(max_tokens: int) -> List[int]:
     return sorted(set(grid))
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int, sync: Optional[Callable[[], None]]) -> float:
+def _time_once(fn: Callable[[], Any], sync: Optional[Callable[[], None]]) -> float:
+    t0 = time.perf_counter()
     fn()
     if sync:
         sync()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int, sync: Optional[Callable[[], None]]) -> float:
+    """One warm-up call, then the median of ``repeats`` timed calls (0 repeats: the warm-up's time)."""
+    t_first = _time_once(fn, sync)
+    if repeats == 0:
+        return t_first
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -85,7 +94,7 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
         verify_rule: the accept kernel timed (``greedy``, ``standard``, ``synthetic``).
         context: history tokens per request before the measured step.
         max_tokens: the largest token count profiled (default ``max_batch * max_width``).
-        on_progress: called once per measured size (a progress bar).
+        on_progress: called once per round of the verify sizes and once per draft size (a progress bar).
     Returns:
         The table's measured part: ``verify_ms``, ``forward_ms``, ``accept_ms``, ``draft_ms`` (str keys).
     Raises:
@@ -112,6 +121,8 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
     _, hidden = target.forward(history, positions, hidden_layers=hidden_layers,
                                logits_at=torch.full((max_batch, 1), context - 1, device=dev))
     out: Dict[str, Dict[str, float]] = {"verify_ms": {}, "forward_ms": {}, "accept_ms": {}, "draft_ms": {}}
+    eager = dev.type == "cpu"
+    cases = []  # (n, forward, accept) per profiled size
     for n in token_grid(top):
         rows = min(n, max_batch)
         w = math.ceil(n / rows)
@@ -119,13 +130,22 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
         counts[: n - int(counts.sum())] += 1  # [rows], summing to n
         ids = torch.randint(0, V, (rows, w), generator=gen).to(dev)
         pos = (context + torch.arange(w, device=dev)).expand(rows, w).contiguous()
-        eager = dev.type == "cpu"
-        fwd = lambda: target.forward(ids, pos, pos, None, hidden_layers=hidden_layers,  # noqa: E731
-                                     num_tokens=counts if eager else None)
-        f_ms = _median_ms(fwd, repeats, sync)
-        logits, _ = fwd()
+        fwd = (lambda ids=ids, pos=pos, counts=counts: target.forward(
+            ids, pos, pos, None, hidden_layers=hidden_layers, num_tokens=counts if eager else None))
         drafts = torch.randint(0, V, (rows, w - 1), generator=gen).to(dev)
-        valid = counts - 1
+        cases.append((n, fwd, drafts, counts - 1))
+    # every size once per round, round after round: load from other jobs falls on all sizes alike
+    times: Dict[int, List[float]] = {n: [] for n, *_ in cases}
+    for rnd in range(repeats + 1):
+        for n, fwd, _, _ in cases:
+            t = _median_ms(fwd, 0, sync) if rnd == 0 else _time_once(fwd, sync)
+            if rnd > 0:
+                times[n].append(t)
+        if on_progress:
+            on_progress(f"round {rnd} of {repeats}")
+    for n, fwd, drafts, valid in cases:
+        logits, _ = fwd()
+        rows, w = drafts.shape[0], drafts.shape[1] + 1
         if verify_rule == "greedy":
             acc = lambda: greedy_verify(drafts, logits, valid)  # noqa: E731
         else:
@@ -135,11 +155,10 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
             acc = lambda: rejection_verify(drafts, process_logits(logits, temp, None, None), None, u,  # noqa: E731
                                            noise, valid)
         a_ms = _median_ms(acc, repeats, sync)
+        f_ms = statistics.median(times[n])
         out["forward_ms"][str(n)] = round(f_ms, 4)
         out["accept_ms"][str(n)] = round(a_ms, 4)
         out["verify_ms"][str(n)] = round(f_ms + a_ms, 4)
-        if on_progress:
-            on_progress(f"verify {n} tokens")
     if drafter is not None:
         drafter.setup(max_batch, cache_len, dev)
         batch = DecodeBatch(max_batch, cache_len, dev)
