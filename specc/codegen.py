@@ -249,11 +249,14 @@ class KernelVariant:
 
 
 def _verify_variant(state: Any) -> KernelVariant:
-    """The verify kernel of a state: for a chain ``greedy_verify`` (verify.rule=greedy) or
-    ``rejection_verify`` (verify.rule=standard, one-hot or full q by ``draft_sampling``), taking
+    """The verify kernel of a state: for a chain or parallel block ``greedy_verify``
+    (verify.rule=greedy), ``rejection_verify`` (verify.rule=standard, one-hot or full q by
+    ``draft_sampling``) or ``block_verify`` (verify.rule=block, the same two specializations), taking
     ``[B, num_draft_tokens - 1]`` drafts and ``[B, num_draft_tokens, V]`` target scores
     (``specc.kernels.verify``); for a tree ``tree_greedy_verify`` or ``tree_rejection_verify``
-    (``specc.kernels.tree``) over ``num_draft_tokens`` nodes."""
+    (``specc.kernels.tree``) over ``num_draft_tokens`` nodes.
+
+    Raises: PlanError for a rule with no kernel of the state's shape."""
     from specc import methods
 
     width = int(state.num_draft_tokens)
@@ -273,8 +276,11 @@ def _verify_variant(state: Any) -> KernelVariant:
     if state.verify_rule == "standard":
         probabilistic = state.draft_sampling == "probabilistic"
         return KernelVariant("rejection_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
+    if state.verify_rule == "block":
+        probabilistic = state.draft_sampling == "probabilistic"
+        return KernelVariant("block_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
     raise PlanError(f"state {state.name}: verify.rule {state.verify_rule!r} has no kernel in specc's "
-                    f"runtime; use verify.rule=greedy or verify.rule=standard")
+                    f"runtime; use verify.rule=greedy, standard or block")
 
 
 KERNEL_ROLES: Dict[str, Callable[[Any], KernelVariant]] = {

@@ -142,10 +142,17 @@ class Method:
         return self.seed == "hidden_topk"
 
 
-_CHAIN_RUNTIME = dict(verify_rules=("greedy", "standard", "synthetic"), schedules=SCHEDULES, shapes=("plain", "chain"))
+_CHAIN_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"), schedules=SCHEDULES,
+                      shapes=("plain", "chain"))
+# chain drafters that also emit the block in one pass with method.parallel_drafting (PARD, P-EAGLE)
+_PARALLEL_CAPABLE_RUNTIME = dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "parallel"))
+# block drafters: one non-causal pass over [bonus, MASK × γ] (DFlash, DSpark)
+_BLOCK_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"), schedules=SCHEDULES,
+                      draft_sampling=("greedy", "probabilistic"), shapes=("plain", "parallel"))
 # EAGLE heads also grow trees: dynamic (topk > 1) and static (tree_choices), verified in one target
-# forward with the tree mask (specc.runtime.stages.verify_tree; sglang-0.5.23.md §5)
-_TREE_RUNTIME = dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "tree"))
+# forward with the tree mask (specc.runtime.stages.verify_tree; sglang-0.5.23.md §5); the block rule
+# stays a chain rule (refused on trees by the S-VERIFY rule)
+_TREE_RUNTIME = dict(_PARALLEL_CAPABLE_RUNTIME, shapes=("plain", "chain", "parallel", "tree"))
 
 METHODS: Dict[str, Method] = {m.name: m for m in (
     Method("none", "plain decoding: κ = 0, every step emits the target's own token", "none",
@@ -164,7 +171,7 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            seed="draft_prefill", parallel_capable=True,
            runtime=RuntimeSupport(drafter="specc.drafters.draft_model:build_drafter",
                                   draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **_CHAIN_RUNTIME)),
+                                  **_PARALLEL_CAPABLE_RUNTIME)),
     Method("eagle", "EAGLE head: one decoder layer over [token embedding; target's last hidden state]", "chain",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
            seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True,
@@ -194,10 +201,14 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
                                   confidence="draft_probability", shapes=("plain", "parallel", "tree"))),
     Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
            "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-           seed="lengths", always_parallel=True, default_num_steps=15),
+           seed="lengths", always_parallel=True, default_num_steps=15,
+           runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="draft_probability",
+                                  **_BLOCK_RUNTIME)),
     Method("dspark", "DFlash backbone + low-rank Markov head + confidence head", "block",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-           seed="lengths", always_parallel=True, default_num_steps=7),
+           seed="lengths", always_parallel=True, default_num_steps=7,
+           runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="head",
+                                  **_BLOCK_RUNTIME)),
     Method("custom", "a user drafter plugin (method.plugin)", "chain",
            needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,
            seed="draft_prefill",

@@ -4,15 +4,17 @@ from it) and by the runtime (which builds states without an artifact from the sa
 A state runs five stage programs, each a function of :mod:`specc.runtime.stages` called as
 ``fn(ctx, bufs, *args)`` with the state's constants as ``args``:
 
-* **draft** — ``draft_none`` (κ = 0), ``draft_chain(κ, draft_sampling[, every_position])``,
-  ``draft_tree(κ, topk, draft_sampling)`` (a dynamic EAGLE tree) or ``draft_tree_static(κ,
-  draft_sampling)`` (the state's compiled static tree);
+* **draft** — ``draft_none`` (κ = 0), ``draft_chain(κ, draft_sampling[, every_position])`` (κ draft
+  passes), ``draft_parallel(κ, draft_sampling[, every_position])`` (one pass emits the block: DFlash,
+  DSpark, PARD, P-EAGLE), ``draft_tree(κ, topk, draft_sampling)`` (a dynamic EAGLE tree) or
+  ``draft_tree_static(κ, draft_sampling)`` (the state's compiled static tree);
 * **verify** — ``verify_chain``: one target forward over each request's pending token and drafts;
   ``verify_tree``: one target forward over each request's tree with the tree mask over its cached
   prefix;
 * **accept** — ``accept_greedy`` (greedy rule), ``accept_standard(probabilistic_q)`` (rejection
-  sampling; also κ = 0, where it is plain sampling), ``accept_synthetic(conditional_rates)``; for
-  trees ``accept_tree_greedy(max_depth)`` and ``accept_tree_standard(probabilistic_q, max_depth)``
+  sampling; also κ = 0, where it is plain sampling), ``accept_block(probabilistic_q)`` (block
+  verification, Sun et al. 2024), ``accept_synthetic(conditional_rates)``; for trees
+  ``accept_tree_greedy(max_depth)`` and ``accept_tree_standard(probabilistic_q, max_depth)``
   (multi-candidate recursive rejection over siblings);
 * **commit** — ``commit_none`` (a chain's KV is in place by position) or ``commit_tree`` (moves the
   accepted path's target KV into place and hands the drafter the path);
@@ -40,6 +42,8 @@ PROGRAM_DOCS = {
                   "nodes of the candidate pool): draft_tokens, parents, depths [B, W-1], the tree mask.",
     "draft_tree_static": "Ask the drafter for the tokens of the state's compiled static tree (parents, depths "
                          "and mask are this state's constant buffers).",
+    "draft_parallel": "Ask the drafter for the whole block of κ tokens in one draft pass (draft_tokens [B, κ], "
+                      "num_valid [B], confidence [B, κ]), clipped per request.",
     "verify_chain": "One target forward over each request's pending token and its drafts (KV written by "
                     "position; rows past a request's drafts cost nothing on the CPU).",
     "verify_tree": "One target forward over each request's draft tree: node i at position root + depth, KV at "
@@ -54,6 +58,8 @@ PROGRAM_DOCS = {
     "accept_greedy": "Greedy rule: accept drafts equal to the target argmax; bonus = argmax at the first miss.",
     "accept_standard": "Standard rule (rejection sampling; one-hot q unless the first argument is True); "
                        "with κ = 0 it samples the bonus token alone from the processed target distribution.",
+    "accept_block": "Block verification (Sun et al. 2024): accept the longest prefix whose joint test passes, "
+                    "resample from the joint residual (one-hot q unless the first argument is True).",
     "accept_synthetic": "Synthetic rule (an ablation harness, not the target's distribution): accept draft i "
                         "with the given conditional rate, whatever the tokens (vLLM SYNTHETIC_MODE).",
     "extend_none": "No drafter to extend.",
@@ -132,7 +138,8 @@ def unsupported_reason(state: Any) -> Optional[str]:
         return (f"{where}: {state.method} cannot draw {state.draft_sampling} drafts; set "
                 f"verify.draft_sampling={rt.draft_sampling[0]}")
     if kind in ("chain", "parallel") and state.num_draft_tokens not in (0, state.num_steps + 1):
-        return (f"{where}: a chain verifies num_draft_tokens = κ + 1 = {state.num_steps + 1} rows, the state "
+        shape = "chain" if kind == "chain" else "parallel block"
+        return (f"{where}: a {shape} verifies num_draft_tokens = κ + 1 = {state.num_steps + 1} rows, the state "
                 f"says {state.num_draft_tokens}")
     if kind == "tree":
         reason = _tree_reason(state, m, where)
@@ -150,8 +157,9 @@ def _tree_reason(state: Any, m: Any, where: str) -> Optional[str]:
         return f"{where}: method {state.method} has no static trees (method.tree_choices); drop tree_choices"
     if not static and not m.dynamic_tree:
         return f"{where}: method {state.method} has no dynamic trees (method.topk > 1); use method.topk=1"
-    if state.verify_rule == "synthetic":
-        return f"{where}: verify.rule=synthetic runs chains only; use verify.rule=greedy or standard"
+    if state.verify_rule in ("synthetic", "block"):
+        return (f"{where}: verify.rule={state.verify_rule} runs chains and parallel blocks only; use "
+                f"verify.rule=greedy or standard on trees")
     if state.verify_rule == "standard" and state.draft_sampling == "probabilistic":
         if not static:
             return (f"{where}: a dynamic tree (topk={state.topk}) keeps nodes by their drafted scores, so "
@@ -209,12 +217,14 @@ def state_programs(state: Any, synthetic_rates: Optional[Sequence[float]] = None
             accept = Call("accept_tree_standard", (sampling == "probabilistic", depth))
         return StatePrograms(draft=draft, verify=Call("verify_tree"), accept=accept, commit=Call("commit_tree"),
                              extend=extend)
+    parallel = methods.state_kind(k, state.topk, state.parallel, state.tree_choices) == "parallel"
+    draft_fn = "draft_parallel" if parallel else "draft_chain"
     if k == 0:
         draft = Call("draft_none")
     elif state.verify_rule == "synthetic":
-        draft = Call("draft_chain", (k, sampling, True))
+        draft = Call(draft_fn, (k, sampling, True))
     else:
-        draft = Call("draft_chain", (k, sampling))
+        draft = Call(draft_fn, (k, sampling))
     if k == 0:
         accept = Call("accept_standard", (False,))
     elif state.verify_rule == "greedy":
@@ -224,6 +234,8 @@ def state_programs(state: Any, synthetic_rates: Optional[Sequence[float]] = None
             raise ValueError(f"candidate state {state.name}: verify.rule=synthetic needs κ = {k} "
                              f"acceptance rates (verify.synthetic)")
         accept = Call("accept_synthetic", (tuple(float(r) for r in synthetic_rates[:k]),))
+    elif state.verify_rule == "block":
+        accept = Call("accept_block", (sampling == "probabilistic",))
     else:
         accept = Call("accept_standard", (sampling == "probabilistic",))
     return StatePrograms(draft=draft, verify=Call("verify_chain"), accept=accept, commit=Call("commit_none"),

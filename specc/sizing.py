@@ -283,7 +283,7 @@ def draft_cost_ratio(plan: Plan) -> Tuple[float, str]:
     the profiled draft pass over the profiled one-token target step when ``schedule.cost_table``
     has both; else the draft/target parameter ratio when both checkpoints are readable (both passes
     memory-bound, §6.2; the draft's input embeddings are left out, a pass gathers only a few rows of
-    them); else the method's default (``specc.methods.Method.default_c``)."""
+    them; a block drafter's pass adds the target's LM head it reads); else the method's default (``specc.methods.Method.default_c``)."""
     m = plan.method.name
     method = methods.get(m)
     if not method.drafts or method.lookup:
@@ -300,7 +300,13 @@ def draft_cost_ratio(plan: Plan) -> Tuple[float, str]:
         dp = count_params(plan.draft.path, skip_embeddings=True)
         tp = count_params(plan.target.path) if dp else None
         if dp and tp:
-            return dp / tp, f"draft/target params {dp / 1e6:.1f}M/{tp / 1e6:.1f}M"
+            note = ""
+            cfg = draft_config(plan) if method.draft_shape == "block" else None
+            if cfg and isinstance(cfg.get("vocab_size"), int) and isinstance(cfg.get("hidden_size"), int):
+                # a DFlash/DSpark pass also streams the target's LM head (it has none of its own)
+                dp += int(cfg["vocab_size"]) * int(cfg["hidden_size"])
+                note = " incl. the target's LM head"
+            return dp / tp, f"draft/target params {dp / 1e6:.1f}M/{tp / 1e6:.1f}M{note}"
     return method.default_c, f"method default for {m}"
 
 

@@ -7,6 +7,7 @@ worked out from the reference tables (shared/reference/*.md), not from running t
 from __future__ import annotations
 
 import copy
+import pathlib
 import json
 import tempfile
 from pathlib import Path
@@ -95,6 +96,12 @@ S_E3 = {"engine": "specc", "target": SMOL, "draft": SMOL_E3,
         "verify": {"rule": "greedy", "draft_sampling": "greedy"}}
 S_NG = {"engine": "specc", "target": SMOL,
         "method": {"name": "ngram", "num_steps": 4, "topk": 1, "num_draft_tokens": 5, "ngram": {"min": 1, "max": 3}}}
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "checkpoints"
+S_DS = {"engine": "specc", "target": SMOL,
+        "draft": {"path": str(FIXTURES / "dspark_smollm2"), "format": "hf", "vocab_size": 49152, "max_model_len": 2048},
+        "method": {"name": "dspark", "num_steps": 7, "block_size": 7, "topk": 1, "markov": {"kind": "vanilla", "rank": 32},
+                   "confidence_head": True},
+        "verify": {"rule": "greedy", "draft_sampling": "greedy"}}
 S_PLAIN = {"engine": "specc", "target": SMOL, "method": {"name": "none", "num_steps": 0}}
 
 PROB = {"verify.rule": "standard", "verify.draft_sampling": "probabilistic"}
@@ -325,7 +332,19 @@ CASES = {
     # ---------------- specc ----------------
     # compile uses the name as a directory and module name (specc/codegen.py check_identifier).
     "specc.S-NAME": (S_E3, {"name": "my-plan"}, {"name": "my_plan"}, "error"),
-    "specc.S-METHOD": (S_E3, {"method.name": "dflash"}, {"method.name": "eagle3"}, "error"),
+    "specc.S-METHOD": (S_E3, {"method.name": "mtp"}, {"method.name": "eagle3"}, "error"),
+    # the specc runtime's κ of a block drafter is γ (SGLang's pinned num_steps = 1 is replaced)
+    "specc.S-BLOCK-STEPS": (S_DS, {"method.num_steps": 1, "method.num_draft_tokens": None}, {"method.num_steps": 7},
+                            "fallback"),
+    "specc.S-BLOCK-SIZE": (S_DS, {"method.num_steps": 5}, {"method.num_steps": 7}, "error"),
+    "specc.S-MARKOV": (S_DS, {"method.markov.rank": 0}, {"method.markov.rank": 32}, "error"),
+    "specc.S-MARKOV-CK": (S_DS, {"method.markov.rank": 64}, {"method.markov.rank": 32}, "warning"),
+    # SGLang DS21: cap_accept / compact need the trained confidence head
+    "specc.S-DSPARK-RAGGED": (S_DS, {"schedule.kind": "budget", "schedule.cost_table": "t.json",
+                                     "schedule.ragged_verify": "compact", "method.confidence_head": False},
+                              {"method.confidence_head": True}, "error"),
+    # P-EAGLE with the shipped EAGLE-3 head: it has no mask token
+    "specc.S-PARALLEL-MASK": (S_E3, {"method.parallel_drafting": True}, {"method.parallel_drafting": False}, "error"),
     "specc.S-K0": (S_PLAIN, {"method.num_steps": 2}, {"method.num_steps": 0}, "error"),
     "specc.S-K0-FILL": (S_PLAIN, {"method.num_steps": None}, {"method.num_steps": 0}, "filled"),
     "specc.S-STEPS": (S_E3, {"method.num_steps": None, "method.num_draft_tokens": None}, {"method.num_steps": 3},
@@ -355,7 +374,7 @@ CASES = {
     "specc.S-TREE-PROB": (S_E3, _m(DYN, PROB), {"verify.draft_sampling": "greedy"}, "error"),
     "specc.S-TREE-SYN": (S_E3, _m(DYN, {"verify.rule": "synthetic", "verify.synthetic.acceptance_length": 2.0}),
                          {"method.topk": 1, "method.num_draft_tokens": 4}, "error"),
-    "specc.S-PARALLEL-DRAFT": (S_E3, {"method.parallel_drafting": True}, {"method.parallel_drafting": False}, "error"),
+    "specc.S-PARALLEL-DRAFT": (S_NG, {"method.parallel_drafting": True}, {"method.parallel_drafting": False}, "error"),
     "specc.S-DRAFT": (S_E3, {"draft": None}, {"draft.path": SMOL_E3["path"]}, "error"),
     "specc.S-DRAFT-IGN": (S_NG, {"draft.path": "x/y"}, {"draft": None}, "warning"),
     "specc.S-VOCAB": (S_E3, {"method.name": "draft_model", "draft.vocab_size": 32000}, {"draft.vocab_size": 49152},
@@ -373,7 +392,8 @@ CASES = {
                             {"method.ngram.min": 2, "method.ngram.max": 4}, "error"),
     "specc.S-NGRAM-IGN": (S_E3, {"method.ngram.max": 3}, {"method.ngram.max": None}, "warning"),
     "specc.S-BLOCK-IGN": (S_E3, {"method.block_size": 4}, {"method.block_size": None}, "warning"),
-    "specc.S-VERIFY": (S_E3, {"verify.rule": "block"}, {"verify.rule": "standard"}, "error"),
+    # block verification judges one drafted path: not a tree
+    "specc.S-VERIFY": (S_E3, {"verify.rule": "block", "method.topk": 2}, {"verify.rule": "standard"}, "error"),
     "specc.S-NGRAM-PROB": (S_NG, PROB, {"verify.draft_sampling": "greedy"}, "fallback"),
     "specc.S-GREEDY-PROB": (S_E3, {"verify.draft_sampling": "probabilistic"}, {"verify.rule": "standard"}, "warning"),
     "specc.S-THRESH": (S_E3, {"verify.accept_threshold.acc": 0.8}, {"verify.accept_threshold.acc": None}, "error"),

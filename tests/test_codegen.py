@@ -122,8 +122,10 @@ def test_kernel_variant_names_follow_parameters():
     assert codegen.kernel_variants_for(s)["verify"].name == f"rejection_verify_w{k + 1}_qprobs"
     s = replace(states[0], verify_rule="standard")
     assert codegen.kernel_variants_for(s)["verify"].name == f"rejection_verify_w{k + 1}_qonehot"
-    with pytest.raises(PlanError, match="block"):
-        codegen.kernel_variants_for(replace(states[0], verify_rule="block"))
+    s = replace(states[0], verify_rule="block", draft_sampling="probabilistic")
+    assert codegen.kernel_variants_for(s)["verify"].name == f"block_verify_w{k + 1}_qprobs"
+    assert codegen.kernel_variants_for(replace(states[0], verify_rule="block"))["verify"].name == \
+        f"block_verify_w{k + 1}_qonehot"
     # a tree state gets the tree kernels, specialized by its verify width
     tree = replace(states[0], topk=2, num_draft_tokens=7)
     assert codegen.kernel_variants_for(tree)["verify"].name == "tree_greedy_verify_w7"
@@ -327,14 +329,14 @@ def test_cli_compile_refuses_plan_with_errors(tmp_path, capsys):
     """A plan that loads but breaks a `specc` rule: exit 1, every error printed, nothing written."""
     from specc.rules import check
 
-    plan = load_preset("smollm2_ngram", ["verify.rule=block"])
+    plan = load_preset("smollm2_ngram", ["verify.accept_threshold.acc=0.8"])
     errors = [v for v in check(plan, "specc") if codegen._severity(v) == "error"]
-    assert errors, "expected verify.rule=block to be an error on the specc engine"
+    assert errors, "expected a lossy accept threshold to be an error on the specc engine"
     out = tmp_path / "out"
-    rc = _specc("compile", "smollm2_ngram", "verify.rule=block", "--out", str(out))
+    rc = _specc("compile", "smollm2_ngram", "verify.accept_threshold.acc=0.8", "--out", str(out))
     err = capsys.readouterr().err
     assert rc == 1
-    assert "error" in err and "verify.rule" in err
+    assert "error" in err and "verify.accept_threshold" in err
     for v in errors:
         assert codegen.format_violation(v).splitlines()[0] in err
     assert not out.exists() or list(out.iterdir()) == []

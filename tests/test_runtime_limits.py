@@ -121,11 +121,13 @@ def test_bad_requests_are_refused(target, draft):
 
 def test_unsupported_states_are_refused_at_build(target, draft):
     d = DraftModelDrafter(draft, 64)
-    for spec, field in [(StateSpec("t", "draft_model", 1, 3, topk=2, num_draft_tokens=7), "topk"),
-                        (StateSpec("b", "draft_model", 1, 3, num_draft_tokens=4, verify_rule="block"), "block"),
-                        (StateSpec("p", "draft_model", 1, 3, num_draft_tokens=4, parallel=True), "parallel")]:
+    for spec, field, drafter in [
+            (StateSpec("t", "draft_model", 1, 3, topk=2, num_draft_tokens=7), "topk", d),
+            (StateSpec("b", "draft_model", 1, 3, topk=2, num_draft_tokens=7, verify_rule="block"), "tree", d),
+            (StateSpec("w", "draft_model", 1, 3, num_draft_tokens=6, parallel=True), "parallel block verifies", d),
+            (StateSpec("p", "ngram", 1, 3, num_draft_tokens=4, parallel=True), "parallel", NgramDrafter())]:
         with pytest.raises(ArtifactError, match=field):
-            Runtime(target, None, d, [spec])
+            Runtime(target, None, drafter, [spec])
     with pytest.raises(ArtifactError, match="probabilistic"):
         Runtime(target, None, NgramDrafter(), [StateSpec("q", "ngram", 1, 3, num_draft_tokens=4,
                                                          verify_rule="standard", draft_sampling="probabilistic")])

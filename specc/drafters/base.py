@@ -31,8 +31,9 @@ Conventions shared by all methods:
   ignored, and their cache writes must go to the trash slot or to positions nobody reads.
 - Tensors are on the runtime's device; token ids are int64, probabilities fp32.
 
-Methods: ``ngram`` (specc.drafters.ngram), ``draft_model`` (specc.drafters.draft_model), and the
-EAGLE family, which implements this same class in ``specc.drafters.eagle`` (issue 5): it sets
+Methods: ``ngram`` (specc.drafters.ngram), ``draft_model`` (specc.drafters.draft_model; PARD in its
+parallel mode), the block drafters ``dflash`` / ``dspark`` (specc.drafters.dflash: ``propose_block``,
+context K/V written in ``commit``), and the EAGLE family (P-EAGLE in its parallel mode), which implements this same class in ``specc.drafters.eagle`` (issue 5): it sets
 ``hidden_layers`` to the target layers it fuses, keeps its own KV cache written by position, runs its
 layer over the accepted tokens in ``commit`` (``step.target_hidden`` holds the target's hidden states
 for all κ + 1 verify rows; rows past ``step.accepted[b]`` are rejected and must be ignored or
@@ -295,6 +296,17 @@ class Drafter(abc.ABC):
         ``tree.static``'s. Must not change the target's state. Default: NotImplementedError.
         """
         raise NotImplementedError(f"{type(self).__name__} does not draft trees")
+
+    def propose_block(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
+        """Propose the whole block of ``num_steps`` (κ ≥ 1) tokens per row in **one** draft pass (a
+        parallel state's draft program, ``specc.runtime.stages.draft_parallel``): DFlash/DSpark's
+        non-causal pass over [bonus, MASK × κ], PARD's and P-EAGLE's pass over mask tokens for the
+        positions the draft has not seen. Same return value as :meth:`propose`. Default: the drafter
+        has no parallel mode (the method table does not list ``parallel`` for it).
+
+        Raises: NotImplementedError.
+        """
+        raise NotImplementedError(f"drafter {self.name!r} has no parallel (one-pass block) mode")
 
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
         """Update the drafter after verification (the *extend* stage): EAGLE refreshes its KV over

@@ -37,11 +37,17 @@ class DraftModelDrafter(Drafter):
     capturable = False
     prefill_row_index = True
 
-    def __init__(self, model, target_vocab_size: int, source: str = "draft model", prefill_chunk: int = 512) -> None:
+    def __init__(self, model, target_vocab_size: int, source: str = "draft model", prefill_chunk: int = 512,
+                 mask_token_id: Optional[int] = None) -> None:
         check_same_vocab(model.config.vocab_size, target_vocab_size, source)
         self.model = model
         self.source = source
         self.prefill_chunk = int(prefill_chunk)
+        if mask_token_id is not None and not 0 <= int(mask_token_id) < model.config.vocab_size:
+            raise CheckpointError(f"{source}: mask token {mask_token_id} is outside the vocabulary "
+                                  f"(0..{model.config.vocab_size - 1})")
+        self.mask_token_id = None if mask_token_id is None else int(mask_token_id)
+        self._fed_drafts = True  # the last propose fed its drafts (chain) rather than mask tokens (PARD)
 
     def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
         if self.model.config.max_model_len < max_seq_len:
@@ -94,6 +100,7 @@ class DraftModelDrafter(Drafter):
                                        None, logits_at=at)  # [B, 1, V]
         self.synced[:B] = torch.where(act, seq, self.synced[:B])
         self._proposed_at = seq.clone()
+        self._fed_drafts = True
         trash = trash[:, :1]
         probabilistic = sampling.mode == "probabilistic"
         toks, probs, conf = [], [], []
@@ -116,13 +123,65 @@ class DraftModelDrafter(Drafter):
                         probs=torch.stack(probs, dim=1) if probabilistic else None,
                         confidence=torch.stack(conf, dim=1) if conf else None)
 
+    @torch.inference_mode()
+    def propose_block(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
+        """PARD (Parallel Draft Model; vLLM ``draft_model`` with ``parallel_drafting``): one forward over
+        the history not yet in the draft KV up to the pending token, followed by κ − 1 mask tokens at
+        positions ``seq_len .. seq_len + κ − 2``; the pending token's output is draft 1 and mask m's
+        output draft m + 1 (causal attention). The masks' KV is wrong history, so ``synced`` stops at
+        the pending token and the next step re-feeds the accepted drafts (vLLM's K extra slots per
+        request). Same return value as :meth:`propose`.
+
+        Raises: CheckpointError when the draft has no mask token (not trained for parallel drafting).
+        """
+        if self.mask_token_id is None:
+            raise CheckpointError(f"{self.source}: parallel drafting (PARD) needs a mask token in the draft's "
+                                  f"config.json (pard_token / mask_token_id); this draft has none")
+        B = batch.batch_size
+        dev = batch.tokens.device
+        act = batch.active
+        seq = batch.seq_lens
+        k = int(num_steps)
+        start = torch.minimum(self.synced[:B], seq - 1).clamp(min=0)  # [B]
+        count = torch.where(act, seq - start, torch.ones_like(seq))  # [B] history tokens to feed, >= 1
+        hist = int(count.max())
+        width = hist + k - 1
+        col = torch.arange(width, device=dev).view(1, width)
+        # history columns 0..count-1, then the κ-1 masks right after the pending token (per row)
+        is_mask = (col >= count.view(B, 1)) & (col < (count + k - 1).view(B, 1))
+        pos = (start.view(B, 1) + col).clamp(max=batch.trash_slot)  # [B, w]
+        ids = batch.tokens.gather(1, pos.clamp(max=batch.tokens.shape[1] - 1))
+        ids = torch.where(is_mask, torch.full_like(ids, self.mask_token_id), ids)
+        real = act.view(B, 1) & (col < (count + k - 1).view(B, 1))
+        trash = torch.full_like(pos, batch.trash_slot)
+        at = ((count - 1).view(B, 1) + torch.arange(k, device=dev).view(1, k))  # [B, κ]
+        logits, _ = self.model.forward(ids, torch.where(real, pos, pos[:, :1]), torch.where(real, pos, trash),
+                                       None, logits_at=at)  # [B, κ, V]
+        self.synced[:B] = torch.where(act, seq, self.synced[:B])
+        self._proposed_at = seq.clone()
+        self._fed_drafts = False
+        conf = torch.softmax(logits, dim=-1).amax(dim=-1)  # [B, κ] top draft probability
+        probs = None
+        if sampling.mode == "probabilistic":
+            from specc.kernels import process_logits
+
+            probs = process_logits(logits, batch.temperature, batch.top_k, batch.top_p)  # [B, κ, V]
+            tokens = torch.div(probs, sampling.exp_noise[:B, :k]).argmax(dim=-1)
+        else:
+            tokens = logits.argmax(dim=-1)
+        return Proposal(tokens=tokens, num_valid=torch.full((B,), k, dtype=torch.int64, device=dev),
+                        probs=probs, confidence=conf)
+
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
         """Drafts ``1 .. κ-1`` were fed at positions ``seq_len .. seq_len+κ-2`` during ``propose``; the
-        accepted ones among them already hold the right KV: advance ``synced`` past them."""
+        accepted ones among them already hold the right KV: advance ``synced`` past them. After a
+        PARD ``propose_block`` the fed positions held masks: ``synced`` stays at the pending token."""
         if step.num_steps == 0 or self._proposed_at is None:
             return
         B = step.accepted.shape[0]
         fed = torch.clamp(step.accepted.to(torch.int64), max=max(step.num_steps - 1, 0))  # [B]
+        if not self._fed_drafts:
+            fed = torch.zeros_like(fed)
         act = batch.active[:B]
         self.synced[:B] = torch.where(act, self._proposed_at[:B] + fed, self.synced[:B])
         self._proposed_at = None
@@ -160,4 +219,25 @@ def build_drafter(spec, target, tokenizer, device, max_seq_len=None) -> DraftMod
                                    device=str(device))
     if draft_tok is not None and tokenizer is not None:
         check_same_token_map(draft_tok, tokenizer, str(draft["path"]))
-    return DraftModelDrafter(model, target.config.vocab_size, source=str(draft["path"]))
+    mask = None
+    if (spec.get("method") or {}).get("parallel_drafting"):
+        mask = parallel_mask_token(draft["path"], draft.get("format") or "hf", "PARD")
+    return DraftModelDrafter(model, target.config.vocab_size, source=str(draft["path"]), mask_token_id=mask)
+
+
+def parallel_mask_token(path: str, fmt: str, what: str) -> int:
+    """The parallel-drafting mask token of a draft checkpoint's ``config.json`` (the keys vLLM 0.33.0
+    reads: ``dflash_config.mask_token_id``, ``mask_token_id``, ``dspark_noise_token_id``, ``pard_token``,
+    ``ptd_token_id``; ``llm_base_proposer.py:355-379``).
+
+    Raises: CheckpointError when the config has none (vLLM refuses the same draft)."""
+    from specc.checkpoints import MASK_TOKEN_KEYS, mask_token, read_checkpoint
+
+    ck = read_checkpoint("draft.path", path, fmt)
+    tok = mask_token(ck.config if ck is not None else None)
+    if not isinstance(tok, int):
+        raise CheckpointError(f"{path}: method.parallel_drafting ({what}) needs a draft trained for parallel drafting, "
+                              f"with a mask token in its config.json ({', '.join(MASK_TOKEN_KEYS)}); this draft has "
+                              f"none. Use such a draft (e.g. the draft preset smollm2_135m_pard) or set "
+                              f"method.parallel_drafting=false")
+    return tok

@@ -57,8 +57,10 @@ class EagleDrafter(Drafter):
     capturable = False
     supports_tree = True
 
-    def __init__(self, model: EagleModel, target_num_layers: int, target_norm=None):
+    def __init__(self, model: EagleModel, target_num_layers: int, target_norm=None,
+                 mask_token_id: Optional[int] = None):
         self.model = model.prepare_inference()
+        self.mask_token_id = None if mask_token_id is None else int(mask_token_id)
         self.name = model.cfg.kind
         self._final_norm = None
         if model.cfg.kind == "eagle":
@@ -301,6 +303,48 @@ class EagleDrafter(Drafter):
                         parents=st.parents.expand(B, n), depths=st.depths[1:].expand(B, n))
 
     @torch.inference_mode()
+    def propose_block(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
+        """P-EAGLE (vLLM ``eagle``/``eagle3`` with ``parallel_drafting``): draft 1 from the head's output
+        at the last committed pair, as in the chain; drafts 2..κ from **one** head pass over κ − 1 pairs
+        at draft positions ``last + 1 .. last + κ − 1`` whose tokens are the mask token (the drafts not
+        yet known) and whose feature is the last committed output (vLLM's K − 1 extra slots per
+        request). The pairs' KV is overwritten by the next extend (roll back by position). Same return
+        value as :meth:`propose`.
+
+        Raises: CheckpointError when the head has no mask token (not trained for parallel drafting).
+        """
+        from specc.kernels import process_logits
+
+        if self.mask_token_id is None:
+            raise CheckpointError("parallel drafting (P-EAGLE) needs a mask token in the head's config.json "
+                                  "(mask_token_id / ptd_token_id); this head has none")
+        m = self.model
+        B = batch.batch_size
+        dev = batch.tokens.device
+        k = int(num_steps)
+        active = batch.active[:B]
+        g0 = self.g_last[:B].unsqueeze(1)  # [B, 1, H]
+        logits = [m.draft_logits(g0)]  # [B, 1, Vd]
+        if k > 1:
+            pos = (self.last_pos[:B].view(B, 1) + torch.arange(1, k, device=dev).view(1, -1))  # [B, κ-1]
+            slots = torch.where(active.view(B, 1) & (pos < batch.trash_slot), pos, torch.full_like(pos, batch.trash_slot))
+            toks = torch.full((B, k - 1), self.mask_token_id, dtype=torch.int64, device=dev)
+            g = m(toks, g0.expand(B, k - 1, g0.shape[-1]), pos.clamp(max=batch.trash_slot), cache=self.cache,
+                  cache_slots=slots, from_target=False)  # [B, κ-1, H]
+            logits.append(m.draft_logits(g))
+        logits = torch.cat(logits, dim=1)  # [B, κ, Vd]
+        conf = torch.softmax(logits.float(), dim=-1).amax(dim=-1)  # [B, κ]
+        probs = None
+        if sampling.mode == "probabilistic":
+            q = process_logits(logits, batch.temperature[:B], batch.top_k[:B], batch.top_p[:B])  # [B, κ, Vd]
+            d = torch.div(q, sampling.exp_noise[:B, :k, : q.shape[-1]]).argmax(dim=-1)
+            probs = m.target_probs(q)
+        else:
+            d = logits.argmax(dim=-1)
+        return Proposal(tokens=m.draft_to_target(d), num_valid=torch.full((B,), k, dtype=torch.int64, device=dev),
+                        probs=probs, confidence=conf)
+
+    @torch.inference_mode()
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
         """Draft-extend over the committed verify rows: pairs ``j = 0 .. accepted`` = (target feature at
         ``s + j``, draft ``j + 1`` for ``j < accepted``, the bonus token for ``j = accepted``)."""
@@ -391,4 +435,9 @@ def build_drafter(spec: Any, target: Any, tokenizer: Any = None, device: Any = "
         raise CheckpointError(f"{draft['path']}: an EAGLE head is a directory (config.json + weights), got {path}")
     model = load_eagle_head(path, target.config, target.embed, target.lm_head, expect_kind=kind)
     model.to(device)
-    return EagleDrafter(model, target.config.num_layers, target.norm)
+    mask = None
+    if (spec.get("method") or {}).get("parallel_drafting"):
+        from specc.drafters.draft_model import parallel_mask_token
+
+        mask = parallel_mask_token(draft["path"], draft.get("format") or "hf", "P-EAGLE")
+    return EagleDrafter(model, target.config.num_layers, target.norm, mask_token_id=mask)

@@ -99,6 +99,10 @@ class MedusaDrafter(Drafter):
         return Proposal(tokens=tokens, num_valid=torch.full((b,), num_steps, dtype=torch.int64, device=tokens.device),
                         probs=q, confidence=conf)
 
+    def propose_block(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
+        """Medusa always drafts in one pass (its heads read one hidden state): the same as :meth:`propose`."""
+        return self.propose(batch, num_steps, sampling)
+
     @torch.inference_mode()
     def propose_tree(self, batch: BatchView, tree: TreeRequest, sampling: DraftSampling) -> Proposal:
         """The static tree's tokens: node ``[.., r]`` at depth d = head d-1's rank-r candidate (greedy:

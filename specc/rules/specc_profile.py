@@ -22,6 +22,12 @@ from specc.rules.base import Profile, Rule, gt, ne, ngram_window_set, rejection_
 
 SUPPORTED = methods.runtime_methods()
 NEEDS_DRAFT = tuple(n for n in SUPPORTED if methods.get(n).needs_draft_checkpoint)
+#: methods the runtime drafts in parallel (one pass emits the block)
+PARALLEL = tuple(n for n in SUPPORTED if "parallel" in methods.get(n).runtime.shapes)
+#: chain methods whose parallel mode (PARD, P-EAGLE) needs a draft trained with a mask token
+PARALLEL_CAPABLE = tuple(n for n in PARALLEL if methods.get(n).parallel_capable)
+BLOCK = tuple(n for n in SUPPORTED if methods.get(n).draft_shape == "block")
+DRAFTERS_SRC = "specc/drafters/dflash.py (block drafters; PARD: draft_model.py, P-EAGLE: eagle.py)"
 SCHED = "specc/runtime/schedule.py"
 #: schedules that change κ between steps or per request: refused with LoRA (uniform verify width)
 LORA_REFUSED_SCHEDULES = ("adaptive", "auto", "budget")
@@ -113,6 +119,34 @@ def _fill_width(p):
     return {"method.num_draft_tokens": k + 1}
 
 
+def _mask_token(f):
+    from specc.checkpoints import mask_token
+
+    return mask_token(f.config("draft"))
+
+
+def _dspark_cfg(f) -> dict:
+    cfg = f.config("draft") or {}
+    sub = cfg.get("dspark_config") if isinstance(cfg.get("dspark_config"), dict) else {}
+    return {k: sub.get(k, cfg.get(k)) for k in ("markov_rank", "markov_head_type", "confidence_head")}
+
+
+def _has_confidence_head(f) -> bool:
+    return bool(_dspark_cfg(f).get("confidence_head"))
+
+
+def _markov_differs(p, f) -> bool:
+    c = _dspark_cfg(f)
+    m = p.method.markov
+    return (m.kind is not None and m.kind != c.get("markov_head_type")) or (
+        m.rank is not None and m.rank != c.get("markov_rank"))
+
+
+def _markov_text(f) -> str:
+    c = _dspark_cfg(f)
+    return f"kind {c.get('markov_head_type')}, rank {c.get('markov_rank')}"
+
+
 def drafting(p) -> bool:
     return p.method.name in SUPPORTED and p.method.name != "none"
 
@@ -152,6 +186,18 @@ RULES = (
       "{depth} levels deep; a static tree drafts its own depth: unset num_steps (`method.num_steps=null`) "
       "or change the tree", "specc/lower.py (base_num_steps)",
       message_args=lambda p: {"depth": trees.max_depth(_choices(p))}),
+    R("S-BLOCK-STEPS", "fallback", ("method.num_steps", "method.block_size"),
+      lambda p: p.method.name in BLOCK and isinstance(p.method.block_size, int) and p.method.block_size >= 1
+      and (p.method.num_steps is None or (p.method.num_steps == 1 and p.method.block_size != 1)),
+      "method.num_steps becomes γ = method.block_size = {p.method.block_size}: the specc runtime's κ for "
+      "{p.method.name} is the block's draft count (SGLang pins num_steps to 1 and sizes the verify by the block, "
+      "DF8/DS11; here one pass still emits the whole block)", DRAFTERS_SRC,
+      lambda p: {"method.num_steps": p.method.block_size}),
+    R("S-BLOCK-SIZE", "error", ("method.num_steps", "method.block_size"),
+      lambda p: p.method.name in BLOCK and isinstance(p.method.block_size, int)
+      and isinstance(p.method.num_steps, int) and p.method.num_steps not in (1, p.method.block_size),
+      "method.num_steps={p.method.num_steps} and method.block_size={p.method.block_size} disagree: for "
+      "{p.method.name} both are γ, the drafts of one block; set one of them (or both equal)", DRAFTERS_SRC),
     R("S-STEPS", "error", ("method.num_steps",),
       lambda p: drafting(p) and p.method.num_steps is None and p.schedule.kind in ("static", "budget"),
       "method.num_steps (κ) is required for {p.method.name} with schedule.kind={p.schedule.kind} on the specc "
@@ -237,8 +283,19 @@ RULES = (
       "or method.topk=1 without tree_choices", "specc/programs.py (unsupported_reason)"),
     R("S-PARALLEL-DRAFT", "error", ("method.parallel_drafting",),
       lambda p: drafting(p) and bool(p.method.parallel_drafting) and "parallel" not in _rt(p).shapes,
-      "method.parallel_drafting (PARD / P-EAGLE) is not supported by the specc runtime for {p.method.name}; "
-      "target vllm", RT),
+      "method.parallel_drafting is not supported by the specc runtime for {p.method.name} (it drafts a block "
+      "in one pass for " + ", ".join(PARALLEL) + ": PARD = draft_model, P-EAGLE = eagle/eagle3, DFlash, "
+      "DSpark); set method.parallel_drafting=false", RT),
+    R("S-PARALLEL-MASK", "error", ("method.parallel_drafting", "draft.path"),
+      lambda p: p.method.name in PARALLEL_CAPABLE and bool(p.method.parallel_drafting) and p.draft is not None
+      and bool(p.draft.path),
+      "method.parallel_drafting=true ({what}) needs a draft trained for parallel drafting, with a mask token in "
+      "its config.json (pard_token, mask_token_id, ptd_token_id, dspark_noise_token_id or dflash_config.mask_token_id); "
+      "draft.path={p.draft.path} has none: use such a draft (e.g. defaults: - /draft: smollm2_135m_pard) or set "
+      "method.parallel_drafting=false", "specc/drafters/draft_model.py (parallel_mask_token; vLLM "
+      "llm_base_proposer.py:355-379)", needs=("draft",),
+      decide=lambda p, f: _mask_token(f) is None, about="the draft's parallel-drafting mask token",
+      message_args=lambda p: {"what": "PARD" if p.method.name == "draft_model" else "P-EAGLE"}),
     R("S-DRAFT", "error", ("draft.path",),
       lambda p: p.method.name in NEEDS_DRAFT and (p.draft is None or not p.draft.path),
       "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: smollm2_135m_eagle3)",
@@ -282,14 +339,41 @@ RULES = (
     R("S-NGRAM-IGN", "warning", ("method.ngram",), lambda p: p.method.name != "ngram" and ngram_window_set(p),
       "method.ngram.min/max are ignored for method.name={p.method.name}", RT),
     R("S-BLOCK-IGN", "warning", ("method.block_size", "method.markov", "method.confidence_head"),
-      lambda p: p.method.name in SUPPORTED and (p.method.block_size is not None or p.method.markov.kind is not None
-                                                 or p.method.markov.rank is not None
-                                                 or p.method.confidence_head is not None),
-      "method.block_size/markov/confidence_head are DFlash/DSpark settings, ignored for {p.method.name}", RT),
+      lambda p: p.method.name in SUPPORTED and (
+          (p.method.name not in BLOCK and p.method.block_size is not None)
+          or (p.method.name != "dspark" and (p.method.markov.kind is not None or p.method.markov.rank is not None
+                                             or p.method.confidence_head is not None))),
+      "method.block_size is a DFlash/DSpark setting and method.markov/confidence_head DSpark's; they are ignored "
+      "for {p.method.name}", RT),
+    R("S-MARKOV", "error", ("method.markov.rank",),
+      lambda p: p.method.name == "dspark" and isinstance(p.method.markov.rank, int) and p.method.markov.rank <= 0,
+      "method.markov.rank={p.method.markov.rank}: a DSpark Markov head needs rank > 0 (SGLang DS32, "
+      "models/dspark.py:385-405); set the checkpoint's rank", "specc/models/dflash.py (MarkovHead)"),
+    R("S-MARKOV-CK", "warning", ("method.markov.kind", "method.markov.rank", "draft.path"),
+      lambda p: p.method.name == "dspark" and (p.method.markov.kind is not None or p.method.markov.rank is not None)
+      and p.draft is not None and bool(p.draft.path),
+      "method.markov={{kind: {p.method.markov.kind}, rank: {p.method.markov.rank}}} differs from the draft "
+      "checkpoint's Markov head ({ck}); the runtime uses the checkpoint's", "specc/models/dflash.py (parse_block_config)",
+      needs=("draft",), decide=lambda p, f: _markov_differs(p, f), about="the draft's Markov head",
+      message_args=lambda p, f: {"ck": _markov_text(f)}),
+    R("S-DSPARK-RAGGED", "error", ("schedule.ragged_verify", "method.confidence_head", "draft.path"),
+      lambda p: p.method.name == "dspark" and p.schedule.kind == "budget"
+      and p.schedule.ragged_verify in ("cap_accept", "compact"),
+      "schedule.ragged_verify={p.schedule.ragged_verify} needs DSpark's trained confidence head (SGLang DS21, "
+      "dspark_planner.py:137-147) and {why}; use a draft with a confidence head or schedule.ragged_verify=static",
+      "specc/runtime/schedule.py (BudgetSchedule); specc/drafters/dflash.py",
+      needs=lambda p: () if p.method.confidence_head is False else ("draft",),
+      decide=lambda p, f: p.method.confidence_head is False or not _has_confidence_head(f),
+      about="whether the DSpark draft has a confidence head",
+      message_args=lambda p, f: {"why": "method.confidence_head=false" if p.method.confidence_head is False
+                                 else f"draft.path={p.draft.path if p.draft else None} has none"}),
     R("S-VERIFY", "error", ("verify.rule",),
-      lambda p: drafting(p) and p.verify.rule not in _rt(p).verify_rules,
-      "verify.rule={p.verify.rule} is not supported by the specc runtime for {p.method.name} (it runs "
-      "greedy, standard, synthetic); target sglang or vllm", "specc/kernels"),
+      lambda p: drafting(p) and (p.verify.rule not in _rt(p).verify_rules or (
+          p.verify.rule == "block" and (gt(p.method.topk, 1) or bool(p.method.tree_choices)))),
+      "verify.rule={p.verify.rule} is not supported by the specc runtime for {p.method.name} with this draft "
+      "shape (its rules: {rules}; block verification judges one drafted path, chains and parallel blocks only: "
+      "Sun et al. 2024, SGLang's block_verification is topk = 1 only); pick one of them", "specc/kernels",
+      message_args=lambda p: {"rules": ", ".join(_rt(p).verify_rules)}),
     R("S-SYNTHETIC", "warning", ("verify.rule",), lambda p: drafting(p) and p.verify.rule == "synthetic",
       "verify.rule=synthetic accepts drafts by a fixed curve whatever the tokens: an ablation harness whose "
       "output is NOT the target model's distribution (nor plain greedy output); use it to measure what "

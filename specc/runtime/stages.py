@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from specc.drafters.base import DraftSampling, TreeRequest, VerifyStep, clip_num_valid
-from specc.kernels import greedy_verify, process_logits, rejection_verify, synthetic_verify
+from specc.kernels import block_verify, greedy_verify, process_logits, rejection_verify, synthetic_verify
 from specc.kernels.tree import TreeMaskMode, tree_attention_mask, tree_greedy_verify, tree_rejection_verify
 
 
@@ -38,24 +38,9 @@ def draft_chain(ctx: Any, bufs: Any, num_steps: int, draft_sampling: str, every_
     (the drafter's estimate, 1 where it gives none, 0 past num_valid), ``bufs.draft_probs [B, K, V]``
     for probabilistic drafts, and the drafts into ``bufs.input_ids[:, 1:]``.
     """
-    batch = bufs.batch
     noise = bufs.draft_noise if draft_sampling == "probabilistic" else None  # [B, K, V] Exp(1)
-    sampling = DraftSampling(mode=draft_sampling, exp_noise=noise)
-    prop = ctx.drafter.propose(batch, num_steps, sampling)
-    proposed = prop.num_valid.to(bufs.num_valid.device)
-    if every_position:
-        proposed = torch.full_like(proposed, num_steps)
-    valid = clip_num_valid(proposed, batch.max_draft, batch.active)  # [B]
-    pos = torch.arange(num_steps, device=valid.device).view(1, -1)  # [1, K]
-    inside = pos < valid.view(-1, 1)  # [B, K]
-    tokens = torch.where(inside, prop.tokens.to(bufs.draft_tokens.device), 0)  # [B, K]
-    bufs.num_valid.copy_(valid)
-    bufs.draft_tokens.copy_(tokens)
-    bufs.input_ids[:, 1:].copy_(tokens)
-    conf = prop.confidence if prop.confidence is not None else torch.ones_like(bufs.confidence)
-    bufs.confidence.copy_(torch.where(inside, conf.to(bufs.confidence.dtype), 0.0))
-    if bufs.draft_probs is not None:
-        bufs.draft_probs.copy_(prop.probs)
+    prop = ctx.drafter.propose(bufs.batch, num_steps, DraftSampling(mode=draft_sampling, exp_noise=noise))
+    _store_block(bufs, prop, num_steps, every_position)
 
 
 def _store_tree(ctx: Any, bufs: Any, prop: Any, static: bool) -> None:
@@ -89,6 +74,37 @@ def _store_tree(ctx: Any, bufs: Any, prop: Any, static: bool) -> None:
         bufs.confidence.copy_(torch.where(prev > 0, run_min / prev.clamp(min=1e-30), torch.zeros_like(prev)))
     else:
         bufs.confidence.copy_(proposed.to(bufs.confidence.dtype))
+    if bufs.draft_probs is not None:
+        bufs.draft_probs.copy_(prop.probs)
+
+
+def draft_parallel(ctx: Any, bufs: Any, num_steps: int, draft_sampling: str, every_position: bool = False) -> None:
+    """One draft pass emits the whole block of κ = ``num_steps`` tokens per row
+    (``drafter.propose_block``: DFlash/DSpark's non-causal pass over [bonus, MASK × κ], PARD's and
+    P-EAGLE's mask-token pass), stored like :func:`draft_chain`'s proposals (same buffers, same
+    clipping; ``every_position`` for the synthetic rule)."""
+    batch = bufs.batch
+    noise = bufs.draft_noise if draft_sampling == "probabilistic" else None  # [B, K, V] Exp(1)
+    prop = ctx.drafter.propose_block(batch, num_steps, DraftSampling(mode=draft_sampling, exp_noise=noise))
+    _store_block(bufs, prop, num_steps, every_position)
+
+
+def _store_block(bufs: Any, prop: Any, num_steps: int, every_position: bool) -> None:
+    """Write a block proposal into the state's buffers: ``draft_tokens [B, K]`` (0 past each row's
+    valid drafts), ``num_valid [B]``, ``confidence [B, K]`` (1 where the drafter gives none, 0 past
+    num_valid), ``draft_probs [B, K, V]`` for probabilistic drafts, and ``input_ids[:, 1:]``."""
+    batch = bufs.batch
+    proposed = prop.num_valid.to(bufs.num_valid.device)
+    if every_position:
+        proposed = torch.full_like(proposed, num_steps)
+    valid = clip_num_valid(proposed, batch.max_draft, batch.active)  # [B]
+    inside = torch.arange(num_steps, device=valid.device).view(1, -1) < valid.view(-1, 1)  # [B, K]
+    tokens = torch.where(inside, prop.tokens.to(bufs.draft_tokens.device), 0)  # [B, K]
+    bufs.num_valid.copy_(valid)
+    bufs.draft_tokens.copy_(tokens)
+    bufs.input_ids[:, 1:].copy_(tokens)
+    conf = prop.confidence if prop.confidence is not None else torch.ones_like(bufs.confidence)
+    bufs.confidence.copy_(torch.where(inside, conf.to(bufs.confidence.dtype), 0.0))
     if bufs.draft_probs is not None:
         bufs.draft_probs.copy_(prop.probs)
 
@@ -189,7 +205,6 @@ def commit_tree(ctx: Any, bufs: Any) -> None:
     hidden = [h.gather(1, node.view(b, w, 1).expand(b, w, h.shape[-1])) for h in bufs.hidden]
     bufs.path = (bufs.input_ids.gather(1, node), root + col, slots, hidden)
 
-
 def verify_chain(ctx: Any, bufs: Any) -> None:
     """Target forward over the W = κ + 1 verify rows of every request; in eager mode a ragged
     forward in which row b costs ``bufs.num_tokens[b]`` tokens (``LlamaModel.forward(num_tokens=)``).
@@ -238,6 +253,20 @@ def accept_standard(ctx: Any, bufs: Any, probabilistic_q: bool) -> None:
         return
     q = bufs.draft_probs if probabilistic_q else None
     fn = _kernel(ctx, bufs, rejection_verify)
+    bufs.result = fn(bufs.draft_tokens, _target_probs(bufs), q, bufs.uniforms, bufs.exp_noise, bufs.num_valid,
+                     backend=ctx.kernel_backend)
+
+
+def accept_block(ctx: Any, bufs: Any, probabilistic_q: bool) -> None:
+    """Block verification (``specc.kernels.block_verify``, or the artifact's variant; Sun et al. 2024):
+    p = processed target logits ``[B, W, V]``, q one-hot or ``bufs.draft_probs``; accepts the longest
+    prefix whose joint test passes. Temperature-0 rows reduce to greedy exactly, so an eager step whose
+    rows are all greedy takes ``greedy_verify``. Writes ``bufs.result``."""
+    if bufs.all_greedy:
+        bufs.result = greedy_verify(bufs.draft_tokens, bufs.logits, bufs.num_valid, backend=ctx.kernel_backend)
+        return
+    q = bufs.draft_probs if probabilistic_q else None
+    fn = _kernel(ctx, bufs, block_verify)
     bufs.result = fn(bufs.draft_tokens, _target_probs(bufs), q, bufs.uniforms, bufs.exp_noise, bufs.num_valid,
                      backend=ctx.kernel_backend)
 

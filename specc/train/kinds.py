@@ -48,7 +48,7 @@ class DrafterKind:
         :class:`specc.train.data.SeqSet`)."""
         raise NotImplementedError
 
-    def collate(self, data, idx: Sequence[int], options: dict, device) -> dict:
+    def collate(self, model, data, idx: Sequence[int], options: dict, device) -> dict:
         """The batch of sequences ``idx`` of ``data`` as tensors on ``device``."""
         raise NotImplementedError
 
@@ -96,4 +96,5 @@ def get(name: str) -> DrafterKind:
 
 def _load_builtin() -> None:
     import specc.train.eagle  # noqa: F401  (registers eagle, eagle3)
+    import specc.train.block  # noqa: F401  (registers dflash, dspark, pard)
     import specc.train.medusa  # noqa: F401  (registers medusa)

@@ -35,7 +35,7 @@ class MedusaKind(DrafterKind):
     def unroll_steps(self, options):
         return int(options["num_heads"])  # agreement is reported per head ("draft step" k = head k - 1)
 
-    def build(self, target, options, train):
+    def build(self, target, options, data, idx):
         from specc.train.eagle import label_counts, top_vocab
 
         cfg = MedusaConfig(num_heads=int(options["num_heads"]), num_layers=int(options["num_layers"]),
@@ -43,7 +43,7 @@ class MedusaKind(DrafterKind):
                            fc_bias=True, shared_lm_head=True)
         model = MedusaModel(cfg, target.lm_head).init_identity()
         size = min(int(options["train_vocab"]), target.config.vocab_size)
-        ids, _, _, coverage = top_vocab(label_counts(train, target.config.vocab_size), size)
+        ids, _, _, coverage = top_vocab(label_counts(data, target.config.vocab_size, idx), size)
         self._attach(model, target, ids)
         return model, {"train_vocab": size, "train_label_coverage": round(coverage, 4)}
 
