@@ -109,7 +109,7 @@ def test_text_output_points_to_the_yaml_line(capsys):
     assert rc == 1
     lines = (REPO / "conf/method/p_eagle.yaml").read_text().splitlines()
     par_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("parallel_drafting:"))
-    assert f"conf/method/p_eagle.yaml:{par_line}: error: [specc.S-PARALLEL-DRAFT] method.parallel_drafting" in out
+    assert f"conf/method/p_eagle.yaml:{par_line}: error: [specc.S-PARALLEL-MASK] method.parallel_drafting" in out
     assert "source: specc==0.1.0" in out
     assert out.rstrip().splitlines()[-1].startswith("checked 1 plan: 1 error,")
 
@@ -145,18 +145,18 @@ def test_github_annotations(capsys):
     assert rc == 1
     first = next(ln for ln in out.splitlines() if ln.startswith("::error"))
     assert first.startswith("::error file=conf/method/p_eagle.yaml,line=")
-    assert "title=specc.S-PARALLEL-DRAFT (specc==0.1.0)::method.parallel_drafting" in first
+    assert "title=specc.S-PARALLEL-MASK (specc==0.1.0)::method.parallel_drafting" in first
 
 
 def test_sarif(capsys):
     rc, out, _ = _run(capsys, "smollm2_eagle3", "method=p_eagle", "--format", "sarif")
     doc = json.loads(out)
     assert doc["version"] == "2.1.0"
-    (result,) = [r for r in doc["runs"][0]["results"] if r["ruleId"] == "specc.S-PARALLEL-DRAFT"]
+    (result,) = [r for r in doc["runs"][0]["results"] if r["ruleId"] == "specc.S-PARALLEL-MASK"]
     assert result["level"] == "error"
     loc = result["locations"][0]["physicalLocation"]
     assert loc["artifactLocation"]["uri"] == "conf/method/p_eagle.yaml" and loc["region"]["startLine"] > 1
-    assert "specc.S-PARALLEL-DRAFT" in {r["id"] for r in doc["runs"][0]["tool"]["driver"]["rules"]}
+    assert "specc.S-PARALLEL-MASK" in {r["id"] for r in doc["runs"][0]["tool"]["driver"]["rules"]}
 
 
 def test_show_resolved_marks_filled_and_overridden_values(capsys):

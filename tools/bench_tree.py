@@ -149,7 +149,7 @@ def main(argv=None) -> None:
                 configs.append((f"medusa tree {name}", medusa, spec_of("medusa", k, max(max(p) for p in tree) + 1,
                                                                        len(tree) + 1, tree)))
     else:
-        print(f"(no Medusa heads at {MEDUSA}: python tools/train_medusa.py all)")
+        print(f"(no Medusa heads at {MEDUSA}: specc train fit smollm2_135m_medusa)")
     if args.only:
         configs = [c for c in configs if c[0] == "plain" or any(o in c[0] for o in args.only)]
     print(f"{len(prompts)} shipped prompts, {args.max_new} new tokens each, batch 1, greedy, {args.threads} thread(s), "
