@@ -34,15 +34,10 @@ ASSETS = ROOT / "specc" / "assets" / "drafters"
 
 
 def load_prompts(tok, per_category: int):
-    from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
+    """The first ``per_category`` shipped prompts of each category, chat-templated -> [(id, ids)]."""
+    from specc.runtime.prompts import shipped_per_category
 
-    seen, out = {}, []
-    for r in read_prompts(shipped_prompts_path()):
-        if seen.get(r.category, 0) >= per_category:
-            continue
-        seen[r.category] = seen.get(r.category, 0) + 1
-        out.append((r.id, encode_prompt(r, tok)))
-    return out
+    return shipped_per_category(tok, per_category)
 
 
 class Recorder:

@@ -200,3 +200,16 @@ def select(records: Sequence[PromptRecord], limit: Optional[int] = None,
             if q and len(out) < limit:
                 out.append(q.pop(0))
     return out
+
+
+def shipped_per_category(tokenizer, per_category: int) -> List[tuple]:
+    """The first ``per_category`` shipped evaluation prompts of each category, chat-templated with
+    ``tokenizer``: ``[(prompt id, token ids)]`` in file order (the benchmarks' prompt set)."""
+    seen: Dict[str, int] = {}
+    out = []
+    for r in read_prompts(shipped_prompts_path()):
+        if seen.get(r.category, 0) >= per_category:
+            continue
+        seen[r.category] = seen.get(r.category, 0) + 1
+        out.append((r.id, encode_prompt(r, tokenizer)))
+    return out
