@@ -33,3 +33,29 @@ def test_captured_states_decode_exactly(schedule):
     assert all(s.capture() for s in rt.states)
     out = rt.generate([Request(prompt_ids=p, params=SamplingParams(max_new_tokens=24)) for p in PROMPTS], batch_size=4)
     assert [o.token_ids for o in out] == refs
+
+
+@pytest.mark.parametrize("tree_choices", [None, ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))])
+def test_captured_tree_state_decodes_exactly(tree_choices):
+    """A tree state (EAGLE-3 dynamic tree, topk 2, or a static tree) with verify + accept + the tree KV
+    commit captured as one CUDA graph: greedy output equals plain greedy decoding."""
+    from specc.drafters.eagle import EagleDrafter
+    from specc.lower import state_name
+    from specc.runtime.engine import Runtime
+    from specc.runtime.state import StateSpec
+
+    from test_eagle_support import random_head, tiny_target
+
+    target = tiny_target(seed=3)
+    head = random_head("eagle3", target, seed=13, draft_vocab=64)
+    refs = [reference_greedy(target, p, 16) for p in PROMPTS]
+    target, head = target.to("cuda"), head.to("cuda")
+    k, topk, w = (3, 2, 6) if tree_choices is None else (3, 2, len(tree_choices) + 1)
+    spec = StateSpec(name=state_name(4, k, topk, w, "greedy", "greedy", False, tree_choices), method="eagle3",
+                     batch_size=4, num_steps=k, topk=topk, num_draft_tokens=w, verify_rule="greedy",
+                     tree_choices=tree_choices)
+    rt = Runtime(target, None, EagleDrafter(head, target.config.num_layers, target.norm), [spec], max_model_len=128,
+                 eos_token_ids=[], device=torch.device("cuda"), use_cuda_graphs=True)
+    assert all(s.capture() for s in rt.states)
+    out = rt.generate([Request(prompt_ids=p, params=SamplingParams(max_new_tokens=16)) for p in PROMPTS], batch_size=4)
+    assert [o.token_ids for o in out] == refs
