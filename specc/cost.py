@@ -511,7 +511,11 @@ class CostTable:
         {"format": "specc-cost-table/1", "device": "cpu",
          "capture_sizes": [1, 2, 4, 8, 16, 32],          # optional; default: the verify keys
          "verify_ms": {"1": 7.9, "2": 8.1, ...},          # tokens -> ms
-         "draft_ms": {"1": 0.9, "4": 1.0, ...}}           # requests -> ms (optional)
+         "draft_ms": {"1": 0.9, "4": 1.0, ...},           # requests -> ms (optional)
+         "method": "ngram"}                               # the drafter draft_ms timed (optional)
+
+    ``draft_ms`` times one pass of the profiled plan's drafter: it stands for another method's draft
+    pass only when the table names no method (:meth:`draft_applies`).
 
     Lookups follow vLLM's ``build_table`` (vllm-0.33.0.md §6 "Cost tables"): values made monotone,
     a step function up to the capture limit, linear beyond it.
@@ -524,6 +528,11 @@ class CostTable:
     draft_ms: Tuple[float, ...] = ()
     device: str = ""
     path: str = ""
+    method: str = ""
+
+    def draft_applies(self, method: str) -> bool:
+        """True when ``draft_ms`` is profiled and times ``method``'s drafter (or names no method)."""
+        return bool(self.draft_x) and self.method in ("", method)
 
     def step_ms(self, tokens: int) -> float:
         """Verify milliseconds for ``tokens`` target tokens; floored at 1e-6 like vLLM's table."""
@@ -601,13 +610,15 @@ def load_cost_table(path: str) -> CostTable:
     return CostTable(verify_x=tuple(int(x) for x in vx), verify_ms=tuple(float(y) for y in vy),
                      capture_limit=int(max(captures)), draft_x=tuple(int(x) for x in dx),
                      draft_ms=tuple(float(y) for y in dy), device=str(data.get("device", "")),
-                     path=str(p))
+                     path=str(p), method=str(data.get("method") or ""))
 
 
-def batch_model_from_table(table: CostTable, fallback_draft_ratio: float = 0.0) -> BatchModel:
+def batch_model_from_table(table: CostTable, fallback_draft_ratio: float = 0.0,
+                           method: Optional[str] = None) -> BatchModel:
     """A :class:`BatchModel` whose step time comes from a profiled table (ms → s). Draft passes use
-    the table's ``draft_ms`` when profiled, else ``fallback_draft_ratio`` × the one-token step."""
-    if table.draft_x:
+    the table's ``draft_ms`` when profiled for ``method``'s drafter (:meth:`CostTable.draft_applies`;
+    ``method`` None: whenever profiled), else ``fallback_draft_ratio`` × the one-token step."""
+    if table.draft_x if method is None else table.draft_applies(method):
         draft_fn = lambda b: (table.draft_pass_ms(b) or 0.0) / 1e3  # noqa: E731
     else:
         draft_fn = lambda b: fallback_draft_ratio * table.step_ms(1) / 1e3  # noqa: E731

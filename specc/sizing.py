@@ -278,24 +278,37 @@ def draft_kv_bytes_per_token(plan: Plan) -> Optional[int]:
     return int(2 * layers * kv_heads * head_dim * bpp)
 
 
+def _plan_cost_table(plan: Plan) -> Optional[cost.CostTable]:
+    """The plan's ``schedule.cost_table`` as a specc cost table, or None when unset. For an
+    SGLang/vLLM plan an unreadable table is skipped (an engine's own table, e.g. SGLang's SPS table,
+    is not a specc cost table); for the specc engine it is an error.
+
+    Raises: PlanError for an unreadable table of a ``specc`` plan (:func:`specc.cost.load_cost_table`).
+    """
+    if not plan.schedule.cost_table:
+        return None
+    try:
+        return cost.load_cost_table(plan.schedule.cost_table)
+    except PlanError:
+        if plan.engine == "specc":
+            raise
+        return None
+
+
 def draft_cost_ratio(plan: Plan) -> Tuple[float, str]:
     """c = t_draft / t_target for one draft pass, and its source: 0 for lookups and plain decode;
     the profiled draft pass over the profiled one-token target step when ``schedule.cost_table``
-    has both; else the draft/target parameter ratio when both checkpoints are readable (both passes
+    has both and its draft pass timed this method's drafter; else the draft/target parameter ratio when both checkpoints are readable (both passes
     memory-bound, §6.2; the draft's input embeddings are left out, a pass gathers only a few rows of
     them; a block drafter's pass adds the target's LM head it reads); else the method's default (``specc.methods.Method.default_c``)."""
     m = plan.method.name
     method = methods.get(m)
     if not method.drafts or method.lookup:
         return 0.0, f"{m}: no draft model"
-    if plan.schedule.cost_table:
-        try:  # an engine's own table (e.g. SGLang's SPS table) is not a specc cost table: skip it here
-            table = cost.load_cost_table(plan.schedule.cost_table)
-        except PlanError:
-            table = None
-        d1 = table.draft_pass_ms(1) if table is not None else None
-        if d1 is not None:
-            return d1 / table.step_ms(1), f"cost table {table.path} (draft pass / one-token step)"
+    table = _plan_cost_table(plan)
+    if table is not None and table.draft_applies(m):
+        d1 = table.draft_pass_ms(1)
+        return d1 / table.step_ms(1), f"cost table {table.path} (draft pass / one-token step)"
     if plan.draft is not None and plan.draft.path:
         dp = count_params(plan.draft.path, skip_embeddings=True)
         tp = count_params(plan.target.path) if dp else None
@@ -368,13 +381,9 @@ def cost_inputs(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = 
     if methods.get(plan.method.name).consumes_hidden:
         h = (draft_config(plan) or {}).get("hidden_size")
         hidden = int(h) if isinstance(h, int) else None
-    model = None
-    if plan.schedule.cost_table:
-        try:  # an engine's own table (SGLang's SPS table) is not a specc cost table
-            table = cost.load_cost_table(plan.schedule.cost_table)
-            model = cost.batch_model_from_table(table, fallback_draft_ratio=c_val)
-        except PlanError:
-            model = None
+    table = _plan_cost_table(plan)
+    model = None if table is None else cost.batch_model_from_table(table, fallback_draft_ratio=c_val,
+                                                                    method=plan.method.name)
     return CostInputs(alpha=a, alpha_source=a_src, c=c_val, c_source=c_src, hardware=hw.name,
                       bytes_per_param=bpp, saturation_tokens=cost.saturation_tokens(hw, bpp),
                       draft_kv_bytes_per_token=draft_kv_bytes_per_token(plan), draft_hidden_size=hidden,

@@ -38,6 +38,12 @@ LLAMA_TARGET = make_checkpoint(CKPT, "llama_target", {"architectures": ["LlamaFo
 DFLASH_LOCAL = make_checkpoint(CKPT, "dflash_b16", {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
                                                     "block_size": 16, "dflash_config": {"mask_token_id": 63},
                                                     "vocab_size": 64})
+BAD_TABLE = CKPT / "bad_cost_table.json"  # a cost table whose verify_ms is not numbers
+BAD_TABLE.write_text(json.dumps({"verify_ms": {"1": "fast"}}))
+MEDUSA4 = make_checkpoint(CKPT, "medusa4", {"medusa_num_heads": 4, "medusa_num_layers": 1, "hidden_size": 576,
+                                           "vocab_size": 49152})
+EAGLE_LIKE = make_checkpoint(CKPT, "eagle3_like", {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 576,
+                                                   "vocab_size": 49152})
 PARD_NOMASK = make_checkpoint(CKPT, "llama_draft", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                                     "vocab_size": 64})
 PARD_MASK = make_checkpoint(CKPT, "pard_draft", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -102,6 +108,11 @@ S_DS = {"engine": "specc", "target": SMOL,
         "method": {"name": "dspark", "num_steps": 7, "block_size": 7, "topk": 1, "markov": {"kind": "vanilla", "rank": 32},
                    "confidence_head": True},
         "verify": {"rule": "greedy", "draft_sampling": "greedy"}}
+S_MED = {"engine": "specc", "target": SMOL,
+         "draft": {"path": MEDUSA4, "format": "hf", "vocab_size": 49152, "max_model_len": 2048},
+         "method": {"name": "medusa", "num_steps": None, "topk": None, "num_draft_tokens": None,
+                    "tree_choices": [[0], [1], [0, 0]]},
+         "verify": {"rule": "greedy", "draft_sampling": "greedy"}}
 S_PLAIN = {"engine": "specc", "target": SMOL, "method": {"name": "none", "num_steps": 0}}
 
 PROB = {"verify.rule": "standard", "verify.draft_sampling": "probabilistic"}
@@ -338,6 +349,11 @@ CASES = {
                             "fallback"),
     "specc.S-BLOCK-SIZE": (S_DS, {"method.num_steps": 5}, {"method.num_steps": 7}, "error"),
     "specc.S-MARKOV": (S_DS, {"method.markov.rank": 0}, {"method.markov.rank": 32}, "error"),
+    "specc.S-BLOCK-CKPT": (S_DS, {"draft.path": EAGLE_LIKE}, {"draft.path": str(FIXTURES / "dspark_smollm2")}, "error"),
+    "specc.S-BLOCK-BEYOND": (S_DS, {"method.num_steps": 20, "method.block_size": 20},
+                             {"method.num_steps": 7, "method.block_size": 7}, "warning"),
+    "specc.S-MEDUSA-HEADS": (S_MED, {"method.tree_choices": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]},
+                             {"method.tree_choices": [[0], [1], [0, 0]]}, "error"),
     "specc.S-MARKOV-CK": (S_DS, {"method.markov.rank": 64}, {"method.markov.rank": 32}, "warning"),
     # SGLang DS21: cap_accept / compact need the trained confidence head
     "specc.S-DSPARK-RAGGED": (S_DS, {"schedule.kind": "budget", "schedule.cost_table": "t.json",
@@ -404,6 +420,11 @@ CASES = {
                            {"schedule.buckets": {1: {"candidates": [3]}}}, "error"),
     "specc.S-BUDGET-TABLE": (S_E3, {"schedule.kind": "budget", "schedule.ragged_verify": "compact"},
                              {"schedule.cost_table": "cpu_table.json"}, "error"),
+    "specc.S-COST-TABLE": (S_E3, {"schedule.cost_table": str(BAD_TABLE)}, {"schedule.cost_table": None}, "error"),
+    "specc.S-COST-TABLE-MISSING": (S_E3, {"schedule.cost_table": "no_such_table.json"},
+                                   {"schedule.cost_table": None}, "warning"),
+    "specc.S-BUCKET-EMPTY": (S_E3, {"schedule.kind": "adaptive", "schedule.buckets": {1: {"candidates": []}}},
+                             {"schedule.buckets": {1: {"candidates": [3]}}}, "error"),
     "specc.S-AUTO-INPUT": (S_E3, {"schedule.kind": "auto"}, {"schedule.hardware": "cpu"}, "error"),
     "specc.S-RAGGED": (S_E3, {"schedule.kind": "budget", "schedule.cost_table": "cpu_table.json"},
                        {"schedule.ragged_verify": "compact"}, "warning"),

@@ -825,6 +825,10 @@ def _err_key(exc, fallback: str) -> str:
 def _type_msg(exc) -> str:
     msg = getattr(exc, "msg", None) or str(exc)
     msg = msg.splitlines()[0].strip()
+    if "is not a ListConfig, list or tuple" in msg:  # OmegaConf's words for a scalar given to a list field
+        return "wrong type: expected a list (e.g. [[0], [1], [0, 0]] for method.tree_choices, [1, 3] for candidates)"
+    if "is not a DictConfig" in msg or "is not a subclass of" in msg:
+        return f"wrong type: expected a mapping of keys ({msg})"
     typ = getattr(exc, "ref_type", None)
     return f"wrong type: {msg}" if "convert" in msg or "Invalid type" in msg or typ else msg
 

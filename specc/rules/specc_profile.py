@@ -135,6 +135,18 @@ def _has_confidence_head(f) -> bool:
     return bool(_dspark_cfg(f).get("confidence_head"))
 
 
+def _block_ck(f) -> dict:
+    """A block draft's config facts: target_layer_ids and block_size (dflash_config or top level)."""
+    cfg = f.config("draft") or {}
+    sub = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+    return {k: sub.get(k, cfg.get(k)) for k in ("target_layer_ids", "block_size")}
+
+
+def _medusa_heads(f):
+    n = (f.config("draft") or {}).get("medusa_num_heads")
+    return n if isinstance(n, int) else None
+
+
 def _markov_differs(p, f) -> bool:
     c = _dspark_cfg(f)
     m = p.method.markov
@@ -145,6 +157,37 @@ def _markov_differs(p, f) -> bool:
 def _markov_text(f) -> str:
     c = _dspark_cfg(f)
     return f"kind {c.get('markov_head_type')}, rank {c.get('markov_rank')}"
+
+
+#: a shipped draft preset (conf/draft/) per method that needs one, for the S-DRAFT message
+_DRAFT_EXAMPLE = {"draft_model": "smollm2_135m_shallow", "eagle": "smollm2_135m_eagle", "eagle3": "smollm2_135m_eagle3",
+                  "medusa": "smollm2_135m_medusa", "dflash": "smollm2_135m_dflash", "dspark": "smollm2_135m_dspark"}
+
+
+def _verify_rule_help(p) -> dict:
+    """The rules a plan's draft shape can use, and why block verification is not one of them on trees."""
+    tree = gt(p.method.topk, 1) or bool(p.method.tree_choices)
+    rules = [r for r in _rt(p).verify_rules if not (tree and r in ("block", "synthetic"))]
+    why = (" (block verification judges one drafted path: chains and parallel blocks only, Sun et al. 2024; "
+           "SGLang's block_verification is topk = 1 only)") if tree and p.verify.rule == "block" else ""
+    return {"rules": " or ".join(rules), "why": why}
+
+
+def _cost_table_problem(p):
+    """(exists, error text) for the plan's schedule.cost_table; error None when it loads."""
+    import os
+
+    from specc import cost
+    from specc.errors import PlanError
+
+    path = str(p.schedule.cost_table)
+    if not path.startswith("pkg://") and not os.path.lexists(path):
+        return False, None
+    try:
+        cost.load_cost_table(path)
+    except PlanError as exc:
+        return True, str(exc)
+    return True, None
 
 
 def drafting(p) -> bool:
@@ -199,7 +242,8 @@ RULES = (
       "method.num_steps={p.method.num_steps} and method.block_size={p.method.block_size} disagree: for "
       "{p.method.name} both are γ, the drafts of one block; set one of them (or both equal)", DRAFTERS_SRC),
     R("S-STEPS", "error", ("method.num_steps",),
-      lambda p: drafting(p) and p.method.num_steps is None and p.schedule.kind in ("static", "budget"),
+      lambda p: drafting(p) and p.method.num_steps is None and p.schedule.kind in ("static", "budget")
+      and not _bad_choices(p),  # a malformed tree_choices is reported by S-TREE-CHOICES alone
       "method.num_steps (κ) is required for {p.method.name} with schedule.kind={p.schedule.kind} on the specc "
       "runtime; e.g. method.num_steps=3", RT),
     R("S-KZERO", "warning", ("method.num_steps",), lambda p: drafting(p) and p.method.num_steps == 0,
@@ -226,7 +270,8 @@ RULES = (
       "method.topk={p.method.topk} is ignored: method.tree_choices fixes each node's candidates (up to rank "
       "{topk} - 1); drop method.topk", "specc/lower.py (plan_topk)",
       message_args=lambda p: {"topk": trees.tree_topk(_choices(p))}),
-    R("S-TOPK-FILL", "filled", ("method.topk",), lambda p: drafting(p) and p.method.topk is None,
+    R("S-TOPK-FILL", "filled", ("method.topk",),
+      lambda p: drafting(p) and p.method.topk is None and not _bad_choices(p),
       "method.topk = {new[method.topk]} ({what})", RT,
       lambda p: {"method.topk": trees.tree_topk(_choices(p)) if _choices(p) is not None else 1},
       message_args=lambda p: {"what": "the widest rank of method.tree_choices + 1" if p.method.tree_choices
@@ -298,8 +343,8 @@ RULES = (
       message_args=lambda p: {"what": "PARD" if p.method.name == "draft_model" else "P-EAGLE"}),
     R("S-DRAFT", "error", ("draft.path",),
       lambda p: p.method.name in NEEDS_DRAFT and (p.draft is None or not p.draft.path),
-      "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: smollm2_135m_eagle3)",
-      "specc/models/resolve.py"),
+      "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: {example})",
+      "specc/models/resolve.py", message_args=lambda p: {"example": _DRAFT_EXAMPLE.get(p.method.name, "<your draft>")}),
     R("S-DRAFT-IGN", "warning", ("draft.path",),
       lambda p: p.method.name in SUPPORTED and not methods.get(p.method.name).needs_draft_checkpoint
       and p.method.name != "custom" and p.draft is not None and bool(p.draft.path),
@@ -317,10 +362,14 @@ RULES = (
       "{new[target.max_model_len]} tokens", RT, lambda p: {"target.max_model_len": p.draft.max_model_len}),
     R("S-MAXLEN", "error", ("method.num_draft_tokens", "method.num_steps", "target.max_model_len"),
       lambda p: drafting(p) and usable_len(p) is not None and usable_len(p) < 1,
-      "method.num_draft_tokens={p.method.num_draft_tokens} (κ + 1) leaves no room in target.max_model_len="
-      "{p.target.max_model_len}: the runtime reserves κ + 2 cache slots per request, so num_draft_tokens must be "
-      "< target.max_model_len - 1; lower method.num_steps below target.max_model_len - 2 = "
-      "{p.target.max_model_len} - 2", RT_CACHE),
+      "method.num_draft_tokens={p.method.num_draft_tokens} with κ = {p.method.num_steps}, topk = {p.method.topk} "
+      "leaves no room in target.max_model_len={p.target.max_model_len}: the runtime reserves {slack} cache slots per request "
+      "past the context for {what} (a chain: κ + 2); lower method.num_steps{or_topk} or raise "
+      "target.max_model_len", RT_CACHE,
+      message_args=lambda p: {"slack": p.target.max_model_len - usable_len(p),
+                              "what": "the verify rows, the drafter's tree scratch and the trash slot"
+                              if gt(p.method.topk, 1) or p.method.tree_choices else "the verify rows and the trash slot",
+                              "or_topk": " or method.topk" if gt(p.method.topk, 1) else ""}),
     R("S-ARCH", "error", ("target.architecture",),
       lambda p: p.target.architecture is not None and p.target.architecture.lower() not in LLAMA_ARCHS,
       "target.architecture={p.target.architecture}: the specc runtime runs llama-family targets only; "
@@ -349,12 +398,36 @@ RULES = (
       lambda p: p.method.name == "dspark" and isinstance(p.method.markov.rank, int) and p.method.markov.rank <= 0,
       "method.markov.rank={p.method.markov.rank}: a DSpark Markov head needs rank > 0 (SGLang DS32, "
       "models/dspark.py:385-405); set the checkpoint's rank", "specc/models/dflash.py (MarkovHead)"),
+    R("S-BLOCK-CKPT", "error", ("draft.path",),
+      lambda p: p.method.name in BLOCK and p.draft is not None and bool(p.draft.path),
+      "draft.path={p.draft.path} is not a DFlash/DSpark block draft: its config.json has no target_layer_ids "
+      "(dflash_config.target_layer_ids); use a block draft (e.g. defaults: - /draft: smollm2_135m_dflash) or "
+      "change method.name", "specc/models/dflash.py (parse_block_config)",
+      needs=("draft",), decide=lambda p, f: not _block_ck(f).get("target_layer_ids"),
+      about="the draft's block configuration"),
+    R("S-BLOCK-BEYOND", "warning", ("method.num_steps", "draft.path"),
+      lambda p: p.method.name in BLOCK and isinstance(p.method.num_steps, int) and p.draft is not None
+      and bool(p.draft.path),
+      "method.num_steps={p.method.num_steps} drafts a block of {p.method.num_steps} + 1 positions, longer than the "
+      "draft was trained for (block_size {bs} in its config.json): positions past it are drafted blind and almost "
+      "never accepted; set method.num_steps <= {bs1}", "specc/models/dflash.py (parse_block_config)",
+      needs=("draft",), decide=lambda p, f: isinstance(_block_ck(f).get("block_size"), int)
+      and p.method.num_steps + 1 > _block_ck(f)["block_size"], about="the draft's block size",
+      message_args=lambda p, f: {"bs": _block_ck(f).get("block_size"), "bs1": (_block_ck(f).get("block_size") or 1) - 1}),
+    R("S-MEDUSA-HEADS", "error", ("method.num_steps", "method.tree_choices", "draft.path"),
+      lambda p: p.method.name == "medusa" and isinstance(p.method.num_steps, int) and p.draft is not None
+      and bool(p.draft.path),
+      "method.num_steps={p.method.num_steps} (the tree's depth) needs {p.method.num_steps} Medusa heads, the draft "
+      "has {n} (medusa_num_heads in draft.path={p.draft.path}); use a tree at most {n} deep", "specc/drafters/medusa.py",
+      needs=("draft",), decide=lambda p, f: _medusa_heads(f) is not None and p.method.num_steps > _medusa_heads(f),
+      about="the draft's Medusa heads", message_args=lambda p, f: {"n": _medusa_heads(f)}),
     R("S-MARKOV-CK", "warning", ("method.markov.kind", "method.markov.rank", "draft.path"),
       lambda p: p.method.name == "dspark" and (p.method.markov.kind is not None or p.method.markov.rank is not None)
       and p.draft is not None and bool(p.draft.path),
       "method.markov={{kind: {p.method.markov.kind}, rank: {p.method.markov.rank}}} differs from the draft "
       "checkpoint's Markov head ({ck}); the runtime uses the checkpoint's", "specc/models/dflash.py (parse_block_config)",
-      needs=("draft",), decide=lambda p, f: _markov_differs(p, f), about="the draft's Markov head",
+      needs=("draft",), decide=lambda p, f: bool(_block_ck(f).get("target_layer_ids")) and _markov_differs(p, f),
+      about="the draft's Markov head",
       message_args=lambda p, f: {"ck": _markov_text(f)}),
     R("S-DSPARK-RAGGED", "error", ("schedule.ragged_verify", "method.confidence_head", "draft.path"),
       lambda p: p.method.name == "dspark" and p.schedule.kind == "budget"
@@ -371,9 +444,8 @@ RULES = (
       lambda p: drafting(p) and (p.verify.rule not in _rt(p).verify_rules or (
           p.verify.rule == "block" and (gt(p.method.topk, 1) or bool(p.method.tree_choices)))),
       "verify.rule={p.verify.rule} is not supported by the specc runtime for {p.method.name} with this draft "
-      "shape (its rules: {rules}; block verification judges one drafted path, chains and parallel blocks only: "
-      "Sun et al. 2024, SGLang's block_verification is topk = 1 only); pick one of them", "specc/kernels",
-      message_args=lambda p: {"rules": ", ".join(_rt(p).verify_rules)}),
+      "shape{why}; use verify.rule={rules}", "specc/kernels",
+      message_args=lambda p: _verify_rule_help(p)),
     R("S-SYNTHETIC", "warning", ("verify.rule",), lambda p: drafting(p) and p.verify.rule == "synthetic",
       "verify.rule=synthetic accepts drafts by a fixed curve whatever the tokens: an ablation harness whose "
       "output is NOT the target model's distribution (nor plain greedy output); use it to measure what "
@@ -422,6 +494,18 @@ RULES = (
       lambda p: drafting(p) and p.schedule.kind == "budget" and not p.schedule.cost_table,
       "schedule.kind=budget sizes each step's verify from a profiled cost table; set schedule.cost_table to "
       "the JSON that `specc profile PLAN --out FILE` writes on this machine", SCHED),
+    R("S-COST-TABLE", "error", ("schedule.cost_table",),
+      lambda p: bool(p.schedule.cost_table) and _cost_table_problem(p)[1] is not None,
+      "{err}", "specc/cost.py (load_cost_table)", message_args=lambda p: {"err": _cost_table_problem(p)[1]}),
+    R("S-COST-TABLE-MISSING", "warning", ("schedule.cost_table",),
+      lambda p: bool(p.schedule.cost_table) and not _cost_table_problem(p)[0],
+      "schedule.cost_table={p.schedule.cost_table} is not on this machine: explain, compile and run read it "
+      "(`specc profile PLAN --out FILE` writes one)", "specc/cost.py (load_cost_table)"),
+    R("S-BUCKET-EMPTY", "error", ("schedule.buckets",),
+      lambda p: any(not b.candidates for b in (p.schedule.buckets or {}).values()),
+      "schedule.buckets.{b}.candidates is empty: list at least one κ for that batch size (e.g. [0] for "
+      "plain decoding there) or remove the bucket", SCHED,
+      message_args=lambda p: {"b": next(k for k, v in p.schedule.buckets.items() if not v.candidates)}),
     R("S-AUTO-INPUT", "error", ("schedule.cost_table", "schedule.hardware"),
       lambda p: drafting(p) and p.schedule.kind == "auto" and not p.schedule.cost_table and not p.schedule.hardware,
       "schedule.kind=auto derives κ per bucket from the cost model; set schedule.cost_table (a `specc profile` "
