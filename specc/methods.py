@@ -61,6 +61,9 @@ class RuntimeSupport:
             a distribution), ``"head"`` (a trained confidence head), ``""`` (none).
         shapes: state kinds (:func:`state_kind`) the runtime runs: ``plain``, ``chain``, ``parallel``,
             ``tree``.
+        disaggregation: whether ``specc serve``'s prefill/decode split carries what the drafter needs
+            (``specc.runtime.disagg``): False where the drafter reads the target's hidden states over
+            the prompt and the method's seed does not ship them (Medusa, DFlash, DSpark).
     """
 
     drafter: str
@@ -69,6 +72,7 @@ class RuntimeSupport:
     schedules: Tuple[str, ...] = SCHEDULES
     confidence: str = ""
     shapes: Tuple[str, ...] = ("plain", "chain")
+    disaggregation: bool = True
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ _CHAIN_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"),
 _PARALLEL_CAPABLE_RUNTIME = dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "parallel"))
 # block drafters: one non-causal pass over [bonus, MASK × γ] (DFlash, DSpark)
 _BLOCK_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"), schedules=SCHEDULES,
-                      draft_sampling=("greedy", "probabilistic"), shapes=("plain", "parallel"))
+                      draft_sampling=("greedy", "probabilistic"), shapes=("plain", "parallel"), disaggregation=False)
 # EAGLE heads also grow trees: dynamic (topk > 1) and static (tree_choices), verified in one target
 # forward with the tree mask (specc.runtime.stages.verify_tree; sglang-0.5.23.md §5); the block rule
 # stays a chain rule (refused on trees by the S-VERIFY rule)
@@ -198,7 +202,8 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            always_parallel=True, static_tree=True,
            runtime=RuntimeSupport(drafter="specc.drafters.medusa:build_drafter", verify_rules=("greedy", "standard"),
                                   draft_sampling=("greedy", "probabilistic"), schedules=SCHEDULES,
-                                  confidence="draft_probability", shapes=("plain", "parallel", "tree"))),
+                                  confidence="draft_probability", shapes=("plain", "parallel", "tree"),
+                                  disaggregation=False)),
     Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
            "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
            seed="lengths", always_parallel=True, default_num_steps=15,

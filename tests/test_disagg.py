@@ -24,7 +24,9 @@ from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
 from test_eagle_support import V, naive_greedy, random_head, tiny_target
 
 PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 1, 2, 3], [9, 8, 7, 9, 8, 7, 9, 8], [3, 3, 3, 20, 21, 22, 23, 40], [11]]
-METHODS = ["none", "ngram", "draft_model", "eagle", "eagle3"]
+METHODS = ["none", "ngram", "draft_model", "eagle", "eagle3", "eagle3_tree"]
+#: methods whose drafter reads the target's hidden states over the prompt, which no payload carries yet
+UNSHIPPED = ["medusa", "dflash", "dspark"]
 
 
 def _clone(model):
@@ -40,14 +42,31 @@ def _drafter(method, target, seed=3):
         return NgramDrafter(1, 3)
     if method == "draft_model":
         return DraftModelDrafter(perturbed_copy(target, 0.02, seed), target.config.vocab_size)
-    head = random_head(method, target, seed=seed, draft_vocab=64 if method == "eagle3" else None)
+    if method == "medusa":
+        from test_medusa import random_heads
+
+        from specc.drafters.medusa import MedusaDrafter
+        return MedusaDrafter(random_heads(target, 3, 1, seed=seed), target.config.num_layers, target.norm)
+    if method in ("dflash", "dspark"):
+        from specc.drafters.dflash import BlockDrafter
+        from specc.models.dflash import random_block_drafter
+        return BlockDrafter(random_block_drafter(target, kind=method, block_size=4, markov_rank=4 if method == "dspark"
+                                                 else 0, markov_head_type="vanilla" if method == "dspark" else None,
+                                                 confidence_head=method == "dspark", seed=seed))
+    kind = "eagle3" if method.startswith("eagle3") else method
+    head = random_head(kind, target, seed=seed, draft_vocab=64 if kind == "eagle3" else None)
     return EagleDrafter(head, target.config.num_layers, target.norm)
 
 
 def _runtime(method, target, drafter, rule="greedy"):
     k = 0 if method == "none" else 3
-    specs = [StateSpec(f"b{b}_k{k}_{rule}", method, b, k, num_draft_tokens=k + 1 if k else 0, verify_rule=rule)
-             for b in (1, 4)]
+    if method == "eagle3_tree":  # a dynamic tree: topk 2, 6 verified nodes
+        specs = [StateSpec(f"b{b}_k3_topk2_w6_{rule}_tree", "eagle3", b, 3, topk=2, num_draft_tokens=6,
+                           verify_rule=rule) for b in (1, 4)]
+    else:
+        par = method in ("medusa", "dflash", "dspark")
+        specs = [StateSpec(f"b{b}_k{k}_{rule}", method, b, k, num_draft_tokens=k + 1 if k else 0, verify_rule=rule,
+                           parallel=par) for b in (1, 4)]
     return Runtime(target, None, drafter, specs, max_model_len=96, eos_token_ids=[])
 
 
@@ -106,12 +125,26 @@ def test_disaggregated_greedy_equals_one_process(method):
     sizes = disagg.decode_payload(blobs[1], dec, PROMPTS[1]).nbytes()
     c = dec.target.config
     assert sizes["kv"] == 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4 * len(PROMPTS[1])
-    if method in ("eagle", "eagle3"):  # draft KV (1 layer) + hidden state + top-1 prob/index + position
+    if method.startswith("eagle"):  # draft KV (1 layer) + hidden state + top-1 prob/index + position
         head = dec.drafter.model.cfg
         draft_kv = 2 * head.num_key_value_heads * head.head_dim * 4 * len(PROMPTS[1])
         assert sizes["seed"] == draft_kv + head.hidden_size * 4 + 4 + 8 + 8
     else:
         assert sizes["seed"] == 0
+
+
+@pytest.mark.parametrize("method", UNSHIPPED)
+def test_methods_the_payload_cannot_seed_are_refused_clearly(method):
+    """The method table says so (check refuses the plan: S-DISAGG-METHOD) and a payload installed anyway
+    fails its request with the reason, never a wrong continuation."""
+    from specc import methods
+
+    assert not methods.get(method).runtime.disaggregation
+    pre, dec = _pair(method)
+    reqs = _reqs()
+    blobs = _prefill(pre, reqs)
+    with pytest.raises(disagg.PayloadError, match="hidden states over the prompt"):
+        _decode(dec, reqs, blobs)
 
 
 def test_seeded_sampling_continues_identically():

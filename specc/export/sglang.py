@@ -19,6 +19,8 @@ from specc.rules.sglang_0_5_23 import ALGO, EAGLE_FAMILY
 
 ALGORITHM_FLAG = {"mtp": "NEXTN", "multi_layer_eagle": "EAGLE"}
 RAGGED_ENV = {"static": "static", "cap_accept": "cap-accept", "compact": "compact"}
+#: algorithms that draft in one pass: SGLang pins num_steps and topk to 1 (DF8/DF9, DS11)
+ONE_PASS = ("DFLASH", "DSPARK")
 
 
 @dataclass
@@ -92,15 +94,25 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
             a += ["--enable-multi-layer-eagle"]
         if plan.draft is not None and plan.draft.path:
             a += ["--speculative-draft-model-path", plan.draft.path]
-        if m.num_steps is not None:
-            a += ["--speculative-num-steps", str(m.num_steps)]
-        if m.topk is not None:
+        steps, topk = m.num_steps, m.topk
+        if algo in ONE_PASS:
+            # DFlash / DSpark draft a whole block in one pass: SGLang takes num_steps and topk as 1 and
+            # overrides any other value to 1 with a warning (DF8/DF9: shared/reference/sglang-0.5.23.md:284-285,
+            # speculative_hook.py:334-366; DS11: sglang-0.5.23.md:315, speculative_hook.py:757-789). Emit the
+            # value SGLang runs, so the command agrees with the DF8/DF9/DS11 fallback note `specc export`
+            # prints for such a plan (the plan's num_steps is κ for specc's own runtime, not an SGLang flag).
+            steps = 1 if steps is not None else None
+            topk = 1 if topk is not None else None
+        if steps is not None:
+            a += ["--speculative-num-steps", str(steps)]
+        if topk is not None:
             a += (["--speculative-ngram-max-bfs-breadth"] if m.name == "ngram" else ["--speculative-eagle-topk"]) \
-                + [str(m.topk)]
+                + [str(topk)]
         ndt = m.num_draft_tokens
-        if ndt is None and m.topk == 1 and isinstance(m.num_steps, int) and algo in EAGLE_FAMILY:
-            # A chain left at its default width: SGLang sets κ + 1 itself but logs a warning for an unset
-            # value (EG20, speculative_hook.py:1255-1266), so pass κ + 1 explicitly.
+        if m.topk == 1 and isinstance(m.num_steps, int) and algo in EAGLE_FAMILY:
+            # A chain verifies κ + 1 tokens: SGLang sets that itself, logging a warning for an unset value and
+            # overriding any other one (EG20, shared/reference/sglang-0.5.23.md:252,
+            # speculative_hook.py:1255-1266), so pass κ + 1 explicitly, as the EG20 fallback note says.
             ndt = m.num_steps + 1
         if ndt is not None:
             a += ["--speculative-num-draft-tokens", str(ndt)]

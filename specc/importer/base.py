@@ -16,7 +16,9 @@ class Imported:
         flags: every flag the command gave, ``dest -> value`` (the rules' launch facts).
         unmapped: the flags with no plan key, as written (``--mem-fraction-static 0.7``).
         errors: what the engine's own parser or config validation would refuse (unknown or ambiguous
-            flags, bad values, unknown ``--speculative-config`` keys), with suggestions.
+            flags, bad values, unknown ``--speculative-config`` keys, a misspelt algorithm name), with
+            suggestions, and counts below their minimum (a negative draft depth), which no plan holds:
+            such a value is named with its fix and left out of ``plan``.
         notes: things read but not carried over (an adaptive config file that is not on disk).
         spelled: ``dest -> the option string the command used``.
     """
@@ -77,6 +79,29 @@ def as_int(values: Dict[str, Any], dest: str, out: Imported) -> Optional[int]:
     except ValueError:
         out.errors.append(f"{out.spell(dest, values)}: expects an integer")
         return None
+
+
+def below(out: Imported, flag: str, value: Any, lo: int, why: str, fix: str) -> bool:
+    """Report ``flag``'s ``value`` when it is an int below ``lo`` (an error naming the flag, why the
+    value cannot run and the fix); True when reported. The value is then left out of the plan, as an
+    unparsable one is: the plan written stays one that ``specc`` loads (its ranges,
+    ``specc/plan/load.py`` ``RANGES``, refuse it too)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value >= lo:
+        return False
+    sep = "" if flag.endswith("=") else " "
+    out.errors.append(f"{flag}{sep}{value}: {why}; {fix} (left out of the plan)")
+    return True
+
+
+def as_count(values: Dict[str, Any], dest: str, out: Imported, lo: int = 1, why: str = "",
+             fix: str = "") -> Optional[int]:
+    """``values[dest]`` as an int of at least ``lo`` (a count: steps, a width, a size). An integer
+    below ``lo`` is an error naming the flag (see :func:`below`) and gives None."""
+    n = as_int(values, dest, out)
+    flag = out.table.spelling(dest) if out.table is not None else f"--{dest.replace('_', '-')}"
+    if below(out, flag, n, lo, why or f"must be an integer >= {lo}", fix or f"write an integer >= {lo}"):
+        return None
+    return n
 
 
 def as_float(values: Dict[str, Any], dest: str, out: Imported) -> Optional[float]:

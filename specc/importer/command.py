@@ -13,7 +13,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from specc.errors import SpeccError
 
@@ -45,6 +45,61 @@ def _words(text: str) -> List[str]:
         return shlex.split("\n".join(lines), comments=False)
     except ValueError as exc:
         raise CommandError(f"cannot split the command into words ({exc}); check its quotes") from None
+
+
+def _logical_lines(text: str) -> List[Tuple[List[Tuple[int, int]], str]]:
+    """Each line once ``\\``-continued lines are joined (as the shell joins them), with where its
+    pieces start: ``([(offset in the joined line, physical line number), ...], joined line)``."""
+    out: List[Tuple[List[Tuple[int, int]], str]] = []
+    segs: List[Tuple[int, int]] = []
+    joined = ""
+    for no, raw in enumerate(text.splitlines(), 1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        segs.append((len(joined), no))
+        if line.endswith("\\"):
+            joined += line[:-1] + " "
+            continue
+        out.append((segs, joined + line))
+        segs, joined = [], ""
+    if segs:
+        out.append((segs, joined))
+    return out
+
+
+def _open_quote(line: str) -> Optional[Tuple[int, str]]:
+    """Where the quote that is never closed opens in ``line`` (0-based column, the quote character),
+    following POSIX shell quoting as ``shlex`` does; None when every quote is closed."""
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c in "'\"":
+            j = i + 1
+            while j < n and line[j] != c:
+                j += 2 if c == '"' and line[j] == "\\" else 1
+            if j >= n:
+                return i, c
+            i = j + 1
+            continue
+        i += 1
+    return None
+
+
+def _split_problem(segs: List[Tuple[int, int]], line: str, exc: Exception) -> str:
+    """A message for a line ``shlex`` cannot split: the line number, what is wrong and where."""
+    shown = line.strip()
+    shown = shown if len(shown) <= 120 else shown[:117] + "..."
+    where = _open_quote(line)
+    if where is None:
+        return (f"line {segs[0][1]}: cannot split the command into words ({exc}): {shown!r}; check its quotes "
+                f"and backslashes")
+    col, q = where
+    offset, no = max(sg for sg in segs if sg[0] <= col)  # the physical line the quote is on
+    kind = "double" if q == '"' else "single"
+    return (f"line {no}: the {kind} quote ({q}) at column {col - offset + 1} is never closed ({exc}): {shown!r}; "
+            f"close it, or escape it as \\{q} if it is part of a value")
 
 
 def _match(words: Sequence[str], engine: str) -> Optional[int]:
@@ -149,14 +204,16 @@ def find_launch(text: str, engine: str) -> Launch:
     if re.search(r"^\s*[\w-]+:\s", text, re.M) and ("command" in text or "args" in text):
         candidates += _yaml_commands(text)
     # shell text: each logical line (after joining continuations) is a candidate
-    joined = text.replace("\\\r\n", " ").replace("\\\n", " ")
-    for line in joined.splitlines():
+    unsplit: List[str] = []  # lines shlex refuses (an unterminated quote), reported if nothing else matches
+    for segs, line in _logical_lines(text):
         if line.lstrip().startswith("#") or not line.strip():
             continue
         try:
-            candidates.append(_words(line))
-        except CommandError:
-            continue
+            candidates.append(shlex.split(line, comments=False))
+        except ValueError as exc:
+            problem = _split_problem(segs, line, exc)
+            # a line naming the launcher is the likeliest culprit: report it first
+            unsplit.insert(0, problem) if _names_launcher(line, engine) else unsplit.append(problem)
     try:  # a quoted argument may span lines (a multi-line JSON): the whole text as one command
         candidates.append(_words(text))
     except CommandError:
@@ -166,5 +223,13 @@ def find_launch(text: str, engine: str) -> Launch:
             launch = from_words(words, engine)
             launch.text = shlex.join(words)
             return launch
+    if unsplit:
+        more = f" (and {len(unsplit) - 1} more line(s) like it)" if len(unsplit) > 1 else ""
+        raise CommandError(f"cannot read the {engine} command: {unsplit[0]}{more}")
     names = ", ".join(" ".join(p) for p in LAUNCHERS[engine])
     raise CommandError(f"no {engine} launch command found (looked for: {names}); pass the command after `--`")
+
+
+def _names_launcher(line: str, engine: str) -> bool:
+    """Whether the text of ``line`` holds one of ``engine``'s launchers (read word by word, no quoting)."""
+    return _match([w.strip("'\"") for w in line.split()], engine) is not None

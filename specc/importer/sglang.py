@@ -7,14 +7,26 @@ Flags with a plan key are moved into the plan; every other flag the command gave
 """
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from specc.importer.base import Imported, as_float, as_int, put
+from specc.importer.base import Imported, as_count, as_float, as_int, put
 
 ALGO_TO_METHOD = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "draft_model",
                   "NGRAM": "ngram", "DFLASH": "dflash", "DSPARK": "dspark", "FROZEN_KV_MTP": "frozen_kv_mtp"}
+#: every builtin ``--speculative-algorithm`` spelling of SGLang 0.5.23: the enum's members
+#: (speculative/spec_info.py:39-47) and the reserved alias NEXTN (spec_registry.py:183). UNO has no plan
+#: method and is imported as ``method.name=custom``, as before.
+BUILTIN_ALGOS = tuple(ALGO_TO_METHOD) + ("UNO",)
+#: ``difflib`` ratio at or above which a non-builtin name is taken for a misspelt builtin (an error with the
+#: suggestion). 0.8 catches one slip in a short name (EAGEL3, EGALE, NGRAMS, EAGLE-3, DSPRK, STANDALON) and
+#: leaves plugin-style names alone (BIGRAM 0.73 to NGRAM, MY_EAGLE 0.77, EAGLE3_TREE 0.71, NGRAM_GPU 0.71).
+NEAR_MISS = 0.8
+#: algorithms whose draft is one pass: SGLang pins num_steps and topk to 1 (a warning and an override,
+#: never a refusal): DF8/DF9 speculative_hook.py:334-366, DS11 speculative_hook.py:757-789
+PINNED_TO_ONE = {"dflash": "arg_groups/speculative_hook.py:334-366", "dspark": "arg_groups/speculative_hook.py:757-789"}
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
           "float32": "float32"}
 RAGGED = {"static": "static", "cap-accept": "cap_accept", "compact": "compact"}
@@ -55,6 +67,34 @@ def adaptive_buckets(cfg: Dict[str, Any], out: Imported, where: str) -> Dict[int
     return buckets
 
 
+def algorithm(raw: Optional[str], out: Imported) -> str:
+    """The plan method of ``--speculative-algorithm raw``. SGLang upper-cases the name (N1,
+    arg_groups/speculative_hook.py:138-143) and accepts a builtin or a name a plugin registers on import;
+    any other name is refused at startup (N5, speculative/spec_info.py:65). A name that is not builtin is
+    imported as a plugin (``method.name=custom``), but one that is close to a builtin (``EAGEL3``) is also
+    an error suggesting the builtin: a misspelt builtin is what such a name nearly always is, and SGLang
+    would refuse it unless a plugin registered exactly that misspelling."""
+    if not raw:
+        return "none"
+    algo = raw.upper()
+    if algo in ALGO_TO_METHOD:
+        return ALGO_TO_METHOD[algo]
+    if algo in BUILTIN_ALGOS:
+        return "custom"
+    flag = out.table.spelling("speculative_algorithm") if out.table is not None else "--speculative-algorithm"
+    close = difflib.get_close_matches(algo, BUILTIN_ALGOS, n=2, cutoff=NEAR_MISS)
+    if close:
+        out.errors.append(f"{flag} {raw}: not a builtin sglang=={out.version} algorithm; did you mean "
+                          f"{' or '.join(close)}? SGLang refuses a name no plugin registers at startup "
+                          f"(speculative/spec_info.py:65); imported as a plugin (method.name=custom, "
+                          f"method.plugin={raw}) in case yours registers exactly this name")
+    else:
+        out.notes.append(f"{flag} {raw}: not a builtin sglang=={out.version} algorithm (builtins: "
+                         f"{', '.join(BUILTIN_ALGOS)}); imported as a plugin (method.name=custom): SGLang runs it "
+                         f"only if a plugin registers {algo} on import (speculative/spec_info.py:65)")
+    return "custom"
+
+
 def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, base_dir: Optional[Path]) -> None:
     """Fill ``out.plan`` from SGLang flag values (``dest -> str``) and environment assignments."""
     v, p = values, out.plan
@@ -63,34 +103,58 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, base_dir
     if v.get("dtype") not in (None, "auto"):
         put(p, "target.dtype", DTYPES.get(v["dtype"], v["dtype"]))
     if "context_length" in v:
-        put(p, "target.max_model_len", as_int(v, "context_length", out))
-    algo = (v.get("speculative_algorithm") or "").upper() or None  # upper-cased at resolution (N1)
-    method = "none"
-    if algo:
-        method = ALGO_TO_METHOD.get(algo, "custom")
-        if method == "eagle" and v.get("enable_multi_layer_eagle"):
-            method = "multi_layer_eagle"
-        if method == "custom":
-            put(p, "method.plugin", v["speculative_algorithm"])
+        put(p, "target.max_model_len", as_count(v, "context_length", out, 1, "a context holds at least one token"))
+    method = algorithm(v.get("speculative_algorithm"), out)
+    if method == "eagle" and v.get("enable_multi_layer_eagle"):
+        method = "multi_layer_eagle"
+    if method == "custom":
+        put(p, "method.plugin", v["speculative_algorithm"])
     put(p, "method.name", method)
     if "speculative_draft_model_path" in v:
         put(p, "draft.path", v["speculative_draft_model_path"])
-    for dest, key in (("speculative_num_steps", "method.num_steps"),
-                      ("speculative_num_draft_tokens", "method.num_draft_tokens")):
-        if dest in v:
-            put(p, key, as_int(v, dest, out))
     topk_dest = "speculative_ngram_max_bfs_breadth" if method == "ngram" else "speculative_eagle_topk"
-    if topk_dest in v:
-        put(p, "method.topk", as_int(v, topk_dest, out))
+    for dest, key in (("speculative_num_steps", "method.num_steps"), (topk_dest, "method.topk")):
+        if dest not in v:
+            continue
+        if method in PINNED_TO_ONE:  # any value runs: SGLang overrides it to 1 with a warning
+            n = as_int(v, dest, out)
+            if isinstance(n, int) and n < 1:
+                out.notes.append(f"{out.table.spelling(dest)} {n}: SGLang sets it to 1 for "
+                                 f"{v['speculative_algorithm'].upper()} ({PINNED_TO_ONE[method]}); left out of "
+                                 f"the plan (write 1 or drop the flag)")
+                n = None
+            put(p, key, n)
+            continue
+        what = {"speculative_num_steps": "the draft depth (draft passes per verify)",
+                "speculative_eagle_topk": "the branching per draft step",
+                "speculative_ngram_max_bfs_breadth": "the n-gram tree's breadth"}[dest]
+        put(p, key, as_count(v, dest, out, 1, f"{what} must be >= 1",
+                             "write a positive integer, or drop the flag and SGLang picks it"))
+    if "speculative_num_draft_tokens" in v:
+        lo, why = 1, "the verify width (bonus token included) must be >= 1"
+        if method == "dspark":  # DS17
+            lo, why = 2, ("DSPARK needs a verify width >= 2 (γ + 1); SGLang refuses it at startup "
+                          "(arg_groups/speculative_hook.py:846-850)")
+        put(p, "method.num_draft_tokens",
+            as_count(v, "speculative_num_draft_tokens", out, lo, why,
+                     "write a larger integer, or drop the flag and SGLang derives it"))
     if method != "ngram" and "speculative_ngram_max_bfs_breadth" in v:
         out.unmapped.append(out.spell("speculative_ngram_max_bfs_breadth", v))
     if method == "ngram" and "speculative_eagle_topk" in v:
         out.unmapped.append(out.spell("speculative_eagle_topk", v))
     if "speculative_dflash_block_size" in v:  # the DFlash block includes the bonus slot: γ = block - 1
-        block = as_int(v, "speculative_dflash_block_size", out)
+        block = as_count(v, "speculative_dflash_block_size", out, 2,
+                         "the DFlash block holds the bonus token plus the drafts, so it must be >= 2 (SGLang "
+                         "refuses a block <= 0 at startup, arg_groups/speculative_hook.py:368-373; a block of 1 "
+                         "drafts nothing)", "write γ + 1 (e.g. 16 for 15 drafts), or drop the flag and SGLang "
+                         "reads the draft config's block_size")
         put(p, "method.block_size", block - 1 if isinstance(block, int) else None)
     if "speculative_dspark_block_size" in v:
-        put(p, "method.block_size", as_int(v, "speculative_dspark_block_size", out))
+        put(p, "method.block_size",
+            as_count(v, "speculative_dspark_block_size", out, 1,
+                     "γ (the drafts per block) must be >= 1; SGLang refuses it at startup "
+                     "(arg_groups/speculative_hook.py:807-812)",
+                     "write a positive γ, or drop the flag and SGLang reads it from the checkpoint"))
     if v.get("speculative_use_block_verification"):
         put(p, "verify.rule", "block")
         put(p, "verify.draft_sampling", "probabilistic")  # block verify reads sampled draft distributions
@@ -143,8 +207,8 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, base_dir
     for dest, key in (("tp_size", "deploy.parallel.tp"), ("dp_size", "deploy.parallel.dp"),
                       ("pp_size", "deploy.parallel.pp")):
         if dest in v:
-            put(p, key, as_int(v, dest, out))
-    attn_dp = as_int(v, "attn_dp_size", out) if "attn_dp_size" in v else None
+            put(p, key, as_count(v, dest, out, 1, "a parallel size must be >= 1"))
+    attn_dp = as_count(v, "attn_dp_size", out, 1, "a parallel size must be >= 1") if "attn_dp_size" in v else None
     if v.get("enable_dp_attention") or (isinstance(attn_dp, int) and attn_dp > 1):
         put(p, "deploy.parallel.dp_attention", True)
         if isinstance(attn_dp, int) and attn_dp > 1:  # `--attn-dp-size N` = the old `--dp-size N --enable-dp-attention`
@@ -154,17 +218,19 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, base_dir
     if v.get("disable_overlap_schedule"):
         put(p, "deploy.overlap_scheduler", False)
     if "page_size" in v:
-        put(p, "deploy.page_size", as_int(v, "page_size", out))
+        put(p, "deploy.page_size", as_count(v, "page_size", out, 1, "a page holds at least one token"))
     if "attention_backend" in v:
         put(p, "deploy.attention_backend", v["attention_backend"])
     if v.get("disable_cuda_graph"):
         put(p, "deploy.cuda_graphs", False)
     if "max_running_requests" in v:
-        put(p, "deploy.max_running_requests", as_int(v, "max_running_requests", out))
+        put(p, "deploy.max_running_requests",
+            as_count(v, "max_running_requests", out, 1, "at least one request must run"))
     if v.get("lora_paths"):
         put(p, "deploy.lora.adapters", list(v["lora_paths"]))
     if "max_loras_per_batch" in v:
-        put(p, "deploy.lora.max_loras_per_batch", as_int(v, "max_loras_per_batch", out))
+        put(p, "deploy.lora.max_loras_per_batch",
+            as_count(v, "max_loras_per_batch", out, 1, "a batch holds at least one LoRA"))
     if v.get("disaggregation_mode") not in (None, "null"):
         put(p, "deploy.disagg.role", v["disaggregation_mode"])
     put(p, "runtime.device", "cpu" if v.get("device") == "cpu" else "cuda")

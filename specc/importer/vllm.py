@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any, Dict
 
-from specc.importer.base import Imported, as_int, human_int, put
+from specc.importer.base import Imported, as_count, below, human_int, put
 
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
           "float32": "float32"}
@@ -47,6 +47,9 @@ def speculative_config(values: Dict[str, Any], out: Imported) -> Dict[str, Any]:
                 out.errors.append(f"--{dest.replace('_', '-')} and --speculative-config {key!r} are mutually "
                                   f"exclusive (vllm/engine/arg_utils.py:2108-2121)")
             sc[key] = values[dest] if key != "num_speculative_tokens" else human_int(values[dest])
+            if key == "num_speculative_tokens" and sc[key] is None:
+                out.errors.append(f"--spec-tokens {values[dest]!r}: expects an integer")
+                del sc[key]
     fields = set(out.table.extra.get("speculative_config_fields", ())) if out.table is not None else set()
     for key in sc:
         if fields and key not in fields:
@@ -68,9 +71,17 @@ def _method(sc: Dict[str, Any], out: Imported) -> str:
         if isinstance(model, str) and _DOTTED.match(model) and "/" not in model:
             return "custom"
         return "draft_model" if model else "none"
+    if not isinstance(method, str):
+        out.errors.append(f"--speculative-config method={json.dumps(method)} must be a string (a method name)")
+        return "none"
     if known and method not in known:
+        import difflib
+
+        # vLLM's method is a Literal (SP:74-82): case matters and a near miss is refused like any other name
+        hint = difflib.get_close_matches(str(method).lower(), sorted(known), n=2, cutoff=0.6)
         out.errors.append(f"--speculative-config method {method!r} is not a vllm=={out.version} method "
-                          f"({', '.join(m for m in sorted(known) if not m.endswith('_mtp'))} or a *_mtp alias)")
+                          + (f"(did you mean {' or '.join(map(repr, hint))}?) " if hint else "")
+                          + f"({', '.join(m for m in sorted(known) if not m.endswith('_mtp'))} or a *_mtp alias)")
         return "custom"
     if method.endswith("_mtp"):
         return "mtp"  # deprecated aliases become mtp (SP:1246-1250)
@@ -95,15 +106,26 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported) -> None:
         n = human_int(v["max_model_len"])
         if n is None and str(v["max_model_len"]).lower() != "auto":
             out.errors.append(f"--max-model-len {v['max_model_len']!r}: expects an integer (or 1k-style)")
+        elif n == -1:  # vLLM reads -1 as `auto` (fit the length to GPU memory), as `auto` is left unset
+            n = None
+        elif below(out, "--max-model-len", n, 1, "a context holds at least one token",
+                   "write a positive length, or `auto` (-1) to fit it to GPU memory"):
+            n = None
         put(p, "target.max_model_len", n)
     if v.get("dtype") not in (None, "auto"):
         put(p, "target.dtype", DTYPES.get(v["dtype"], v["dtype"]))
     for dest, key in (("tensor_parallel_size", "deploy.parallel.tp"), ("data_parallel_size", "deploy.parallel.dp"),
                       ("pipeline_parallel_size", "deploy.parallel.pp"), ("block_size", "deploy.page_size")):
         if dest in v:
-            put(p, key, as_int(v, dest, out))
+            put(p, key, as_count(v, dest, out, 1, "a parallel size must be >= 1" if dest != "block_size"
+                                 else "a KV block holds at least one token"))
     if "max_num_seqs" in v:
-        put(p, "deploy.max_running_requests", human_int(v["max_num_seqs"]))
+        n = human_int(v["max_num_seqs"])
+        if n is None:
+            out.errors.append(f"--max-num-seqs {v['max_num_seqs']!r}: expects an integer (or 1k-style)")
+        elif below(out, "--max-num-seqs", n, 1, "at least one sequence must run", "write a positive integer"):
+            n = None
+        put(p, "deploy.max_running_requests", n)
     if v.get("enforce_eager"):
         put(p, "deploy.cuda_graphs", False)
     if "async_scheduling" in v:
@@ -113,7 +135,7 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported) -> None:
     if v.get("lora_modules"):
         put(p, "deploy.lora.adapters", list(v["lora_modules"]))
     if "max_loras" in v:
-        put(p, "deploy.lora.max_loras_per_batch", as_int(v, "max_loras", out))
+        put(p, "deploy.lora.max_loras_per_batch", as_count(v, "max_loras", out, 1, "a batch holds at least one LoRA"))
     sc = speculative_config(v, out)
     method = _method(sc, out) if sc else "none"
     put(p, "method.name", method)
@@ -127,12 +149,28 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported) -> None:
         if k is not None:
             if not isinstance(k, int) or isinstance(k, bool):
                 out.errors.append(f"--speculative-config num_speculative_tokens={k!r} must be an integer")
-            else:
+            elif not below(out, "--spec-tokens" if "spec_tokens" in v
+                           else "--speculative-config num_speculative_tokens=", k, 1,
+                           "vLLM refuses K <= 0 at startup (SpeculativeConfig field `gt=0`, "
+                           "vllm/config/speculative.py:413)",
+                           "write the number of tokens to draft per step (>= 1), or drop the key to take the "
+                           "draft's n_predict"):
                 put(p, "method.block_size" if method == "dspark" else "method.num_steps", k)
-        if sc.get("max_model_len") is not None:
-            put(p, "draft.max_model_len", sc["max_model_len"])
-        put(p, "method.ngram.min", sc.get("prompt_lookup_min"))
-        put(p, "method.ngram.max", sc.get("prompt_lookup_max"))
+        # the other counts the plan holds: pydantic `ge=1` on the field (vllm/config/speculative.py:452, 503, 506)
+        for key, dest, line in (("max_model_len", "draft.max_model_len", 452),
+                                ("prompt_lookup_min", "method.ngram.min", 506),
+                                ("prompt_lookup_max", "method.ngram.max", 503)):
+            n = sc.get(key)
+            if n is None:
+                continue
+            if isinstance(n, str) and n.strip().lstrip("-").isdigit():  # pydantic's lax mode takes "2048"
+                n = int(n)
+            if not isinstance(n, int) or isinstance(n, bool):
+                out.errors.append(f"--speculative-config {key}={n!r} must be an integer")
+            elif not below(out, f"--speculative-config {key}=", n, 1, f"vLLM refuses {key} < 1 at startup "
+                           f"(SpeculativeConfig field `ge=1`, vllm/config/speculative.py:{line})",
+                           "write a positive integer or drop the key"):
+                put(p, dest, n)
         if sc.get("parallel_drafting"):
             put(p, "method.parallel_drafting", True)
         rule = sc.get("rejection_sample_method")

