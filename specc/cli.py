@@ -70,9 +70,14 @@ def _take_trailing_positionals(parser: argparse.ArgumentParser, args: argparse.N
                                extra: List[str]) -> None:
     """Let plan arguments and Hydra overrides follow options (``specc check PLAN --engine all
     method.num_steps=5``): argparse stops filling a ``nargs="*"`` positional at the first option, so
-    leftover non-option words are appended to the subcommand's ``overrides`` (or ``inputs``) list.
-    Anything else left over is an error, reported by the subcommand's own parser."""
+    leftover non-option words are appended to the subcommand's ``overrides`` (or ``inputs``) list,
+    and a leftover ``-- COMMAND ...`` to ``launch`` (``specc import``). Anything else left over is an error, reported by the subcommand's own parser."""
     if not extra:
+        return
+    if extra[0] == "--" and isinstance(getattr(args, "launch", None), list):
+        # `specc import vllm -o p.yaml -- vllm serve ...`: the launch command follows an option, so
+        # argparse closed the `launch` positional (empty) before reaching `--`
+        args.launch.extend(extra[1:])
         return
     target = next((name for name in ("overrides", "inputs") if isinstance(getattr(args, name, None), list)), None)
     if target is None or any(word.startswith("-") for word in extra):

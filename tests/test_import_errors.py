@@ -206,3 +206,13 @@ def test_one_pass_export_round_trips():
     assert imp.errors == []
     assert to_sglang(imported_plan(imp, "p")).command() == launch.command()
     assert "num_steps: 1" in plan_yaml(imp)
+
+
+def test_output_option_before_the_launch_command(tmp_path):
+    """`-o FILE -- COMMAND`: the command after `--` is read even though an option came first."""
+    out = tmp_path / "p.yaml"
+    r = _specc("import", "vllm", "-o", str(out), "--", "vllm", "serve", "m", "--speculative-config",
+               '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
+    assert r.returncode == 0, r.stderr
+    plan = load_plan(str(out)).plan
+    assert plan.method.name == "ngram" and plan.method.num_steps == 3
