@@ -38,6 +38,8 @@ LLAMA_TARGET = make_checkpoint(CKPT, "llama_target", {"architectures": ["LlamaFo
 DFLASH_LOCAL = make_checkpoint(CKPT, "dflash_b16", {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
                                                     "block_size": 16, "dflash_config": {"mask_token_id": 63},
                                                     "vocab_size": 64})
+SHORT_TABLE = CKPT / "short_cost_table.json"  # profiled up to 3 verified tokens only
+SHORT_TABLE.write_text(json.dumps({"verify_ms": {"1": 10.0, "2": 11.0, "3": 12.0}}))
 BAD_TABLE = CKPT / "bad_cost_table.json"  # a cost table whose verify_ms is not numbers
 BAD_TABLE.write_text(json.dumps({"verify_ms": {"1": "fast"}}))
 MEDUSA4 = make_checkpoint(CKPT, "medusa4", {"medusa_num_heads": 4, "medusa_num_layers": 1, "hidden_size": 576,
@@ -422,6 +424,9 @@ CASES = {
     "specc.S-BUDGET-TABLE": (S_E3, {"schedule.kind": "budget", "schedule.ragged_verify": "compact"},
                              {"schedule.cost_table": "cpu_table.json"}, "error"),
     "specc.S-COST-TABLE": (S_E3, {"schedule.cost_table": str(BAD_TABLE)}, {"schedule.cost_table": None}, "error"),
+    "specc.S-COST-TABLE-SHORT": (S_E3, {"schedule.cost_table": str(SHORT_TABLE)},
+                                 {"runtime.max_batch_size": 1, "method.num_steps": 2, "method.num_draft_tokens": 3},
+                                 "warning"),
     "specc.S-COST-TABLE-MISSING": (S_E3, {"schedule.cost_table": "no_such_table.json"},
                                    {"schedule.cost_table": None}, "warning"),
     "specc.S-BUCKET-EMPTY": (S_E3, {"schedule.kind": "adaptive", "schedule.buckets": {1: {"candidates": []}}},

@@ -173,6 +173,17 @@ def _verify_rule_help(p) -> dict:
     return {"rules": " or ".join(rules), "why": why}
 
 
+def _cost_table_reach(p):
+    """The largest verified-token count the plan's cost table profiled, or None when it does not load."""
+    from specc import cost
+    from specc.errors import PlanError
+
+    try:
+        return max(cost.load_cost_table(str(p.schedule.cost_table)).verify_x)
+    except PlanError:
+        return None
+
+
 def _cost_table_problem(p):
     """(exists, error text) for the plan's schedule.cost_table; error None when it loads."""
     import os
@@ -497,6 +508,16 @@ RULES = (
     R("S-COST-TABLE", "error", ("schedule.cost_table",),
       lambda p: bool(p.schedule.cost_table) and _cost_table_problem(p)[1] is not None,
       "{err}", "specc/cost.py (load_cost_table)", message_args=lambda p: {"err": _cost_table_problem(p)[1]}),
+    R("S-COST-TABLE-SHORT", "warning", ("schedule.cost_table", "runtime.max_batch_size", "method.num_draft_tokens"),
+      lambda p: drafting(p) and bool(p.schedule.cost_table) and _cost_table_reach(p) is not None
+      and isinstance(p.method.num_draft_tokens, int)
+      and _cost_table_reach(p) < p.runtime.max_batch_size * p.method.num_draft_tokens,
+      "schedule.cost_table was profiled up to {reach} verified tokens, but this plan verifies up to "
+      "runtime.max_batch_size × num_draft_tokens = {p.runtime.max_batch_size} × {p.method.num_draft_tokens} = "
+      "{need}: costs past {reach} are extrapolated; re-profile with `specc profile PLAN --out FILE` (it "
+      "measures up to the plan's largest verify)", "specc/cost.py (CostTable.step_ms)",
+      message_args=lambda p: {"reach": _cost_table_reach(p),
+                              "need": p.runtime.max_batch_size * p.method.num_draft_tokens}),
     R("S-COST-TABLE-MISSING", "warning", ("schedule.cost_table",),
       lambda p: bool(p.schedule.cost_table) and not _cost_table_problem(p)[0],
       "schedule.cost_table={p.schedule.cost_table} is not on this machine: explain, compile and run read it "
