@@ -4,31 +4,18 @@ rule, edge cases included (all accepted, none accepted, γ = 1, K = 0, a request
 max_new_tokens / max_model_len inside the block, a placeholder draft); temperature-0 rows reduce to
 greedy; the first emitted token follows p; the comparison theorem (block accepts at least as many
 drafts as the standard rule on the same drafts) holds, measured."""
-import os
-import subprocess
-import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see tests/test_kernels.py)
+from triton_support import DEVICE, IN_PROCESS, fresh_process_test, needs_triton  # noqa: E402,F401  (before triton)
 
 import pytest  # noqa: E402
 
 from specc.kernels import block_verify, greedy_verify, process_logits, rejection_verify  # noqa: E402
-from specc.kernels.verify_triton import interpreter_ready  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-IN_PROCESS = DEVICE == "cuda" or interpreter_ready()
-needs_triton = pytest.mark.skipif(not IN_PROCESS, reason="triton imported without TRITON_INTERPRET; see test_in_fresh_process")
 
 
-@pytest.mark.skipif(IN_PROCESS, reason="kernels run in this process")
-def test_in_fresh_process():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+test_in_fresh_process = fresh_process_test(__file__, 900)
 
 
 def block_oracle(drafts, p, q, u, noise, num_valid):

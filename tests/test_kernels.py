@@ -1,36 +1,19 @@
 """Each Triton verify kernel equals its torch reference (under TRITON_INTERPRET=1 on the CPU, compiled
 on CUDA), and both equal an independent per-request Python loop of the rule, edge cases included."""
 
-import os
-import subprocess
-import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    # triton 3.9 picks interpret vs compile when a function is jitted, and jits its standard library
-    # (tl.max, tl.argmax) at `import triton`: the variable must be set before triton is imported.
-    os.environ["TRITON_INTERPRET"] = "1"
+from triton_support import DEVICE, IN_PROCESS, fresh_process_test, needs_triton  # noqa: E402,F401  (before triton)
 
 import pytest  # noqa: E402
 
 from specc.errors import SpeccError  # noqa: E402
 from specc.kernels import draw_randomness, greedy_verify, process_logits, rejection_verify, resolve_backend  # noqa: E402
-from specc.kernels.verify_triton import interpreter_ready  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# If another test module imported triton before this one set TRITON_INTERPRET, this process cannot
-# interpret kernels; the suite then runs once in a fresh process (test_in_fresh_process) instead.
-IN_PROCESS = DEVICE == "cuda" or interpreter_ready()
-needs_triton = pytest.mark.skipif(not IN_PROCESS, reason="triton imported without TRITON_INTERPRET; see test_in_fresh_process")
 
 
-@pytest.mark.skipif(IN_PROCESS, reason="kernels run in this process")
-def test_in_fresh_process():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+test_in_fresh_process = fresh_process_test(__file__, 600)
 
 
 # ---------------------------------------------------------------- independent oracles (plain loops)

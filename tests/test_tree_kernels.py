@@ -4,33 +4,20 @@ included (a chain, a star, a single node), and on a chain the tree rules equal t
 Exactness of tree rejection sampling for the target distribution: a brute-force computation of the
 emitted token's distribution per node shape (the runtime-level TV test is in test_tree_distribution)."""
 
-import os
-import subprocess
-import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see test_kernels.py)
+from triton_support import DEVICE, IN_PROCESS, fresh_process_test, needs_triton  # noqa: E402,F401  (before triton)
 
 import pytest  # noqa: E402
 
 from specc.kernels import draw_randomness, greedy_verify, process_logits, rejection_verify  # noqa: E402
 from specc.kernels.tree import (TreeMaskMode, bitpack_dtype, tree_attention_mask, tree_depths,  # noqa: E402
                                 tree_greedy_verify, tree_rejection_verify)
-from specc.kernels.verify_triton import interpreter_ready  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-IN_PROCESS = DEVICE == "cuda" or interpreter_ready()
-needs_triton = pytest.mark.skipif(not IN_PROCESS, reason="triton imported without TRITON_INTERPRET; see test_in_fresh_process")
 
 
-@pytest.mark.skipif(IN_PROCESS, reason="kernels run in this process")
-def test_in_fresh_process():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+test_in_fresh_process = fresh_process_test(__file__, 900)
 
 
 # ---------------------------------------------------------------- trees
