@@ -38,7 +38,7 @@ HIDDEN_KINDS = ("none", "last", "fused", "layers")
 #   "draft_prefill"- nothing, but the decode side must prefill the draft model's own KV
 #   "hidden_topk"  - the draft hidden state and the draft's top-k (SGLang ``EagleDraftInput``)
 #   "lengths"      - nothing beyond the last token and the sequence lengths (DFlash/DSpark)
-SEED_KINDS = ("none", "draft_prefill", "hidden_topk", "lengths")
+SEED_KINDS = ("none", "draft_prefill", "hidden_topk", "target_hidden", "lengths")
 
 VERIFY_RULES = ("greedy", "standard", "block", "synthetic")
 SCHEDULES = ("static", "batch_buckets", "adaptive", "budget", "auto")
@@ -61,9 +61,6 @@ class RuntimeSupport:
             a distribution), ``"head"`` (a trained confidence head), ``""`` (none).
         shapes: state kinds (:func:`state_kind`) the runtime runs: ``plain``, ``chain``, ``parallel``,
             ``tree``.
-        disaggregation: whether ``specc serve``'s prefill/decode split carries what the drafter needs
-            (``specc.runtime.disagg``): False where the drafter reads the target's hidden states over
-            the prompt and the method's seed does not ship them (Medusa, DFlash, DSpark).
     """
 
     drafter: str
@@ -72,7 +69,6 @@ class RuntimeSupport:
     schedules: Tuple[str, ...] = SCHEDULES
     confidence: str = ""
     shapes: Tuple[str, ...] = ("plain", "chain")
-    disaggregation: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,10 @@ class Method:
             known: §6.2's 1B-for-8B draft (0.165) for separate draft models; the second seed's
             one-layer head (T_DRAFT 0.25 ms over a 5.97 ms memory floor = 0.042) for heads and block
             drafters; 0.01 for Medusa's residual heads; 0 for lookups.
-        seed: one of :data:`SEED_KINDS`.
+        seed: one of :data:`SEED_KINDS`: what ``specc serve``'s prefill instance ships for the drafter
+            (``specc.runtime.disagg``): ``hidden_topk`` the head's KV and state, ``draft_prefill``
+            nothing (the decode side prefills the draft model), ``target_hidden`` the target's hidden
+            states at the drafter's layers over the prompt (Medusa, DFlash, DSpark), ``none`` nothing.
         runtime: :class:`RuntimeSupport`, or None when specc's runtime does not run the method
             (``specc check --engine specc`` refuses it; export it to SGLang/vLLM).
     """
@@ -152,7 +151,7 @@ _CHAIN_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"),
 _PARALLEL_CAPABLE_RUNTIME = dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "parallel"))
 # block drafters: one non-causal pass over [bonus, MASK × γ] (DFlash, DSpark)
 _BLOCK_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"), schedules=SCHEDULES,
-                      draft_sampling=("greedy", "probabilistic"), shapes=("plain", "parallel"), disaggregation=False)
+                      draft_sampling=("greedy", "probabilistic"), shapes=("plain", "parallel"))
 # EAGLE heads also grow trees: dynamic (topk > 1) and static (tree_choices), verified in one target
 # forward with the tree mask (specc.runtime.stages.verify_tree; sglang-0.5.23.md §5); the block rule
 # stays a chain rule (refused on trees by the S-VERIFY rule)
@@ -198,20 +197,19 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            "chain", needs_draft_checkpoint=True, has_draft_kv=False, frozen_kv=True, target_hidden="last",
            default_c=0.042, seed="hidden_topk"),
     Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
-           needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01, seed="none",
-           always_parallel=True, static_tree=True,
+           needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01,
+           seed="target_hidden", always_parallel=True, static_tree=True,
            runtime=RuntimeSupport(drafter="specc.drafters.medusa:build_drafter", verify_rules=("greedy", "standard"),
                                   draft_sampling=("greedy", "probabilistic"), schedules=SCHEDULES,
-                                  confidence="draft_probability", shapes=("plain", "parallel", "tree"),
-                                  disaggregation=False)),
+                                  confidence="draft_probability", shapes=("plain", "parallel", "tree"))),
     Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
            "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-           seed="lengths", always_parallel=True, default_num_steps=15,
+           seed="target_hidden", always_parallel=True, default_num_steps=15,
            runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="draft_probability",
                                   **_BLOCK_RUNTIME)),
     Method("dspark", "DFlash backbone + low-rank Markov head + confidence head", "block",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-           seed="lengths", always_parallel=True, default_num_steps=7,
+           seed="target_hidden", always_parallel=True, default_num_steps=7,
            runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="head",
                                   **_BLOCK_RUNTIME)),
     Method("custom", "a user drafter plugin (method.plugin)", "chain",

@@ -351,7 +351,6 @@ CASES = {
                             "fallback"),
     "specc.S-BLOCK-SIZE": (S_DS, {"method.num_steps": 5}, {"method.num_steps": 7}, "error"),
     "specc.S-MARKOV": (S_DS, {"method.markov.rank": 0}, {"method.markov.rank": 32}, "error"),
-    "specc.S-DISAGG-METHOD": (S_DS, {"deploy.disagg.role": "decode"}, {"deploy.disagg.role": "none"}, "error"),
     "specc.S-BLOCK-CKPT": (S_DS, {"draft.path": EAGLE_LIKE}, {"draft.path": str(FIXTURES / "dspark_smollm2")}, "error"),
     "specc.S-BLOCK-BEYOND": (S_DS, {"method.num_steps": 20, "method.block_size": 20},
                              {"method.num_steps": 7, "method.block_size": 7}, "warning"),

@@ -24,9 +24,7 @@ from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
 from test_eagle_support import V, naive_greedy, random_head, tiny_target
 
 PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 1, 2, 3], [9, 8, 7, 9, 8, 7, 9, 8], [3, 3, 3, 20, 21, 22, 23, 40], [11]]
-METHODS = ["none", "ngram", "draft_model", "eagle", "eagle3", "eagle3_tree"]
-#: methods whose drafter reads the target's hidden states over the prompt, which no payload carries yet
-UNSHIPPED = ["medusa", "dflash", "dspark"]
+METHODS = ["none", "ngram", "draft_model", "eagle", "eagle3", "eagle3_tree", "medusa", "dflash", "dspark"]
 
 
 def _clone(model):
@@ -129,22 +127,11 @@ def test_disaggregated_greedy_equals_one_process(method):
         head = dec.drafter.model.cfg
         draft_kv = 2 * head.num_key_value_heads * head.head_dim * 4 * len(PROMPTS[1])
         assert sizes["seed"] == draft_kv + head.hidden_size * 4 + 4 + 8 + 8
+    elif method in ("medusa", "dflash", "dspark"):  # the target's hidden states at the drafter's layers
+        layers = len(dec.ctx.hidden_layers)
+        assert layers >= 1 and sizes["seed"] == layers * len(PROMPTS[1]) * c.hidden_size * 4
     else:
         assert sizes["seed"] == 0
-
-
-@pytest.mark.parametrize("method", UNSHIPPED)
-def test_methods_the_payload_cannot_seed_are_refused_clearly(method):
-    """The method table says so (check refuses the plan: S-DISAGG-METHOD) and a payload installed anyway
-    fails its request with the reason, never a wrong continuation."""
-    from specc import methods
-
-    assert not methods.get(method).runtime.disaggregation
-    pre, dec = _pair(method)
-    reqs = _reqs()
-    blobs = _prefill(pre, reqs)
-    with pytest.raises(disagg.PayloadError, match="hidden states over the prompt"):
-        _decode(dec, reqs, blobs)
 
 
 def test_seeded_sampling_continues_identically():
@@ -201,6 +188,29 @@ def test_bad_payloads_are_refused_with_a_clear_error():
     bad["seed.hidden"] = bad["seed.hidden"].double()
     with pytest.raises(disagg.PayloadError, match="hidden"):
         disagg.decode_payload(save(bad, metadata=dict(meta, sha256=disagg._digest(bad))), dec, PROMPTS[0])
+
+
+def test_bad_target_hidden_seeds_are_refused():
+    """A ``target_hidden`` seed (DFlash here) of the wrong shape, dtype, layer count or with NaNs is
+    refused on arrival, naming the tensor."""
+    from safetensors.torch import load, save
+
+    pre, dec = _pair("dflash")
+    blob = _prefill(pre, _reqs()[:1])[0]
+    assert disagg.decode_payload(blob, dec, PROMPTS[0]).seed  # the good one passes
+    meta, tensors = disagg._metadata(blob), load(blob)
+
+    def refused(bad, msg):
+        with pytest.raises(disagg.PayloadError, match=msg):
+            disagg.decode_payload(save(bad, metadata=dict(meta, sha256=disagg._digest(bad))), dec, PROMPTS[0])
+
+    refused(dict(tensors, **{"seed.hidden.0": tensors["seed.hidden.0"][:1].contiguous()}), "seed.hidden.0")
+    refused(dict(tensors, **{"seed.hidden.0": tensors["seed.hidden.0"].double()}), "seed.hidden.0")
+    nan = tensors["seed.hidden.0"].clone()
+    nan[0, 0] = float("nan")
+    refused(dict(tensors, **{"seed.hidden.0": nan}), "finite")
+    refused({k: v for k, v in tensors.items() if k != "seed.hidden.0"}, "seed.hidden.0 is missing")
+    refused(dict(tensors, **{"seed.hidden.99": tensors["seed.hidden.0"].clone()}), "seed tensors")
 
 
 def test_a_payload_that_fails_to_install_fails_its_request_alone():

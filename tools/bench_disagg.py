@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PRESETS = ("smollm2_plain", "smollm2_ngram", "smollm2_draft_model", "smollm2_eagle", "smollm2_eagle3")
+PRESETS = ("smollm2_plain", "smollm2_ngram", "smollm2_draft_model", "smollm2_eagle", "smollm2_eagle3",
+           "smollm2_eagle3_tree", "smollm2_medusa", "smollm2_dflash", "smollm2_dspark")
 
 
 def artifact(preset: str) -> Path:
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import openai
 
+    from specc import methods
     from specc.runtime.prompts import encode_prompt, read_prompts, select, shipped_prompts_path
     from specc.runtime.request import Request, SamplingParams
     from specc.serve.server import BackgroundServer, load_server_state
@@ -84,9 +86,12 @@ def main(argv=None) -> int:
         c = rt.target.config
         kv_tok = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4
         seed_arith = 0.0
-        if preset in ("smollm2_eagle", "smollm2_eagle3"):
+        kind = methods.get(rt.states[0].spec.method).seed
+        if kind == "hidden_topk":
             h = rt.drafter.model.cfg
             seed_arith = (2 * h.num_key_value_heads * h.head_dim * 4 * prompt_tokens + n * (h.hidden_size * 4 + 4 + 8 + 8)) / n
+        elif kind == "target_hidden":  # fp32 target hidden states at each layer the drafter reads, per prompt token
+            seed_arith = len(rt.ctx.hidden_layers) * c.hidden_size * 4 * prompt_tokens / n
         kv, seed = part("kv"), part("seed")
         assert kv == kv_tok * prompt_tokens, (kv, kv_tok * prompt_tokens)
         assert abs(seed / n - seed_arith) < 1e-6, (seed / n, seed_arith)

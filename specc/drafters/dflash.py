@@ -14,9 +14,11 @@ Per decode step (z-lab's ``dflash_generate``; SGLang's DFlash/DSpark workers, sg
   (the pending token and the accepted drafts) become context K/V at their positions; rejected rows
   are never written (roll back by position). At κ = 0 steps the one committed row is written too.
 
-The disaggregation seed is synthesised from the last token and the sequence lengths: nothing beyond
-the target's KV is shipped (sglang-0.5.23.md §6, DFLASH/DSPARK rows) — the decode side's first
-``propose_block`` reads only the pending token and a context its prefill wrote.
+Disaggregation (``specc.runtime.disagg``, seed kind ``target_hidden``): the prefill instance ships the
+target's hidden states at ``target_layer_ids`` over the prompt and the decode instance runs this
+drafter's prefill on them, writing the same context K/V (SGLang ships the draft KV pool itself,
+sglang-0.5.23.md §6, prefill.py:301-317; the hidden states are larger but need no drafter-specific
+export).
 """
 from __future__ import annotations
 

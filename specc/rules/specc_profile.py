@@ -558,11 +558,6 @@ RULES = (
       "deploy.disagg.role={p.deploy.disagg.role} is a serving role: `specc serve` runs it (the prefill instance "
       "ships the prompt's KV and {p.method.name}'s seed, per the method table's seed kind); `specc run` and "
       "`specc bench` decode prefill and decode in one process", "specc/runtime/disagg.py"),
-    R("S-DISAGG-METHOD", "error", ("deploy.disagg.role", "method.name"),
-      lambda p: p.deploy.disagg.role != "none" and drafting(p) and not _rt(p).disaggregation,
-      "deploy.disagg.role={p.deploy.disagg.role} with method.name={p.method.name}: its drafter reads the target's "
-      "hidden states over the prompt, which specc's disaggregation payload does not carry yet; serve it in one "
-      "process (deploy.disagg.role=none) or export the plan to SGLang", "specc/runtime/disagg.py (install)"),
     R("S-PLUGIN", "error", ("method.plugin",), lambda p: p.method.name == "custom" and not p.method.plugin,
       "method.name=custom needs method.plugin: 'package.module:Class' (a drafter class) or the name of a "
       "'specc.drafters' entry point; see docs/plugins.md", "specc/methods.py (resolve_plugin)"),

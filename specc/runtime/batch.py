@@ -33,6 +33,7 @@ class RowState:
     prefill_only: bool = False       # disaggregated prefill: export the seed after prefill, then finish
     prefilled: Any = None            # a disaggregated prefill's payload to install at admission
     payload: Any = None              # the payload a prefill-only row exported
+    prompt_hidden: Any = None        # prefill-only rows of a target_hidden seed: [P, H] per drafter layer
 
 
 class DecodeBatch:

@@ -12,8 +12,10 @@ What ships per request (sglang-0.5.23.md §6; seeds, "Speculation across a prefi
   pool of every ``has_draft_kv`` method, prefill.py:301-317), its hidden state at the last prompt
   pair, its position, and the draft's top-k at that state (``EagleDraftInput(topk_p, topk_index,
   hidden_states)``, eagle_disaggregation.py); ``draft_prefill`` (draft model, plugins): nothing —
-  the decode instance runs the draft model's prefill over the prompt tokens itself; ``none``
-  (plain, n-gram): nothing; ``lengths`` (DFlash/DSpark) would be nothing beyond the lengths.
+  the decode instance runs the draft model's prefill over the prompt tokens itself;
+  ``target_hidden`` (Medusa, DFlash, DSpark): the target's hidden states at the drafter's layers over
+  the prompt (``seed.hidden.{j}`` ``[P, hidden_size]`` fp32, one per layer the drafter reads), on which
+  the decode instance runs the drafter's prefill; ``none`` (plain, n-gram): nothing.
 
 Wire format: one safetensors blob (tensors ``prompt_ids``, ``first_token``, ``kv.{i}.k``/``kv.{i}.v``
 ``[kv_heads, P, head_dim]``, ``seed.{name}``, ``generator_state``) whose metadata carries
@@ -133,6 +135,11 @@ def export(runtime, batch, row: int) -> Prefilled:
         if exporter is None:
             raise PayloadError(f"method {method_of(runtime)}: its drafter cannot export the disaggregation seed")
         seed = exporter(row, P)
+    elif kind == "target_hidden" and runtime.drafter is not None:
+        if st.prompt_hidden is None:
+            raise PayloadError(f"request {st.index}: the target's hidden states over the prompt were not kept")
+        seed = {f"hidden.{j}": h.to(torch.float32).cpu() for j, h in enumerate(st.prompt_hidden)}
+        st.prompt_hidden = None
     meta = {"method": method_of(runtime), "seed_kind": kind, "model": model_fingerprint(runtime.target),
             "runtime_hash": runtime_hash(runtime), "adapter": st.request.adapter or "",
             "adapter_hash": runtime.lora.get(st.request.adapter).fingerprint
@@ -259,6 +266,19 @@ def decode_payload(data: bytes, runtime, prompt_ids: List[int], adapter: Optiona
             problem = checker(seed, P)
             if problem:
                 raise PayloadError(f"disaggregation payload: {problem}")
+    elif kind == "target_hidden" and runtime.drafter is not None:
+        layers = len(runtime.ctx.hidden_layers)
+        want = (P, c.hidden_size)
+        for j in range(layers):
+            t = seed.get(f"hidden.{j}")
+            if t is None:
+                raise PayloadError(f"disaggregation payload: seed.hidden.{j} is missing (the drafter reads {layers} "
+                                   f"target layers)")
+            if tuple(t.shape) != want or t.dtype != torch.float32 or not bool(torch.isfinite(t).all()):
+                raise PayloadError(f"disaggregation payload: seed.hidden.{j} is {tuple(t.shape)} {t.dtype}, this "
+                                   f"instance needs finite {want} torch.float32")
+        if len(seed) != layers:
+            raise PayloadError(f"disaggregation payload: {len(seed)} seed tensors, the drafter reads {layers} layers")
     elif seed:
         raise PayloadError(f"disaggregation payload: method {method_of(runtime)} ships no seed, got {sorted(seed)}")
     gen = tensors.get("generator_state")
@@ -301,10 +321,13 @@ def install(runtime, batch, row: int, p: Prefilled) -> None:
     if kind == "hidden_topk":
         drafter.import_seed(row, p.seed, P)
         return
-    if tuple(getattr(drafter, "hidden_layers", ()) or ()):
+    hidden = []
+    if kind == "target_hidden":
+        hidden = [p.seed[f"hidden.{j}"].to(runtime.device).unsqueeze(0) for j in range(len(runtime.ctx.hidden_layers))]
+    elif tuple(getattr(drafter, "hidden_layers", ()) or ()):
         raise PayloadError(f"method {method_of(runtime)}: the drafter needs the target's hidden states over the "
                            f"prompt, which a {kind!r} seed does not ship")
     dev = runtime.device
     ids = batch.tokens[row:row + 1, :P].clone()  # [1, P]
     positions = torch.arange(P, device=dev).view(1, P)
-    runtime._drafter_prefill(batch, [row], ids, positions, positions.clone(), [])
+    runtime._drafter_prefill(batch, [row], ids, positions, positions.clone(), hidden)

@@ -39,6 +39,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 
 import torch
 
+from specc import methods
 from specc.errors import PromptError
 from specc.kernels import process_logits
 from specc.drafters.base import PrefillChunk
@@ -558,6 +559,10 @@ class Runtime:
         if self.drafter is not None:
             hidden = [torch.cat([part[i] for part in hidden_parts], dim=1) for i in range(len(self.ctx.hidden_layers))]
             self._drafter_prefill(batch, new_rows, ids, positions, slots, hidden)
+            keep = bool(hidden) and methods.get(self.states[0].spec.method).seed == "target_hidden"
+            for i, r in enumerate(new_rows):  # kept for a target_hidden disaggregation seed (disagg.export)
+                if keep and batch.rows[r].prefill_only:
+                    batch.rows[r].prompt_hidden = [h[i, :lens[i]].clone() for h in hidden]
 
     def _drafter_prefill(self, batch: DecodeBatch, new_rows: List[int], ids, positions, slots, hidden) -> None:
         """The drafter's prefill of the new rows: compact (``PrefillChunk.row_index``) when the drafter
