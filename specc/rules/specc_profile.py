@@ -13,6 +13,8 @@ Sources name the specc module that implements (or would implement) the capabilit
 """
 from __future__ import annotations
 
+import functools
+
 import keyword
 import re
 
@@ -173,32 +175,44 @@ def _verify_rule_help(p) -> dict:
     return {"rules": " or ".join(rules), "why": why}
 
 
-def _cost_table_reach(p):
-    """The largest verified-token count the plan's cost table profiled, or None when it does not load."""
+@functools.lru_cache(maxsize=16)
+def _load_table(path: str, stamp: tuple):
+    """(exists, the loaded table or None, error text or None) for a cost-table path; ``stamp`` (the
+    file's mtime and size) keys the cache, so the rules below read each file once per check."""
     from specc import cost
     from specc.errors import PlanError
 
+    if stamp is None:
+        return False, None, None
     try:
-        return max(cost.load_cost_table(str(p.schedule.cost_table)).verify_x)
-    except PlanError:
-        return None
+        return True, cost.load_cost_table(path), None
+    except PlanError as exc:
+        return True, None, str(exc)
+
+
+def _table_state(p):
+    import os
+
+    path = str(p.schedule.cost_table)
+    if path.startswith("pkg://"):
+        return _load_table(path, ("pkg",))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _load_table(path, None) if not os.path.lexists(path) else _load_table(path, ("unreadable",))
+    return _load_table(path, (st.st_mtime_ns, st.st_size))
+
+
+def _cost_table_reach(p):
+    """The largest verified-token count the plan's cost table profiled, or None when it does not load."""
+    table = _table_state(p)[1]
+    return None if table is None else max(table.verify_x)
 
 
 def _cost_table_problem(p):
     """(exists, error text) for the plan's schedule.cost_table; error None when it loads."""
-    import os
-
-    from specc import cost
-    from specc.errors import PlanError
-
-    path = str(p.schedule.cost_table)
-    if not path.startswith("pkg://") and not os.path.lexists(path):
-        return False, None
-    try:
-        cost.load_cost_table(path)
-    except PlanError as exc:
-        return True, str(exc)
-    return True, None
+    exists, _, err = _table_state(p)
+    return exists, err
 
 
 def drafting(p) -> bool:
