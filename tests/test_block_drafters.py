@@ -5,7 +5,7 @@ head), PARD and P-EAGLE.
   γ ∈ {2, 4, 7}, batch 1 and 4, with mixed prompt lengths (a 1-token prompt, a request whose
   max_new_tokens < γ + 1), under the greedy, standard and block rules.
 * Drafts that a trained draft gets right are accepted through the runtime: a DFlash and a DSpark
-  draft fitted (by ``specc.blocktrain``) to the test prompts' greedy continuations reach a high τ,
+  draft fitted (by ``specc train``'s loop) to the test prompts' greedy continuations reach a high τ,
   which needs the runtime's context positions to match the training layout.
 * The published-layout loader: round trip, and the clear errors (mask id outside the vocabulary,
   target layer ids out of range, hidden size mismatch, the other kind, a missing tensor, a bad Markov
@@ -68,29 +68,37 @@ def trained(target):
 
 
 def _trained_impl(target, steps):
-    """DFlash and DSpark drafts fitted to the greedy continuations of PROMPTS (specc.blocktrain on
-    a tiny random target: the same code path as the shipped drafters' training)."""
-    from specc.blocktrain import data as bdata, fit
+    """DFlash and DSpark drafts fitted to the greedy continuations of PROMPTS by ``specc train``'s loop
+    (:func:`specc.train.fit.fit`, online target features) on a tiny random target: the same code path
+    as the shipped drafters' training. Returns ``{kind: model read back from its published layout}``."""
+    import argparse
+    import tempfile
+
+    import numpy as np
+
+    from specc.train import fit as FIT, kinds as K, recipe as R
+    from specc.train.shards import TokenSet
 
     target.requires_grad_(False)
-    seqs = [p + reference_greedy(target, p, 40) for p in PROMPTS]
-    recs = bdata.record_sequences(target, seqs, [0, 1])
-    for i, (r, p) in enumerate(zip(recs, PROMPTS)):
-        r.update(id=f"p{i}", prompt_len=len(p), source="test", category="test")
-    lengths = torch.tensor([len(r["tokens"]) for r in recs])
-    offsets = torch.zeros(len(recs) + 1, dtype=torch.int64)
-    offsets[1:] = lengths.cumsum(0)
-    data = bdata.SeqSet(torch.cat([r["tokens"] for r in recs]), torch.cat([r["labels"] for r in recs]), offsets,
-                        torch.tensor([r["prompt_len"] for r in recs]), ["teacher"] * len(recs),
-                        {k: torch.cat([r["feats"][k] for r in recs]) for k in (0, 1)}, [])
+    seqs = [np.asarray(p + reference_greedy(target, p, 40), dtype=np.int64) for p in PROMPTS]
+    meta = [{"id": f"p{i}", "category": "test", "source": "test", "finished": False, "kind": "distill", "shard": "s"}
+            for i in range(len(PROMPTS))]
+    # every sequence twice: validation (every val_every-th distilled one: the first) then holds a copy
+    tokens = TokenSet(seqs + seqs, [len(p) for p in PROMPTS] * 2, meta + [dict(m, id=m["id"] + "b") for m in meta])
     out = {}
+    tmp = pathlib.Path(tempfile.mkdtemp())
     for kind in ("dflash", "dspark"):
         opts = {"gamma": 7, "target_layer_ids": [0, 1], "mask_token_id": MASK, "anchors": 8, "context": 64}
         if kind == "dspark":
             opts["markov_rank"] = 16
-        rec = fit.train({"name": f"t_{kind}", "kind": kind, "lr": 1e-2, "steps": steps, "batch": 5, "val_every": 10 ** 6,
-                         "log_every": 10 ** 6, "options": opts}, {}, data=data, target=target, log=lambda *a: None)
-        out[kind] = rec
+        fit = R.FitRecipe(name=f"t_{kind}", kind=kind, data="t", out=str(tmp / kind), lr=1e-2, batch=5,
+                          epochs=10 ** 6, max_steps=steps, time_budget_min=30, val_every=10 ** 6, threads=1,
+                          amp="none", eval_tokens=10 ** 12, options=K.get(kind).check_options(opts, "test"))
+        args = argparse.Namespace(device="cpu", threads=1, out=None, init_from=None, time_budget_min=None)
+        d = FIT.fit(fit, None, args, target=target, data_recipe=R.DataRecipe(name="t", target="tiny",
+                                                                             prompt_dir=str(tmp / "prompts")),
+                    tokens=tokens)
+        out[kind] = K.get(kind).load(d, target)
     return out
 
 
@@ -114,10 +122,10 @@ def test_trained_block_drafts_accepted_and_exact(target, reference, trained, kin
     """A draft fitted to these prompts' continuations is accepted often (the runtime's context KV,
     positions and mask match training), greedy output stays exact, and a save/load round trip in the
     published layout drafts the same tokens."""
-    from specc.blocktrain.kinds import get
+    from specc.train.kinds import get
 
     directory = tmp_path / kind
-    model = trained[kind]["model"]
+    model = trained[kind]
     get(kind).save(model, directory, target)
     loaded = load_block_drafter(directory, target, expect_kind=kind)
     for m in (model, loaded):
@@ -138,7 +146,7 @@ def test_markov_head_and_confidence_head(target, trained):
     the draft's top probability."""
     from specc.drafters.base import DraftSampling
 
-    model = trained["dspark"]["model"]
+    model = trained["dspark"]
     with_m, without = BlockDrafter(model), BlockDrafter(model, use_markov=False, use_confidence_head=False)
     rt = _runtime(target, with_m, "dspark", 7)
     rt.generate(_requests()[:2], batch_size=4)
@@ -270,7 +278,7 @@ def test_loader_refuses_the_other_kind_and_bad_heads(target, tmp_path):
 def test_block_clipped_by_max_model_len_inside_the_block(target, trained, kind):
     """A request whose max_model_len falls inside a γ = 7 block: the block is cut there, the output
     equals plain greedy decoding up to the limit, and the cache slack (κ + 2 slots) is never overrun."""
-    drafter = BlockDrafter(trained[kind]["model"])
+    drafter = BlockDrafter(trained[kind])
     spec = StateSpec("b2_k7_greedy_parallel", kind, 2, 7, num_draft_tokens=8, parallel=True)
     rt = Runtime(target, None, drafter, [spec], max_model_len=24, eos_token_ids=[])
     reqs = [Request(prompt_ids=p, params=SamplingParams(max_new_tokens=100)) for p in (PROMPTS[2], PROMPTS[4])]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specc.errors import SpeccError
-from specc.train import card, corpora, data as D, distill, fit as FIT, kinds as K, prompts as P, recipe as R
+from specc.train import card, corpora, distill, fit as FIT, kinds as K, prompts as P, recipe as R
 from specc.train.eagle import loss_positions, ttt_forward
 
 from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
@@ -85,75 +85,89 @@ def test_prompts_cover_every_category_and_are_seeded(cache):
 
 # ------------------------------------------------------------------------------------ distillation
 @torch.inference_mode()
-def _naive_greedy(model, ids, n):
+def _naive_greedy(model, ids, n, eos=()):
     out = list(ids)
     for _ in range(n):
         model.setup_cache(1, len(out) + 1)
         logits, _ = model(torch.tensor([out]), torch.arange(len(out))[None])
         out.append(int(logits[0, -1].argmax()))
+        if out[-1] in eos:
+            break
     return out[len(ids):]
 
 
-def test_generate_records_greedy_answers_and_the_hidden_states_of_a_full_forward():
+def test_answer_stream_refills_rows_and_equals_plain_greedy():
+    """More prompts than cache rows, answers of different lengths (an EOS id stops some early): each
+    answer is what batch-1 greedy decoding emits, in prompt order, reported as it finishes."""
     target = tiny_target(seed=2)
-    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
-    layers = (1, 3, LAYERS - 1, LAYERS)
-    recs = distill.generate(target, prompts, max_new=6, eos=[1], layers=layers)
-    for p, r in zip(prompts, recs):
-        P_ = len(p)
-        assert r["prompt_len"] == P_
-        assert r["tokens"][:P_].tolist() == p
-        assert r["tokens"][P_:].tolist() == _naive_greedy(target, p, 7)  # 6 emitted + the next token (last label)
-        assert (r["labels"][:P_ - 1] == -1).all()
-        assert r["labels"][P_ - 1:].tolist() == r["tokens"][P_:].tolist()
-        seq = r["tokens"][:-1]
-        target.setup_cache(1, len(seq))
-        with torch.inference_mode():
-            _, hid = target(seq[None], torch.arange(len(seq))[None], hidden_layers=layers)
-        for layer, h in zip(layers, hid):
-            torch.testing.assert_close(r["feats"][layer].float(), h[0], atol=2e-2, rtol=2e-3)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, V, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(7)]
+    eos = [int(_naive_greedy(target, prompts[0], 3)[2])]  # the third token of the first answer ends it
+    done = []
+    answers = distill.answer_stream(target, prompts, 6, eos, rows=3, admit_at=1,
+                                    on_answer=lambda i, a, fin: done.append((i, fin)))
+    for p, a in zip(prompts, answers):
+        assert a == _naive_greedy(target, p, 6, eos)
+    assert answers[0][-1] == eos[0] and len(answers[0]) == 3
+    assert sorted(i for i, _ in done) == list(range(7)) and dict(done)[0] is True
 
 
-def test_teacher_forcing_labels_are_the_argmax_over_the_real_text():
+def test_online_features_equal_a_full_forward_and_label_both_kinds(tmp_path):
+    """Token shards -> SeqSet: a distilled sequence's labels are its next tokens, a teacher-forced
+    one's the target's argmax over the real text; features equal a full forward, context cut."""
+    from specc.train import features as FE, shards as S
+
     target = tiny_target(seed=3)
-    prompts, answers = [[5, 6, 7], [8, 9, 10, 11]], [[20, 21, 22, 1], [30, 31]]
-    recs = distill.teacher_force(target, prompts, answers, layers=(2, LAYERS))
-    for p, a, r in zip(prompts, answers, recs):
-        seq = p + a
-        assert r["tokens"].tolist() == seq
+    recs = [{"id": "d0", "category": "qa", "prompt": [5, 6, 7], "answer": [20, 21, 22, 1]},
+            {"id": "d1", "category": "rag", "prompt": [8, 9, 10, 11, 12], "answer": [30, 31]}]
+    S.write(tmp_path / "distill-0000", recs, {"kind": "distill"})
+    S.write(tmp_path / "teacher-0000", [{"id": "t0", "category": "qa", "prompt": [3, 4], "answer": [40, 41, 42]}],
+            {"kind": "teacher"})
+    tokens = S.load([tmp_path])
+    assert len(tokens) == 3 and tokens.answer_tokens() == 9 and S.done_ids(tmp_path) == {"d0", "d1", "t0"}
+    layers = (2, LAYERS)
+    data = FE.OnlineFeatures(target, layers, max_batch_tokens=12).seqset(tokens, [0, 1, 2])
+    for i, seq in enumerate([[5, 6, 7, 20, 21, 22, 1], [8, 9, 10, 11, 12, 30, 31], [3, 4, 40, 41, 42]]):
+        t, lab, f = data.seq(i)
+        assert t.tolist() == seq
+        P = tokens.prompt_len[i]
         target.setup_cache(1, len(seq))
         with torch.inference_mode():
-            logits, hid = target(torch.tensor([seq]), torch.arange(len(seq))[None], hidden_layers=(2,))
+            logits, hid = target(torch.tensor([seq]), torch.arange(len(seq))[None], hidden_layers=layers)
         T = len(seq) - 1
-        assert r["labels"][len(p) - 1:].tolist() == logits[0, len(p) - 1:T].argmax(-1).tolist()
-        assert (r["labels"][: len(p) - 1] == -1).all()
-        torch.testing.assert_close(r["feats"][2].float(), hid[0][0, :T], atol=2e-2, rtol=2e-3)
+        want = seq[P:] if i < 2 else logits[0, P - 1:T].argmax(-1).tolist()
+        assert lab[P - 1:].tolist() == want and (lab[: P - 1] == -1).all()
+        for x, h in zip(layers, hid):
+            torch.testing.assert_close(f[x].float(), h[0, :T], atol=2e-2, rtol=2e-3)
+    cut = FE.OnlineFeatures(target, layers).seqset(tokens, [1], context=2)
+    t, lab, f = cut.seq(0)
+    assert int(cut.prompt_len[0]) == 2 and t.tolist() == [11, 12, 30, 31] and lab.tolist() == [-1, 30, 31]
+    assert FE.label_seqset(tokens, [0, 2]).seq(1)[1].tolist() == [-1, -1, -1, -1]  # teacher: known only online
 
 
-def test_shards_round_trip_resume_and_cut_context(tmp_path):
+def test_token_shards_round_trip_and_resume(tmp_path):
+    from specc.train import shards as S
+
     target = tiny_target(seed=4)
     tok = TinyTokenizer(V)
     rows = [{"id": f"p{i}", "category": "qa", "source": "wordnet",
              "messages": [{"role": "user", "content": f"question number {i} " * (1 + i % 3)}]} for i in range(7)]
     logs = []
-    s1 = distill.run(target, tok, rows[:4], tmp_path, (1, LAYERS - 1), max_new=5, batch=2, shard_batches=1,
-                     log=logs.append)
-    s2 = distill.run(target, tok, rows, tmp_path, (1, LAYERS - 1), max_new=5, batch=2, shard_batches=1, log=logs.append)
+    s1 = distill.run_tokens(target, tok, rows, tmp_path, max_new=5, batch=2, shard_size=2, log=logs.append,
+                            max_prompts=4)
+    s2 = distill.run_tokens(target, tok, rows, tmp_path, max_new=5, batch=2, shard_size=2, log=logs.append)
     assert s1["prompts"] == 4 and s2["prompts"] == 3  # resumed after the first four
-    paths = D.shard_paths(tmp_path)
-    assert sorted(D.done_ids(tmp_path)) == [f"p{i}" for i in range(7)]
-    full = D.load(paths, [1, LAYERS - 1])
-    assert len(full) == 7 and int(full.offsets[-1]) == full.feats[1].shape[0]
-    cut = D.load(paths, [1], context=3)
-    for i in range(7):
-        t, lab, f = full.seq(i)
-        tc, lc, fc = cut.seq(i)
-        drop = int(full.prompt_len[i]) - int(cut.prompt_len[i])
-        assert int(cut.prompt_len[i]) == min(3, int(full.prompt_len[i]))
-        assert tc.tolist() == t[drop:].tolist() and lc.tolist() == lab[drop:].tolist()
-        torch.testing.assert_close(fc[1], f[1][drop:])
-    with pytest.raises(ValueError, match="no hidden states of layer"):
-        D.load(paths, [2])
+    assert sorted(S.done_ids(tmp_path)) == [f"p{i}" for i in range(7)]
+    assert not list(tmp_path.glob("*.tmp.*"))
+    tokens = S.load([tmp_path])
+    for seq, P, m in zip(tokens.seqs, tokens.prompt_len, tokens.meta):
+        row = rows[int(m["id"][1:])]
+        prompt = tok.apply_chat_template(row["messages"])
+        assert seq[:P].tolist() == prompt and seq[P:].tolist() == _naive_greedy(target, prompt, 5, tok.eos_token_ids)
+    assert tokens.seqs[0].dtype.kind == "i"
+    with pytest.raises(ValueError, match="no token shards"):
+        S.load([tmp_path / "nothing"])
 
 
 def test_unroll_selects_answer_chains():
@@ -168,22 +182,30 @@ def _recipes(tmp_path, kind: str, **options):
     data = R.DataRecipe(name="tiny", target="tiny", kinds=[kind], max_new_tokens=6, gen_batch=4,
                         prompt_dir=str(tmp_path / "prompts"))
     fit = R.FitRecipe(name=f"tiny_{kind}", kind=kind, data="tiny", out=str(tmp_path / f"head_{kind}"), lr=3e-3,
-                      batch=4, epochs=2, time_budget_min=5, val_every=5, threads=1,
+                      batch=4, epochs=2, time_budget_min=5, val_every=5, threads=1, amp="none",
                       options=K.get(kind).check_options(options, "test"))
     return data, fit
 
 
 def _distilled(tmp_path, target, data_recipe, n=20, options=None):
-    from specc.train.pipeline import data_dir
+    from specc.train.pipeline import token_dir
 
     tok = TinyTokenizer(V)
     rows = [{"id": f"q{i:03d}", "category": ["qa", "rag"][i % 2], "source": "wordnet",
              "messages": [{"role": "user", "content": f"tell me about item {i} please " * (1 + i % 2)}]}
             for i in range(n)]
-    layers = sorted({i for k in data_recipe.kinds for i in K.get(k).layers(target.config, options or {})})
-    distill.run(target, tok, rows, data_dir(data_recipe, tmp_path, "round1"), layers, max_new=8, batch=5,
-                meta={"part": "round1", "command": "test"}, log=lambda *_: None)
+    distill.run_tokens(target, tok, rows, token_dir(data_recipe, "round1"), max_new=8, batch=5,
+                       meta={"part": "round1", "command": "test"}, log=lambda *_: None)
     return tmp_path
+
+
+def _validation(fit, data_recipe, target, layers):
+    """The fit's validation split with its features, recomputed (as the fit computed it)."""
+    from specc.train import features as FE
+
+    tokens = FIT.load_tokens(fit, data_recipe)
+    _, val = FIT.split(tokens, fit.val_every, fit.val_max)
+    return FE.OnlineFeatures(target, layers).seqset(tokens, val, fit.prompt_context)
 
 
 @pytest.mark.parametrize("kind,options", [("eagle3", {"draft_vocab": 48, "ttt_steps": 3}),
@@ -197,7 +219,13 @@ def test_fit_trains_saves_in_the_published_layout_and_renders_the_card(tmp_path,
     args = argparse.Namespace(device="cpu", threads=1, out=None, init_from=None, time_budget_min=None)
     out = FIT.fit(fit, cache, args, target=target, data_recipe=data_recipe)
     rec = json.loads((out / "training.json").read_text())
-    assert rec["steps"] == 2 * 4 and len(rec["validation"]) == 2  # 16 training sequences, batch 4, 2 epochs
+    assert rec["steps"] == 2 * 4  # 16 training sequences, batch 4, 2 epochs
+    # validated every quarter epoch of answer tokens and at the end: the agreement-versus-data curve
+    toks = [v["tokens"] for v in rec["validation"]]
+    assert len(toks) >= 4 and toks == sorted(toks) and toks[-1] == rec["answer_tokens_trained"]
+    assert rec["answer_tokens_trained"] == 2 * rec["data"]["train_answer_tokens"]
+    assert rec["compute"] == {"dtype": "float32", "amp": "none", "rates_gflops": {}, "cpu": rec["compute"]["cpu"],
+                              "measured": False} and rec["compute"]["cpu"]["capability"]
     assert rec["curve"]["loss"][-1] < rec["curve"]["loss"][0]
     assert len(rec["validation"][-1]["all"]) == options["ttt_steps"]
     head = K.get(kind).load(out, target)  # the published loader reads it back
@@ -208,9 +236,8 @@ def test_fit_trains_saves_in_the_published_layout_and_renders_the_card(tmp_path,
     assert (out / "training_curve.png").stat().st_size > 1000
     # the saved head (fp16) scores on the validation split as the trained one did
     K.get(kind).adopt(head, target, fit.options)
-    data = D.load(D.shard_paths(tmp_path / "data" / "tiny" / "round1"), rec["layers"], context=fit.prompt_context)
-    _, val = FIT.split(data, fit.val_every)
-    again = FIT.evaluate(K.get(kind), head, data, val, fit.options, 4, torch.device("cpu"))
+    val = _validation(fit, data_recipe, target, rec["layers"])
+    again = FIT.evaluate(K.get(kind), head, val, fit.options, 4, torch.device("cpu"))
     assert again["positions"] == rec["validation"][-1]["positions"]
     for a, b in zip(again["all"], rec["validation"][-1]["all"]):
         assert abs(a - b) <= 0.05
@@ -237,9 +264,8 @@ def test_medusa_kind_trains_heads_that_load_in_the_runtime_layout(tmp_path):
     assert isinstance(heads, MedusaModel) and heads.lm_head is None and not len(heads.lm_heads)
     # the loaded heads score on the validation split as the trained ones did
     K.get("medusa").adopt(heads, target, fit.options)
-    data = D.load(D.shard_paths(tmp_path / "data" / "tiny" / "round1"), rec["layers"], context=fit.prompt_context)
-    _, val = FIT.split(data, fit.val_every)
-    again = FIT.evaluate(K.get("medusa"), heads, data, val, fit.options, 4, torch.device("cpu"))
+    val = _validation(fit, data_recipe, target, rec["layers"])
+    again = FIT.evaluate(K.get("medusa"), heads, val, fit.options, 4, torch.device("cpu"))
     assert again["all"] == rec["validation"][-1]["all"]
     assert "## Training" in (out / "TRAINING.md").read_text()
 
@@ -323,15 +349,6 @@ def test_recipes_load_and_name_bad_keys(tmp_path):
     bad.write_text("name: x\ncorpora: [wikipedia]\n")
     with pytest.raises(R.RecipeError, match="unknown corpora"):
         R.load_data_recipe(str(bad))
-
-
-def test_row_groups_bound_rows_times_length():
-    from specc.train.distill import _row_groups
-
-    lengths = {0: 10, 1: 20, 2: 30, 3: 100, 4: 100}
-    groups = _row_groups([0, 1, 2, 3, 4], lengths.get, 200)
-    assert groups == [[0, 1, 2], [3, 4]]
-    assert _row_groups([3], lengths.get, 50) == [[3]]  # one row always fits
 
 
 # ------------------------------------------------------------------------------------ the command

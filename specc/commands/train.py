@@ -50,20 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="distill: only the first N prompts of the file (a quick run)")
     p.add_argument("--gen-batch", type=int, default=None,
                    help="distill: prompts per batch (default: the recipe's gen_batch / teacher_batch; larger on a GPU)")
-    p.add_argument("--max-batches", type=int, default=None,
-                   help="distill: only the first N batches of the seeded batch order (default: the recipe's max_batches)")
+    p.add_argument("--max-prompts", type=int, default=None,
+                   help="distill: only the first N prompts of the seeded order (default: the recipe's max_prompts)")
     p.add_argument("--time-budget-min", type=float, default=None, help="distill: stop after this many minutes; "
                    "fit: override the recipe's budget")
     p.add_argument("--out", default=None, help="fit: write the drafter here instead of the recipe's `out`")
     p.add_argument("--init-from", default=None, help="fit: start from this checkpoint directory (same kind)")
-
-
-def command_line() -> str:
-    """This process's command line, with the thread variables it ran under (for the records)."""
-    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ)
-    argv = ["specc"] + sys.argv[1:] if pathlib.Path(sys.argv[0]).name in ("specc", "cli.py", "__main__.py") \
-        else ["python"] + sys.argv
-    return (env + " " if env else "") + " ".join(shlex.quote(a) for a in argv)
 
 
 def run(args) -> int:

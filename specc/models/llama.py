@@ -247,7 +247,8 @@ class Attention(nn.Module):
                 slots: torch.Tensor, mask_bias: torch.Tensor, kv_len: int,
                 packing: Optional[TokenPacking] = None, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: [B, N, H] (or [T, H] packed by ``packing``); cos/sin: [B, N, 1, D] (sin with the first
-        half negated); batch_index, slots: [B, N] int64; mask_bias: [B * nkv, g * N, kv_len] additive
+        half negated); batch_index, slots: [B, N] int64; mask_bias: [B * nkv, g * N, kv_len] additive fp32
+        (or [B, 1, N, kv_len] in half precision, see ``_sdpa``)
         (0 = attend, dtype-min = masked; g = heads per kv head, row order (b, kv head, query head in
         group, n)); rows: [B] int64 cache rows of the batch rows (None: rows 0..B-1, the
         batch_index rows); returns [B, N, H] (or [T, H]).
@@ -268,6 +269,8 @@ class Attention(nn.Module):
         self.k_cache.transpose(1, 2).index_put_((batch_index, slots), k.to(self.k_cache.dtype))
         self.v_cache.transpose(1, 2).index_put_((batch_index, slots), v.to(self.v_cache.dtype))
         nkv, g, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        if mask_bias.dim() == 4:  # [B, 1, N, S]: fused attention (half precision; see LlamaModel.forward)
+            return self._sdpa(q, B, N, mask_bias, kv_len, packing, rows)
         if rows is None:
             keys = self.k_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)  # a view: [B*nkv, S, D]
             values = self.v_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)
@@ -284,6 +287,27 @@ class Attention(nn.Module):
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
         out = torch.bmm(probs, values)  # [B*nkv, g*N, D]
         out = out.view(B, nkv, g, N, D).permute(0, 3, 1, 2, 4).reshape(B, N, self.q_size)  # [B, N, q]
+        if packing is not None:
+            out = packing.pack(out)  # [T, q]
+        return self.wo(out)
+
+
+    def _sdpa(self, q: torch.Tensor, B: int, N: int, mask_bias: torch.Tensor, kv_len: int,
+              packing: Optional[TokenPacking], rows: Optional[torch.Tensor]) -> torch.Tensor:
+        """Attention of ``q`` ``[B, N, nh, D]`` over the first ``kv_len`` cache slots with
+        ``F.scaled_dot_product_attention`` (GQA by ``enable_gqa``: query head h reads kv head
+        h // g, HF's repeat_kv order): the half-precision path, where the eager ``baddbmm`` over
+        transposed cache views copies the cache at every layer. mask_bias: ``[B, 1, N, S]`` additive
+        in the cache dtype (0 = attend, dtype-min = masked, so a fully masked row stays finite).
+        Returns ``[B, N, H]`` (``[T, H]`` packed)."""
+        if rows is None:
+            keys, values = self.k_cache[:B, :, :kv_len], self.v_cache[:B, :, :kv_len]  # [B, nkv, S, D]
+        else:
+            keys = self.k_cache[:, :, :kv_len].index_select(0, rows)
+            values = self.v_cache[:, :, :kv_len].index_select(0, rows)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2).to(keys.dtype), keys, values, attn_mask=mask_bias,
+                                             scale=self.scale, enable_gqa=True)  # [B, nh, N, D]
+        out = out.transpose(1, 2).reshape(B, N, self.q_size)  # [B, N, q]
         if packing is not None:
             out = packing.pack(out)  # [T, q]
         return self.wo(out)
@@ -617,8 +641,11 @@ class LlamaModel(nn.Module):
         c = self.config
         g = c.num_heads // c.num_kv_heads
         mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, torch.finfo(x.dtype).min)
-        mask = mask[:, None, None].expand(B, c.num_kv_heads, g, N, kv_len).reshape(
-            B * c.num_kv_heads, g * N, kv_len)  # [B*nkv, g*N, S]
+        if x.dtype == torch.float32:
+            mask = mask[:, None, None].expand(B, c.num_kv_heads, g, N, kv_len).reshape(
+                B * c.num_kv_heads, g * N, kv_len)  # [B*nkv, g*N, S]: the eager fp32 attention
+        else:
+            mask = mask[:, None]  # [B, 1, N, S]: fused attention in half precision (Attention._sdpa)
         wanted = {i: k for k, i in enumerate(hidden_layers)}
         hidden: List[Optional[torch.Tensor]] = [None] * len(hidden_layers)
         for i, layer in enumerate(self.layers):

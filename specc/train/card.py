@@ -18,7 +18,9 @@ def _load(path: pathlib.Path):
 
 
 def plot_curve(record: dict, path: pathlib.Path) -> None:
-    """Training loss per step and validation agreement per draft step after each epoch."""
+    """Training loss per step, and validation agreement per draft step against the answer tokens
+    trained on (the agreement-versus-data curve: still rising at the end means more data would help;
+    epoch boundaries are marked, past the first the data repeat)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -29,19 +31,34 @@ def plot_curve(record: dict, path: pathlib.Path) -> None:
     ax[0].set_xlabel("optimizer step")
     ax[0].set_ylabel("training loss")
     ax[0].set_title(f"{record['title']}: loss")
-    vals = record.get("validation") or []
+    vals = ([record["validation_before"]] if record.get("validation_before") else []) + (record.get("validation") or [])
     for k in range(record["unroll_steps"]):
-        xs = [0] + [v["step"] for v in vals]
-        ys = [record["validation_before"]["all"][k] if record.get("validation_before") else None] + [v["all"][k] for v in vals]
-        ax[1].plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], marker="o",
+        ax[1].plot([v.get("tokens", 0) / 1e3 for v in vals], [v["all"][k] for v in vals], marker="o",
                    label=f"draft step {k + 1}")
-    ax[1].set_xlabel("optimizer step")
+    per_epoch = record["data"].get("train_answer_tokens")
+    if per_epoch:
+        for e in range(1, int(record.get("epochs_run", 1)) + 1):
+            if e * per_epoch <= (vals[-1].get("tokens", 0) if vals else 0):
+                ax[1].axvline(e * per_epoch / 1e3, color="grey", lw=0.6, ls="--")
+    ax[1].set_xlabel("answer tokens trained on (thousands; dashed: end of an epoch)")
     ax[1].set_ylabel("top-1 agreement with the target")
-    ax[1].legend()
+    ax[1].legend(fontsize=7)
     ax[1].set_title("validation split (held-out training prompts)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _compute_line(c: dict) -> str:
+    """The card's line on the compute dtype and the CPU it was measured on."""
+    from specc.device import describe
+
+    cpu = describe(c["cpu"]) if "model" in c.get("cpu", {}) else c.get("cpu", {}).get("device", "?")
+    if c.get("measured"):
+        rates = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in c["rates_gflops"].items())
+        return (f"- Compute dtype {c['dtype']} (target features and the drafter's autocast), chosen by measuring "
+                f"the fit's matrix shapes at its start ({rates}) on {cpu}.")
+    return f"- Compute dtype {c['dtype']} (the recipe's `amp: {c['amp']}`) on {cpu}."
 
 
 def _table(header: List[str], rows: List[List]) -> List[str]:
@@ -98,51 +115,60 @@ def render(out: pathlib.Path) -> pathlib.Path:
         L.append("")
     d = rec["data"]
     by_part = {}
-    for s in d["shards"]:
-        p = by_part.setdefault(s.get("part", "?"), {"shards": 0, "sequences": 0, "positions": 0, "answer": 0, "seconds": 0.0,
-                                                     "commands": []})
+    for sh in d["shards"]:
+        p = by_part.setdefault(sh.get("part", sh.get("dir", "?")), {"shards": 0, "sequences": 0, "answer": 0, "tokens": 0,
+                                                                  "seconds": 0.0, "cpu": 0.0, "commands": [], "dtypes": set()})
         p["shards"] += 1
-        p["sequences"] += s["sequences"]
-        p["positions"] += s["positions"]
-        p["answer"] += s.get("answer_tokens", 0)
-        p["seconds"] += s.get("seconds", 0.0)
-        if "cpu_seconds" in s:
-            p["cpu"] = p.get("cpu", 0.0) + s["cpu_seconds"]
-        else:
-            p["cpu_missing"] = True
-        if s.get("command") and s["command"] not in p["commands"]:
-            p["commands"].append(s["command"])
-    if dr.get("max_batches") or dr.get("split"):
-        L.append(f"Answered: each part's prompts in {dr.get('split') or 1} interleaved slice(s) (`split`), each slice only "
-                 f"its first `max_batches` {dr.get('max_batches')} batches of {dr['gen_batch']} prompts in its seeded order.")
+        p["sequences"] += sh["sequences"]
+        p["answer"] += sh.get("answer_tokens", 0)
+        p["tokens"] += sh.get("tokens", 0)
+        p["seconds"] += sh.get("seconds", 0.0)
+        p["cpu"] += sh.get("cpu_seconds", 0.0)
+        if sh.get("dtype"):
+            p["dtypes"].add(sh["dtype"])
+        if sh.get("command") and sh["command"] not in p["commands"]:
+            p["commands"].append(sh["command"])
+    L.append(f"Token shards (`{dr['prompt_dir']}/<part>/*.npz`, committed): prompts and the target's greedy answers "
+             f"(at most {dr['max_new_tokens']} new tokens, target dtype per part below) as token ids; the fit "
+             "computes the target's features from them online. Teacher-forced parts hold real-text answers, "
+             "labelled by the target during the fit.")
+    L.append("")
+    L += _table(["part", "shards", "sequences", "tokens", "answer tokens", "target dtype", "wall time (s)", "CPU time (s)"],
+                [[k, v["shards"], v["sequences"], v["tokens"], v["answer"], ", ".join(sorted(v["dtypes"])) or "–",
+                  round(v["seconds"]), round(v["cpu"])] for k, v in by_part.items()])
+    L.append("")
+    if d.get("shard_cpu"):
+        from specc.device import describe
+        L.append(f"Answered on: {describe(d['shard_cpu'])}.")
         L.append("")
-    L.append(f"Distillation (greedy, at most {dr['max_new_tokens']} new tokens; hidden states of the recorded layers "
-             f"and the target's argmax at every position). Used by this drafter (all of the prompt context up to "
-             f"{rec['recipe']['prompt_context']} positions):")
-    L.append("")
-    L += _table(["part", "shards", "sequences", "positions", "answer positions", "wall time (s)", "CPU time (s)"],
-                [[k, v["shards"], v["sequences"], v["positions"], v["answer"], round(v["seconds"]),
-                  f"≥ {round(v.get('cpu', 0))} (not recorded for every shard)" if v.get("cpu_missing") else round(v.get("cpu", 0))]
-                 for k, v in by_part.items()])
-    L.append("")
-    L.append(f"In memory: {d['sequences']} sequences ({d['train_sequences']} training, {d['val_sequences']} validation: "
-             f"every {rec['recipe']['val_every']}th), {d['positions']} positions, {d['answer_positions']} answer positions.")
+    L.append(f"Used here: {d['sequences']} sequences ({d['train_sequences']} training with {d['train_answer_tokens']:,} "
+             f"answer tokens; {d['val_sequences']} validation: every {rec['recipe']['val_every']}th self-distilled one, "
+             f"{d['val_answer_tokens']:,} answer tokens), the last {rec['recipe']['prompt_context']} prompt positions "
+             f"of each kept as context. Per category (sequences / answer tokens): "
+             + ", ".join(f"{c} {v['sequences']} / {v['answer_tokens']:,}" for c, v in d["by_category"].items()) + ".")
     r = rec["recipe"]
     opts = ", ".join(f"{k}={v}" for k, v in r["options"].items())
     L += ["", "## Training", "",
           f"- Kind `{rec['kind']}` ({opts}); AdamW lr {r['lr']} (warm-up {r['warmup']}, cosine to {r['min_lr_ratio']}x), "
           f"batch {r['batch']} sequences, grad-clip {r['clip']}, weight decay {r['weight_decay']}, seed {r['seed']}.",
           f"- {rec['steps']} steps, {rec['epochs_run']} epoch(s){' (stopped by the time budget)' if rec['stopped_by_time_budget'] else ''}, "
+          f"{rec['answer_tokens_trained']:,} answer tokens trained on ({rec['answer_tokens_per_s']:.0f} per second), "
           f"{rec['seconds']:.0f} s wall on {rec['threads']} {rec['device']} thread(s) (torch {rec['torch']}), "
-          f"{rec.get('cpu_seconds', rec['seconds'] * rec['threads']) / 3600:.2f} CPU-hours (process CPU time; the "
-          f"machine was shared, so wall time is longer).",
+          f"{rec.get('cpu_seconds', rec['seconds'] * rec['threads']) / 3600:.2f} CPU-hours (process CPU time); "
+          f"the target's online features took {rec['target_feature_seconds']:.0f} s of it "
+          f"({rec['target_positions']:,} target positions).",
+          _compute_line(rec["compute"]),
           "", "Validation agreement (top-1 equal to the target's token) per draft step:", ""]
     steps = rec["unroll_steps"]
     rows = []
     if rec.get("validation_before"):
-        rows.append(["before training", 0] + rec["validation_before"]["all"])
-    rows += [[f"epoch {v['epoch']}", v["step"]] + v["all"] for v in rec.get("validation", [])]
-    L += _table(["", "step"] + [f"step {k + 1}" for k in range(steps)], rows)
+        rows.append(["before training", 0, 0] + rec["validation_before"]["all"])
+    rows += [[f"epoch {v['epoch']}", v["step"], f"{v.get('tokens', 0):,}"] + v["all"] for v in rec.get("validation", [])]
+    L += _table(["", "step", "answer tokens trained on"] + [f"step {k + 1}" for k in range(steps)], rows)
+    if (rec.get("finish") or {}).get("confidence_calibration"):
+        L += ["", "Confidence head calibration (Platt `sigmoid(a·z + b)` per block position, fitted on the "
+              "validation split's (logit, accepted) pairs): " + ", ".join(
+                  f"({a:.2f}, {b:.2f})" for a, b in rec["finish"]["confidence_calibration"])]
     if rec.get("validation"):
         last = rec["validation"][-1]
         L += ["", "After training, per category and per data kind:", ""]

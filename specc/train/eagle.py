@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from specc.models.eagle import EagleConfig, EagleModel, default_aux_layer_ids
-from specc.train.kinds import DrafterKind, register
+from specc.train.kinds import DrafterKind
+from specc.train.vocab import label_counts, top_vocab
 
 
 # ------------------------------------------------------------------------------------ shared maths
@@ -116,26 +117,6 @@ def loss_positions(labels: torch.Tensor):
     j = torch.arange(A, device=dev)[None]
     sel = (first[:, None] + j).clamp(max=T - 1)
     return sel, j < count[:, None]
-
-
-def label_counts(data, V: int, idx=None) -> torch.Tensor:
-    """How often each target id is an answer label in sequences ``idx`` (default all) of ``data`` (a
-    ``SeqSet``): ``[V]`` int64."""
-    counts = torch.zeros(V, dtype=torch.long)
-    for i in (range(len(data)) if idx is None else idx):
-        _, lab, _ = data.seq(i, int(data.prompt_len[i]) - 1)
-        lab = lab[lab >= 0]
-        counts += torch.bincount(lab, minlength=V)
-    return counts
-
-
-def top_vocab(counts: torch.Tensor, size: int):
-    """The ``size`` most frequent ids (sorted) -> ``ids [Vd]``, ``d2t [Vd]`` (target = draft + d2t),
-    ``t2d [V]`` bool and the fraction of ``counts`` they cover."""
-    top = torch.topk(counts, size).indices.sort().values
-    t2d = torch.zeros(counts.shape[0], dtype=torch.bool)
-    t2d[top] = True
-    return top, top - torch.arange(size), t2d, float(counts[top].sum()) / max(1.0, float(counts.sum()))
 
 
 class _EagleBase(DrafterKind):
@@ -258,7 +239,6 @@ def _embedding(target):
     return w, (lambda ids: F.embedding(ids, w))
 
 
-@register
 class Eagle3Kind(_EagleBase):
     name = "eagle3"
     title = "EAGLE-3"
@@ -332,7 +312,6 @@ class Eagle3Kind(_EagleBase):
         return (ce * m).sum() / m.sum().clamp(min=1), pred
 
 
-@register
 class EagleKind(_EagleBase):
     name = "eagle"
     title = "EAGLE"

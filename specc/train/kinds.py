@@ -6,12 +6,12 @@ one subclass of :class:`DrafterKind` registered with :func:`register`, plus one 
 initialise its model from the target, how a batch is collated and scored (loss and per-draft-step
 top-1 agreement), and how its checkpoint is written and read in its published layout.
 
-Kinds registered today: ``eagle`` and ``eagle3`` (:mod:`specc.train.eagle`), ``medusa``
-(:mod:`specc.train.medusa`). A kind added later (a DFlash / DSpark block drafter, a PARD draft
-model) implements the same methods:
-``layers`` (e.g. the target layers a DFlash draft conditions on; none for PARD), ``build``,
-``collate`` + ``loss`` (its own objective: Medusa's per-head cross-entropy, a parallel drafter's
-block loss), ``save`` / ``load`` in its published layout, and optionally ``coverage_report``.
+Built-in kinds (:data:`BUILTIN`): ``eagle`` and ``eagle3`` (:mod:`specc.train.eagle`), ``medusa``
+(:mod:`specc.train.medusa`), the block drafters ``dflash``, ``dspark`` and ``pard``
+(:mod:`specc.train.block`). Each implements ``layers`` (the target layers it reads; none for PARD),
+``build``, ``collate`` + ``loss`` (its own objective), ``save`` / ``load`` in its published layout,
+and optionally ``finish`` (work after the last step on held-out data, e.g. DSpark's confidence
+calibration).
 """
 from __future__ import annotations
 
@@ -60,6 +60,11 @@ class DrafterKind:
         """Write the checkpoint in the kind's published layout."""
         raise NotImplementedError
 
+    def finish(self, model, target, held_out, options: dict) -> dict:
+        """Work after the last training step on held-out data (``held_out``: a
+        :class:`specc.train.data.SeqSet` with features); returns facts for the card. Default: none."""
+        return {}
+
     def load(self, directory, target) -> torch.nn.Module:
         """Read a checkpoint written by :meth:`save` (or published by others in the same layout)."""
         raise NotImplementedError
@@ -75,26 +80,42 @@ class DrafterKind:
         return out
 
 
-KINDS: Dict[str, DrafterKind] = {}
+#: The built-in kinds: name -> "module:Class". Looked up lazily (importlib), so this module imports
+#: none of the kinds' modules and they import only the protocol above: no import cycle.
+BUILTIN: Dict[str, str] = {
+    "eagle": "specc.train.eagle:EagleKind",
+    "eagle3": "specc.train.eagle:Eagle3Kind",
+    "medusa": "specc.train.medusa:MedusaKind",
+    "dflash": "specc.train.block:DFlashKind",
+    "dspark": "specc.train.block:DSparkKind",
+    "pard": "specc.train.block:PardKind",
+}
+
+KINDS: Dict[str, DrafterKind] = {}  # instances, by name (built-ins on first use, others by register)
 
 
 def register(cls):
-    """Class decorator: register one instance of a :class:`DrafterKind` subclass under ``cls.name``."""
+    """Register one instance of a :class:`DrafterKind` subclass under ``cls.name`` (a class
+    decorator, for kinds defined outside :data:`BUILTIN`, e.g. a test's toy kind)."""
     if not cls.name:
         raise ValueError(f"{cls.__name__}.name is empty")
     KINDS[cls.name] = cls()
     return cls
 
 
+def names() -> List[str]:
+    """Every known kind name (built-in and registered), sorted."""
+    return sorted(set(BUILTIN) | set(KINDS))
+
+
 def get(name: str) -> DrafterKind:
-    """The registered kind ``name``; ``SpeccError`` listing the known kinds otherwise."""
-    _load_builtin()
+    """The kind ``name`` (a built-in is imported on first use); ``SpeccError`` listing the known
+    kinds otherwise."""
+    import importlib
+
+    if name not in KINDS and name in BUILTIN:
+        module, cls = BUILTIN[name].split(":")
+        KINDS[name] = getattr(importlib.import_module(module), cls)()
     if name not in KINDS:
-        raise SpeccError(f"unknown drafter kind {name!r}; registered kinds: {', '.join(sorted(KINDS))}")
+        raise SpeccError(f"unknown drafter kind {name!r}; registered kinds: {', '.join(names())}")
     return KINDS[name]
-
-
-def _load_builtin() -> None:
-    import specc.train.eagle  # noqa: F401  (registers eagle, eagle3)
-    import specc.train.block  # noqa: F401  (registers dflash, dspark, pard)
-    import specc.train.medusa  # noqa: F401  (registers medusa)

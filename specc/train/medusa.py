@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from specc.models.medusa import MedusaConfig, MedusaModel
-from specc.train.kinds import DrafterKind, register
+from specc.train.kinds import DrafterKind
+from specc.train.vocab import label_counts, top_vocab
 
 
-@register
 class MedusaKind(DrafterKind):
     name = "medusa"
     title = "Medusa"
@@ -36,8 +36,6 @@ class MedusaKind(DrafterKind):
         return int(options["num_heads"])  # agreement is reported per head ("draft step" k = head k - 1)
 
     def build(self, target, options, data, idx):
-        from specc.train.eagle import label_counts, top_vocab
-
         cfg = MedusaConfig(num_heads=int(options["num_heads"]), num_layers=int(options["num_layers"]),
                            hidden_size=target.config.hidden_size, vocab_size=target.config.vocab_size,
                            fc_bias=True, shared_lm_head=True)

