@@ -2,15 +2,22 @@
 
 ``(plan, states) ──codegen──▶ generated/<plan>-<hash>/`` (DESIGN.md). The artifact holds
 
-- ``manifest.json`` — format version, plan name and hash, specc version, states and their parameters,
-  kernel variants, the cost model's prediction per state, and the sha256 of every other file;
-- ``plan.yaml`` — the resolved plan in canonical form (the bytes the plan hash is taken of);
-- ``states/<state_name>.py`` — one module per candidate state, from ``templates/state.py.j2``;
+- ``manifest.json`` — the one source of every fact the runtime reads: format version, plan name and
+  hash, specc version, the runtime section (checkpoints, method, verify rule, dtype, compile
+  backend, schedule), each candidate state once (its parameters, the kernel variant of each role,
+  its static tree by key, the cost model's prediction), the static trees compiled once
+  (:func:`specc.trees.compile_tree`), the kernel variants, and the sha256 of every other file;
+- ``plan.yaml`` — the resolved plan in canonical form (the bytes the plan hash is taken of; for
+  people and for the hash: the runtime never parses it);
 - ``kernels/<variant>.py`` — the verify-kernel variants the states use, from
   ``templates/kernels/<family>.py.j2``: each bakes in its constants (verify width, one-hot or full
   q), checks shapes against them, and calls the kernel body in ``specc.kernels`` (Triton kernel and
-  torch reference of one signature);
-- ``graph.json`` — every state's stage graph; ``report.md`` — a human-readable summary.
+  torch reference of one signature): generated code exists only where constants specialise it;
+- ``report.md`` — a human-readable summary; ``graph.json`` — every state's stage graph, only when
+  asked for (``specc compile --emit-graph``; nothing at run time reads it).
+
+What a state *runs* is not written down: the runtime derives its programs from its parameters with
+the one table (:func:`specc.programs.state_programs`), as codegen's report does.
 
 Design follows FlashInfer's JIT (``shared/reference/anchors.md`` §A4): templates hold only the
 specialization, every generated name is built from all specializing parameters
@@ -21,9 +28,11 @@ code through the ``pyliteral`` filter (``repr`` of validated plain data) and nam
 
 Determinism: the same plan, specc version and templates give byte-identical files (sorted keys, no
 timestamps; computed floats — predictions, graphs — rounded to :data:`FLOAT_DIGITS` significant
-digits, plan values kept exactly). The directory name's hash
-covers the canonical plan, the specc version and every template, so a template change gives a new
-artifact. Codegen never runs a model and never imports torch.
+digits, plan values kept exactly). The directory name's hash (:func:`artifact_hash`) covers the
+canonical plan, the specc version, every template, the manifest's content (runtime section, states,
+trees, kernel variants) and the bytes of every file the runtime loads, so an edit of any of them
+— the manifest included — no longer matches the name. Codegen never runs a model and never imports
+torch.
 """
 from __future__ import annotations
 
@@ -47,7 +56,7 @@ from specc import programs, trees
 from specc.errors import ArtifactError, PlanError
 from specc.plan.schema import Plan, plan_to_dict
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Version of the artifact layout; bump when manifest keys or the directory layout change."""
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -58,7 +67,6 @@ MANIFEST = "manifest.json"
 PLAN_FILE = "plan.yaml"
 GRAPH_FILE = "graph.json"
 REPORT_FILE = "report.md"
-STATE_TEMPLATE = "state.py.j2"
 REPORT_TEMPLATE = "report.md.j2"
 HASH_CHARS = 12
 """Hex characters of the artifact hash kept in the directory name (48 bits)."""
@@ -180,8 +188,8 @@ def sha256_hex(data: bytes) -> str:
 
 def canonical_plan_yaml(plan: Plan) -> str:
     """The resolved plan as canonical YAML (``specc.plan.dump.dump_resolved``: schema key order,
-    bucket keys sorted, block style). Its sha256 is the plan hash; the runtime rebuilds the ``Plan``
-    from exactly these bytes (:func:`specc.runtime.artifact.plan_from_yaml`)."""
+    bucket keys sorted, block style). Its sha256 is the plan hash (the runtime reads the manifest,
+    never these bytes)."""
     from specc.plan.dump import dump_resolved
 
     return dump_resolved(plan)
@@ -199,17 +207,42 @@ def template_hash(templates_dir: Path = TEMPLATES_DIR) -> str:
 
 
 def artifact_hash(plan_yaml: str, templates_digest: str, specc_version: str = specc.__version__,
-                  runtime: Optional[Mapping[str, Any]] = None) -> str:
+                  content: Optional[Mapping[str, Any]] = None) -> str:
     """The hash in the artifact's directory name: sha256 of the format version, specc version,
-    canonical plan bytes, template digest and the manifest's runtime section (canonical JSON: it
-    carries data from outside the plan, such as an embedded cost table), truncated to
-    :data:`HASH_CHARS` hex characters."""
+    canonical plan bytes, template digest and ``content`` — the manifest's facts the runtime reads
+    (``runtime``, ``states``, ``trees``, ``kernels`` and the sha256 of every loaded file), as
+    canonical JSON — truncated to :data:`HASH_CHARS` hex characters. The loader recomputes it, so an
+    edited manifest is refused (:func:`specc.runtime.artifact.load_artifact`)."""
     parts = ["specc-artifact", str(FORMAT_VERSION), specc_version, sha256_hex(plan_yaml.encode()),
              templates_digest]
-    if runtime is not None:
-        parts.append(sha256_hex(json.dumps(runtime, sort_keys=True, separators=(",", ":")).encode()))
+    if content is not None:
+        parts.append(sha256_hex(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()))
     key = "\0".join(parts)
     return sha256_hex(key.encode())[:HASH_CHARS]
+
+
+HASHED_KEYS = ("runtime", "states", "trees", "kernels", "loaded_files")
+"""The manifest keys :func:`artifact_hash` covers (``loaded_files``: the sha256 of ``plan.yaml``
+and every kernel module, the files the runtime reads)."""
+
+
+def manifest_content(manifest: Mapping[str, Any]) -> Dict[str, Any]:
+    """The part of a manifest :func:`artifact_hash` covers: :data:`HASHED_KEYS`, where
+    ``loaded_files`` is ``files`` without ``report.md`` and ``graph.json`` (rendered after the name,
+    read by no program)."""
+    files = manifest.get("files") if isinstance(manifest.get("files"), Mapping) else {}
+    out = {k: manifest.get(k) for k in HASHED_KEYS if k != "loaded_files"}
+    out["loaded_files"] = {k: v for k, v in files.items() if k not in (REPORT_FILE, GRAPH_FILE)}
+    return out
+
+
+def tree_key(tree_choices: Optional[Sequence[Sequence[int]]]) -> Optional[str]:
+    """The manifest key of a static tree: ``t<12 hex of its canonical paths>`` (states sharing a
+    tree share one compiled entry), None for no static tree."""
+    if tree_choices is None:
+        return None
+    canon = json.dumps([list(p) for p in trees.normalize_choices(tree_choices)], separators=(",", ":"))
+    return "t" + sha256_hex(canon.encode())[:HASH_CHARS]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -476,15 +509,17 @@ def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dic
 
 def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
            templates_dir: Optional[Path] = None,
-           on_file: Optional[Callable[[str], None]] = None) -> Tuple[str, Dict[str, bytes]]:
+           on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> Tuple[str, Dict[str, bytes]]:
     """Render the artifact in memory.
 
     Returns ``(dir_name, files)``: ``dir_name`` is ``<plan.name>-<hash>``; ``files`` maps each
     artifact-relative POSIX path (``manifest.json`` included) to its bytes. ``on_file(path)`` is
     called before each file is rendered (tests use it to make rendering fail midway).
+    ``emit_graph``: also write ``graph.json`` (every state's stage graph).
 
     Raises:
-        PlanError: bad names (plan, state), or a state with no kernel for its verify rule.
+        PlanError: bad names (plan, state), a state the runtime cannot run, or a state with no kernel
+            for its verify rule.
         ArtifactError: a missing template, or a template error (with the template's name).
     """
     templates_dir = Path(templates_dir or TEMPLATES_DIR)
@@ -502,7 +537,6 @@ def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
         spec = lower.ScheduleSpec(kind="static", capture_sizes=sizes, buckets=(), start_steps=max(
             int(s.num_steps) for s in inputs.states))
         runtime = runtime_section(plan, spec.as_dict(), spec.start_steps)
-    name = f"{plan_name}-{artifact_hash(plan_yaml, digest, runtime=runtime)}"
     plan_data = plain_data(plan_to_dict(plan), "plan")
     synthetic_rates = runtime["verify"]["synthetic_rates"]
 
@@ -519,31 +553,25 @@ def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
     emit(PLAN_FILE, plan_yaml)
 
     variants: Dict[str, KernelVariant] = {}
-    state_entries = []
+    state_entries, report_states, tree_table = [], [], {}
     for s in inputs.states:
         params = state_parameters(s)
         used = kernel_variants_for(s)
         for v in used.values():
             variants[v.name] = v
-        module = f"states/{s.name}.py"
         prediction = inputs.predictions.get(s.name, {})
         try:
             progs = programs.state_programs(s, synthetic_rates)
         except ValueError as exc:
             raise PlanError(str(exc)) from None
-        context = {
-            "state": params, "state_name": s.name, "kernels": [dict(v.as_dict(), role=role) for role, v in used.items()],
-            "programs": [{"stage": stage, "fn": call.fn, "args": list(call.args),
-                          "doc": programs.PROGRAM_DOCS[call.fn]} for stage, call in progs.items()],
-            "tree": tree_buffers(params.get("tree_choices")), "plan": plan_data,
-            "plan_name": plan_name, "plan_hash": plan_hash, "prediction": prediction,
-            "specc_version": specc.__version__, "format_version": FORMAT_VERSION,
-        }
-        step(module)
-        emit(module, _render(env, STATE_TEMPLATE, context))
-        state_entries.append({"name": s.name, "module": module, "parameters": params,
-                              "kernels": {role: v.name for role, v in used.items()},
-                              "prediction": prediction})
+        key = tree_key(params.get("tree_choices"))
+        if key is not None and key not in tree_table:
+            tree_table[key] = plain_data(tree_buffers(params["tree_choices"]), f"tree of {s.name}")
+        entry = {"name": s.name, "parameters": params, "kernels": {role: v.name for role, v in used.items()},
+                 "tree": key, "prediction": prediction}
+        state_entries.append(entry)
+        report_states.append(dict(entry, programs=[{"stage": stage, "fn": call.fn, "args": list(call.args)}
+                                                   for stage, call in progs.items()]))
 
     for vname in sorted(variants):
         v = variants[vname]
@@ -552,14 +580,30 @@ def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
                                {"variant": v.as_dict(), "constants": dict(v.constants),
                                 "specc_version": specc.__version__}))
 
-    step(GRAPH_FILE)
-    emit(GRAPH_FILE, _json({"format_version": FORMAT_VERSION, "plan_name": plan_name,
-                            "states": {s.name: inputs.graphs.get(s.name) for s in inputs.states}}))
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "specc_version": specc.__version__,
+        "plan_name": plan_name,
+        "plan_hash": plan_hash,
+        "template_hash": "sha256:" + digest,
+        "runtime": runtime,
+        "states": state_entries,
+        "trees": tree_table,
+        "kernels": [variants[k].as_dict() for k in sorted(variants)],
+        "files": {p: "sha256:" + sha256_hex(b) for p, b in sorted(files.items())},
+    }
+    manifest = plain_data(manifest, "manifest")
+    name = f"{plan_name}-{artifact_hash(plan_yaml, digest, content=manifest_content(manifest))}"
+
+    if emit_graph:
+        step(GRAPH_FILE)
+        emit(GRAPH_FILE, _json({"format_version": FORMAT_VERSION, "plan_name": plan_name,
+                                "states": {s.name: inputs.graphs.get(s.name) for s in inputs.states}}))
 
     step(REPORT_FILE)
     emit(REPORT_FILE, _render(env, REPORT_TEMPLATE, {
         "plan_name": plan_name, "plan_hash": plan_hash, "artifact_name": name,
-        "specc_version": specc.__version__, "plan": plan_data, "states": state_entries,
+        "specc_version": specc.__version__, "plan": plan_data, "states": report_states,
         "kernels": [variants[k].as_dict() for k in sorted(variants)],
         "graph_summaries": inputs.graph_summaries,
         "prediction_keys": [k for k in REPORT_PREDICTION_KEYS
@@ -567,18 +611,8 @@ def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
     }))
 
     step(MANIFEST)
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "specc_version": specc.__version__,
-        "name": name,
-        "plan_name": plan_name,
-        "plan_hash": plan_hash,
-        "template_hash": "sha256:" + digest,
-        "runtime": runtime,
-        "states": state_entries,
-        "kernels": [variants[k].as_dict() for k in sorted(variants)],
-        "files": {p: "sha256:" + sha256_hex(b) for p, b in sorted(files.items())},
-    }
+    manifest["name"] = name
+    manifest["files"] = {p: "sha256:" + sha256_hex(b) for p, b in sorted(files.items())}
     emit(MANIFEST, _json(manifest))
     return name, files
 
@@ -903,9 +937,10 @@ def _severity(v: Any) -> str:
 
 def compile_plan(plan: Plan, out_dir: Path = DEFAULT_OUT_DIR,
                  templates_dir: Optional[Path] = None,
-                 on_file: Optional[Callable[[str], None]] = None) -> CompileResult:
+                 on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> CompileResult:
     """Resolve and check ``plan`` against the ``specc`` profile, lower it, render and atomically
-    write its artifact under ``out_dir`` (``templates_dir`` defaults to :data:`TEMPLATES_DIR`).
+    write its artifact under ``out_dir`` (``templates_dir`` defaults to :data:`TEMPLATES_DIR`;
+    ``emit_graph``: also ``graph.json``).
 
     Raises:
         PlanError: a name that is not an identifier, rule errors against the ``specc`` profile (all
@@ -920,7 +955,7 @@ def compile_plan(plan: Plan, out_dir: Path = DEFAULT_OUT_DIR,
         lines = "\n".join(f"  - {format_violation(v)}" for v in errors)
         raise PlanError(f"plan {plan.name!r} has {len(errors)} error(s) for engine 'specc':\n{lines}")
     inputs = gather(resolved)
-    name, files = render(inputs, templates_dir=templates_dir, on_file=on_file)
+    name, files = render(inputs, templates_dir=templates_dir, on_file=on_file, emit_graph=emit_graph)
     return write_artifact(Path(out_dir), name, files, on_file=on_file)
 
 

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 # A few bf16 GEMMs under oneDNN's verbose mode: its "isa" info line names the instruction set it
 # dispatches to (e.g. "Intel AVX-512 with AVX512BW, AVX512VL, AVX512DQ, AVX512_BF16 and Intel AMX

@@ -35,28 +35,45 @@ def _manifest(path):
     return json.loads((path / "manifest.json").read_text())
 
 
-def test_loads_states_kernels_and_plan(artifact):
+def test_loads_states_kernels_and_nothing_else(artifact):
+    """The manifest is the one source: states are its entries (parameters of the resolved plan's
+    lowering), kernels the only generated code; no state modules, no graph.json unless asked."""
+    from specc.analyze import lower_plan
+
     art = load_artifact(artifact)
     manifest = _manifest(artifact)
     assert art.manifest == manifest
-    assert list(art.states) == [s["name"] for s in manifest["states"]]
+    low = lower_plan(resolved_preset("smollm2_ngram"))
+    assert [e["name"] for e in art.states] == [s.name for s in low.states]
+    assert [e["parameters"]["num_steps"] for e in art.states] == [s.num_steps for s in low.states]
     assert set(art.kernels) == {k["name"] for k in manifest["kernels"]}
-    assert art.plan == resolved_preset("smollm2_ngram")
-    for name, module in art.states.items():
-        assert module.__file__ == str(artifact / "states" / f"{name}.py")
-        assert module.STATE["name"] == name
-        assert sys.modules[module.__name__] is module
+    assert sorted(p for p in manifest["files"]) == ["kernels/greedy_verify_w5.py", "plan.yaml", "report.md"]
+    assert not (artifact / "states").exists() and not (artifact / "graph.json").exists()
     for name, module in art.kernels.items():
         assert module.NAME == name
+        assert module.__file__ == str(artifact / "kernels" / f"{name}.py")
+        assert sys.modules[module.__name__] is module
     # Loaded from verified bytes: no bytecode cache was written into the artifact.
     assert not list(artifact.rglob("__pycache__"))
 
 
+def test_the_runtime_never_parses_plan_yaml(artifact, monkeypatch):
+    """plan.yaml is hashed (a changed byte is refused) but never read as YAML at load."""
+    import yaml
+
+    def no_yaml(*a, **k):
+        raise AssertionError("the loader parsed YAML")
+
+    monkeypatch.setattr(yaml, "safe_load", no_yaml)
+    monkeypatch.setattr(yaml, "load", no_yaml)
+    assert load_artifact(artifact).states
+
+
 def test_two_loads_get_distinct_modules(artifact):
     a, b = load_artifact(artifact), load_artifact(artifact)
-    for name in a.states:
-        assert a.states[name] is not b.states[name]
-        assert a.states[name].__name__ != b.states[name].__name__
+    for name in a.kernels:
+        assert a.kernels[name] is not b.kernels[name]
+        assert a.kernels[name].__name__ != b.kernels[name].__name__
 
 
 def test_kernel_variant_matches_kernel_library(artifact):
@@ -101,15 +118,29 @@ def test_kernel_variant_runs_the_triton_kernel(artifact):
     assert torch.equal(tri.output_tokens, ref.output_tokens)
 
 
-def test_tampered_state_module_is_refused_before_import(artifact, tmp_path):
+def test_tampered_kernel_module_is_refused_before_import(artifact, tmp_path):
     marker = tmp_path / "imported"
-    state = sorted((artifact / "states").glob("*.py"))[0]
-    state.write_text(state.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    kernel = sorted((artifact / "kernels").glob("*.py"))[0]
+    kernel.write_text(kernel.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
     with pytest.raises(ArtifactError) as exc:
         load_artifact(artifact)
     msg = str(exc.value)
-    assert f"states/{state.name}" in msg and "changed" in msg and "specc compile" in msg
+    assert f"kernels/{kernel.name}" in msg and "changed" in msg and "specc compile" in msg
     assert not marker.exists(), "the tampered module was executed before its hash was checked"
+
+
+def test_tampered_kernel_with_rehashed_entry_is_refused(artifact, tmp_path):
+    """Editing a kernel module and its sha256 in `files` is caught by the name hash, before import."""
+    import hashlib
+
+    marker = tmp_path / "imported"
+    kernel = sorted((artifact / "kernels").glob("*.py"))[0]
+    kernel.write_text(kernel.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    rel = f"kernels/{kernel.name}"
+    _edit_manifest(artifact, lambda m: m["files"].update({rel: "sha256:" + hashlib.sha256(kernel.read_bytes()).hexdigest()}))
+    with pytest.raises(ArtifactError, match="edited after compile"):
+        load_artifact(artifact)
+    assert not marker.exists()
 
 
 def test_one_byte_change_is_refused(artifact):
@@ -122,9 +153,9 @@ def test_one_byte_change_is_refused(artifact):
 
 
 def test_missing_file_is_refused(artifact):
-    victim = sorted((artifact / "states").glob("*.py"))[-1]
+    victim = sorted((artifact / "kernels").glob("*.py"))[-1]
     victim.unlink()
-    with pytest.raises(ArtifactError, match=f"states/{victim.name} is missing.*specc compile"):
+    with pytest.raises(ArtifactError, match=f"kernels/{victim.name} is missing.*specc compile"):
         load_artifact(artifact)
 
 
@@ -149,8 +180,8 @@ def test_missing_manifest_is_refused(artifact):
 
 def test_extra_file_is_refused_and_not_run(artifact, tmp_path):
     marker = tmp_path / "imported"
-    (artifact / "states" / "b99_extra.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-    with pytest.raises(ArtifactError, match="states/b99_extra.py is not listed"):
+    (artifact / "kernels" / "b99_extra.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with pytest.raises(ArtifactError, match="kernels/b99_extra.py is not listed"):
         load_artifact(artifact)
     assert not marker.exists()
 
@@ -203,57 +234,38 @@ def _edit_manifest(artifact, edit):
     (artifact / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
-@pytest.mark.parametrize("field, edit", [
-    ("states[0].parameters", lambda m: m["states"][0]["parameters"].update(batch_size=64)),
-    ("states[0].parameters", lambda m: m["states"][0]["parameters"].update(num_steps=9)),
-    ("states[1].parameters", lambda m: m["states"][1]["parameters"].update(verify_rule="standard")),
-    ("states[0].parameters", lambda m: m["states"][0]["parameters"].pop("topk")),
-    ("states[0].kernels", lambda m: m["states"][0]["kernels"].update(verify="greedy_verify_w9")),
-    ("kernels[0].constants.NUM_DRAFT_TOKENS", lambda m: m["kernels"][0]["constants"].update(NUM_DRAFT_TOKENS=9)),
-    ("kernels[0].family", lambda m: m["kernels"][0].update(family="rejection_verify")),
-    ("plan_name", lambda m: m.update(plan_name="smollm2_eagle")),
-    ("name", lambda m: m.update(name="smollm2_ngram-000000000000")),
-    ("name", lambda m: m.update(template_hash="sha256:" + "0" * 64)),
-    ("'states' entries", lambda m: m["states"].pop()),
+@pytest.mark.parametrize("edit", [
+    lambda m: m["states"][0]["parameters"].update(batch_size=64),
+    lambda m: m["states"][0]["parameters"].update(num_steps=9),
+    lambda m: m["states"][1]["parameters"].update(verify_rule="standard"),
+    lambda m: m["states"][0]["parameters"].pop("topk"),
+    lambda m: m["states"][0]["kernels"].update(verify="greedy_verify_w9"),
+    lambda m: m["kernels"][0]["constants"].update(NUM_DRAFT_TOKENS=9),
+    lambda m: m["kernels"][0].update(family="rejection_verify"),
+    lambda m: m["runtime"]["method"].update(num_steps=2),
+    lambda m: m["runtime"].update(dtype="bfloat16"),
+    lambda m: m.update(plan_name="smollm2_eagle"),
+    lambda m: m.update(name="smollm2_ngram-000000000000"),
+    lambda m: m.update(template_hash="sha256:" + "0" * 64),
+    lambda m: m["states"].pop(),
 ])
-def test_edited_manifest_content_is_refused_before_import(artifact, tmp_path, monkeypatch, field, edit):
-    """No hash covers manifest.json itself: every field the runtime or a reader relies on is
-    cross-checked against the hashed files, without executing any of them."""
+def test_edited_manifest_content_is_refused_before_import(artifact, monkeypatch, edit):
+    """Any edit of a fact in manifest.json no longer hashes to the artifact's name: refused before
+    any module runs."""
     import specc.runtime.artifact as art_mod
 
     def no_exec(*a, **k):
-        raise AssertionError("a module was executed before the manifest was cross-checked")
+        raise AssertionError("a module was executed before the manifest was checked")
 
     _edit_manifest(artifact, edit)
     monkeypatch.setattr(art_mod, "_exec_module", no_exec)
     with pytest.raises(ArtifactError) as exc:
         load_artifact(artifact)
     msg = str(exc.value)
-    assert "manifest.json" in msg and field in msg and "specc compile" in msg, msg
-
-
-def test_edited_parameters_message_names_the_state_file_and_values(artifact):
-    state = _manifest(artifact)["states"][0]
-    _edit_manifest(artifact, lambda m: m["states"][0]["parameters"].update(batch_size=64))
-    with pytest.raises(ArtifactError) as exc:
-        load_artifact(artifact)
-    msg = str(exc.value)
-    assert state["module"] in msg and "'batch_size': 64" in msg
-    assert f"'batch_size': {state['parameters']['batch_size']}" in msg
+    assert "manifest.json" in msg and "specc compile" in msg, msg
 
 
 def test_reformatted_manifest_still_loads(artifact):
     """Only content is checked: re-serialising the same manifest (other indentation) is fine."""
     _edit_manifest(artifact, lambda m: None)
     assert len(load_artifact(artifact).states) == len(_manifest(artifact)["states"])
-
-
-def test_module_literals_does_not_execute(tmp_path):
-    from specc.runtime.artifact import module_literals
-
-    marker = tmp_path / "ran"
-    src = f"X = {{'a': (1, 2)}}\nY = X\nopen({str(marker)!r}, 'w').close()\nZ = -3\n".encode()
-    assert module_literals(src, "m.py") == {"X": {"a": (1, 2)}, "Z": -3}
-    assert not marker.exists()
-    with pytest.raises(ArtifactError, match="m.py is not valid Python"):
-        module_literals(b"def (:\n", "m.py")

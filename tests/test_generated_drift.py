@@ -31,11 +31,6 @@ def shipped_presets():
     return tuple(out)
 
 
-NEEDS_STATE_TEMPLATE = pytest.mark.skipif(
-    not (codegen.TEMPLATES_DIR / codegen.STATE_TEMPLATE).exists(),
-    reason="templates/state.py.j2 (runtime) not written yet")
-
-
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory):
     """Every shipped preset compiled once, from this source tree, into a temporary directory."""
@@ -43,7 +38,6 @@ def fresh(tmp_path_factory):
     return {p: codegen.compile_plan(load_plan(p).plan, out).path for p in shipped_presets()}
 
 
-@NEEDS_STATE_TEMPLATE
 @pytest.mark.parametrize("preset", shipped_presets())
 def test_committed_artifact_matches_a_fresh_compile(preset, fresh):
     path = fresh[preset]
@@ -56,7 +50,6 @@ def test_committed_artifact_matches_a_fresh_compile(preset, fresh):
     assert not changed, f"generated/{path.name}/ drifted in {changed}: {fix}"
 
 
-@NEEDS_STATE_TEMPLATE
 def test_no_stale_artifacts(fresh):
     expected = {path.name for path in fresh.values()}
     present = {p.name for p in GENERATED.iterdir() if p.is_dir() and not p.name.startswith(".")} if GENERATED.is_dir() else set()

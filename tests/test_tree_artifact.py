@@ -75,17 +75,22 @@ def test_compiled_tree_artifact_decodes_exactly(ckpts, tmp_path, capsys, preset,
     target, root = ckpts
     path = _compile(preset, root, tmp_path, capsys, draft, extra)
     art = load_artifact(path)
-    for name, module in art.states.items():
-        st = module.STATE
+    from specc.programs import state_programs
+    from specc.runtime.state import StateSpec
+
+    for entry in art.states:
+        st = entry["parameters"]
+        progs = state_programs(StateSpec.from_dict(st), art.manifest["runtime"]["verify"]["synthetic_rates"])
         if st["num_steps"] and st["tree_choices"] is not None:  # the static tree, compiled once
-            assert module.TREE == compile_tree(normalize_choices(st["tree_choices"]))
-            assert module.PROGRAMS["draft"][0] == "draft_tree_static"
+            assert art.tree_of(entry) == json.loads(json.dumps(compile_tree(normalize_choices(st["tree_choices"]))))
+            assert progs.draft.fn == "draft_tree_static"
         elif st["num_steps"]:
-            assert module.TREE is None and module.PROGRAMS["draft"] == ("draft_tree", [st["num_steps"], st["topk"],
-                                                                                       st["draft_sampling"]])
-        assert module.PROGRAMS["commit"][0] == ("commit_tree" if st["num_steps"] else "commit_none")
+            assert entry["tree"] is None and progs.draft.fn == "draft_tree"
+        assert progs.commit.fn == ("commit_tree" if st["num_steps"] else "commit_none")
     rt, art = load_runtime(path, device="cpu", artifact=art)
-    assert all(s.programs.verify.__module__ == art.states[s.spec.name].__name__ for s in rt.states)
+    for s in rt.states:
+        if s.spec.tree_choices is not None and s.spec.num_steps:
+            assert s.bufs.static_tree is not None
     reqs = [Request(prompt_ids=p, params=SamplingParams(max_new_tokens=16, ignore_eos=True)) for p in PROMPTS]
     for bs in (1, 3):
         outs = rt.generate(reqs, batch_size=bs)

@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Hydra-style overrides: group=option or dotted.key=value")
     parser.add_argument("--out", metavar="DIR", default="generated",
                         help="directory the artifact <plan>-<hash>/ is written into (default: generated/)")
+    parser.add_argument("--emit-graph", action="store_true",
+                        help="also write graph.json: every state's stage graph (tensors and shapes between "
+                             "stages); nothing at run time reads it")
     parser.add_argument("--print-path", action="store_true",
                         help="print only the artifact's path on stdout (for scripts)")
 
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if plan.engine != "specc":
         print(f"  note: plan {plan.name!r} targets engine {plan.engine!r}; compiling it for the specc "
               f"runtime (use `specc export` for {plan.engine})", file=sys.stderr)
-    result = codegen.compile_plan(plan, Path(args.out))
+    result = codegen.compile_plan(plan, Path(args.out), emit_graph=args.emit_graph)
     if args.print_path:
         print(result.path)
         return 0

@@ -1,17 +1,17 @@
 """Load a compiled artifact (``specc compile``'s ``generated/<plan>-<hash>/``), verifying it first.
 
-Order matters (issue 4, item 3): the manifest is parsed and checked, the sha256 of every listed file
-is verified, and unlisted files are refused, all BEFORE anything from the artifact is imported. Each
-module is then executed from the exact bytes that were hashed (read once, hashed, compiled), so a
-file swapped between the check and the import cannot run, and no ``__pycache__`` is read or written.
+Order matters: the manifest is parsed and checked, the sha256 of every listed file is verified,
+unlisted files are refused, and the artifact's name is recomputed from the manifest's own content
+(:func:`specc.codegen.artifact_hash`: an edited manifest no longer matches its name), all BEFORE
+anything from the artifact is imported. Each kernel module is then executed from the exact bytes
+that were hashed (read once, hashed, compiled), so a file swapped between the check and the import
+cannot run, and no ``__pycache__`` is read or written.
 
-The resolved plan is rebuilt from the artifact's own ``plan.yaml`` (never the user's YAML: DESIGN.md
-"the runtime never re-reads YAML") through the schema's structured merge
-(``specc.plan.load.plan_from_dict``). Nothing here imports torch; the state and kernel modules may.
+The manifest is the one source the runtime reads (DESIGN.md: "the runtime never re-reads YAML"):
+``plan.yaml`` is hashed but never parsed. Nothing here imports torch; the kernel modules may.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.util
 import itertools
@@ -26,15 +26,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
 import specc
-from specc.errors import ArtifactError, PlanError
-from specc.io import ARTIFACT_FILE_LIMIT, ARTIFACT_TOTAL_LIMIT, compose_yaml_bounded, file_kind, human_size, read_inside
-from specc.plan.schema import Plan
+from specc.errors import ArtifactError
+from specc.io import ARTIFACT_FILE_LIMIT, ARTIFACT_TOTAL_LIMIT, file_kind, human_size, read_inside
 
 MANIFEST = "manifest.json"
 PLAN_FILE = "plan.yaml"
-SUPPORTED_FORMAT_VERSIONS = (2,)
-_REQUIRED_KEYS = ("format_version", "specc_version", "name", "plan_name", "plan_hash", "states",
-                  "kernels", "files")
+SUPPORTED_FORMAT_VERSIONS = (3,)
+_REQUIRED_KEYS = ("format_version", "specc_version", "name", "plan_name", "plan_hash", "template_hash",
+                  "runtime", "states", "trees", "kernels", "files")
 _SAFE_REL = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _load_counter = itertools.count()
 
@@ -46,22 +45,29 @@ class Artifact:
     Attributes:
         path: the artifact directory.
         manifest: the parsed ``manifest.json``.
-        plan: the resolved ``Plan`` rebuilt from ``plan.yaml``.
-        states: state name → its module (``states/<name>.py``), in manifest order.
         kernels: kernel variant name → its module (``kernels/<name>.py``).
     """
 
     path: Path
     manifest: Dict[str, Any]
-    plan: Plan
-    states: Dict[str, types.ModuleType]
     kernels: Dict[str, types.ModuleType]
 
     @property
-    def state_entries(self) -> List[Dict[str, Any]]:
-        """The manifest's per-state records: ``name``, ``module``, ``parameters``, ``kernels``
-        (role → variant name) and ``prediction``."""
+    def states(self) -> List[Dict[str, Any]]:
+        """The manifest's per-state records, in order: ``name``, ``parameters`` (the
+        ``StateSpec`` fields), ``kernels`` (role → variant name), ``tree`` (key into
+        :attr:`trees` or None) and ``prediction``."""
         return list(self.manifest["states"])
+
+    @property
+    def trees(self) -> Dict[str, Dict[str, Any]]:
+        """Static trees compiled once (:func:`specc.trees.compile_tree`), by key."""
+        return dict(self.manifest["trees"])
+
+    def tree_of(self, entry: Mapping[str, Any]) -> Any:
+        """The compiled static tree of a state entry, or None."""
+        key = entry.get("tree")
+        return None if key is None else self.manifest["trees"][key]
 
 
 def _fix(path: Path, manifest: Mapping[str, Any] | None = None) -> str:
@@ -180,31 +186,6 @@ def _check_tree(path: Path, manifest: Mapping[str, Any]) -> None:
                                     f"{_fix(path, manifest)}")
 
 
-def plan_from_yaml(text: str, where: str) -> Plan:
-    """Rebuild the typed ``Plan`` from an artifact's ``plan.yaml`` text via the schema's structured
-    merge (``specc.plan.load.plan_from_dict``).
-
-    Raises:
-        ArtifactError: if the YAML does not parse or no longer fits the schema, naming ``where``.
-    """
-    import yaml
-
-    from specc.plan.load import plan_from_dict
-
-    try:
-        compose_yaml_bounded(text, where, error=ArtifactError)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ArtifactError(f"{where} is not valid YAML ({exc}); re-run specc compile") from None
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{where} is not a YAML mapping; re-run specc compile")
-    try:
-        return plan_from_dict(data)
-    except PlanError as exc:
-        raise ArtifactError(f"{where} does not fit this specc's plan schema ({exc}); "
-                            f"re-run specc compile with this specc") from None
-
-
 def _exec_module(name: str, fpath: Path, source: bytes) -> types.ModuleType:
     """Execute verified ``source`` as a fresh module ``name`` whose ``__file__`` is ``fpath``.
 
@@ -231,18 +212,18 @@ def load_artifact(path: str | Path) -> Artifact:
 
     Steps: parse ``manifest.json``; check the specc version it was compiled with equals this
     specc's; verify every file's sha256 and refuse unlisted files; check ``plan.yaml``'s hash equals
-    the manifest's ``plan_hash`` and rebuild the ``Plan``; cross-check the manifest's own content
-    against the hashed files without executing them (:func:`check_manifest_content`); then import each kernel module and each
-    state module (unique module names ``_specc_artifact_<n>.<kind>.<name>``, so two artifacts, or
-    the same one loaded twice, never share modules).
+    the manifest's ``plan_hash``; recompute the artifact's name from the manifest's content and the
+    hashed files (:func:`check_name`) and check the shape of every state and kernel entry; then
+    import each kernel module (unique module names ``_specc_artifact_<n>.kernels.<name>``, so two
+    artifacts, or the same one loaded twice, never share modules).
 
     Returns:
         :class:`Artifact`.
     Raises:
         ArtifactError: a missing/truncated/invalid manifest, a specc version mismatch, a missing,
-            changed or extra file, a bad plan, a manifest whose content disagrees with the hashed
-            files (e.g. edited ``states[i].parameters``), or a module that fails to import — each naming the
-            file and the fix ("re-run specc compile ...").
+            changed or extra file, a manifest edited after compile (its content no longer hashes to
+            its name), a malformed state or kernel entry, or a kernel module that fails to import —
+            each naming the file and the fix ("re-run specc compile ...").
     """
     path = Path(path)
     manifest = read_manifest(path)
@@ -250,145 +231,71 @@ def load_artifact(path: str | Path) -> Artifact:
         raise ArtifactError(f"{path} was compiled by specc {manifest['specc_version']}, this is specc "
                             f"{specc.__version__}; {_fix(path, manifest)}")
     contents = verify_files(path, manifest)
-
     if PLAN_FILE not in contents:
         raise ArtifactError(f"{path / MANIFEST} does not list {PLAN_FILE}; {_fix(path, manifest)}")
     plan_digest = "sha256:" + hashlib.sha256(contents[PLAN_FILE]).hexdigest()
     if plan_digest != manifest["plan_hash"]:
         raise ArtifactError(f"{path / PLAN_FILE} does not match the manifest's plan_hash; {_fix(path, manifest)}")
-    plan = plan_from_yaml(contents[PLAN_FILE].decode("utf-8"), str(path / PLAN_FILE))
-    check_manifest_content(path, manifest, contents, plan)
-
+    check_name(path, manifest, contents)
+    check_entries(path, manifest)
     prefix = f"_specc_artifact_{next(_load_counter)}"
     kernels: Dict[str, types.ModuleType] = {}
     for entry in manifest["kernels"]:
         name, rel = _entry(entry, path, manifest, "kernel")
         kernels[name] = _import(f"{prefix}.kernels.{name}", path, rel, contents, manifest)
-    states: Dict[str, types.ModuleType] = {}
-    for entry in manifest["states"]:
-        name, rel = _entry(entry, path, manifest, "state")
-        states[name] = _import(f"{prefix}.states.{name}", path, rel, contents, manifest)
-    if not states:
-        raise ArtifactError(f"{path / MANIFEST} lists no candidate state; {_fix(path, manifest)}")
-    return Artifact(path=path, manifest=manifest, plan=plan, states=states, kernels=kernels)
+    return Artifact(path=path, manifest=manifest, kernels=kernels)
 
 
-def module_literals(source: bytes, where: str) -> Dict[str, Any]:
-    """The module-level ``NAME = <literal>`` assignments of a Python source, by parsing it with
-    :mod:`ast` and :func:`ast.literal_eval` — nothing is executed. Assignments whose value is not a
-    literal (e.g. ``NUM_STEPS = NUM_DRAFT_TOKENS - 1``) are left out.
+def check_name(path: Path, manifest: Mapping[str, Any], contents: Mapping[str, bytes]) -> None:
+    """The manifest's ``name`` must be ``<plan_name>-<hash>`` with the hash
+    :func:`specc.codegen.artifact_hash` of ``plan.yaml``, the templates' digest, the specc version
+    and the manifest's content (:func:`specc.codegen.manifest_content`): one check covers every
+    fact of the manifest, so an edit of any of them is refused.
 
     Raises:
-        ArtifactError: the source does not parse (naming ``where``).
-    """
-    try:
-        tree = ast.parse(source, filename=where)
-    except (SyntaxError, ValueError) as exc:
-        raise ArtifactError(f"{where} is not valid Python ({exc}); re-run specc compile") from None
-    out: Dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                continue
-    return out
+        ArtifactError: naming ``manifest.json`` and the fix."""
+    from specc.codegen import artifact_hash, manifest_content
 
-
-def _as_json(value: Any) -> Any:
-    """``value`` as the manifest's JSON would hold it (tuples → lists), for comparison."""
-    return json.loads(json.dumps(value))
-
-
-def check_manifest_content(path: Path, manifest: Mapping[str, Any], contents: Mapping[str, bytes],
-                           plan: Plan) -> None:
-    """Cross-check what ``manifest.json`` says against the files whose sha256 it lists, so an edit to
-    the manifest itself (which no hash covers) cannot go unnoticed. Run after :func:`verify_files`
-    and before any import: the generated modules are parsed, never executed (:func:`module_literals`).
-
-    Checks: ``plan_name`` equals ``plan.yaml``'s ``name``; ``name`` is ``<plan_name>-<hash>``; every
-    ``states[i]``: ``name`` and ``parameters`` equal its module's ``STATE`` dict, ``kernels`` equals
-    its ``KERNELS``; every ``kernels[i]``: ``name``/``family``/``constants`` equal its module's
-    ``NAME``/``FAMILY``/constants; the ``states/`` and ``kernels/`` files hashed are exactly the
-    entries' modules; and ``name``'s hash is :func:`specc.codegen.artifact_hash` of ``plan.yaml``,
-    ``template_hash`` and ``specc_version`` (so those fields cannot be edited either). Not covered: ``states[i].prediction`` (advisory cost-model
-    numbers, shown by ``report.md``; nothing at run time reads them).
-
-    Raises:
-        ArtifactError: naming ``manifest.json``, the field, the file it disagrees with and the fix.
-    """
     mpath = path / MANIFEST
+    plan_name, template = manifest["plan_name"], manifest["template_hash"]
+    if not (isinstance(plan_name, str) and plan_name.isidentifier()):
+        raise ArtifactError(f"{mpath}: plan_name {plan_name!r} is not an identifier; {_fix(path, manifest)}")
+    if not (isinstance(template, str) and template.startswith("sha256:")):
+        raise ArtifactError(f"{mpath}: template_hash {template!r} is not a sha256 digest; {_fix(path, manifest)}")
+    expected = (f"{plan_name}-"
+                f"{artifact_hash(contents[PLAN_FILE].decode('utf-8'), template[7:], manifest['specc_version'], content=manifest_content(manifest))}")
+    if manifest["name"] != expected:
+        raise ArtifactError(f"{mpath}: name = {manifest['name']!r} is not the hash of the manifest's content, "
+                            f"plan.yaml and the templates ({expected!r}): manifest.json was edited after compile; "
+                            f"{_fix(path, manifest)}")
 
-    def bad(field: str, other: str, said: Any, found: Any) -> ArtifactError:
-        return ArtifactError(f"{mpath}: {field} = {said!r} disagrees with {path / other} ({found!r}); "
-                             f"manifest.json was edited after compile — {_fix(path, manifest)}")
 
-    if manifest["plan_name"] != plan.name:
-        raise bad("plan_name", PLAN_FILE, manifest["plan_name"], plan.name)
-    name = manifest["name"]
-    if not (isinstance(name, str) and re.fullmatch(re.escape(plan.name) + r"-[0-9a-f]+", name)):
-        raise bad("name", PLAN_FILE, name, f"{plan.name}-<hash>")
-    states = manifest["states"]
-    kernels = manifest["kernels"]
-    if not isinstance(states, list) or not isinstance(kernels, list):
-        raise ArtifactError(f"{mpath}: 'states' and 'kernels' must be lists; {_fix(path, manifest)}")
-    for i, entry in enumerate(states):
-        sname, rel = _entry(entry, path, manifest, "state")
-        lits = module_literals(contents[rel], str(path / rel))
-        state = lits.get("STATE")
-        if not isinstance(state, dict):
-            raise ArtifactError(f"{path / rel} defines no literal STATE dict; {_fix(path, manifest)}")
-        if state.get("name") != sname:
-            raise bad(f"states[{i}].name", rel, sname, state.get("name"))
-        if _as_json(entry.get("parameters")) != _as_json(state):
-            said, found = entry.get("parameters"), state
-            if isinstance(said, dict):
-                keys = sorted(k for k in set(said) | set(state) if _as_json(said.get(k)) != _as_json(state.get(k)))
-                said = {k: said.get(k) for k in keys}
-                found = {k: state.get(k) for k in keys}
-            raise bad(f"states[{i}].parameters", rel, said, found)
-        if "KERNELS" in lits and _as_json(entry.get("kernels")) != _as_json(lits["KERNELS"]):
-            raise bad(f"states[{i}].kernels", rel, entry.get("kernels"), lits["KERNELS"])
-    for folder, entries in (("states", states), ("kernels", kernels)):
-        listed = {rel for rel in manifest["files"] if rel.startswith(folder + "/")}
-        named = {e.get("module") for e in entries if isinstance(e, dict)}
-        if listed != named:
-            raise ArtifactError(f"{mpath}: '{folder}' entries {sorted(map(str, named))} do not match the "
-                                f"{folder}/ files it hashes {sorted(listed)}; manifest.json was edited "
-                                f"after compile — {_fix(path, manifest)}")
-    template_digest = manifest.get("template_hash")
-    if isinstance(template_digest, str) and template_digest.startswith("sha256:"):
-        from specc.codegen import artifact_hash
+def check_entries(path: Path, manifest: Mapping[str, Any]) -> None:
+    """Shape of the ``states`` and ``kernels`` entries: each state has an identifier ``name``, a
+    ``parameters`` mapping naming itself, ``kernels`` naming kernel entries, and a ``tree`` key of
+    ``trees`` (or null); each kernel an identifier name whose module is a hashed file.
 
-        runtime = manifest.get("runtime")
-        if not isinstance(runtime, dict):
-            raise ArtifactError(f"{mpath}: no 'runtime' section (what the runtime reads: checkpoints, "
-                                f"schedule); {_fix(path, manifest)}")
-        expected = f"{plan.name}-{artifact_hash(contents[PLAN_FILE].decode('utf-8'), template_digest[7:], manifest['specc_version'], runtime=runtime)}"
-        if name != expected:
-            raise ArtifactError(f"{mpath}: name = {name!r} is not the hash of {path / PLAN_FILE}, the templates "
-                                f"and the manifest's runtime section ({expected!r}); manifest.json or plan.yaml "
-                                f"was edited after compile — {_fix(path, manifest)}")
-    for i, entry in enumerate(kernels):
-        kname, rel = _entry(entry, path, manifest, "kernel")
-        lits = module_literals(contents[rel], str(path / rel))
-        if lits.get("NAME") != kname:
-            raise bad(f"kernels[{i}].name", rel, kname, lits.get("NAME"))
-        if "family" in entry and lits.get("FAMILY") != entry["family"]:
-            raise bad(f"kernels[{i}].family", rel, entry["family"], lits.get("FAMILY"))
-        constants = entry.get("constants", {})
-        if not isinstance(constants, dict):
-            raise ArtifactError(f"{mpath}: kernels[{i}].constants must be a mapping; {_fix(path, manifest)}")
-        for key, value in constants.items():
-            if key not in lits or _as_json(lits[key]) != _as_json(value):
-                raise bad(f"kernels[{i}].constants.{key}", rel, value, lits.get(key, "(not defined)"))
+    Raises:
+        ArtifactError: naming the entry and the fix."""
+    mpath = path / MANIFEST
+    states, kernels, tree_table = manifest["states"], manifest["kernels"], manifest["trees"]
+    if not isinstance(states, list) or not states or not isinstance(kernels, list) or not isinstance(tree_table, dict):
+        raise ArtifactError(f"{mpath}: 'states' must be a non-empty list, 'kernels' a list and 'trees' a mapping; "
+                            f"{_fix(path, manifest)}")
+    known = {_entry(k, path, manifest, "kernel")[0] for k in kernels}
+    for i, e in enumerate(states):
+        ok = (isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"].isidentifier()
+              and isinstance(e.get("parameters"), dict) and e["parameters"].get("name") == e["name"]
+              and isinstance(e.get("kernels"), dict) and set(e["kernels"].values()) <= known
+              and (e.get("tree") is None or e.get("tree") in tree_table))
+        if not ok:
+            raise ArtifactError(f"{mpath}: bad state entry states[{i}] ({str(e)[:120]}); {_fix(path, manifest)}")
 
 
 def _entry(entry: Any, path: Path, manifest: Mapping[str, Any], kind: str) -> Tuple[str, str]:
     name = entry.get("name") if isinstance(entry, dict) else None
     rel = entry.get("module") if isinstance(entry, dict) else None
-    folder = "states" if kind == "state" else "kernels"
-    if (not isinstance(name, str) or not name.isidentifier() or rel != f"{folder}/{name}.py"
+    if (not isinstance(name, str) or not name.isidentifier() or rel != f"kernels/{name}.py"
             or rel not in manifest["files"]):
         raise ArtifactError(f"{path / MANIFEST}: bad {kind} entry {entry!r}; {_fix(path, manifest)}")
     return name, rel

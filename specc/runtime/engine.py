@@ -50,8 +50,6 @@ from specc.errors import ArtifactError
 from specc.runtime.schedule import Schedule, make_schedule
 from specc.runtime.state import SpecRuntimeState, StateContext, StateSpec, build_state
 
-StateBuilder = Callable[[StateContext], SpecRuntimeState]
-
 
 @dataclass
 class TokenEvent:
@@ -93,9 +91,11 @@ class Runtime:
         target: ``specc.models.llama.LlamaModel`` (weights loaded; its cache is set up here).
         tokenizer: ``specc.models.tokenizer.Tokenizer`` or None (then no stop strings / text).
         drafter: ``specc.drafters.base.Drafter`` or None (κ = 0 states only).
-        specs: the states' constants (``StateSpec``; from an artifact's modules or built directly).
-        builders: optional ``{state name: build(ctx)}`` from generated modules; default
-            :func:`specc.runtime.state.build_state`.
+        specs: the states' constants (``StateSpec``; from an artifact's manifest or built directly).
+        state_kernels: optional ``{state name: {role: kernel variant name}}`` (an artifact's
+            specialized kernels, modules in ``kernel_modules``).
+        trees: optional ``{state name: compiled static tree}`` (the manifest's ``trees``); compiled
+            from ``spec.tree_choices`` when absent.
         max_model_len: tokens per request (prompt + output) at most.
         device: torch device of the models.
         kernel_backend: ``specc.kernels`` backend. use_cuda_graphs: capture verify + accept on CUDA.
@@ -113,7 +113,8 @@ class Runtime:
     """
 
     def __init__(self, target, tokenizer, drafter, specs: Sequence[StateSpec], *,
-                 builders: Optional[Dict[str, StateBuilder]] = None, max_model_len: Optional[int] = None,
+                 state_kernels: Optional[Dict[str, Dict[str, str]]] = None,
+                 trees: Optional[Dict[str, Any]] = None, max_model_len: Optional[int] = None,
                  device: Optional[torch.device] = None, kernel_backend: str = "auto",
                  use_cuda_graphs: bool = False, seed: int = 0,
                  eos_token_ids: Optional[Sequence[int]] = None, prefill_chunk: int = 512,
@@ -150,11 +151,10 @@ class Runtime:
             target=target, drafter=drafter, device=self.device, vocab_size=self.vocab_size,
             max_seq_len=self.cache_len, kernel_backend=kernel_backend, hidden_layers=hidden_layers,
             use_cuda_graphs=use_cuda_graphs, kernel_modules=dict(kernel_modules or {}))
-        builders = builders or {}
         by_key: Dict[Tuple[int, int], SpecRuntimeState] = {}
         for spec in specs:
-            build = builders.get(spec.name)
-            st = build(self.ctx) if build is not None else build_state(spec, self.ctx, synthetic_rates)
+            st = build_state(spec, self.ctx, synthetic_rates, kernels=(state_kernels or {}).get(spec.name),
+                             tree=(trees or {}).get(spec.name))
             if st.spec.key in by_key:
                 raise ArtifactError(f"states {by_key[st.spec.key].spec.name} and {st.spec.name} share bucket "
                                     f"{st.spec.batch_size} and κ = {st.spec.num_steps}; re-run specc compile")

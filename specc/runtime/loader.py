@@ -1,11 +1,12 @@
-"""Artifact → Runtime: verify and import the artifact (``specc.runtime.artifact.load_artifact``),
-load the target and the drafter its manifest's runtime section names, and build one runtime state
-per generated state module (``build(ctx)``) under the manifest's schedule. The runtime reads the
+"""Artifact → Runtime: verify the artifact (``specc.runtime.artifact.load_artifact``), load the
+target and the drafter its manifest's runtime section names, and build one runtime state per
+manifest state entry (its parameters, kernels and static tree; its programs from the one table,
+:func:`specc.programs.state_programs`) under the manifest's schedule. The runtime reads the
 manifest, never ``plan.yaml`` (DESIGN.md)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from specc.errors import ArtifactError
 
@@ -23,14 +24,24 @@ def resolve_device(requested: str) -> "torch.device":
 
 
 def largest_bucket(art: "Artifact") -> int:
-    """The largest batch bucket among an artifact's states (``STATE["batch_size"]``): the most
-    requests its runtime decodes together. Raises ArtifactError for a state module without ``STATE``."""
-    sizes = []
-    for name, module in art.states.items():
-        if not hasattr(module, "STATE"):
-            raise ArtifactError(f"{art.path}/states/{name}.py defines no STATE; re-run specc compile")
-        sizes.append(int(module.STATE["batch_size"]))
-    return max(sizes)
+    """The largest batch bucket among an artifact's states (``parameters.batch_size``): the most
+    requests its runtime decodes together."""
+    return max(int(e["parameters"]["batch_size"]) for e in art.states)
+
+
+def state_specs(art: "Artifact") -> List["StateSpec"]:
+    """The artifact's states as runtime specs (the manifest's ``parameters``). Raises ArtifactError
+    naming the entry when its parameters do not fit :class:`specc.runtime.state.StateSpec`."""
+    from specc.runtime.state import StateSpec
+
+    out = []
+    for e in art.states:
+        try:
+            out.append(StateSpec.from_dict(e["parameters"]))
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"{art.path}/manifest.json: state {e['name']}: parameters do not fit this "
+                                f"runtime ({exc}); re-run specc compile") from None
+    return out
 
 
 def runtime_spec(art: "Artifact") -> Dict[str, Any]:
@@ -90,22 +101,18 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
     """
     from specc.runtime.artifact import load_artifact
     from specc.runtime.engine import Runtime
-    from specc.runtime.state import StateSpec
 
     art = artifact if artifact is not None else load_artifact(path)
     spec = runtime_spec(art)
-    specs = []
-    for name, module in art.states.items():
-        for attr in ("STATE", "build"):
-            if not hasattr(module, attr):
-                raise ArtifactError(f"{art.path}/states/{name}.py defines no {attr}; re-run specc compile")
-        specs.append(StateSpec.from_dict(module.STATE))
+    specs = state_specs(art)
     target, tokenizer, drafter, dev = load_models(spec, device, max(s.num_steps for s in specs))
     want_len = spec["target"].get("max_model_len")
     backend = kernel_backend or spec.get("kernel_backend") or "auto"
     use_graphs = dev.type == "cuda" and spec.get("cuda_graphs") is not False
     runtime = Runtime(target, tokenizer, drafter, specs,
-                      builders={name: m.build for name, m in art.states.items()},
+                      state_kernels={e["name"]: dict(e["kernels"]) for e in art.states},
+                      trees={e["name"]: art.tree_of(e) for e in art.states if e.get("tree") is not None},
+                      synthetic_rates=(spec.get("verify") or {}).get("synthetic_rates"),
                       max_model_len=want_len, device=dev, kernel_backend=backend, use_cuda_graphs=use_graphs,
                       seed=seed, kernel_modules=art.kernels, schedule=spec.get("schedule"))
     return runtime, art

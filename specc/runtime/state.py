@@ -417,8 +417,11 @@ def _bind(fn: Callable, args: Tuple[Any, ...]) -> Program:
 
 
 def build_state(spec: StateSpec, ctx: StateContext, synthetic_rates: Optional[Sequence[float]] = None,
+                kernels: Optional[Mapping[str, str]] = None, tree: Optional[Mapping[str, Any]] = None,
                 ) -> SpecRuntimeState:
-    """Build a runtime state without an artifact (tests, benchmarks): same programs as the template,
-    a static tree compiled from ``spec.tree_choices`` by the same function codegen bakes into ``TREE``."""
+    """Build a runtime state: its programs from the one table (:func:`select_programs`), its kernel
+    variants (role → an artifact kernel module's name; none: the generic kernels) and its static tree
+    (the manifest's compiled entry; compiled from ``spec.tree_choices`` by the same function codegen
+    uses when None). Raises ArtifactError for a state this runtime cannot run."""
     spec.check_supported()
-    return SpecRuntimeState(spec, ctx, select_programs(spec, synthetic_rates))
+    return SpecRuntimeState(spec, ctx, select_programs(spec, synthetic_rates), kernels=kernels, tree=tree)

@@ -23,7 +23,6 @@ its label, over valid positions (what greedy verification accepts given the earl
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
