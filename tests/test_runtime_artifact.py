@@ -68,7 +68,7 @@ def test_compiled_artifact_decodes_exactly(models, tmp_path, capsys, preset, ext
     rt, art = load_runtime(path, device="cpu")
     # every state was built from its manifest entry, with the artifact's kernel variant
     assert [s.spec.name for s in sorted(rt.states, key=lambda s: s.spec.name)] == sorted(e["name"] for e in art.states)
-    assert all(s.bufs.kernels == next(e["kernels"] for e in art.states if e["name"] == s.spec.name) for s in rt.states)
+    assert all(s.inputs.kernels == next(e["kernels"] for e in art.states if e["name"] == s.spec.name) for s in rt.states)
     reqs = [Request(prompt_ids=p, params=SamplingParams(max_new_tokens=16, ignore_eos=True)) for p in PROMPTS]
     for bs in (1, 3):
         outs = rt.generate(reqs, batch_size=bs)

@@ -193,12 +193,44 @@ def test_budget_policy_caps_by_num_valid_and_reads_the_table():
     table = {"verify_ms": {"1": 10.0, "2": 10.0, "4": 10.0, "8": 40.0}, "draft_ms": {"1": 0.0}, "capture_limit": 8}
     pol = BudgetSchedule({"kind": "budget", "buckets": {"1": {"candidates": [3]}}, "cost_table": table,
                           "ragged_verify": "compact"}, [(1, 3), (2, 3)])
-    conf = np.array([[0.9, 0.9, 0.9], [0.9, 0.1, 0.9]])
-    adm = pol.admit(conf, np.array([3, 1]))
+    conf = torch.tensor([[0.9, 0.9, 0.9], [0.9, 0.1, 0.9]])
+    adm = pol.admit(conf, torch.tensor([3, 1]), 2)
     # 2 requests: flat cost up to 4 tokens, so 2 drafts are free; the 9th token would cost 4x
-    assert list(adm) == [2, 0] or list(adm) == [1, 1]
-    assert (adm <= np.array([3, 1])).all()
-    assert pol.last.budget == 2
+    assert adm.tolist() == [2, 0] or adm.tolist() == [1, 1]
+    assert (adm <= torch.tensor([3, 1])).all()
+    assert int(pol.last_budget) == 2
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_budget_admission_on_the_device_equals_the_cost_model(seed):
+    """The runtime's device-side admission (one tensor program, no host read) admits exactly what
+    ``specc.cost.select_verify_budget`` selects: same b*, same prefix per request, ties and zero
+    confidences included; rows without a live request (num_valid 0) get nothing."""
+    from specc import cost
+
+    rng = np.random.default_rng(seed)
+    rows, k = int(rng.integers(1, 7)), int(rng.integers(1, 6))
+    verify = {str(n): float(x) for n, x in zip([1, 2, 4, 8, 16, 32],
+                                               np.cumsum(rng.uniform(0, 6, 6)) + 10)}
+    table = {"verify_ms": verify, "draft_ms": {"1": float(rng.uniform(0, 3))}, "capture_limit": 32}
+    pol = BudgetSchedule({"kind": "budget", "buckets": {"1": {"candidates": [k]}}, "cost_table": table,
+                          "ragged_verify": "compact"}, [(1, k), (8, k)])
+    conf = rng.choice([0.0, 0.3, 0.5, 0.5, 0.9, 1.0], size=(rows, k)) if seed % 2 else rng.uniform(0, 1, (rows, k))
+    num_valid = rng.integers(0, k + 1, rows)
+    live = num_valid > 0
+    got = pol.admit(torch.tensor(conf, dtype=torch.float32), torch.tensor(num_valid), int(live.sum()))
+    conf32 = torch.tensor(conf, dtype=torch.float32).double().numpy()  # what the device sees
+    sel_rows = np.flatnonzero(live)
+    pos = np.arange(k)[None, :]
+    c = np.where(pos < num_valid[:, None], conf32, 0.0)[sel_rows]
+    want = np.zeros(rows, dtype=np.int64)
+    if len(sel_rows):
+        sel = cost.select_verify_budget(c, lambda n: pol.table.step_ms(n) / 1e3,
+                                        draft_time=(pol.table.draft_pass_ms(len(sel_rows)) or 0) / 1e3,
+                                        num_non_draft_tokens=len(sel_rows), num_emitting_requests=len(sel_rows),
+                                        max_budget=int(num_valid.sum()))
+        want[sel_rows] = np.minimum(sel.admitted, num_valid[sel_rows])
+    assert got.tolist() == want.tolist()
 
 
 # ------------------------------------------------------------------ exactness under every schedule
@@ -257,7 +289,7 @@ def test_greedy_output_is_exact_under_every_schedule(models, references, method,
     if kind == "adaptive":
         assert m.num_kappa_switches > 0 and len(m.kappa_steps) >= 2, m.kappa_steps  # κ changed mid-request
     if kind.startswith("budget") and method == "draft_model":
-        assert rt.schedule.last is not None
+        assert rt.schedule.last_budget is not None
 
 
 def test_budget_trims_verification_and_stays_exact(models, references):

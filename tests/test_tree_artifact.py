@@ -90,7 +90,7 @@ def test_compiled_tree_artifact_decodes_exactly(ckpts, tmp_path, capsys, preset,
     rt, art = load_runtime(path, device="cpu", artifact=art)
     for s in rt.states:
         if s.spec.tree_choices is not None and s.spec.num_steps:
-            assert s.bufs.static_tree is not None
+            assert s.inputs.static_tree is not None
     reqs = [Request(prompt_ids=p, params=SamplingParams(max_new_tokens=16, ignore_eos=True)) for p in PROMPTS]
     for bs in (1, 3):
         outs = rt.generate(reqs, batch_size=bs)

@@ -151,6 +151,7 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if (self._wt_np is not None and x.device.type == "cpu" and x.dtype == torch.float32
+                and not torch.compiler.is_compiling()
                 and w.device.type == "cpu" and w.dtype == torch.float32 and not torch.is_grad_enabled()
                 and self._wt_np.ctypes.data == w.data_ptr()):
             x2 = x.reshape(-1, self.in_features)  # [R, in]
@@ -616,11 +617,11 @@ class LlamaModel(nn.Module):
             kv_len = attn_mask.shape[-1]
             if kv_len > self.max_seq_len:
                 raise ValueError(f"attn_mask width {kv_len} exceeds the cache length {self.max_seq_len}")
-        elif on_cpu:
+        elif on_cpu and not torch.compiler.is_compiling():  # compiled: attend over every slot (static shape)
             kv_len = min(int(positions.max()) + 1, self.max_seq_len)
         else:
             kv_len = self.max_seq_len
-        if on_cpu and self.check_inputs:
+        if on_cpu and self.check_inputs and not torch.compiler.is_compiling():
             self._check(input_ids, positions, cache_slots, rows)
         packing = TokenPacking(num_tokens, B, N) if num_tokens is not None else None
         if packing is not None:

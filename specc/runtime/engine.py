@@ -1,12 +1,10 @@
-"""The decode loop: admit requests into rows, prefill, then per step select a state (the schedule) →
-draft → admit (budget) → verify → accept → emit → extend, until every request finishes.
+"""The runtime's front: load-time state building, and the decode loop's public API.
 
-KV is committed by position (gpt-fast, anchors A1): the verify forward of a step writes the target
-KV of rows ``seq_len-1 .. seq_len-1+κ`` of each request; the accepted prefix is kept simply by
-advancing ``seq_len``; rejected entries are overwritten by the next step and hidden meanwhile by the
-causal-by-position mask. Padding (inactive rows, prompt padding) writes to the trash slot. A tree
-state verifies W nodes at slots ``seq_len-1 .. seq_len-2+W`` (positions by depth) and its commit
-stage copies the accepted path's KV to the slots of its positions, so the cache is a chain again.
+``Runtime`` builds one :class:`specc.runtime.state.SpecRuntimeState` per candidate state at load
+(captured on CUDA, compiled with inductor when the manifest asks), and drives the loop: admit
+queued requests into free rows and prefill them (:mod:`specc.runtime.admission`), else run one
+decode step (:mod:`specc.runtime.step`: the step as data); then report each request's new tokens
+and finish the ones that ended.
 
 Cache geometry: every cache has ``cache_len = max_model_len + slack`` slots per row, slack the
 largest :attr:`StateSpec.cache_slack` (κ + 2 for a chain: κ + 1 verify rows and the trash slot
@@ -15,38 +13,26 @@ slots, the runtime's usable ``max_model_len`` shrinks to ``cache_len - slack`` (
 
 States are keyed by ``(batch bucket, κ)`` and all built at load; the schedule policy
 (:mod:`specc.runtime.schedule`) picks one per step (a pointer swap) and learns from each step's
-accepted drafts. A captured (CUDA) state verifies its static shape; an eager (CPU) state runs on the
-rows in use only, trims the step to its widest verify, and runs the target forward ragged (each
-request costs its own number of verify tokens), so an n-gram miss or a trimmed budget costs nothing.
-
-Rows are the runtime's batch slots: a request keeps its row from admission to finish; the runtime
-admits at most ``max(bucket)`` requests at a time and refills freed rows from the queue (continuous
-batching; a refill prefill runs over the rows in use with every other row's writes sent to the trash
-slot).
+accepted drafts.
 
 Two front ends share one loop: the incremental API (``reset`` → ``submit`` … → ``step`` → token
 events, ``cancel``), which a server drives from its engine thread while requests arrive and leave,
-and ``generate``, a batch call on top of it. An iteration of the loop admits queued requests into
-free rows and prefills them (or installs a disaggregated prefill's payload), else runs one decode
-step; then it reports each request's new tokens and finishes the ones that ended.
+and ``generate``, a batch call on top of it.
 """
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from specc import methods
-from specc.errors import PromptError
-from specc.kernels import process_logits
-from specc.drafters.base import PrefillChunk
+from specc.errors import ArtifactError, PromptError
+from specc.runtime import step as S
+from specc.runtime.admission import Admission, Queued
 from specc.runtime.batch import DecodeBatch, RowState
 from specc.runtime.metrics import SpecMetrics
 from specc.runtime.request import Request, RequestCounters, RequestOutput, check_prompts
-from specc.errors import ArtifactError
 from specc.runtime.schedule import Schedule, make_schedule
 from specc.runtime.state import SpecRuntimeState, StateContext, StateSpec, build_state
 
@@ -76,14 +62,6 @@ class TokenEvent:
         return self.output is not None
 
 
-@dataclass
-class _Queued:
-    handle: int
-    request: Request
-    prefilled: Any = None
-    prefill_only: bool = False
-
-
 class Runtime:
     """Decodes requests with a set of runtime states over one target model and one drafter.
 
@@ -98,7 +76,9 @@ class Runtime:
             from ``spec.tree_choices`` when absent.
         max_model_len: tokens per request (prompt + output) at most.
         device: torch device of the models.
-        kernel_backend: ``specc.kernels`` backend. use_cuda_graphs: capture verify + accept on CUDA.
+        kernel_backend: ``specc.kernels`` backend. use_cuda_graphs: capture each state's verify
+            program on CUDA. compile_backend: ``eager`` or ``inductor`` (``torch.compile`` each state's
+            verify program at load, the CPU counterpart of capture).
         schedule: the manifest's ``runtime.schedule`` (``None``: static, the bucket's one κ).
         synthetic_rates: conditional acceptance rates of the synthetic rule (states built without an
             artifact; generated modules carry their own).
@@ -119,7 +99,7 @@ class Runtime:
                  use_cuda_graphs: bool = False, seed: int = 0,
                  eos_token_ids: Optional[Sequence[int]] = None, prefill_chunk: int = 512,
                  kernel_modules: Optional[dict] = None, schedule: Optional[dict] = None,
-                 synthetic_rates: Optional[Sequence[float]] = None) -> None:
+                 synthetic_rates: Optional[Sequence[float]] = None, compile_backend: str = "eager") -> None:
         if not specs:
             raise ValueError("Runtime needs at least one state")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
@@ -150,7 +130,8 @@ class Runtime:
         self.ctx = StateContext(
             target=target, drafter=drafter, device=self.device, vocab_size=self.vocab_size,
             max_seq_len=self.cache_len, kernel_backend=kernel_backend, hidden_layers=hidden_layers,
-            use_cuda_graphs=use_cuda_graphs, kernel_modules=dict(kernel_modules or {}))
+            use_cuda_graphs=use_cuda_graphs, kernel_modules=dict(kernel_modules or {}),
+            compile_backend=compile_backend)
         by_key: Dict[Tuple[int, int], SpecRuntimeState] = {}
         for spec in specs:
             st = build_state(spec, self.ctx, synthetic_rates, kernels=(state_kernels or {}).get(spec.name),
@@ -163,8 +144,10 @@ class Runtime:
         self.states: List[SpecRuntimeState] = list(self.by_key.values())
         self.schedule: Schedule = make_schedule(schedule, self.by_key.keys())
         self.num_captured = sum(1 for s in self.states if s.capture())
-        self._stale_conf = torch.ones(self.max_rows, max(s.width - 1 for s in specs), dtype=torch.float32,
-                                      device=self.device)
+        self.num_compiled = sum(1 for s in self.states if s.compile())
+        #: the previous step's confidences per row (probabilistic drafts' budget; vLLM starts a request at 1.0)
+        self.stale_confidence = torch.ones(self.max_rows, max(s.width - 1 for s in specs), dtype=torch.float32,
+                                           device=self.device)
         self._active_key: Optional[Tuple[int, int]] = None
         self.metrics = self.new_metrics()
         self.lora = None  # specc.runtime.lora.LoraSet once adapters are attached (attach_lora)
@@ -199,15 +182,19 @@ class Runtime:
         """One line of facts per state: name, bucket, κ, rule, static-buffer bytes, whether its verify
         + accept is a captured CUDA graph and the seconds its capture took."""
         return [{"name": s.spec.name, "batch_size": s.spec.batch_size, "num_steps": s.spec.num_steps,
-                 "verify_rule": s.spec.verify_rule, "buffer_bytes": s.bufs.nbytes(), "captured": s.captured,
-                 "capture_s": round(s.capture_s, 4)} for s in self.states]
+                 "verify_rule": s.spec.verify_rule, "buffer_bytes": s.inputs.nbytes(), "captured": s.captured,
+                 "compiled": s.compiled, "capture_s": round(s.capture_s, 4)} for s in self.states]
 
     def load_report(self) -> str:
         """One line for the log at load: states, schedule, static-buffer memory, captured graphs."""
-        mib = sum(s.bufs.nbytes() for s in self.states) / (1 << 20)
+        mib = sum(s.inputs.nbytes() for s in self.states) / (1 << 20)
         cap = sum(s.capture_s for s in self.states)
-        graphs = (f"{self.num_captured} CUDA graph(s) captured in {cap:.2f}s" if self.num_captured
-                  else "no CUDA graphs (eager)")
+        if self.num_captured:
+            graphs = f"{self.num_captured} CUDA graph(s) captured in {cap:.2f}s"
+        elif self.num_compiled:
+            graphs = f"{self.num_compiled} verify program(s) compiled with inductor in {cap:.1f}s"
+        else:
+            graphs = "eager verify programs"
         return (f"{len(self.states)} state(s) under schedule {self.schedule.kind}, static buffers {mib:.1f} MiB, "
                 f"{graphs}")
 
@@ -216,7 +203,8 @@ class Runtime:
         by_name = {s.spec.name: s for s in self.states}
         return [by_name[n] for n in names]
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
+        """Wait for the device (CUDA) before reading the clock; nothing on the CPU."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -288,11 +276,11 @@ class Runtime:
         """
         if batch_size is not None and int(batch_size) < 1:
             raise PromptError(f"batch size must be >= 1 (None = the largest bucket), got {batch_size}")
-        self._limit = min(int(batch_size or self.max_rows), self.max_rows)  # the CLI refuses more than the cap
+        limit = min(int(batch_size or self.max_rows), self.max_rows)  # the CLI refuses more than the cap
         self.batch = DecodeBatch(self.max_rows, self.cache_len, self.device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(self.seed)
-        self._queue: Deque[_Queued] = deque()
+        self.admission = Admission(self, limit)
         self._next_handle = 0
         self.isolate_failures = bool(isolate_failures)
 
@@ -319,17 +307,17 @@ class Runtime:
             self.reset()
         h = self._next_handle if handle is None else int(handle)
         self._next_handle = max(self._next_handle, h + 1)
-        self._queue.append(_Queued(h, request, prefilled, prefill_only))
+        self.admission.queue.append(Queued(h, request, prefilled, prefill_only))
         return h
 
     def has_work(self) -> bool:
         """Requests are queued or decoding."""
-        return getattr(self, "batch", None) is not None and bool(self._queue or self.batch.live_rows())
+        return getattr(self, "batch", None) is not None and bool(self.admission.queue or self.batch.live_rows())
 
     @property
     def num_waiting(self) -> int:
         """Queued requests not yet admitted."""
-        return len(self._queue) if getattr(self, "batch", None) is not None else 0
+        return len(self.admission.queue) if getattr(self, "batch", None) is not None else 0
 
     @property
     def num_running(self) -> int:
@@ -347,9 +335,9 @@ class Runtime:
         already finished handle. Call between steps (the engine loop's thread)."""
         if getattr(self, "batch", None) is None:
             return None
-        for item in list(self._queue):
+        for item in list(self.admission.queue):
             if item.handle == handle:
-                self._queue.remove(item)
+                self.admission.queue.remove(item)
                 return RequestOutput(request=item.request, token_ids=[], text="", finish_reason="abort",
                                      counters=RequestCounters.for_steps(self.k_max))
         for row in self.batch.live_rows():
@@ -372,91 +360,23 @@ class Runtime:
             (:meth:`reset`).
         """
         batch = self.batch
-        new_rows = self._admit_queued(batch)
+        new_rows = self.admission.admit_queued(batch)
         if new_rows:
-            self._stale_conf[new_rows] = 1.0  # vLLM: a new request starts with confidence 1.0
+            self.stale_confidence[new_rows] = 1.0  # vLLM: a new request starts with confidence 1.0
             with self.metrics.stage("prefill"):
-                self._prefill_new(batch, new_rows)
+                self.admission.prefill_new(batch, new_rows)
         elif batch.live_rows():
             self._decode_step(batch)
         return self._collect(batch)
 
+    def install_prefilled(self, row: int, payload: Any) -> None:
+        """Install a disaggregated prefill's checked payload (:class:`specc.runtime.disagg.Prefilled`)
+        into ``row`` of the open session, a row holding that payload's request (what admission does
+        for a request submitted with ``prefilled=``). Raises PayloadError when it does not fit."""
+        self.admission.install(self.batch, row, payload)
+
     # ------------------------------------------------------------------ loop control flow
-    def _admit_queued(self, batch: DecodeBatch) -> List[int]:
-        """Move queued requests into free rows (below the session's batch limit), FIFO; with LoRA, a
-        request whose adapter would exceed ``max_loras_per_batch`` distinct adapters among the live
-        rows waits and later ones that fit go first (SGLang's LoRA-aware admission)."""
-        free = [r for r in batch.free_rows() if r < self._limit]
-        new_rows, new_states, prompts = [], [], []
-        adapters = None
-        if self.lora is not None:
-            adapters = {batch.rows[r].request.adapter for r in batch.live_rows()} - {None}
-        skipped: List[_Queued] = []
-        while free and self._queue:
-            item = self._queue.popleft()
-            req = item.request
-            if adapters is not None and req.adapter is not None and req.adapter not in adapters:
-                if len(adapters) >= self.lora.max_loras_per_batch:
-                    skipped.append(item)
-                    continue
-                adapters.add(req.adapter)
-            gen = None
-            if req.params.seed is not None:
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed(int(req.params.seed))
-            row = free.pop(0)
-            new_rows.append(row)
-            st = RowState(index=item.handle, request=req, generator=gen, start_time=time.perf_counter(),
-                          counters=RequestCounters.for_steps(self.k_max), prefill_only=item.prefill_only,
-                          prefilled=item.prefilled)
-            new_states.append(st)
-            prompts.append(list(req.prompt_ids))
-            if self.lora is not None:
-                self.lora.assign_row(row, req.adapter)
-        self._queue.extendleft(reversed(skipped))
-        batch.assign_many(new_rows, new_states, prompts)
-        return new_rows
-
-    def _prefill_new(self, batch: DecodeBatch, new_rows: List[int]) -> None:
-        """Prefill the new rows (one chunked forward over all of them), or install the ones that
-        arrived with a disaggregated payload; then export the seed of prefill-only rows."""
-        from specc.runtime import disagg
-
-        local = [r for r in new_rows if batch.rows[r].prefilled is None]
-        remote = [r for r in new_rows if r not in local]
-        if local:
-            try:
-                self._prefill(batch, local)
-            except Exception:
-                if not self.isolate_failures:
-                    raise
-                for r in local:  # one at a time from a clean row: a failing prompt fails alone
-                    self._restart_row(batch, r)
-                    self._guard(batch.rows[r], lambda r=r: self._prefill(batch, [r]))
-        for r in remote:
-            st = batch.rows[r]
-            payload, st.prefilled = st.prefilled, None
-            if self.isolate_failures:
-                self._guard(st, lambda: disagg.install(self, batch, r, payload))
-            else:
-                disagg.install(self, batch, r, payload)
-        for r in local:
-            st = batch.rows[r]
-            if st.prefill_only and st.finish_reason != "error":
-                st.payload = disagg.export(self, batch, r)
-                st.finish_reason = "prefilled"
-
-    def _restart_row(self, batch: DecodeBatch, row: int) -> None:
-        """Put a row back to its just-admitted state (prompt only, no output, fresh seeded generator)."""
-        st = batch.rows[row]
-        st.generated.clear()
-        st.finish_reason, st.stop_text, st.first_token_time = None, None, 0.0
-        if st.request.params.seed is not None:
-            st.generator = torch.Generator(device=self.device)
-            st.generator.manual_seed(int(st.request.params.seed))
-        batch.assign_many([row], [st], [list(st.request.prompt_ids)])
-
-    def _guard(self, st: RowState, fn: Callable[[], Any]) -> bool:
+    def guard(self, st: RowState, fn: Callable[[], Any]) -> bool:
         """Run ``fn``; on an exception finish ``st`` with ``finish_reason "error"`` (its message kept).
         Returns whether ``fn`` succeeded."""
         try:
@@ -476,7 +396,7 @@ class Runtime:
         marks = {r: (len(batch.rows[r].generated), batch.host_seq_lens[r], batch.rows[r].finish_reason,
                      batch.rows[r].stop_text) for r in live}
         try:
-            self._step(batch)
+            S.decode_step(self, batch)
             return
         except Exception:
             if not self.isolate_failures:
@@ -496,7 +416,7 @@ class Runtime:
                 batch.active[x] = False
             n, seq = len(st.generated), batch.host_seq_lens[r]
             try:
-                ok = self._guard(st, lambda: self._step(batch))
+                ok = self.guard(st, lambda: S.decode_step(self, batch))
                 if not ok and batch.host_seq_lens[r] == seq:
                     del st.generated[n:]
             finally:
@@ -522,206 +442,14 @@ class Runtime:
                 events.append(TokenEvent(st.index, list(new), None, st.counters))
         return events
 
-    # ------------------------------------------------------------------ prefill
-    def _prefill(self, batch: DecodeBatch, new_rows: List[int]) -> None:
-        """Target prefill of the new rows' prompts (chunked, over those rows only: the other live
-        rows cost nothing), the first token, the drafter's prefill."""
-        dev = self.device
-        rows_t = torch.tensor(new_rows, dtype=torch.int64, device=dev)  # [R] cache rows
-        R = len(new_rows)
-        lens = [batch.host_seq_lens[r] for r in new_rows]
-        width = max(lens)
-        ids = batch.tokens[rows_t, :width].clone()  # [R, P]
-        positions = torch.arange(width, device=dev).expand(R, width).contiguous()  # [R, P]
-        real = positions < torch.tensor(lens, device=dev).view(R, 1)
-        slots = torch.where(real, positions, torch.full_like(positions, self.trash_slot))
-        last_idx = torch.tensor(lens, dtype=torch.int64, device=dev) - 1  # [R]
-        last_logits = torch.zeros(R, self.vocab_size, dtype=torch.float32, device=dev)
-        hidden_parts: List[List[torch.Tensor]] = []
-        chunk = max(16, self.prefill_chunk // R)
-        for c0 in range(0, width, chunk):
-            c1 = min(width, c0 + chunk)
-            at = (last_idx - c0).clamp(0, c1 - c0 - 1).view(R, 1)  # [R, 1]
-            real_here = (last_idx + 1 - c0).clamp(0, c1 - c0)  # [R] prompt tokens of each row in this chunk
-            logits, hidden = self.target.forward(ids[:, c0:c1], positions[:, c0:c1], slots[:, c0:c1], None,
-                                                 hidden_layers=self.ctx.hidden_layers, logits_at=at, rows=rows_t,
-                                                 num_tokens=real_here if dev.type == "cpu" else None)
-            here = (last_idx >= c0) & (last_idx < c1)  # [R]
-            last_logits = torch.where(here.view(-1, 1), logits[:, 0], last_logits)
-            hidden_parts.append(list(hidden))
-        # first token: argmax_v p(v) / Exp(1) noise (exponential race), one-hot p for greedy rows
-        probs = process_logits(last_logits.view(R, 1, -1), batch.temperature[rows_t], batch.top_k[rows_t],
-                               batch.top_p[rows_t])[:, 0]  # [R, V]
-        noise = torch.ones(batch.max_rows, self.vocab_size, dtype=torch.float32, device=dev)
-        self._fill_noise(batch, new_rows, lambda gen, n: self._exp_noise(gen, n * self.vocab_size).view(n, -1), noise)
-        first = torch.div(probs, noise[rows_t]).argmax(dim=-1).tolist()  # [R]
-        batch.append_many(new_rows, [self._emit(batch, r, [first[i]]) for i, r in enumerate(new_rows)])
-        if self.drafter is not None:
-            hidden = [torch.cat([part[i] for part in hidden_parts], dim=1) for i in range(len(self.ctx.hidden_layers))]
-            self._drafter_prefill(batch, new_rows, ids, positions, slots, hidden)
-            keep = bool(hidden) and methods.get(self.states[0].spec.method).seed == "target_hidden"
-            for i, r in enumerate(new_rows):  # kept for a target_hidden disaggregation seed (disagg.export)
-                if keep and batch.rows[r].prefill_only:
-                    batch.rows[r].prompt_hidden = [h[i, :lens[i]].clone() for h in hidden]
-
-    def _drafter_prefill(self, batch: DecodeBatch, new_rows: List[int], ids, positions, slots, hidden) -> None:
-        """The drafter's prefill of the new rows: compact (``PrefillChunk.row_index``) when the drafter
-        takes it, else scattered into the layout of rows ``0..n-1`` with the other rows masked out."""
-        dev = self.device
-        rows_t = torch.tensor(new_rows, dtype=torch.int64, device=dev)
-        if getattr(self.drafter, "prefill_row_index", False):
-            n = max(new_rows) + 1
-            view = batch.view(n, torch.zeros(n, dtype=torch.int64, device=dev), self.trash_slot)
-            self.drafter.prefill(view, PrefillChunk(input_ids=ids, positions=positions, cache_slots=slots,
-                                                    rows=torch.ones(len(new_rows), dtype=torch.bool, device=dev),
-                                                    target_hidden=hidden, row_index=rows_t))
-            return
-        n = max(max(new_rows) + 1, batch.num_rows_in_use())
-        width = ids.shape[1]
-
-        def full(x, fill):
-            out = torch.full((n,) + tuple(x.shape[1:]), fill, dtype=x.dtype, device=dev)
-            out[rows_t] = x
-            return out
-
-        mask = torch.zeros(n, dtype=torch.bool, device=dev)
-        mask[rows_t] = True
-        view = batch.view(n, torch.zeros(n, dtype=torch.int64, device=dev), self.trash_slot)
-        self.drafter.prefill(view, PrefillChunk(
-            input_ids=full(ids, 0), positions=torch.arange(width, device=dev).expand(n, width).contiguous(),
-            cache_slots=full(slots, self.trash_slot), rows=mask, target_hidden=[full(h, 0.0) for h in hidden]))
-
-    # ------------------------------------------------------------------ one decode step
-    def _step(self, batch: DecodeBatch) -> None:
-        """One decode step: the schedule's state, then draft → admit → verify → accept → emit → extend."""
-        live_rows = [r for r in batch.live_rows() if batch.rows[r].finish_reason is None]
-        rows = batch.num_rows_in_use()
-        key = self.schedule.select(len(live_rows), rows)
-        state = self.by_key[key]
-        self._switch_to(key)
-        sync = self._sync if self.device.type == "cuda" else None
-        live = self._prepare(batch, state, rows)
-        with self.metrics.stage("draft", sync):
-            state.draft()
-        self._admit(state, live)
-        if state.captured:
-            with self.metrics.stage("verify", sync):
-                result = state.verify_accept()
-        else:
-            with self.metrics.stage("verify", sync):
-                state.programs.verify(state.ctx, state.cur)
-            with self.metrics.stage("accept", sync):
-                state.programs.accept(state.ctx, state.cur)
-                result = state.cur.result
-            with self.metrics.stage("commit", sync):
-                state.programs.commit(state.ctx, state.cur)
-        with self.metrics.stage("emit"):
-            accepted = self._emit_step(batch, state, result, live)
-        with self.metrics.stage("extend", sync):
-            state.extend()
-        self.schedule.observe(key[0], accepted)
-        self.metrics.record_step(key[1], len(live_rows), sum(accepted))
-
-    def _switch_to(self, key: Tuple[int, int]) -> None:
+    # ------------------------------------------------------------------ helpers
+    def switch_to(self, key: Tuple[int, int]) -> None:
+        """Make ``key`` the active state, counting a κ switch (``num_kappa_switches``)."""
         if self._active_key is not None and key[1] != self._active_key[1]:
             self.metrics.num_kappa_switches += 1
         self._active_key = key
 
-    def _prepare(self, batch: DecodeBatch, state: SpecRuntimeState, rows: int) -> List[bool]:
-        """Fill the state's step inputs for rows ``0..n-1`` (eager: the rows in use; captured: the whole
-        bucket): per-row draft caps, the pending token, positions and KV slots, sampling parameters
-        and randomness. Returns which of the n rows hold a live request."""
-        spec = state.spec
-        bufs = state.begin(rows)
-        n, K, dev = bufs.input_ids.shape[0], spec.num_steps, self.device  # K: κ, the deepest draft
-        W = bufs.input_ids.shape[1]
-        N = W - 1  # draft positions (chain) or nodes (tree)
-        live = [batch.rows[r] is not None and batch.rows[r].finish_reason is None for r in range(n)]
-        max_draft = []
-        for r in range(n):
-            st = batch.rows[r]
-            if not live[r]:
-                max_draft.append(0)
-                continue
-            remaining = st.request.params.max_new_tokens - len(st.generated)
-            room = self.max_model_len - batch.host_seq_lens[r]
-            max_draft.append(max(0, min(K, remaining - 1, room - 1)))
-        max_draft_t = torch.tensor(max_draft, dtype=torch.int64, device=dev)  # [n]
-        bufs.batch = batch.view(n, max_draft_t, self.trash_slot)
-        bufs.temperature.copy_(batch.temperature[:n])
-        bufs.top_k.copy_(batch.top_k[:n])
-        bufs.top_p.copy_(batch.top_p[:n])
-        params = [batch.rows[r].request.params if live[r] else None for r in range(n)]
-        bufs.use_top_k = state.captured or any(p is not None and p.top_k > 0 and p.temperature > 0 for p in params)
-        bufs.use_top_p = state.captured or any(p is not None and p.top_p < 1 and p.temperature > 0 for p in params)
-        bufs.all_greedy = not state.captured and all(p is None or p.temperature == 0 for p in params)
-        sampled = [r for r in range(n) if params[r] is not None and params[r].temperature > 0]
-        # the synthetic rule draws acceptance uniforms for greedy rows too (vLLM accepts by the curve for all)
-        drawn = [r for r in range(n) if live[r]] if spec.verify_rule == "synthetic" else sampled
-        if N and drawn:
-            self._fill_noise(batch, drawn, lambda g, m: torch.rand(m, N, generator=g, device=dev), bufs.uniforms)
-        if sampled:  # randomness (sampled rows only): draft noise, bonus noise
-            V = self.vocab_size
-            if bufs.draft_noise is not None:
-                self._fill_noise(batch, sampled, lambda g, m: self._exp_noise(g, m * N * V).view(m, N, V),
-                                 bufs.draft_noise)
-            self._fill_noise(batch, sampled, lambda g, m: self._exp_noise(g, m * V).view(m, V), bufs.exp_noise)
-        active = torch.tensor(live, dtype=torch.bool, device=dev)  # [n]
-        seq = batch.seq_lens[:n]
-        start = torch.where(active, seq - 1, torch.zeros_like(seq))  # [n] position of the pending token
-        bufs.input_ids[:, 0] = batch.tokens[:n].gather(1, start.view(n, 1)).view(n)
-        bufs.positions.copy_(start.view(n, 1) + torch.arange(W, device=dev).view(1, W))  # [n, W]
-        bufs.cache_slots.copy_(torch.where(active.view(n, 1), bufs.positions,
-                                           torch.full_like(bufs.positions, self.trash_slot)))
-        return live
-
-    def _admit(self, state: SpecRuntimeState, live: List[bool]) -> None:
-        """Let the schedule cut each live request's drafts to a prefix (``budget``), then size the
-        step: ``num_tokens`` per row (ragged verify) and, eager, the widest row's width."""
-        bufs = state.cur
-        K = state.spec.num_steps
-        N = bufs.confidence.shape[1]  # draft positions (chain: κ) or tree nodes
-        verified = bufs.num_valid.clone() if self.schedule.verify_all else None
-        if K > 0:
-            rows = [r for r, on in enumerate(live) if on]
-            if rows:
-                idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
-                conf = bufs.confidence[idx]
-                if state.spec.draft_sampling == "probabilistic":
-                    # budget from the previous step's confidences: a prefix chosen from the current
-                    # sampled drafts' own scores would bias rejection sampling (see drafters.base.Proposal)
-                    conf, self._stale_conf[idx, :N] = self._stale_conf[idx, :N].clone(), conf
-                admitted = self.schedule.admit(conf.cpu().numpy(), bufs.num_valid[idx].cpu().numpy())
-                if admitted is not None:
-                    bufs.num_valid[idx] = torch.as_tensor(admitted, dtype=torch.int64, device=self.device)
-        verified = bufs.num_valid if verified is None else verified  # cap_accept: verify all, accept admitted
-        active = torch.tensor(live, dtype=torch.bool, device=self.device)
-        bufs.num_tokens.copy_(torch.where(active, verified + 1, torch.zeros_like(verified)))
-        if not state.captured:
-            state.trim(int(verified.max()) + 1 if K and len(live) else 1)
-
-    def _emit_step(self, batch: DecodeBatch, state: SpecRuntimeState, result, live: List[bool]) -> List[int]:
-        """Give each live request its accepted drafts and bonus token; update its counters. Returns
-        the accepted drafts (bonus excluded) of each live request, for the schedule."""
-        bufs = state.cur
-        accepted = result.accepted_len.tolist()
-        out_tokens = result.output_tokens.tolist()
-        valid = bufs.num_valid.tolist()
-        rows, kept, observed = [], [], []
-        for r, on in enumerate(live):
-            if not on:
-                continue
-            a = int(accepted[r])
-            batch.rows[r].counters.observe(int(valid[r]), a)
-            rows.append(r)
-            kept.append(self._emit(batch, r, out_tokens[r][:a + 1]))
-            observed.append(a)
-        batch.append_many(rows, kept)
-        bufs.batch = batch.view(bufs.input_ids.shape[0], bufs.batch.max_draft, self.trash_slot)
-        return observed
-
-    # ------------------------------------------------------------------ helpers
-    def _fill_noise(self, batch: DecodeBatch, rows: List[int], draw, out: torch.Tensor) -> None:
+    def fill_noise(self, batch: DecodeBatch, rows: List[int], draw, out: torch.Tensor) -> None:
         """Fill ``out[rows]`` with random draws: ``draw(generator, n) -> [n, ...]``. Requests with a
         seed draw from their own generator (reproducible whatever the batch); the others share the
         runtime's generator in one vectorized draw (reproducible for the same batch and seed)."""
@@ -732,41 +460,6 @@ class Runtime:
             gen = batch.rows[r].generator
             if gen is not None:
                 out[r] = draw(gen, 1)[0]
-
-    @staticmethod
-    def _exp_noise(gen: torch.Generator, n: int) -> torch.Tensor:
-        """``[n]`` fp32 i.i.d. Exp(1) draws > 0 from ``gen``."""
-        e = torch.empty(n, dtype=torch.float32, device=gen.device).exponential_(generator=gen)
-        return e.clamp_(min=torch.finfo(torch.float32).tiny)
-
-    def _emit(self, batch: DecodeBatch, row: int, tokens: List[int]) -> List[int]:
-        """Give a step's tokens to a request, stopping at EOS, a stop string, max_new_tokens or
-        max_model_len (later tokens of the step are dropped). Returns the tokens kept, which the
-        caller appends to the row's history."""
-        st = batch.rows[row]
-        p = st.request.params
-        if not st.generated and tokens:
-            st.first_token_time = time.perf_counter()
-        kept: List[int] = []
-        for t in tokens:
-            kept.append(int(t))
-            st.generated.append(int(t))
-            if not p.ignore_eos and int(t) in self.eos_token_ids:
-                st.finish_reason = "eos"
-                break
-            if p.stop and self.tokenizer is not None:
-                text = self.tokenizer.decode(st.generated)
-                cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    st.finish_reason, st.stop_text = "stop", text[:cut]
-                    break
-            if len(st.generated) >= p.max_new_tokens:
-                st.finish_reason = "length"
-                break
-            if batch.host_seq_lens[row] + len(kept) >= self.max_model_len:
-                st.finish_reason = "max_model_len"
-                break
-        return kept
 
     def _finish(self, st: RowState) -> RequestOutput:
         ids = list(st.generated)

@@ -35,6 +35,7 @@ class SpecMetrics:
     wall_time_s: float = 0.0
     stage_time_s: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     num_kappa_switches: int = 0
+    num_host_reads: int = 0  # device values read on the host by the decode steps (one per step)
     kappa_steps: Dict[int, int] = field(default_factory=dict)
     trace: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))
     _t0: float = field(default_factory=time.perf_counter, repr=False)
@@ -120,6 +121,7 @@ class SpecMetrics:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "stage_time_s": {k: round(v, 4) for k, v in self.stage_time_s.items()},
             "num_kappa_switches": self.num_kappa_switches,
+            "num_host_reads": self.num_host_reads,
             "kappa_steps": {str(k): v for k, v in sorted(self.kappa_steps.items())},
         }
 

@@ -7,8 +7,9 @@ the kind of schedule (vLLM's draft-length policy protocol):
 * ``select(num_requests, rows_in_use) -> (bucket, κ)`` before a step. The bucket is the smallest
   captured batch size ≥ the rows in use (padding to the next captured size, as SGLang and vLLM pad
   to their CUDA-graph sizes); the state ``(bucket, κ)`` was built at load.
-* ``admit(confidence, num_valid, cost) -> admitted [R] | None`` after drafting: the number of drafts
-  of each request the step verifies (``None``: all of them).
+* ``admit(confidence, num_valid, num_live) -> admitted [n] | None`` after drafting, on the device
+  (tensors of the step's rows): the number of drafts of each request the step verifies (``None``:
+  all of them).
 * ``observe(bucket, accepted)`` after verification, with the accepted drafts of each live request
   (bonus excluded).
 
@@ -109,8 +110,10 @@ class Schedule:
         b = self.bucket(rows_in_use)
         return b, max(k for bb, k in self.states if bb == b)
 
-    def admit(self, confidence: np.ndarray, num_valid: np.ndarray, draft_ms: float = 0.0) -> Optional[np.ndarray]:
-        """Drafts to verify per request (``[R]`` int64, ≤ ``num_valid``), or None to verify all."""
+    def admit(self, confidence, num_valid, num_live: int):
+        """Drafts to verify per row (``[n]`` int64 tensor, ≤ ``num_valid``), or None to verify all.
+        ``confidence [n, K]`` fp32 and ``num_valid [n]`` int64 (0 for rows without a live request)
+        are the step's tensors on the runtime's device; ``num_live`` the live requests among them."""
         return None
 
     @property
@@ -272,7 +275,7 @@ class BudgetSchedule(Schedule):
             verify_x=tuple(vx), verify_ms=tuple(float(table["verify_ms"][str(x)]) for x in vx),
             capture_limit=int(table.get("capture_limit") or max(vx)), draft_x=tuple(dx),
             draft_ms=tuple(float(table["draft_ms"][str(x)]) for x in dx), device=str(table.get("device", "")))
-        self.last: Optional[Any] = None  # the last BudgetSelection (for tests and metrics)
+        self.last_budget: Optional[Any] = None  # b* of the last step (a 0-d tensor; tests and metrics)
 
     @property
     def verify_all(self) -> bool:
@@ -280,23 +283,57 @@ class BudgetSchedule(Schedule):
         admitted ones (SGLang's non-compact mode)."""
         return self.spec.get("ragged_verify") == "cap_accept"
 
-    def admit(self, confidence: np.ndarray, num_valid: np.ndarray, draft_ms: float = 0.0) -> Optional[np.ndarray]:
-        """b* and the admitted prefix per request (``specc.cost.select_verify_budget``): confidences
-        ``[R, K]`` in [0, 1] of the live requests, positions past ``num_valid`` scored 0.
-        ``ragged_verify: static`` admits everything (None)."""
-        from specc import cost
+    def admit(self, confidence, num_valid, num_live: int):
+        """b* and the admitted prefix per row, computed on the device (no host read): confidences
+        ``[n, K]`` in [0, 1], positions past ``num_valid`` scored 0 (rows without a live request have
+        ``num_valid`` 0). The same selection as :func:`specc.cost.select_verify_budget` (second seed,
+        "Deciding how much to verify by load"; vLLM 0.33.0 AV:305-373): survival = running product of
+        the confidences (as a cumulative sum of logs), slots ranked highest survival first with ties to
+        the earlier position then the earlier request (:func:`specc.cost.admission_order`), b* =
+        argmax_b (S + Σ_{j<b} score_j) / (draft + step(N_nd + b)) with S = N_nd = the live requests,
+        the first maximum winning ties, b ≤ Σ num_valid. ``ragged_verify: static`` admits
+        everything (None). Returns ``[n]`` int64."""
+        import torch
 
         rows, k = confidence.shape
         if rows == 0 or k == 0 or self.spec.get("ragged_verify", "compact") == "static":
             return None
-        pos = np.arange(k)[None, :]
-        conf = np.where(pos < num_valid[:, None], np.clip(confidence, 0.0, 1.0), 0.0)
-        d = self.table.draft_pass_ms(rows)
-        sel = cost.select_verify_budget(
-            conf, lambda n: self.table.step_ms(n) / 1e3, draft_time=(d if d is not None else draft_ms) / 1e3,
-            num_non_draft_tokens=rows, num_emitting_requests=rows, max_budget=int(num_valid.sum()))
-        self.last = sel
-        return np.minimum(np.asarray(sel.admitted, dtype=np.int64), num_valid)
+        dev = confidence.device
+        pos = torch.arange(k, device=dev).view(1, k)
+        conf = torch.where(pos < num_valid.view(-1, 1), confidence.clamp(0.0, 1.0), torch.zeros_like(confidence))
+        ls = torch.cumsum(torch.log(conf.double()), dim=1)  # [n, K] log survival, -inf after a zero
+        # admission order: position-major flat order, then a stable sort by descending survival
+        flat = ls.t().reshape(-1)  # index i = pos * n + row
+        order_pm = torch.sort(-flat, stable=True).indices  # [n*K]
+        slot = (order_pm % rows) * k + order_pm // rows  # back to row-major slot ids r*K + pos
+        scores = torch.exp(flat[order_pm])  # descending; exp(-inf) = 0
+        big_b = num_valid.sum()  # a 0-d tensor: the budget never exceeds the drafts proposed
+        gain = torch.cat([torch.zeros(1, dtype=scores.dtype, device=dev), torch.cumsum(scores, 0)])  # [n*K+1]
+        b = torch.arange(rows * k + 1, device=dev)
+        step_s = self._step_seconds(num_live + b)  # [n*K+1]
+        draft = self.table.draft_pass_ms(num_live)
+        rates = (num_live + gain) / ((draft or 0.0) / 1e3 + step_s)
+        rates = torch.where(b <= big_b, rates, torch.full_like(rates, -1.0))
+        b_star = torch.argmax(rates)  # the first maximum (torch.argmax returns the first index)
+        rank = torch.empty_like(slot)
+        rank[slot] = torch.arange(rows * k, device=dev)
+        taken = (rank < b_star).view(rows, k)
+        self.last_budget = b_star
+        return torch.minimum(taken.sum(dim=1), num_valid)
+
+    def _step_seconds(self, tokens):
+        """Verify seconds by token count, as a tensor lookup of the cost table (``CostTable.step_ms``,
+        vLLM's ``build_table``), tabulated once per device up to the largest count a step can ask."""
+        import torch
+
+        hi = int(tokens.max()) + 1
+        cached = getattr(self, "_step_cache", None)
+        if cached is None or cached.shape[0] < hi or cached.device != tokens.device:
+            n = max(hi, 2 * (cached.shape[0] if cached is not None else 64))
+            cached = torch.tensor([self.table.step_ms(i) / 1e3 for i in range(n)], dtype=torch.float64,
+                                  device=tokens.device)
+            self._step_cache = cached
+        return cached[tokens]
 
 
 SCHEDULES = {"static": Schedule, "batch_buckets": BatchBucketsSchedule, "adaptive": AdaptiveSchedule,

@@ -1,22 +1,28 @@
-"""Runtime states: one per candidate state, each with its static buffers and its five programs.
+"""Runtime states: one per candidate state, each with its static step inputs and its programs.
 
 A :class:`SpecRuntimeState` bundles every buffer sized by its constants (bucket B, κ, verify width
 W = ``num_draft_tokens``: κ + 1 for a chain, the tree's node count for a tree; vocabulary V) and the
-state's programs (draft, verify, accept, commit, extend), so switching states is a pointer swap
-(SGLang's ``SpecRuntimeState``, DESIGN.md "Swap states atomically"). A static tree's buffers (parents,
-depths, mask, ranks) are compiled once (the generated module's ``TREE``) and never rewritten. The
-programs come from the generated module ``states/<name>.py`` (``build(ctx)``; contract in
-``specc/runtime/README.md``) or, without an artifact, from :func:`build_state`; both take them from
-the one table of programs a state runs (:func:`specc.programs.state_programs`).
+state's programs, so switching states is a pointer swap (SGLang's ``SpecRuntimeState``, DESIGN.md
+"Swap states atomically"). A static tree's buffers (parents, depths, mask, ranks) are compiled once
+(the manifest's ``trees``) and never rewritten. The programs come from the one table of programs a
+state runs (:func:`specc.programs.state_programs`), derived from the state's parameters.
 
-On CUDA, verify + accept + commit are captured as one CUDA graph at load (static inputs: ``input_ids``,
-``positions``, ``cache_slots``, ``draft_tokens``, ``num_valid``, the sampling-parameter rows and the
-randomness buffers); the host fills those buffers and replays. On the CPU they run eagerly on a view
-of the buffers trimmed to the rows in use and the step's widest verify, and the target forward runs
-ragged: each request's verify costs its own number of tokens (``num_tokens``).
+The step is data: the runtime fills a :class:`StepInputs` (``specc.runtime.step.prepare``), the
+draft program writes the drafts into it, and the **verify program** (:meth:`SpecRuntimeState.program`:
+verify forward → accept → KV commit, written once) maps it to a :class:`StepOutputs`. That one
+program runs in one of three ways, chosen at load:
+
+* **eager** — called directly on a view of the inputs over the rows in use; on the CPU the target
+  forward runs ragged (each request's verify costs its own number of tokens, ``num_tokens``);
+* **captured** (CUDA) — recorded once as a CUDA graph over the full static inputs; a step fills the
+  inputs and replays it;
+* **compiled** (``runtime.compile_backend: inductor``) — ``torch.compile`` of the same function over
+  the full static inputs (inductor; ``freezing`` so oneDNN prepacks the weights): the CPU
+  counterpart of capture.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -104,8 +110,9 @@ class StateContext:
         (``max_seq_len - 1``) included.
     kernel_backend: ``specc.kernels`` backend ("auto" | "torch" | "triton").
     hidden_layers: target layers whose hidden states the drafter needs.
-    use_cuda_graphs: capture verify + accept on CUDA.
+    use_cuda_graphs: capture the verify program on CUDA.
     kernel_modules: the artifact's specialized kernel modules by variant name (empty without one).
+    compile_backend: ``eager`` or ``inductor`` (``torch.compile`` each state's verify program).
     """
 
     target: Any
@@ -117,6 +124,7 @@ class StateContext:
     hidden_layers: Tuple[int, ...] = ()
     use_cuda_graphs: bool = False
     kernel_modules: Dict[str, Any] = field(default_factory=dict)
+    compile_backend: str = "eager"
 
     @property
     def trash_slot(self) -> int:
@@ -126,35 +134,34 @@ class StateContext:
 _ROW_FIELDS = ("input_ids", "positions", "cache_slots", "draft_tokens", "num_valid", "num_tokens",
                "temperature", "top_k", "top_p", "uniforms", "exp_noise", "confidence", "draft_probs",
                "draft_noise", "parents", "node_depths", "tree_mask")
-_WIDTH_FIELDS = ("input_ids", "positions", "cache_slots", "node_depths")  # [B, W]
-_DRAFT_FIELDS = ("draft_tokens", "uniforms", "confidence", "draft_probs", "draft_noise", "parents")  # [B, N, ...]
 
 
 @dataclass
-class StateBuffers:
-    """Static buffers of one state (B = bucket, W = verify width, N = W - 1 draft nodes: κ for a chain;
-    V = vocabulary), allocated once.
+class StepInputs:
+    """What one decode step of a state reads: the state's static buffers (B = bucket, W = verify
+    width, N = W - 1 draft nodes: κ for a chain; V = vocabulary), allocated once, plus the step's
+    flags. An eager step works on a view over its rows in use (:meth:`view`); a captured or compiled
+    one on the full buffers.
 
-    Inputs (filled by the runtime before each step):
+    Filled by the runtime before the draft program (``specc.runtime.step.prepare``):
         input_ids ``[B, W]`` int64 (pending token, then drafts), positions ``[B, W]`` int64 (a tree:
         root position + node depth), cache_slots ``[B, W]`` int64 (root position + node index),
+        num_tokens ``[B]`` int64 (verify tokens per row: num_valid + 1, 0 for rows without a live
+        request), temperature ``[B]`` fp32, top_k ``[B]`` int64, top_p ``[B]`` fp32, uniforms
+        ``[B, N]`` fp32, exp_noise ``[B, V]`` fp32, draft_noise ``[B, N, V]`` fp32 (probabilistic
+        drafts only), ``batch`` (the drafter's :class:`specc.drafters.base.BatchView` of the rows).
+    Filled by the draft program:
         draft_tokens ``[B, N]`` int64 (-1: not proposed), num_valid ``[B]`` int64 (drafts verified per
-        row, a prefix), num_tokens ``[B]`` int64 (verify tokens per row: num_valid + 1, 0 for rows
-        without a live request), confidence ``[B, N]`` fp32 (the drafter's per-position estimate),
-        draft_probs ``[B, N, V]`` fp32 (probabilistic drafts only; a tree: q per parent node),
-        temperature ``[B]`` fp32, top_k ``[B]`` int64, top_p ``[B]`` fp32, uniforms ``[B, N]`` fp32,
-        exp_noise ``[B, V]`` fp32, draft_noise ``[B, N, V]`` fp32 (probabilistic drafts only).
+        row, a prefix), confidence ``[B, N]`` fp32 (the drafter's per-position estimate),
+        draft_probs ``[B, N, V]`` fp32 (probabilistic drafts only; a tree: q per parent node), and
+        the drafts into ``input_ids[:, 1:]``.
     Tree states only (None for chains): parents ``[B, N]`` int64 (parent node of node j + 1),
         node_depths ``[B, W]`` int64, tree_mask ``[B, W, W]`` bool (the tree-only verify mask,
         SGLang's ``QLEN_ONLY``), static_tree (a static tree's compiled buffers, constant).
-    Set per step: ``batch`` (the BatchView), ``use_top_k``/``use_top_p`` (eager mode: skip the sort
-        when no row filters), ``all_greedy`` (eager mode: every live row has temperature 0),
-        ``ragged`` (eager mode: the target forward skips padding tokens), ``kernels`` (role →
-        the artifact's kernel variant name).
-    Outputs (written by the programs): logits ``[B, W, V]`` fp32, hidden (list of ``[B, W, H]``),
-        result (``specc.kernels.VerifyOutput``), path (tree states, set by the KV-commit stage:
-        the accepted path as chain-shaped rows for the drafter, ``(input_ids, positions,
-        cache_slots, hidden)``).
+    Flags of the step (python values; fixed for a captured or compiled program): ``use_top_k`` /
+        ``use_top_p`` (skip the sort when no row filters), ``all_greedy`` (every live row has
+        temperature 0), ``ragged`` (the target forward skips padding tokens); ``kernels``: role →
+        the artifact's kernel variant name.
     """
 
     input_ids: torch.Tensor
@@ -181,16 +188,13 @@ class StateBuffers:
     all_greedy: bool = False
     ragged: bool = False
     kernels: Mapping[str, str] = field(default_factory=dict)
-    logits: Optional[torch.Tensor] = None
-    hidden: List[torch.Tensor] = field(default_factory=list)
-    result: Any = None
-    path: Any = None
 
     @classmethod
     def allocate(cls, spec: StateSpec, ctx: StateContext, tree: Optional[Mapping[str, Any]] = None,
-                 ) -> "StateBuffers":
+                 ) -> "StepInputs":
         """Buffers of ``spec``; ``tree``: a static tree's compiled lists (``specc.trees.compile_tree``,
-        the generated module's ``TREE``), compiled here from ``spec.tree_choices`` when None."""
+        the manifest's ``trees`` entry), compiled here from ``spec.tree_choices`` when None.
+        Raises ArtifactError when the tree's node count is not the state's verify width."""
         b, v, dev = spec.batch_size, ctx.vocab_size, ctx.device
         w = spec.width
         k = w - 1  # draft nodes (κ for a chain)
@@ -237,63 +241,71 @@ class StateBuffers:
         """Bytes held by the static buffers (reported at load)."""
         return sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in _ROW_FIELDS) if t is not None)
 
-    def view(self, rows: Optional[int] = None, width: Optional[int] = None) -> "StateBuffers":
-        """The first ``rows`` rows and ``width`` verify columns (``width - 1`` draft positions),
-        sharing storage; outputs are reset. Eager mode only (a captured program keeps its shapes)."""
-        kw: Dict[str, Any] = {}
-        for name in _ROW_FIELDS:
-            t = getattr(self, name)
-            if t is None:
-                continue
-            if rows is not None:
-                t = t[:rows]
-            if width is not None and name in _WIDTH_FIELDS:
-                t = t[:, :width]
-            elif width is not None and name in _DRAFT_FIELDS:
-                t = t[:, :width - 1]
-            elif width is not None and name == "tree_mask":
-                t = t[:, :width, :width]
-            kw[name] = t
-        return replace(self, logits=None, hidden=[], result=None, path=None, **kw)
+    def view(self, rows: int) -> "StepInputs":
+        """The first ``rows`` rows, sharing storage (an eager step over the rows in use)."""
+        kw = {name: getattr(self, name)[:rows] for name in _ROW_FIELDS if getattr(self, name) is not None}
+        return replace(self, **kw)
 
 
-Program = Callable[[StateContext, StateBuffers], Any]
+@dataclass
+class StepOutputs:
+    """What the verify program returns for one step.
+
+    Attributes:
+        result: the verify rule's :class:`specc.kernels.VerifyOutput` (``accepted_len [B]``,
+            ``output_tokens [B, W]``, ``bonus [B]``, ``accept_index [B, W]`` for trees).
+        hidden: list of ``[B, W, H]``, the target's hidden states at the drafter's layers over the
+            verify rows (empty when the drafter reads none).
+        path: a tree's accepted path as chain-shaped rows for the drafter, ``(input_ids, positions,
+            cache_slots, hidden)`` (the KV-commit stage's output), None for a chain.
+    """
+
+    result: Any
+    hidden: List[torch.Tensor]
+    path: Any = None
 
 
-def _commit_none(ctx: StateContext, bufs: StateBuffers) -> None:
-    """A chain's KV is already in place by position (the default commit program)."""
+Program = Callable[..., Any]
 
 
 @dataclass(frozen=True)
-class StatePrograms:
-    """The stage programs of a state (each ``fn(ctx, bufs)``): draft, verify, accept, extend and the
-    KV commit between accept and extend (default: nothing to move, as for every chain, so modules
-    generated before trees still build)."""
+class BoundPrograms:
+    """A state's stage programs bound to its constants (:func:`select_programs`): ``draft(ctx, inp)``,
+    ``verify(ctx, inp) -> (logits, hidden)``, ``accept(ctx, inp, logits) -> VerifyOutput``,
+    ``commit(ctx, inp, result, hidden) -> path | None``, ``extend(ctx, inp, outputs, batch_view)``."""
 
     draft: Program
     verify: Program
     accept: Program
+    commit: Program
     extend: Program
-    commit: Program = _commit_none
+
+
+class _NoTimer:
+    def __call__(self, name: str):
+        return contextlib.nullcontext()
+
+
+_NO_TIMER = _NoTimer()
 
 
 class SpecRuntimeState:
-    """One candidate state ready to run: spec, buffers, programs and (on CUDA) the captured graph.
+    """One candidate state ready to run: spec, static step inputs, programs and the way its verify
+    program runs (eager, captured on CUDA, or compiled with inductor).
 
-    A step runs ``begin(rows)`` → ``draft()`` → [``trim(width)``] → ``verify_accept()`` (verify,
-    accept, KV commit) → ``extend()``; the stages of one step work on ``self.cur``, the buffers
-    (eager: a view of them) of that step.
+    A step: :meth:`begin` (the inputs to fill) → ``draft(inp)`` → :meth:`run` (the verify program:
+    verify → accept → commit) → ``extend(inp, outputs, batch_view)``.
 
     Args:
-        spec: the state's constants. ctx: shared context. programs: its stage programs.
-        kernels: role → the artifact's specialized kernel variant (``KERNELS`` of the generated module).
-        tree: a static tree's compiled buffers (the generated module's ``TREE``); compiled from
+        spec: the state's constants. ctx: shared context. programs: its bound stage programs.
+        kernels: role → the artifact's specialized kernel variant name.
+        tree: a static tree's compiled buffers (the manifest's ``trees`` entry); compiled from
             ``spec.tree_choices`` when None.
     Raises:
         ArtifactError: the state uses something this runtime does not implement.
     """
 
-    def __init__(self, spec: StateSpec, ctx: StateContext, programs: StatePrograms,
+    def __init__(self, spec: StateSpec, ctx: StateContext, programs: BoundPrograms,
                  kernels: Optional[Mapping[str, str]] = None, tree: Optional[Mapping[str, Any]] = None) -> None:
         spec.check_supported()
         if spec.num_steps > 0 and ctx.drafter is None:
@@ -309,96 +321,127 @@ class SpecRuntimeState:
         self.spec = spec
         self.ctx = ctx
         self.programs = programs
-        self.bufs = StateBuffers.allocate(spec, ctx, tree)
-        self.bufs.kernels = dict(kernels or {})
+        self.inputs = StepInputs.allocate(spec, ctx, tree)
+        self.inputs.kernels = dict(kernels or {})
         self._graph = None
-        self.capture_s = 0.0  # seconds its CUDA-graph capture took at load (0 when not captured)
-        self.cur = self.bufs
+        self._graph_out: Optional[StepOutputs] = None
+        self._compiled: Optional[Callable[[StepInputs], StepOutputs]] = None
+        self.capture_s = 0.0  # seconds its CUDA-graph capture (or inductor compile) took at load
 
-    # ------------------------------------------------------------------ stages
-    def begin(self, rows: int) -> StateBuffers:
-        """Start a step over rows ``0..rows-1`` (eager: a view of those rows; captured: all B)."""
-        self.cur = self.bufs if self._graph is not None or rows >= self.spec.batch_size else self.bufs.view(rows)
-        self.cur.ragged = self._graph is None
-        return self.cur
+    # ------------------------------------------------------------------ the step
+    @property
+    def static(self) -> bool:
+        """Whether the verify program runs over the full static inputs (captured or compiled)."""
+        return self._graph is not None or self._compiled is not None
 
-    def draft(self) -> None:
-        """Run the draft program (fills draft_tokens, num_valid, confidence, draft_probs). Eager
-        always: the n-gram lookup is host work; model drafters are cheap to launch relative to verify."""
-        self.programs.draft(self.ctx, self.cur)
+    def begin(self, rows: int) -> StepInputs:
+        """The inputs of a step over rows ``0..rows-1``: eager, a view of those rows (the target forward
+        then runs ragged on the CPU); captured or compiled, all B rows at the static width."""
+        if self.static:
+            inp = self.inputs
+            inp.ragged = False
+            return inp
+        inp = self.inputs if rows >= self.spec.batch_size else self.inputs.view(rows)
+        inp.ragged = self.ctx.device.type == "cpu"
+        return inp
 
-    def trim(self, width: int) -> int:
-        """Eager mode only: verify just the first ``width`` columns of every row this step (``width``
-        = the most drafts any row verifies + 1; rows past a request's valid drafts are never
-        accepted, and the ragged forward already skips each row's padding). Captured states keep
-        their static width. Returns the width used."""
-        width = max(1, min(int(width), self.spec.width))
-        if self._graph is not None or width == self.cur.input_ids.shape[1]:
-            return self.cur.input_ids.shape[1]
-        batch, ragged = self.cur.batch, self.cur.ragged
-        self.cur = self.cur.view(width=width)
-        self.cur.batch, self.cur.ragged = batch, ragged
-        return width
+    def draft(self, inp: StepInputs) -> None:
+        """The draft program: fills draft_tokens, num_valid, confidence (and draft_probs). Eager always:
+        drafters keep host state (the n-gram lookup, a tree's expansion)."""
+        self.programs.draft(self.ctx, inp)
 
-    def verify_accept(self) -> Any:
-        """Target forward over ``[B, W]``, the verify rule, then the KV commit; returns the VerifyOutput."""
+    def program(self, inp: StepInputs, timer: Callable[[str], Any] = _NO_TIMER) -> StepOutputs:
+        """The verify program, the one copy of verify → accept → commit: the target forward over every
+        request's W verify rows, the verify rule, then the KV commit (a tree's accepted path moved
+        into place). ``timer(stage)`` is a context manager around each stage (eager only)."""
+        with timer("verify"):
+            logits, hidden = self.programs.verify(self.ctx, inp)
+        with timer("accept"):
+            result = self.programs.accept(self.ctx, inp, logits)
+        with timer("commit"):
+            path = self.programs.commit(self.ctx, inp, result, hidden)
+        return StepOutputs(result=result, hidden=list(hidden), path=path)
+
+    def run(self, inp: StepInputs, timer: Callable[[str], Any] = _NO_TIMER) -> StepOutputs:
+        """Run the verify program the way this state was built to: replay the captured graph, call the
+        compiled function, or call :meth:`program` eagerly (``timer`` then times each stage; the
+        captured and compiled programs are timed as one "verify" stage by the caller)."""
         if self._graph is not None:
             self._graph.replay()
-            return self.bufs.result
-        self.programs.verify(self.ctx, self.cur)
-        self.programs.accept(self.ctx, self.cur)
-        self.programs.commit(self.ctx, self.cur)
-        return self.cur.result
+            return self._graph_out
+        if self._compiled is not None:
+            return self._compiled(inp)
+        return self.program(inp, timer)
 
-    def extend(self) -> None:
-        """Run the extend program (the drafter's commit over the accepted tokens)."""
-        self.programs.extend(self.ctx, self.cur)
-        self.cur = self.bufs
+    def extend(self, inp: StepInputs, out: StepOutputs, batch_view: Any) -> None:
+        """The extend program: the drafter's commit over the accepted tokens (``batch_view``: the rows
+        after this step's tokens were appended)."""
+        self.programs.extend(self.ctx, inp, out, batch_view)
 
     @property
     def captured(self) -> bool:
         return self._graph is not None
 
-    # ------------------------------------------------------------------ CUDA graphs
-    def capture(self) -> bool:
-        """Capture verify + accept + commit as one CUDA graph (CUDA only; returns whether it captured).
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
 
-        Warm-up runs on a side stream first (PyTorch's documented recipe), with every row pointing
-        its KV writes at the trash slot so capture leaves the caches' real entries untouched.
-        """
+    # ------------------------------------------------------------------ capture and compile
+    def _static_inputs(self) -> StepInputs:
+        """The full inputs set up so a warm-up or capture run leaves the caches' real entries untouched
+        (every KV write to the trash slot) and takes the general path (no host-side branching)."""
+        b = self.inputs
+        b.cache_slots.fill_(self.ctx.trash_slot)
+        b.positions.copy_(torch.arange(self.spec.width, device=b.positions.device).expand_as(b.positions))
+        b.use_top_k = b.use_top_p = True
+        b.all_greedy = b.ragged = False
+        return b
+
+    def capture(self) -> bool:
+        """Capture the verify program as one CUDA graph (CUDA only; returns whether it captured).
+        Warm-up runs on a side stream first (PyTorch's documented recipe)."""
         if not (self.ctx.use_cuda_graphs and self.ctx.device.type == "cuda" and torch.cuda.is_available()):
             return False
         import time
 
         t0 = time.perf_counter()
-        b = self.bufs
-        b.cache_slots.fill_(self.ctx.trash_slot)
-        b.positions.copy_(torch.arange(self.spec.width, device=b.positions.device).expand_as(b.positions))
-        b.use_top_k = b.use_top_p = True  # graphs take the general path (no host-side branching)
-        b.all_greedy = b.ragged = False
+        b = self._static_inputs()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.programs.verify(self.ctx, b)
-                self.programs.accept(self.ctx, b)
-                self.programs.commit(self.ctx, b)
+                self.program(b)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.programs.verify(self.ctx, b)
-            self.programs.accept(self.ctx, b)
-            self.programs.commit(self.ctx, b)
+            out = self.program(b)
         torch.cuda.synchronize(self.ctx.device)
-        self._graph = graph
+        self._graph, self._graph_out = graph, out
+        self.capture_s = time.perf_counter() - t0
+        return True
+
+    def compile(self) -> bool:
+        """Compile the verify program with ``torch.compile`` (inductor, the state's static shapes, no
+        dynamic dimensions) when ``ctx.compile_backend`` is ``inductor`` and the state was not captured;
+        one warm-up call compiles it here, at load (its seconds in :attr:`capture_s`). Returns whether
+        it compiled. The compiled function is the same :meth:`program`; outputs equal eager's
+        (``tests/test_compile_backend.py``)."""
+        if self.ctx.compile_backend != "inductor" or self._graph is not None:
+            return False
+        import time
+
+        from specc.runtime.compile import compile_program
+
+        t0 = time.perf_counter()
+        b = self._static_inputs()
+        self._compiled = compile_program(self, b)
         self.capture_s = time.perf_counter() - t0
         return True
 
 
-def select_programs(spec: StateSpec, synthetic_rates: Optional[Sequence[float]] = None) -> StatePrograms:
-    """The stage programs of a state, from the one table (:func:`specc.programs.state_programs`) —
-    the same calls a generated module renders. Raises ArtifactError for a state this runtime cannot
-    run."""
+def select_programs(spec: StateSpec, synthetic_rates: Optional[Sequence[float]] = None) -> BoundPrograms:
+    """The stage programs of a state, from the one table (:func:`specc.programs.state_programs`),
+    bound to their constants. Raises ArtifactError for a state this runtime cannot run."""
     from specc import programs
     from specc.runtime import stages
 
@@ -406,13 +449,14 @@ def select_programs(spec: StateSpec, synthetic_rates: Optional[Sequence[float]] 
         table = programs.state_programs(spec, synthetic_rates)
     except ValueError as exc:
         raise ArtifactError(str(exc)) from None
-    calls = {stage: _bind(getattr(stages, call.fn), call.args) for stage, call in table.items()}
-    return StatePrograms(**calls)
+    return BoundPrograms(**{stage: _bind(getattr(stages, call.fn), call.args) for stage, call in table.items()})
 
 
 def _bind(fn: Callable, args: Tuple[Any, ...]) -> Program:
-    def program(ctx, bufs):
-        return fn(ctx, bufs, *args)
+    def program(ctx, inp, *rest):
+        return fn(ctx, inp, *rest, *args)
+    program.__name__ = fn.__name__
+    program.__doc__ = fn.__doc__
     return program
 
 
