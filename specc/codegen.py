@@ -475,6 +475,8 @@ def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dic
         draft_ms = {str(x): y for x, y in zip(t.draft_x, t.draft_ms)} if t.draft_applies(m.name) else {}
         table = {"device": t.device, "capture_limit": t.capture_limit,
                  "verify_ms": {str(x): y for x, y in zip(t.verify_x, t.verify_ms)}, "draft_ms": draft_ms}
+        if t.choice is not None:  # the device profile's fastest dtype / backend (runtime.dtype: auto)
+            table["choice"] = dict(t.choice)
     info = methods.get(m.name)
     draft = None if plan.draft is None else {"path": plan.draft.path, "format": plan.draft.format,
                                              "max_model_len": plan.draft.max_model_len}
@@ -486,7 +488,8 @@ def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dic
                    "ngram": {"min": m.ngram.min, "max": m.ngram.max}},
         "verify": {"rule": v.rule, "draft_sampling": v.draft_sampling, "synthetic_rates": rates},
         "device": plan.runtime.device, "dtype": plan.runtime.dtype,
-        "kernel_backend": plan.runtime.kernel_backend, "cuda_graphs": plan.deploy.cuda_graphs,
+        "kernel_backend": plan.runtime.kernel_backend, "compile_backend": plan.runtime.compile_backend,
+        "cuda_graphs": plan.deploy.cuda_graphs,
         "schedule": dict(schedule, cost_table=table,
                          confidence=info.runtime.confidence if info.runtime is not None else ""),
     }

@@ -512,7 +512,10 @@ class CostTable:
          "capture_sizes": [1, 2, 4, 8, 16, 32],          # optional; default: the verify keys
          "verify_ms": {"1": 7.9, "2": 8.1, ...},          # tokens -> ms
          "draft_ms": {"1": 0.9, "4": 1.0, ...},           # requests -> ms (optional)
-         "method": "ngram"}                               # the drafter draft_ms timed (optional)
+         "method": "ngram",                               # the drafter draft_ms timed (optional)
+         "choice": {"dtype": "bfloat16", "compile_backend": "eager"},  # fastest setting measured (optional)
+         "settings": {"float32/eager": {"forward_ms": {...}}, ...},     # every setting measured (optional)
+         "cpu": {"model": ..., "capability": "AVX512", "onednn_isa": ..., "amx": true}}  # (optional)
 
     ``draft_ms`` times one pass of the profiled plan's drafter: it stands for another method's draft
     pass only when the table names no method (:meth:`draft_applies`).
@@ -529,6 +532,8 @@ class CostTable:
     device: str = ""
     path: str = ""
     method: str = ""
+    choice: Optional[Dict[str, str]] = None  # {"dtype", "compile_backend"} measured fastest on the device
+    settings: Optional[Dict[str, Dict[str, float]]] = None  # setting -> {tokens: forward ms}
 
     def draft_applies(self, method: str) -> bool:
         """True when ``draft_ms`` is profiled and times ``method``'s drafter (or names no method)."""
@@ -603,6 +608,18 @@ def load_cost_table(path: str) -> CostTable:
         captures = data.get("capture_sizes") or list(verify)
         if not isinstance(captures, list) or not all(isinstance(c, int) and c >= 1 for c in captures):
             raise ValueError("capture_sizes must be a list of integers >= 1")
+        choice = data.get("choice")
+        if choice is not None:
+            if (not isinstance(choice, dict) or choice.get("dtype") not in ("float32", "bfloat16", "float16")
+                    or choice.get("compile_backend") not in ("eager", "inductor")):
+                raise ValueError("choice must be {dtype: float32|bfloat16|float16, compile_backend: eager|inductor}")
+            choice = {"dtype": choice["dtype"], "compile_backend": choice["compile_backend"]}
+        settings = data.get("settings")
+        if settings is not None:
+            if not isinstance(settings, dict):
+                raise ValueError("settings must map a setting name to its tables")
+            settings = {str(k): table((v or {}).get("forward_ms") if isinstance(v, dict) else None,
+                                      f"settings.{k}.forward_ms") for k, v in settings.items()}
     except (ValueError, TypeError, OverflowError) as exc:
         raise PlanError(f"schedule.cost_table: {p} is not a cost table ({exc}); {COST_TABLE_HINT}") from None
     vx, vy = _monotone_table(verify)
@@ -610,7 +627,7 @@ def load_cost_table(path: str) -> CostTable:
     return CostTable(verify_x=tuple(int(x) for x in vx), verify_ms=tuple(float(y) for y in vy),
                      capture_limit=int(max(captures)), draft_x=tuple(int(x) for x in dx),
                      draft_ms=tuple(float(y) for y in dy), device=str(data.get("device", "")),
-                     path=str(p), method=str(data.get("method") or ""))
+                     path=str(p), method=str(data.get("method") or ""), choice=choice, settings=settings)
 
 
 def batch_model_from_table(table: CostTable, fallback_draft_ratio: float = 0.0,

@@ -172,8 +172,8 @@ def test_artifact_files_must_be_regular_files_inside_the_artifact(ngram_art, tmp
         target.unlink()
         target.symlink_to(outside)
     elif tamper == "dir_link":
-        (art / "states").rename(tmp_path / "states")
-        (art / "states").symlink_to(tmp_path / "states")
+        (art / "kernels").rename(tmp_path / "kernels")
+        (art / "kernels").symlink_to(tmp_path / "kernels")
     else:
         outside = tmp_path / "manifest.json"
         outside.write_bytes((art / "manifest.json").read_bytes())

@@ -1,7 +1,9 @@
 """``specc profile PLAN [overrides] --out FILE``: measure this device's cost table for a plan — target
 forward + accept time by verified token count (1 … the plan's largest bucket × verify width), one
-draft pass by request count — and write it as JSON (schema: :mod:`specc.runtime.profile`). Point
-``schedule.cost_table`` at the file for ``explain``, ``schedule.kind: auto`` and ``budget``.
+draft pass by request count — under every dtype (``--dtypes``) and compile backend (``--backends``)
+asked, pick the fastest setting, and write it as JSON (schema: :mod:`specc.runtime.profile`) with
+the CPU's facts (torch's capability, oneDNN's ISA line). Point ``schedule.cost_table`` at the file for
+``explain``, ``schedule.kind: auto`` and ``budget``, and for ``runtime.dtype: auto``.
 
 Exit codes: 0 written, 1 the plan has rule errors for the specc runtime, 2 unusable input.
 """
@@ -29,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
+    parser.add_argument("--dtypes", default="float32,bfloat16", metavar="LIST",
+                        help="target dtypes to time, comma-separated (default float32,bfloat16: the faster becomes "
+                             "the table's choice)")
+    parser.add_argument("--backends", default="eager", metavar="LIST",
+                        help="compile backends to time at the plan's state shapes: eager, inductor (compiling each "
+                             "shape takes tens of seconds); default eager")
 
 
 def _check_out(path: Path) -> None:
@@ -49,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from specc.analyze import lower_plan
     from specc.plan.load import load_plan
     from specc.runtime.loader import load_models
-    from specc.runtime.profile import cost_table, profile_costs, token_grid
+    from specc.runtime.profile import choose, cost_table, profile_costs, time_state_shapes, token_grid
 
     out = Path(args.out)
     _check_out(out)
@@ -75,25 +83,48 @@ def run(args: argparse.Namespace) -> int:
         from specc.models.llama import configure_cpu_threads
 
         configure_cpu_threads(args.threads)
-    target, _, drafter, dev = load_models(spec, args.device, max(s.num_steps for s in low.states))
+    dtypes = _choices(args.dtypes, ("float32", "bfloat16", "float16"), "--dtypes")
+    backends = _choices(args.backends, ("eager", "inductor"), "--backends")
+    top = args.max_tokens or max_batch * max_width
+    shapes = sorted({(int(s.batch_size), int(s.num_draft_tokens)) for s in low.states} | {(1, 1)})
+    settings: dict = {}
+    tables: dict = {}
+    measured = None
+    from specc import device as DV
     from specc.models.llama import default_cpu_threads
 
-    top = args.max_tokens or max_batch * max_width
-    total = args.repeats + 1 + (len(token_grid(max_batch)) if drafter is not None else 0)
-    bar = tqdm(total=total, desc="specc profile", unit="size", file=sys.stderr)
-    try:
-        measured = profile_costs(target, drafter, max_batch=max_batch, max_width=max_width,
-                                 verify_rule=resolved.verify.rule, context=args.context, repeats=args.repeats,
-                                 max_tokens=top, on_progress=lambda _: bar.update(1))
-    except ValueError as exc:
-        from specc.errors import SpeccError
+    threads = args.threads or default_cpu_threads()
+    for i, dtype in enumerate(dtypes):
+        spec_d = dict(spec, dtype=dtype)
+        target, _, drafter, dev = load_models(spec_d, args.device, max(s.num_steps for s in low.states))
+        total = args.repeats + 1 + (len(token_grid(max_batch)) if drafter is not None and i == 0 else 0)
+        bar = tqdm(total=total, desc=f"specc profile {dtype}", unit="size", file=sys.stderr)
+        try:
+            m = profile_costs(target, drafter if i == 0 else None, max_batch=max_batch, max_width=max_width,
+                              verify_rule=resolved.verify.rule, context=args.context, repeats=args.repeats,
+                              max_tokens=top, on_progress=lambda _: bar.update(1))
+        except ValueError as exc:
+            from specc.errors import SpeccError
 
-        raise SpeccError(str(exc)) from None
-    finally:
-        bar.close()
+            raise SpeccError(str(exc)) from None
+        finally:
+            bar.close()
+        if measured is None:
+            measured = m
+        tables[dtype] = m
+        for backend in backends:
+            st = time_state_shapes(target, shapes, context=args.context, repeats=args.repeats,
+                                   compiled=backend == "inductor")
+            settings[f"{dtype}/{backend}"] = {"state_ms": st} | ({"forward_ms": m["forward_ms"]} if backend == "eager" else {})
+        del target
+    choice = choose(settings)
+    chosen = tables[choice["dtype"]]
+    measured = dict(measured, verify_ms=chosen["verify_ms"], forward_ms=chosen["forward_ms"],
+                    accept_ms=chosen["accept_ms"])
     table = cost_table(measured, device=dev, plan=plan.name, method=plan.method.name, context=args.context,
-                       repeats=args.repeats, threads=args.threads or default_cpu_threads(),
+                       repeats=args.repeats, threads=threads,
                        capture_sizes=low.capture_sizes if dev.type == "cuda" else (1,))
+    table.update(settings=settings, choice=choice, cpu=DV.cpu_facts(threads) if dev.type == "cpu" else None)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
@@ -106,4 +137,18 @@ def run(args: argparse.Namespace) -> int:
           f"{len(v)} verify sizes, 1 token {v['1']:.1f} ms, {top} tokens {v[str(top)]:.1f} ms"
           + (f"; draft pass at 1 request {measured['draft_ms']['1']:.1f} ms" if "draft_ms" in measured else "")
           + f" -> {out}")
+    if dev.type == "cpu":
+        print(f"CPU: {DV.describe(table['cpu'])}")
+    print(f"chosen: runtime.dtype {choice['dtype']}, compile backend {choice['compile_backend']} ({choice['why']})")
     return 0
+
+
+def _choices(text: str, allowed, option: str) -> list:
+    """A comma-separated option's values, each checked. Raises SpeccError naming the option."""
+    from specc.errors import SpeccError
+
+    vals = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in vals if x not in allowed]
+    if not vals or bad:
+        raise SpeccError(f"{option} {text!r}: give a comma-separated list of {', '.join(allowed)}")
+    return list(dict.fromkeys(vals))

@@ -133,6 +133,11 @@ class Linear(nn.Module):
         self._w_np: Optional[np.ndarray] = None  # [out, in] fp32 copy for the skinny GEMM (2..16 rows)
         self._w_version = -1  # weight._version when _w_np was copied
         self._paths = path_table(in_features, out_features)  # [r] -> fn(x [r, in], wt [in, out]) for r <= 16
+        #: half precision, inference: multiply in chunks of exactly this many rows, zero-padded (None:
+        #: one call). oneDNN picks its bf16 GEMM kernel and blocking by the row count (a one-row call
+        #: takes another kernel than sixteen rows, and 33..128 rows another again for some shapes), so
+        #: fixed chunks make a row's result independent of the batch (``LlamaModel.set_row_invariant``)
+        self.row_chunk: Optional[int] = None
 
     def use_cpu_fast(self) -> None:
         """Re-store the weight as ``[in, out]`` contiguous and enable the numpy path (CPU fp32 only)."""
@@ -170,6 +175,17 @@ class Linear(nn.Module):
             if self.bias is not None:
                 y += self.bias
             return y.view(*x.shape[:-1], self.out_features)
+        chunk = self.row_chunk
+        if chunk and x.dtype != torch.float32 and not torch.is_grad_enabled():
+            # every GEMM call sees exactly `chunk` rows (the last chunk zero-padded): one kernel, one
+            # blocking, so each row's bits are independent of how many rows the forward runs
+            x2 = x.reshape(-1, self.in_features)
+            rows = x2.shape[0]
+            pad = (-rows) % chunk
+            if pad:
+                x2 = torch.cat([x2, x2.new_zeros(pad, self.in_features)])
+            y = torch.cat([F.linear(x2[i: i + chunk], w, self.bias) for i in range(0, rows + pad, chunk)])
+            return y[:rows].view(*x.shape[:-1], self.out_features)
         return F.linear(x, w, self.bias)
 
 
@@ -230,6 +246,10 @@ class TokenPacking:
 
 
 # ----------------------------------------------------------------------------------- the layers
+KV_TILE = 64
+"""KV slots per tile of the half-precision attention (:meth:`Attention._half`)."""
+
+
 class Attention(nn.Module):
     """GQA self-attention with a static KV cache written at given slots."""
 
@@ -241,6 +261,7 @@ class Attention(nn.Module):
         self.wqkv = Linear(c.hidden_size, c.q_size + 2 * c.kv_size, bias=c.attention_bias)
         self.wo = Linear(c.q_size, c.hidden_size, bias=False)
         self.scale = self.head_dim ** -0.5
+        self.row_chunk = 16  # query rows per matmul of the half-precision attention (see _half)
         self.k_cache: Optional[torch.Tensor] = None  # [max_batch, kv_heads, max_seq, head_dim]
         self.v_cache: Optional[torch.Tensor] = None
 
@@ -249,7 +270,7 @@ class Attention(nn.Module):
                 packing: Optional[TokenPacking] = None, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: [B, N, H] (or [T, H] packed by ``packing``); cos/sin: [B, N, 1, D] (sin with the first
         half negated); batch_index, slots: [B, N] int64; mask_bias: [B * nkv, g * N, kv_len] additive fp32
-        (or [B, 1, N, kv_len] in half precision, see ``_sdpa``)
+        (or [B, 1, N, kv_len] fp32 in half precision, see ``_half``)
         (0 = attend, dtype-min = masked; g = heads per kv head, row order (b, kv head, query head in
         group, n)); rows: [B] int64 cache rows of the batch rows (None: rows 0..B-1, the
         batch_index rows); returns [B, N, H] (or [T, H]).
@@ -271,7 +292,7 @@ class Attention(nn.Module):
         self.v_cache.transpose(1, 2).index_put_((batch_index, slots), v.to(self.v_cache.dtype))
         nkv, g, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
         if mask_bias.dim() == 4:  # [B, 1, N, S]: fused attention (half precision; see LlamaModel.forward)
-            return self._sdpa(q, B, N, mask_bias, kv_len, packing, rows)
+            return self._half(q, B, N, mask_bias, kv_len, packing, rows)
         if rows is None:
             keys = self.k_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)  # a view: [B*nkv, S, D]
             values = self.v_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)
@@ -293,22 +314,52 @@ class Attention(nn.Module):
         return self.wo(out)
 
 
-    def _sdpa(self, q: torch.Tensor, B: int, N: int, mask_bias: torch.Tensor, kv_len: int,
+    def _half(self, q: torch.Tensor, B: int, N: int, mask_bias: torch.Tensor, kv_len: int,
               packing: Optional[TokenPacking], rows: Optional[torch.Tensor]) -> torch.Tensor:
-        """Attention of ``q`` ``[B, N, nh, D]`` over the first ``kv_len`` cache slots with
-        ``F.scaled_dot_product_attention`` (GQA by ``enable_gqa``: query head h reads kv head
-        h // g, HF's repeat_kv order): the half-precision path, where the eager ``baddbmm`` over
-        transposed cache views copies the cache at every layer. mask_bias: ``[B, 1, N, S]`` additive
-        in the cache dtype (0 = attend, dtype-min = masked, so a fully masked row stays finite).
-        Returns ``[B, N, H]`` (``[T, H]`` packed)."""
+        """Half-precision attention of ``q`` ``[B, N, nh, D]`` over the first ``kv_len`` cache slots,
+        computed so that every query row's result is the same bits whatever the number of query rows
+        ``N``, the attended span and the other rows of the batch (*row-invariant*): scores by one
+        matmul per (row, kv head) over the cache view (oneDNN's bf16 GEMM is invariant in its row
+        count when the count is fixed: every call gets exactly :attr:`row_chunk` query rows,
+        zero-padded), the mask added and the softmax taken in fp32 row by row (masked slots
+        contribute exact zeros), the weighted sum by a second matmul. Speculative greedy output then equals plain
+        greedy output at the same dtype (a verify row computes what the one-token step computes);
+        ``F.scaled_dot_product_attention`` is not row-invariant on the CPU. GQA by grouping query
+        heads (query head h reads kv head h // g, HF's repeat_kv order), no K/V copy. mask_bias:
+        ``[B, 1, N, S]`` fp32 additive (0 = attend, fp32-min = masked: a fully masked row stays
+        finite). Returns ``[B, N, H]`` (``[T, H]`` packed)."""
+        nkv, g, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        T = KV_TILE
+        S = -(-kv_len // T) * T  # whole tiles; slots past kv_len are masked (exact zeros)
         if rows is None:
-            keys, values = self.k_cache[:B, :, :kv_len], self.v_cache[:B, :, :kv_len]  # [B, nkv, S, D]
+            keys, values = self.k_cache[:B, :, :S], self.v_cache[:B, :, :S]  # [B, nkv, S, D] views
         else:
-            keys = self.k_cache[:, :, :kv_len].index_select(0, rows)
-            values = self.v_cache[:, :, :kv_len].index_select(0, rows)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2).to(keys.dtype), keys, values, attn_mask=mask_bias,
-                                             scale=self.scale, enable_gqa=True)  # [B, nh, N, D]
-        out = out.transpose(1, 2).reshape(B, N, self.q_size)  # [B, N, q]
+            keys = self.k_cache[:, :, :S].index_select(0, rows)
+            values = self.v_cache[:, :, :S].index_select(0, rows)
+        nb = S // T
+        kt = keys.reshape(B, nkv, nb, T, D).transpose(-1, -2)  # [B, nkv, nb, D, T]
+        vb = values.reshape(B, nkv, nb, T, D)  # [B, nkv, nb, T, D]
+        qg = q.to(keys.dtype).view(B, N, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * N, D)
+        bias = mask_bias.repeat(1, 1, g, 1)  # [B, 1, g*N, kv_len]
+        if S > kv_len:
+            bias = torch.cat([bias, bias.new_full((B, 1, g * N, S - kv_len), torch.finfo(bias.dtype).min)], dim=-1)
+        rows_q, C = g * N, self.row_chunk
+        pad = (-rows_q) % C
+        if pad:  # every tile product sees exactly C query rows (zero rows, then dropped)
+            qg = torch.cat([qg, qg.new_zeros(B, nkv, pad, D)], dim=2)
+            bias = torch.cat([bias, bias.new_zeros(B, 1, pad, S)], dim=2)
+        outs = []
+        for c in range(0, rows_q + pad, C):
+            # [B, nkv, 1, C, D] @ [B, nkv, nb, D, T]: one fixed [C, D] x [D, T] GEMM per tile
+            sc = torch.matmul(qg[:, :, None, c: c + C], kt).float()  # [B, nkv, nb, C, T]
+            sc = sc.permute(0, 1, 3, 2, 4).reshape(B, nkv, C, S)
+            sc = torch.addcmul(bias[:, :, c: c + C], sc, torch.tensor(self.scale))  # scale + mask, fp32
+            pr = torch.softmax(sc, dim=-1).to(values.dtype).view(B, nkv, C, nb, T).transpose(2, 3)  # [B,nkv,nb,C,T]
+            # per tile a fixed [C, T] x [T, D] GEMM, then the tiles summed in fp32 in order (masked tiles
+            # add exact zeros)
+            outs.append(torch.matmul(pr, vb).float().sum(dim=2).to(values.dtype))  # [B, nkv, C, D]
+        out = torch.cat(outs, dim=2)[:, :, :rows_q]  # [B, nkv, g*N, D]
+        out = out.view(B, nkv, g, N, D).permute(0, 3, 1, 2, 4).reshape(B, N, self.q_size)  # [B, N, q]
         if packing is not None:
             out = packing.pack(out)  # [T, q]
         return self.wo(out)
@@ -502,6 +553,19 @@ class LlamaModel(nn.Module):
                 m._wt_np = m._w_np = None
         return out
 
+    def set_row_invariant(self, on: bool = True, chunk: int = 16) -> "LlamaModel":
+        """Half precision on the CPU: make every row's result independent of how many rows a forward
+        runs (a verify over W tokens computes each row as a one-token step does), so speculative
+        greedy decoding equals plain greedy decoding at this dtype. The linears multiply in chunks of
+        exactly ``chunk`` rows (:attr:`Linear.row_chunk`; on CPUs with AMX a 16-row bf16 GEMM costs
+        about what a one-row one does); attention is row-invariant already
+        (:meth:`Attention._half`). fp32 keeps its own paths (their rounding differs by row count, by
+        ~1e-7 relative, which flips no greedy choice in practice). Returns self."""
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.row_chunk = int(chunk) if on else None
+        return self
+
     def use_cpu_fast(self) -> "LlamaModel":
         """Switch every CPU fp32 linear to the numpy BLAS path (see ``Linear``) and split the CPU
         threads with :func:`configure_cpu_threads` (OpenBLAS and the skinny GEMM get the chosen
@@ -529,8 +593,10 @@ class LlamaModel(nn.Module):
         max_seq_len = max(max_seq_len, self.max_seq_len)
         dev = self.norm.weight.device
         dtype = dtype or self.norm.weight.dtype
+        # half precision attends in tiles of KV_TILE slots (Attention._half): room for a whole last tile
+        alloc = max_seq_len if dtype == torch.float32 else -(-max_seq_len // KV_TILE) * KV_TILE
         for layer in self.layers:
-            shape = (max_batch_size, c.num_kv_heads, max_seq_len, c.head_dim)
+            shape = (max_batch_size, c.num_kv_heads, alloc, c.head_dim)
             layer.attn.k_cache = torch.zeros(shape, dtype=dtype, device=dev)
             layer.attn.v_cache = torch.zeros(shape, dtype=dtype, device=dev)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
@@ -641,12 +707,13 @@ class LlamaModel(nn.Module):
         # additive mask shared by all layers; a fully masked row stays finite (HF eager uses dtype-min too)
         c = self.config
         g = c.num_heads // c.num_kv_heads
-        mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, torch.finfo(x.dtype).min)
+        fill = torch.float32 if x.dtype != torch.float32 else x.dtype
+        mask = torch.zeros(mask.shape, dtype=fill, device=x.device).masked_fill_(~mask, torch.finfo(fill).min)
         if x.dtype == torch.float32:
             mask = mask[:, None, None].expand(B, c.num_kv_heads, g, N, kv_len).reshape(
                 B * c.num_kv_heads, g * N, kv_len)  # [B*nkv, g*N, S]: the eager fp32 attention
         else:
-            mask = mask[:, None]  # [B, 1, N, S]: fused attention in half precision (Attention._sdpa)
+            mask = mask[:, None]  # [B, 1, N, S] fp32: row-invariant attention in half precision (Attention._half)
         wanted = {i: k for k, i in enumerate(hidden_layers)}
         hidden: List[Optional[torch.Tensor]] = [None] * len(hidden_layers)
         for i, layer in enumerate(self.layers):

@@ -27,7 +27,7 @@ MARKOV_KINDS = ("vanilla", "gated", "rnn")
 DISAGG_ROLES = ("none", "prefill", "decode")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
-COMPILE_BACKENDS = ("eager", "inductor", "tensorrt")
+COMPILE_BACKENDS = ("eager", "inductor", "auto", "tensorrt")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 

@@ -215,6 +215,27 @@ def _cost_table_problem(p):
     return exists, err
 
 
+def _half_not_measured_faster(p) -> bool:
+    """runtime.dtype half precision on the CPU, and no device profile showing it faster than fp32."""
+    if p.runtime.device != "cpu" or p.runtime.dtype not in ("float16", "bfloat16"):
+        return False
+    table = _table_state(p)[1] if p.schedule.cost_table else None
+    return table is None or not table.choice or table.choice.get("dtype") != p.runtime.dtype
+
+
+def _dtype_message(p) -> str:
+    table = _table_state(p)[1] if p.schedule.cost_table else None
+    if table is None or not table.settings:
+        return (f"runtime.dtype={p.runtime.dtype} on runtime.device=cpu: no device profile measured it; on CPUs "
+                f"without bf16 units it is emulated and far slower than float32, on CPUs with AMX it can be "
+                f"faster. Measure this machine with `specc profile PLAN --out FILE` (it times float32 and "
+                f"bfloat16) and set schedule.cost_table=FILE, or use runtime.dtype=auto")
+    rates = ", ".join(f"{k} {v.get(1, float('nan')):.1f} ms" for k, v in sorted(table.settings.items()))
+    return (f"runtime.dtype={p.runtime.dtype} on runtime.device=cpu: the device profile {table.path} measured "
+            f"{table.choice['dtype'] if table.choice else 'another dtype'} faster (1-token forward: {rates}); "
+            f"use runtime.dtype=auto")
+
+
 def drafting(p) -> bool:
     return p.method.name in SUPPORTED and p.method.name != "none"
 
@@ -594,10 +615,9 @@ RULES = (
       "specc runtime ignores (it uses runtime.max_batch_size)", RT),
     R("S-TRT", "error", ("runtime.compile_backend",), lambda p: p.runtime.compile_backend == "tensorrt",
       "runtime.compile_backend=tensorrt is not supported by the specc runtime yet; use eager or inductor", RT),
-    R("S-CPU-DTYPE", "warning", ("runtime.dtype", "runtime.device"),
-      lambda p: p.runtime.device == "cpu" and p.runtime.dtype in ("float16", "bfloat16"),
-      "runtime.dtype={p.runtime.dtype} on runtime.device=cpu is orders of magnitude slower than float32; use "
-      "runtime.dtype=float32", RT),
+    R("S-CPU-DTYPE", "warning", ("runtime.dtype", "runtime.device", "schedule.cost_table"),
+      _half_not_measured_faster, "{why}", "specc/runtime/profile.py (settings, choice)",
+      message_args=lambda p: {"why": _dtype_message(p)}),
     R("S-TRITON-CPU", "warning", ("runtime.kernel_backend", "runtime.device"),
       lambda p: p.runtime.device == "cpu" and p.runtime.kernel_backend == "triton",
       "runtime.kernel_backend=triton on CPU runs under TRITON_INTERPRET=1 (very slow); use torch or auto",

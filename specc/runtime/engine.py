@@ -153,6 +153,9 @@ class Runtime:
         self.lora = None  # specc.runtime.lora.LoraSet once adapters are attached (attach_lora)
         self.plan_hash: Optional[str] = None  # the manifest runtime section's hash (disaggregation checks)
         self.batch: Optional[DecodeBatch] = None
+        #: how the target runs (dtype, compile backend, why), set by the loader for its load report
+        self.settings: Dict[str, str] = {"dtype": str(target.norm.weight.dtype).replace("torch.", ""),
+                                         "compile_backend": compile_backend, "why": ""}
 
     def attach_lora(self, lora) -> None:
         """Serve LoRA adapters (:class:`specc.runtime.lora.LoraSet`, already hooked into the target):
@@ -195,8 +198,9 @@ class Runtime:
             graphs = f"{self.num_compiled} verify program(s) compiled with inductor in {cap:.1f}s"
         else:
             graphs = "eager verify programs"
+        why = f" ({self.settings['why']})" if self.settings.get("why") else ""
         return (f"{len(self.states)} state(s) under schedule {self.schedule.kind}, static buffers {mib:.1f} MiB, "
-                f"{graphs}")
+                f"{graphs}; target {self.settings['dtype']}{why}")
 
     def states_of(self, names: Iterable[str]) -> List[SpecRuntimeState]:
         """The states named ``names`` (in that order)."""

@@ -53,6 +53,35 @@ def runtime_spec(art: "Artifact") -> Dict[str, Any]:
     return spec
 
 
+def choose_settings(spec: Dict[str, Any], dev: "torch.device") -> Tuple[str, str, str]:
+    """The target's dtype and the verify programs' compile backend for a runtime section, and why:
+    ``(dtype, compile_backend, reason)``. An explicit ``runtime.dtype`` / ``compile_backend`` (or
+    ``target.dtype``) is used as given; ``auto`` takes the device profile's measured choice (the
+    cost table of ``schedule.cost_table``, written by ``specc profile``: ``choice``), and without one
+    ``float32`` and ``eager`` — nothing assumes a dtype is fast or slow on a device it was not
+    measured on."""
+    tgt = spec["target"]
+    choice = ((spec.get("schedule") or {}).get("cost_table") or {}).get("choice") or {}
+    dtype = spec.get("dtype") if spec.get("dtype") not in (None, "auto") else tgt.get("dtype")
+    backend = spec.get("compile_backend") or "eager"
+    why = []
+    if dtype in (None, "auto"):
+        if choice.get("dtype"):
+            dtype = choice["dtype"]
+            why.append(f"dtype {dtype} (the device profile measured it fastest)")
+        else:
+            dtype = "float32"
+            why.append("dtype float32 (runtime.dtype auto and no device profile: `specc profile` measures the "
+                       "dtypes, schedule.cost_table points at its table)")
+    if backend == "auto":
+        backend = choice.get("compile_backend") or "eager"
+        why.append(f"compile backend {backend} ({'the device profile measured it fastest' if choice else 'no device profile'})")
+    if backend == "inductor" and dev.type == "cuda":
+        backend = "eager"  # CUDA graphs are the captured form there
+        why.append("compile backend eager on CUDA (states are captured as CUDA graphs)")
+    return str(dtype), str(backend), "; ".join(why)
+
+
 def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: int = 0):
     """The target, its tokenizer and the drafter a runtime section names (``manifest.json``
     ``runtime``, or :func:`specc.codegen.runtime_section` of a plan): ``(target, tokenizer, drafter,
@@ -67,14 +96,13 @@ def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: i
 
     dev = resolve_device(device or spec.get("device") or "auto")
     tgt = spec["target"]
-    dtype = spec.get("dtype") if spec.get("dtype") not in (None, "auto") else (
-        tgt.get("dtype") if tgt.get("dtype") not in (None, "auto") else "float32")
-    if dev.type == "cpu":
-        dtype = "float32"  # bf16/fp16 matmuls are orders of magnitude slower on this CPU
+    dtype, _, _ = choose_settings(spec, dev)
     want_len = tgt.get("max_model_len")
     cache_len = (want_len + max_steps + 2) if want_len else None
     target, tokenizer = load_target(tgt["path"], tgt.get("format") or "auto", dtype=dtype,
                                     max_model_len=cache_len, device=str(dev))
+    if dev.type == "cpu" and dtype != "float32":
+        target.set_row_invariant()  # speculative greedy == plain greedy at this dtype
     drafter = methods.build_drafter(spec["method"]["name"], spec, target, tokenizer, dev,
                                     max_seq_len=target.config.max_model_len)
     return target, tokenizer, drafter, dev
@@ -106,6 +134,7 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
     spec = runtime_spec(art)
     specs = state_specs(art)
     target, tokenizer, drafter, dev = load_models(spec, device, max(s.num_steps for s in specs))
+    dtype, compile_backend, why = choose_settings(spec, dev)
     want_len = spec["target"].get("max_model_len")
     backend = kernel_backend or spec.get("kernel_backend") or "auto"
     use_graphs = dev.type == "cuda" and spec.get("cuda_graphs") is not False
@@ -114,7 +143,9 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
                       trees={e["name"]: art.tree_of(e) for e in art.states if e.get("tree") is not None},
                       synthetic_rates=(spec.get("verify") or {}).get("synthetic_rates"),
                       max_model_len=want_len, device=dev, kernel_backend=backend, use_cuda_graphs=use_graphs,
-                      seed=seed, kernel_modules=art.kernels, schedule=spec.get("schedule"))
+                      seed=seed, kernel_modules=art.kernels, schedule=spec.get("schedule"),
+                      compile_backend=compile_backend)
+    runtime.settings = {"dtype": dtype, "compile_backend": compile_backend, "why": why}
     return runtime, art
 
 

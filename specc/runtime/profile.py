@@ -24,7 +24,19 @@ key                   meaning
 ``forward_ms``        ``{tokens: ms}``: the target forward alone; ``accept_ms``: the accept kernel
 ``draft_ms``          ``{requests: ms}``: one draft pass (absent for plain decoding)
 ``repeats``           timed runs per size (median kept)
+``settings``          every (dtype, compile backend) measured: ``{"float32/eager": {"forward_ms":
+                      {...}, "state_ms": {"BxW": ms}}, "bfloat16/eager": ..., "bfloat16/inductor":
+                      {"state_ms": ...}}`` (``state_ms``: the forward at each candidate state's shape,
+                      B requests x W verify tokens)
+``choice``            ``{"dtype", "compile_backend", "why"}``: the setting whose mean ``state_ms`` is
+                      lowest (``runtime.dtype: auto`` and ``compile_backend: auto`` read it; the top-level
+                      ``verify_ms`` / ``forward_ms`` are that dtype's eager tables)
+``cpu``               ``specc.device.cpu_facts``: model, torch's capability, oneDNN's ISA line and
+                      bf16 kernel, AMX, threads
 ====================  ======================================================================
+
+Half precision on the CPU is timed as the runtime runs it: row-invariant
+(``LlamaModel.set_row_invariant``), so that its speculative output equals its plain output.
 """
 from __future__ import annotations
 
@@ -196,3 +208,52 @@ def cost_table(measured: Dict[str, Any], *, device: torch.device, plan: str, met
                               "python": platform.python_version()},
                  "plan": plan, "method": method, "context_tokens": context, "repeats": repeats,
                  "capture_sizes": list(capture_sizes)}, **measured)
+
+
+@torch.inference_mode()
+def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 256, repeats: int = 5,
+                      compiled: bool = False, seed: int = 0,
+                      on_progress: Optional[Callable[[str], None]] = None) -> Dict[str, float]:
+    """The target forward at each candidate state's shape ``(B, W)`` (B requests, W verify tokens each,
+    after ``context`` cached tokens): ``{"BxW": median ms}``. ``compiled``: the forward is
+    ``torch.compile``d for that shape (inductor, no dynamic dimensions, ``freezing``), as
+    ``runtime.compile_backend: inductor`` runs a state's verify program; the compile itself is not
+    timed (it happens once, at load)."""
+    dev = target.norm.weight.device
+    V = target.config.vocab_size
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    top_b = max(b for b, _ in shapes)
+    top_w = max(w for _, w in shapes)
+    target.setup_cache(top_b, context + top_w + 2)
+    history = torch.randint(0, V, (top_b, context), generator=gen).to(dev)
+    target.forward(history, torch.arange(context, device=dev).expand(top_b, context).contiguous(),
+                   logits_at=torch.full((top_b, 1), context - 1, device=dev))
+    out: Dict[str, float] = {}
+    if compiled:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = True
+    for b, w in shapes:
+        ids = torch.randint(0, V, (b, w), generator=gen).to(dev)
+        pos = (context + torch.arange(w, device=dev)).expand(b, w).contiguous()
+        if compiled:
+            fn = torch.compile(lambda ids, pos: target.forward(ids, pos, pos, None), dynamic=False)
+            call = (lambda fn=fn, ids=ids, pos=pos: fn(ids, pos))
+        else:
+            call = (lambda ids=ids, pos=pos: target.forward(ids, pos, pos, None))
+        out[f"{b}x{w}"] = round(_median_ms(call, repeats, sync), 4)
+        if on_progress:
+            on_progress(f"{b}x{w}")
+    return out
+
+
+def choose(settings: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
+    """The setting (``"dtype/backend"``) with the lowest mean forward time over the candidate states'
+    shapes (``state_ms``), as ``{"dtype", "compile_backend", "why"}`` naming every setting's mean."""
+    means = {k: statistics.mean(v["state_ms"].values()) for k, v in settings.items() if v.get("state_ms")}
+    best = min(means, key=means.get)
+    dtype, backend = best.split("/")
+    why = ", ".join(f"{k} {m:.1f} ms" for k, m in sorted(means.items(), key=lambda kv: kv[1]))
+    return {"dtype": dtype, "compile_backend": backend,
+            "why": f"mean forward over the plan's state shapes: {why}"}
