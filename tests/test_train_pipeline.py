@@ -343,8 +343,8 @@ def test_recipes_load_and_name_bad_keys(tmp_path):
     bad.write_text("name: x\nkind: eagle3\ndata: smollm2_specbench\nout: /tmp/x\noptions: {ttt_steps: 0}\n")
     with pytest.raises(R.RecipeError, match="options.ttt_steps=0"):
         R.load_fit_recipe(str(bad))
-    bad.write_text("name: x\nkind: eagle3\ndata: smollm2_specbench\nout: /tmp/x\nparts: [round3]\n")
-    with pytest.raises(R.RecipeError, match="round3"):
+    bad.write_text("name: x\nkind: eagle3\ndata: smollm2_specbench\nout: /tmp/x\nparts: [round9]\n")
+    with pytest.raises(R.RecipeError, match="round9"):
         R.load_fit_recipe(str(bad))
     bad.write_text("name: x\ncorpora: [wikipedia]\n")
     with pytest.raises(R.RecipeError, match="unknown corpora"):

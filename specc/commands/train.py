@@ -42,8 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help=f"corpora and data cache (default $SPECC_TRAIN_CACHE or ~/.cache/specc/train)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the target and training run")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: 1 for data, the recipe's for fit)")
-    p.add_argument("--round", type=int, default=1, choices=[1, 2], help="prompts: round 1 (and teacher) or round 2")
-    p.add_argument("--part", default=None, choices=["round1", "round2", "teacher"],
+    p.add_argument("--round", type=int, default=1, choices=[1, 2, 3],
+                   help="prompts: round 1 (and teacher), round 2 (follow-ups over round-1 answers) or round 3 "
+                        "(more round-1-style prompts, another seed)")
+    p.add_argument("--part", default=None, choices=["round1", "round2", "round3", "teacher"],
                    help="distill: which prompt set (default: all three in order)")
     p.add_argument("--shard-of", default=None, metavar="K/N",
                    help="distill: do only prompts K, K+N, K+2N, ... (run N processes side by side)")

@@ -262,6 +262,9 @@ class Attention(nn.Module):
         self.wo = Linear(c.q_size, c.hidden_size, bias=False)
         self.scale = self.head_dim ** -0.5
         self.row_chunk = 16  # query rows per matmul of the half-precision attention (see _half)
+        #: half precision: attend with ``F.scaled_dot_product_attention`` (fast, but a row's bits depend
+        #: on the number of query rows) instead of the row-invariant tiles of :meth:`_half`
+        self.fast_half = False
         self.k_cache: Optional[torch.Tensor] = None  # [max_batch, kv_heads, max_seq, head_dim]
         self.v_cache: Optional[torch.Tensor] = None
 
@@ -292,6 +295,8 @@ class Attention(nn.Module):
         self.v_cache.transpose(1, 2).index_put_((batch_index, slots), v.to(self.v_cache.dtype))
         nkv, g, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
         if mask_bias.dim() == 4:  # [B, 1, N, S]: fused attention (half precision; see LlamaModel.forward)
+            if self.fast_half:
+                return self._sdpa(q, B, N, mask_bias, kv_len, packing, rows)
             return self._half(q, B, N, mask_bias, kv_len, packing, rows)
         if rows is None:
             keys = self.k_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)  # a view: [B*nkv, S, D]
@@ -313,6 +318,25 @@ class Attention(nn.Module):
             out = packing.pack(out)  # [T, q]
         return self.wo(out)
 
+
+    def _sdpa(self, q: torch.Tensor, B: int, N: int, mask_bias: torch.Tensor, kv_len: int,
+              packing: Optional[TokenPacking], rows: Optional[torch.Tensor]) -> torch.Tensor:
+        """Half-precision attention of ``q`` ``[B, N, nh, D]`` over the first ``kv_len`` cache slots by
+        ``F.scaled_dot_product_attention`` (GQA by ``enable_gqa``; mask ``[B, 1, N, S]`` fp32 additive,
+        0 = attend). Not row-invariant: for bulk forwards whose bits need not match a one-token step
+        (training features, distillation prefill). Returns ``[B, N, H]`` (``[T, H]`` packed)."""
+        if rows is None:
+            keys, values = self.k_cache[:B, :, :kv_len], self.v_cache[:B, :, :kv_len]  # [B, nkv, S, D]
+        else:
+            keys = self.k_cache[:, :, :kv_len].index_select(0, rows)
+            values = self.v_cache[:, :, :kv_len].index_select(0, rows)
+        visible = mask_bias[:, :, :, :kv_len] == 0  # [B, 1, N, S] bool
+        out = F.scaled_dot_product_attention(q.to(keys.dtype).transpose(1, 2), keys, values, attn_mask=visible,
+                                             scale=self.scale, enable_gqa=True)  # [B, nh, N, D]
+        out = out.transpose(1, 2).reshape(B, N, self.q_size)
+        if packing is not None:
+            out = packing.pack(out)  # [T, q]
+        return self.wo(out)
 
     def _half(self, q: torch.Tensor, B: int, N: int, mask_bias: torch.Tensor, kv_len: int,
               packing: Optional[TokenPacking], rows: Optional[torch.Tensor]) -> torch.Tensor:
@@ -564,6 +588,16 @@ class LlamaModel(nn.Module):
         for m in self.modules():
             if isinstance(m, Linear):
                 m.row_chunk = int(chunk) if on else None
+        return self
+
+    def set_fast_attention(self, on: bool = True) -> "LlamaModel":
+        """Half precision: attend with ``F.scaled_dot_product_attention`` (:meth:`Attention._sdpa`)
+        instead of the row-invariant tiles (:meth:`Attention._half`). Several times faster over long
+        sequences, but a row's bits then depend on the number of rows in the forward, so speculative
+        greedy decoding no longer equals plain greedy decoding bit for bit: for bulk forwards only
+        (drafter-training features, distillation). fp32 is unaffected. Returns self."""
+        for layer in self.layers:
+            layer.attn.fast_half = bool(on)
         return self
 
     def use_cpu_fast(self) -> "LlamaModel":

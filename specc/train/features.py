@@ -64,6 +64,8 @@ class OnlineFeatures:
 
     def __init__(self, target, layers: Sequence[int], max_batch_tokens: int = 8192):
         self.target = target
+        if hasattr(target, "set_fast_attention"):  # bulk forwards: no row invariance needed (faster)
+            target.set_fast_attention(True)
         self.layers = tuple(int(x) for x in layers)
         self.max_batch_tokens = int(max_batch_tokens)
         self.positions = 0  # target positions run so far (cost accounting)

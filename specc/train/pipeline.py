@@ -1,7 +1,7 @@
 """The stages of ``specc train`` (see :mod:`specc.commands.train`) over recipes and the cache.
 
 Cache layout: ``CACHE/corpora/`` (fetched packages, :mod:`specc.train.corpora`). Committed with the
-recipe's ``prompt_dir``: the prompt files ``{round1,round2,teacher}.jsonl.gz``, ``card.json`` (counts
+recipe's ``prompt_dir``: the prompt files ``{round1,round2,round3,teacher}.jsonl.gz``, ``card.json`` (counts
 per category and source, the corpora manifest, the commands) and the token shards of each part,
 ``<part>/*.npz`` + ``.json`` (:mod:`specc.train.shards`): prompts and the target's greedy answers
 as token ids, a few MB, from which every fit computes the target's features online.
@@ -19,7 +19,7 @@ import torch
 from specc.errors import SpeccError
 from specc.train import recipe as R
 
-PARTS = ("round1", "round2", "teacher")
+PARTS = ("round1", "round2", "round3", "teacher")
 
 
 def run_stage(stage: str, recipe_name: Optional[str], cache: pathlib.Path, args) -> int:
@@ -42,7 +42,9 @@ def run_stage(stage: str, recipe_name: Optional[str], cache: pathlib.Path, args)
         make_prompts(data, cache, 1)
         distill_part(data, cache, "round1", args)
         make_prompts(data, cache, 2)
-        for part in ("round2", "teacher"):
+        if "round3" in fit.parts:
+            make_prompts(data, cache, 3)
+        for part in ("round2", "round3", "teacher"):
             if part in fit.parts:
                 distill_part(data, cache, part, args)
         stage = "fit"
@@ -130,6 +132,16 @@ def make_prompts(data: R.DataRecipe, cache: pathlib.Path, round_: int) -> None:
                                                "command": command_line()})
         print(f"[prompts] {len(rows)} round-1 prompts, {len(ref)} teacher-forcing prompts -> {out} "
               f"({time.time() - t0:.0f}s)")
+        return
+    if round_ == 3:
+        seen = {json.dumps(r["messages"], sort_keys=True) for r in read_prompts(out / "round1.jsonl.gz")}
+        fresh = P.build_round1(ccache, dict(data.round3), data.seed + 1)
+        rows = [dict(r, id="r3-" + r["id"]) for r in fresh if json.dumps(r["messages"], sort_keys=True) not in seen]
+        write_prompts(out / "round3.jsonl.gz", rows)
+        _record(out / "card.json", "round3", {"count": len(rows), "dropped_equal_to_round1": len(fresh) - len(rows),
+                                              "by_category_source": _counts(rows), "command": command_line()})
+        print(f"[prompts] {len(rows)} round-3 prompts ({len(fresh) - len(rows)} equal to a round-1 prompt dropped) "
+              f"-> {out} ({time.time() - t0:.0f}s)")
         return
     answered = answered_rows(data, cache, "round1", read_prompts(out / "round1.jsonl.gz"))
     rows = P.follow_up_prompts(answered, data.follow_ups, data.seed + 2)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from specc.errors import SpeccError
 
-PARTS = ("round1", "round2", "teacher")  # the distillation data sets a drafter recipe can train on
+PARTS = ("round1", "round2", "round3", "teacher")  # the distillation data sets a drafter recipe can train on
 AMP = ("auto", "bf16", "none")  # auto: measured per CPU (:func:`specc.train.fit.choose_dtype`)
 SEED_MAX = 2 ** 62  # as ``specc.runtime.args``: seeds are offset by small constants and must stay 64-bit
 
@@ -46,6 +46,7 @@ class DataRecipe:
     seed: int = 0
     corpora: List[str] = field(default_factory=list)
     round1: Dict[str, int] = field(default_factory=dict)
+    round3: Dict[str, int] = field(default_factory=dict)
     tasks: int = 0
     follow_ups: int = 0
     teacher: int = 0
@@ -196,6 +197,9 @@ _DATA_RULES: Dict[str, Rule] = {
                   "corpora: [chitchat, wordnet]"),
     "round1": _r(lambda v: isinstance(v, dict) and all(_is_int(n) and n >= 0 for n in v.values()),
                  "a mapping of prompt categories to counts >= 0", "round1: {qa: 100, translation: 100}"),
+    "round3": _r(lambda v: isinstance(v, dict) and all(_is_int(n) and n >= 0 for n in v.values()),
+                 "a mapping of prompt categories to counts >= 0", "round3: {qa: 400, rag: 400}",
+                 "more round-1-style prompts, drawn with another seed and none equal to a round-1 prompt"),
     "tasks": _r(*_int(0), "tasks: 600"),
     "follow_ups": _r(*_int(0), "follow_ups: 600"),
     "teacher": _r(*_int(0), "teacher: 6000"),
@@ -352,9 +356,10 @@ def load_data_recipe(name_or_path: str) -> DataRecipe:
     bad = [c for c in r.corpora if c not in corpora.SOURCES]
     if bad:
         raise RecipeError(f"{where}: corpora has unknown corpora {bad}; known: {', '.join(corpora.SOURCES)}")
-    bad = [c for c in r.round1 if c not in prompts.CATEGORIES]
-    if bad:
-        raise RecipeError(f"{where}: round1 has unknown categories {bad}; known: {', '.join(prompts.CATEGORIES)}")
+    for key in ("round1", "round3"):
+        bad = [c for c in getattr(r, key) if c not in prompts.CATEGORIES]
+        if bad:
+            raise RecipeError(f"{where}: {key} has unknown categories {bad}; known: {', '.join(prompts.CATEGORIES)}")
     for k in r.kinds:
         try:
             kinds.get(k)
