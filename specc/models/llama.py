@@ -644,6 +644,14 @@ class LlamaModel(nn.Module):
         self._slot_ids = torch.arange(max_seq_len, device=dev)  # [S]
         self._batch_ids = torch.arange(max_batch_size, device=dev)[:, None]  # [Bmax, 1]
 
+    def release_cache(self) -> None:
+        """Drop the KV caches (``setup_cache`` allocates anew). Bulk forwards over batches of varying
+        shape call it first, so the cache is sized for the batch at hand instead of growing to the
+        largest rows x the longest sequence ever seen."""
+        for layer in self.layers:
+            layer.attn.k_cache = layer.attn.v_cache = None
+        self.max_batch_size = self.max_seq_len = 0
+
     def copy_kv(self, src_slots: torch.Tensor, dst_slots: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
         """Copy every layer's cached K and V of batch row b from slot ``src_slots[b, m]`` to slot
         ``dst_slots[b, m]`` (all reads happen before any write, so the two may overlap): the KV commit

@@ -94,6 +94,7 @@ class OnlineFeatures:
             seqs = [tokens.seqs[i].tolist() for i in g]
             ids, pos, lengths = pad_prompts(seqs, device=dev)
             B, N = ids.shape
+            model.release_cache()  # a cache of exactly this batch's shape (not the largest ever seen)
             model.setup_cache(B, N)
             _, hidden = model(ids, pos, hidden_layers=ask, logits_at=torch.zeros(B, 1, dtype=torch.long, device=dev))
             self.positions += int(lengths.sum())
