@@ -52,7 +52,8 @@ def run(args) -> int:
         from specc.models.llama import configure_cpu_threads
 
         configure_cpu_threads(args.threads)
-    records = select(read_prompts(args.prompts or shipped_prompts_path()), args.limit, args.category)
+    records = select(read_prompts(args.prompts or shipped_prompts_path(), progress=True), args.limit,
+                     args.category)
     if not records:
         raise PromptError(f"no prompts left after --category {args.category}")
     runtime, art = load_runtime(args.artifact, device=args.device)

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from specc.analyze import lower_plan
     from specc.plan.load import load_plan
     from specc.runtime.loader import load_models
-    from specc.runtime.profile import choose, cost_table, profile_costs, time_state_shapes, token_grid
+    from specc.runtime.profile import (check_sizes, choose, cost_table, profile_costs, time_state_shapes,
+                                       token_grid)
 
     out = Path(args.out)
     _check_out(out)
@@ -86,6 +87,13 @@ def run(args: argparse.Namespace) -> int:
     dtypes = _choices(args.dtypes, ("float32", "bfloat16", "float16"), "--dtypes")
     backends = _choices(args.backends, ("eager", "inductor"), "--backends")
     top = args.max_tokens or max_batch * max_width
+    if resolved.target.max_model_len:  # refused before any model loads (profile_costs checks the loaded one too)
+        try:
+            check_sizes(args.max_tokens, max_batch, max_width, args.context, int(resolved.target.max_model_len))
+        except ValueError as exc:
+            from specc.errors import SpeccError
+
+            raise SpeccError(str(exc)) from None
     shapes = sorted({(int(s.batch_size), int(s.num_draft_tokens)) for s in low.states} | {(1, 1)})
     settings: dict = {}
     tables: dict = {}

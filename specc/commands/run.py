@@ -53,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _records(args) -> list:
     from specc.errors import PromptError
-    from specc.runtime.prompts import (PromptRecord, parse_prompts, read_prompts, read_stdin, select,
-                                       shipped_prompts_path)
+    from specc.runtime.prompts import (PROGRESS_BYTES, PromptRecord, parse_prompts, read_prompts, read_stdin,
+                                       select, shipped_prompts_path)
 
     if args.limit is not None and args.limit < 1:
         raise PromptError(f"--limit must be >= 1, got {args.limit}")
@@ -63,11 +63,11 @@ def _records(args) -> list:
             raise PromptError("--prompt is empty")
         recs = [PromptRecord(id="prompt", prompt=args.prompt)]
     elif args.prompts is not None:
-        recs = read_prompts(args.prompts)
+        recs = read_prompts(args.prompts, progress=not args.no_progress)
     else:
         piped = read_stdin()
         if piped is not None and piped.strip():
-            recs = parse_prompts(piped.splitlines(), "<stdin>")
+            recs = parse_prompts(piped.splitlines(), "<stdin>", not args.no_progress and len(piped) >= PROGRESS_BYTES)
         else:
             recs = read_prompts(shipped_prompts_path())
     recs = select(recs, args.limit, args.category)
