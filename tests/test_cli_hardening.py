@@ -178,3 +178,175 @@ def test_fit_records_the_override_it_ran_with(monkeypatch, tmp_path):
     args = argparse.Namespace(time_budget_min=7.0, threads=1, out=None)
     assert pipeline.run_stage("fit", "smollm2_135m_eagle3", tmp_path, args) == 0
     assert seen == {"budget": 7.0, "threads": 1}
+
+
+# ------------------------------------------------------------------------------------------------
+# launch commands: specc's options are specc's, prefixes and required flags as the engine decides
+
+
+LAUNCH = "python -m sglang.launch_server --model-path m --speculative-algorithm EAGLE3 --speculative-num-steps 70\n"
+
+
+def test_check_file_is_specc_s_option_not_an_sglang_prefix(capsys, tmp_path):
+    """``--file`` is a prefix of SGLang's ``--file-storage-path``: argparse alone would take it so, say
+    "ok" and never read the file. It is specc's option, on either side of the engine flag."""
+    launch = tmp_path / "launch.sh"
+    launch.write_text(LAUNCH)
+    for argv in (["--sglang-args", "--file", launch], ["--file", launch, "--sglang-args"],
+                 ["--sglang-args", f"--file={launch}", "--format", "json"]):
+        rc, out, err = run_cli(capsys, "check", *argv)
+        assert rc == 1, (argv, out, err)  # the file was read: num_steps 70 is over the range
+        assert "num_steps" in out and "file-storage-path" not in out, out
+    assert json.loads(out)[0]["plan"] == str(launch)
+    rc, out, err = run_cli(capsys, "check", "--sglang-args", "--model-path", "m", "--file", launch)
+    assert rc == 2 and "not both" in out
+    rc, out, err = run_cli(capsys, "check", "--file", launch)
+    assert rc == 2 and "--sglang-args --file" in err
+
+
+def test_own_options_are_no_engine_flags():
+    """Taking specc's own option spellings out of an engine command is safe only while no engine
+    table has an option of that exact spelling: a new table that adds one fails here."""
+    from specc.commands import check as C, import_ as I
+    from specc.importer.parse import available, load_table
+
+    own = set(C.OWN_OPTIONS) | set(I.OWN_OPTIONS) | {"--sglang-args", "--vllm-args"}
+    for engine in ("sglang", "vllm"):
+        for version in available(engine):
+            clash = own & set(load_table(engine, version).options)
+            assert not clash, (engine, version, clash)
+
+
+def test_import_takes_its_own_options_after_the_double_dash(tmp_path):
+    out = tmp_path / "p.yaml"
+    res = specc_proc("import", "sglang", "--", "python", "-m", "sglang.launch_server", "--model-path", "m",
+                     "--speculative-algorithm", "NGRAM", "-o", out, "--name", "mine")
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    assert "name: mine" in text and "error" not in text
+
+
+def test_prefix_is_reported_as_the_engine_resolves_it(capsys):
+    rc, out, err = run_cli(capsys, "check", "--format", "json", "--sglang-args", "--model-path", "m",
+                           "--speculative-alg", "NGRAM", "--file-s", "/tmp/x")
+    assert rc == 0, out
+    vs = {v["message"].split(" ")[0]: v for v in json.loads(out)[0]["violations"] if v["rule"] == "sglang.argv-prefix"}
+    assert set(vs) == {"--speculative-alg", "--file-s"}
+    assert vs["--speculative-alg"]["severity"] == "warning"
+    assert "read by sglang==0.5.23 as --speculative-algorithm" in vs["--speculative-alg"]["message"]
+    assert "as --file-storage-path" in vs["--file-s"]["message"]
+    res = specc_proc("import", "sglang", "--", "--model-path", "m", "--speculative-alg", "NGRAM")
+    assert res.returncode == 0 and "--speculative-alg is read by sglang==0.5.23 as --speculative-algorithm" in res.stdout
+
+
+def test_a_command_without_the_model_flag_gets_the_engines_verdict(capsys):
+    """SGLang's ``--model-path`` has no default, so its argparse requires it (arg_groups/fields/model.py:51-57,
+    arg_utils.py:411-416); ``vllm serve`` without a model serves its default (cli/serve.py:54-57)."""
+    rc, out, err = run_cli(capsys, "check", "--sglang-args", "--speculative-algorithm", "EAGLE3")
+    assert rc == 1
+    assert "sglang==0.5.23 refuses the command: the following arguments are required: --model-path/--model" in out
+    rc, out, err = run_cli(capsys, "check", "--format", "json", "--vllm-args", "vllm", "serve",
+                           "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}')
+    res = json.loads(out)[0]
+    filled = [v for v in res["violations"] if v["rule"] == "vllm.argv-default"]
+    assert rc == 0 and len(filled) == 1 and filled[0]["sets"] == {"target.path": "Qwen/Qwen3-0.6B"}
+    assert "serves its default model Qwen/Qwen3-0.6B" in filled[0]["message"]
+    from specc.importer import import_command
+
+    # a bare speculative config is no launch command: no model is made up for it
+    assert "target" not in import_command("vllm", text='{"method": "ngram", "num_speculative_tokens": 3}').plan
+
+
+def test_import_refuses_an_unknown_engine_version_like_check(capsys):
+    rc, out, err = run_cli(capsys, "import", "sglang==9.9.9", "--", "--model-path", "m")
+    assert rc == 2 and out == ""
+    assert "unknown engine 'sglang==9.9.9'; known: sglang, sglang==0.5.23" in err
+    rc, out2, err2 = run_cli(capsys, "check", "--engine", "sglang==9.9.9", "--sglang-args", "--model-path", "m")
+    assert rc == 2 and "unknown engine 'sglang==9.9.9'" in out2
+
+
+def test_ten_thousand_unknown_flags_each_error_once_and_fast(capsys, monkeypatch):
+    flags = [w for i in range(10_000) for w in (f"--bogus-flag-{i}", str(i))]
+    t0 = time.perf_counter()
+    rc, out, err = run_cli(capsys, "check", "--sglang-args", "--model-path", "m", *flags)
+    took = time.perf_counter() - t0
+    assert rc == 1 and took < 10, took  # was quadratic (argparse) plus a difflib pass per flag: minutes
+    assert out.count("--bogus-flag-4321: not a sglang==0.5.23 flag") == 1
+    assert out.count("'4321': unexpected argument") == 1
+    # import with the plan on the terminal: the errors head the plan, stderr only counts them
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    rc, out, err = run_cli(capsys, "import", "sglang", "--", "--model-path", "m", *flags[:200])
+    assert rc == 1 and out.count("--bogus-flag-7: not a") == 1 and "--bogus-flag-7" not in err
+    assert "200 error(s)" in err
+
+
+def test_setting_unknown_flags_aside_reads_every_command_as_argparse_does():
+    """parse_flags sets unknown flags aside before argparse (linear time); on random commands mixing
+    known flags of every arity, prefixes, ambiguous prefixes, unknown flags and values, it reads
+    exactly what argparse reads with nothing set aside."""
+    import random
+
+    from specc.importer import parse as P
+
+    rng = random.Random(0)
+    for engine in ("sglang", "vllm"):
+        table = P.load_table(engine)
+        opts = [a for a in table.actions if a["options"] and a["kind"] != "help"]
+        for _ in range(300):
+            words = [] if engine == "sglang" or rng.random() < 0.5 else ["model-x"]
+            for _ in range(rng.randrange(1, 12)):
+                r = rng.random()
+                if r < 0.4:
+                    a = rng.choice(opts)
+                    words.append(rng.choice(a["options"]))
+                elif r < 0.5:
+                    words.append(rng.choice(opts)["options"][0][:rng.randrange(3, 12)])  # a prefix
+                elif r < 0.8:
+                    words.append(f"--unknown-{rng.randrange(99)}" + ("=v" if rng.random() < 0.2 else ""))
+                words += [str(rng.randrange(100)) for _ in range(rng.choice([0, 0, 1, 2]))]
+            fast = P.parse_flags(table, words)
+            orig = P._set_aside_unknown
+            P._set_aside_unknown = lambda parser, table, args: (args, [])
+            try:
+                slow = P.parse_flags(table, words)
+            finally:
+                P._set_aside_unknown = orig
+            assert fast.values == slow.values and sorted(fast.errors) == sorted(slow.errors), words
+
+
+def test_undecided_hint_quotes_the_shell_line():
+    import shlex
+
+    from test_engine_cases import MTP_V, _rules, build
+
+    evil = "$(touch /tmp/pwned)/x; rm -rf ~"
+    u = _rules(build(MTP_V, {"method.num_steps": 3, "target.path": evil}), "vllm")["vllm.R25"]
+    assert u.severity == "undecided"
+    line = u.message.split("`")[1]
+    assert shlex.split(line) == ["huggingface-cli", "download", evil, "config.json"]
+
+
+def test_profile_max_tokens_too_large_names_max_tokens(capsys, tmp_path):
+    t0 = time.perf_counter()
+    rc, out, err = run_cli(capsys, "profile", "smollm2_ngram", "--out", tmp_path / "t.json", "--max-tokens", "1000000")
+    assert rc == 2 and "--max-tokens 1000000" in err and "lower --max-tokens to at most" in err, err
+    assert "lower --context" not in err and time.perf_counter() - t0 < 60  # refused before any model loads
+    rc, out, err = run_cli(capsys, "profile", "smollm2_ngram", "--out", tmp_path / "t.json", "--context", "4000")
+    assert rc == 2 and "lower --context" in err
+
+
+def test_large_prompts_file_shows_progress_while_read(tmp_path, capsys):
+    from specc.runtime.prompts import PROGRESS_BYTES, read_prompts
+
+    path = tmp_path / "big.jsonl"
+    with open(path, "w") as f:
+        i = 0
+        while f.tell() <= PROGRESS_BYTES:
+            f.write(json.dumps({"id": f"p{i}", "prompt": "Tell me about topic number 12345, please."}) + "\n")
+            i += 1
+    capsys.readouterr()
+    recs = read_prompts(path, progress=True)
+    err = capsys.readouterr().err
+    assert len(recs) > 50_000 and f"reading {path}" in err and "lines" in err
+    read_prompts(path)  # no bar unless asked
+    assert capsys.readouterr().err == ""
