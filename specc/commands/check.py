@@ -411,8 +411,9 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
     run the rules on the plan it amounts to, with its flags that have no plan key as launch facts.
     What the engine's parser would refuse is reported as ``<engine>.argv`` errors, a flag given by a
     prefix as an ``<engine>.argv-prefix`` warning naming the flag the engine reads, and a value the
-    engine fills in for a missing flag (vLLM's default model) as ``filled``. ``file``: a file holding
-    the command (``--file``)."""
+    engine fills in for a missing flag (vLLM's default model) as ``filled``. ``pinned``: ``--engine``
+    (``sglang`` or ``sglang==0.5.23``; None: the newest release). ``file``: a file holding the command
+    (``--file``)."""
     from specc.importer import CommandError, import_command, imported_plan
     from specc.rules import profile, resolve
     from specc.rules.base import Violation
@@ -423,7 +424,8 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
     except KeyError as exc:
         return [Result(plan_path=label, error=str(exc).strip("'\""))]
     if prof.name != engine:
-        return [Result(plan_path=label, error=f"--engine {pinned} does not match --{engine}-args")]
+        return [Result(plan_path=label, error=f"--engine {pinned} does not match --{engine}-args; give --engine "
+                                              f"{engine} or a pinned {engine}==VERSION, or leave it out")]
     text, argv, base = None, list(words), None
     if file is not None and argv:
         return [Result(plan_path=label, error=f"give the {engine} command after --{engine}-args or --file PATH, "
@@ -484,8 +486,7 @@ def run(args: argparse.Namespace) -> int:
             print("specc check: error: --file with both --sglang-args and --vllm-args: check one command per file",
                   file=sys.stderr)
             return 2
-        pinned = args.engine if args.engine and "==" in args.engine else None
-        results = [r for e, words in commands for r in check_command(e, words, pinned, args.file)]
+        results = [r for e, words in commands for r in check_command(e, words, args.engine, args.file)]
         sys.stdout.write(RENDER[args.fmt](results, args.show_resolved))
         return exit_code(results)
     sources, overrides, problems = split_inputs(list(args.inputs or []))

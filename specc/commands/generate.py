@@ -164,12 +164,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _inputs(args) -> list:
     """The prompts as ``PromptRecord``s: each ``--prompt``, else stdin (see ``add_arguments``).
     Raises PromptError for an empty prompt, no input at all, or chat messages with ``--no-chat``."""
-    from specc.runtime.prompts import PromptRecord, parse_prompts, read_stdin
+    from specc.runtime.prompts import PromptRecord, check_text, parse_prompts, read_stdin
 
+    if args.system:
+        check_text(args.system, "--system")
     if args.prompt is not None:
         for i, text in enumerate(args.prompt):
             if not text.strip():
                 raise PromptError(f"--prompt number {i + 1} is empty; give some text")
+            check_text(text, f"--prompt number {i + 1}")
         return [PromptRecord(id=str(i), prompt=text) for i, text in enumerate(args.prompt)]
     piped = read_stdin()
     if piped is None or not piped.strip():

@@ -53,14 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _records(args) -> list:
     from specc.errors import PromptError
-    from specc.runtime.prompts import (PROGRESS_BYTES, PromptRecord, parse_prompts, read_prompts, read_stdin,
-                                       select, shipped_prompts_path)
+    from specc.runtime.prompts import (PROGRESS_BYTES, PromptRecord, check_text, parse_prompts, read_prompts,
+                                       read_stdin, select, shipped_prompts_path)
 
     if args.limit is not None and args.limit < 1:
         raise PromptError(f"--limit must be >= 1, got {args.limit}")
     if args.prompt is not None:
         if not args.prompt.strip():
             raise PromptError("--prompt is empty")
+        check_text(args.prompt, "--prompt")
         recs = [PromptRecord(id="prompt", prompt=args.prompt)]
     elif args.prompts is not None:
         recs = read_prompts(args.prompts, progress=not args.no_progress)

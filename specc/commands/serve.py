@@ -24,12 +24,12 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import positive_int
+    from specc.runtime.args import port_int, positive_int
     from specc.serve.limits import DEFAULT_MAX_REQUEST_BYTES
 
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=positive_int, default=8000)
+    parser.add_argument("--port", type=port_int, default=8000)
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the base model's name in the API (default: the plan's name)")
     parser.add_argument("--role", choices=("none", "prefill", "decode"), default=None,

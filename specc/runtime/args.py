@@ -55,7 +55,6 @@ def unit_interval(text: str) -> float:
     return value
 
 
-
 MAX_SEED = 2 ** 62
 
 
@@ -65,4 +64,12 @@ def seed_int(text: str) -> int:
     value = _number(int, text, f"an integer in [0, {MAX_SEED}]")
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**62], got {text!r}")
+    return value
+
+
+def port_int(text: str) -> int:
+    """A TCP port in ``[1, 65535]``. Raises ``argparse.ArgumentTypeError`` otherwise."""
+    value = _number(int, text, "a port number in [1, 65535]")
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in [1, 65535], got {text!r}")
     return value

@@ -174,13 +174,30 @@ def read_stdin(wait_s: float = 1.0) -> Optional[str]:
     return None
 
 
+def check_text(text: str, where: str) -> str:
+    """``text`` if it is valid Unicode, else PromptError naming ``where`` and the position. A
+    command-line argument that is not UTF-8 reaches Python with each bad byte as a lone surrogate
+    (U+DC80..U+DCFF, PEP 383), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = (f"byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"a lone UTF-16 surrogate \\u{code:04x}")
+        raise PromptError(f"{where}: character {exc.start} is {what}; give UTF-8 text") from None
+    return text
+
+
 def encode_prompt(record: PromptRecord, tokenizer) -> List[int]:
     """Token ids of a prompt: the chat template applied to ``messages`` or to ``prompt`` as one user
     message (when the tokenizer has a template and the record is not raw), else plain encoding.
 
     Raises:
-        PromptError: the text encodes to no tokens, or the template rejects the messages.
+        PromptError: the text is not valid Unicode (:func:`check_text`) or encodes to no tokens, or the
+            template rejects the messages.
     """
+    for m in record.messages or [{"content": record.prompt or ""}]:
+        check_text(m["content"], f"prompt {record.id}")
     if record.messages is not None:
         ids = tokenizer.apply_chat_template(record.messages)
     elif tokenizer.has_chat_template and not record.raw:

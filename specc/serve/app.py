@@ -205,7 +205,8 @@ def _adapter(state: ServerState, model: str) -> Optional[str]:
     if model in state.adapters:
         return model
     known = ", ".join([state.model_name] + list(state.adapters))
-    raise ApiError(404, f"the model {model!r} does not exist; this server serves {known}", "model",
+    shown = repr(model) if len(model) <= 80 else f"{model[:60]!r}... ({len(model)} characters)"
+    raise ApiError(404, f"the model {shown} does not exist; this server serves {known}", "model",
                    type="not_found_error", code="model_not_found")
 
 
