@@ -265,12 +265,13 @@ def parse_flags(table: FlagTable, argv: List[str]) -> Parsed:
     if missing:
         out.errors.append(f"{name} refuses the command: the following arguments are required: "
                           f"{', '.join('/'.join(a['options']) for a in missing)}")
-    suggested = 0
+    hints: Dict[str, List[str]] = {}  # distinct unknown flag -> its suggestions (the first SUGGEST_MAX)
     for word in unknown:
         if word.startswith("-"):
             flag = word.split("=", 1)[0]
-            hint = suggest(table, flag) if suggested < SUGGEST_MAX else []
-            suggested += 1
+            if flag not in hints:
+                hints[flag] = suggest(table, flag) if len(hints) < SUGGEST_MAX else []
+            hint = hints[flag]
             out.errors.append(f"{flag}: not a {name} flag" + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
         else:
             out.errors.append(f"{word!r}: unexpected argument for {name} (a value for a flag that takes none, or "
