@@ -136,7 +136,8 @@ def generate_outputs(model, prompts: Sequence[Sequence[int]], max_new_tokens: in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, seed_int, unit_interval
+    from specc.runtime.args import (non_negative_float, non_negative_int, positive_int, seed_int, thread_count,
+                                    unit_interval)
 
     src = parser.add_argument_group("model")
     src.add_argument("--target", default="smollm2_135m", help="target preset (conf/target/<name>.yaml)")
@@ -144,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--format", choices=("auto", "gguf", "hf"), default=None, help="checkpoint format")
     src.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
                      help="KV-cache length (default: the preset's)")
-    src.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    src.add_argument("--threads", type=thread_count, default=None, metavar="N",
                      help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1, the fastest measured here)")
     p = parser.add_argument_group("decoding")
     p.add_argument("--prompt", action="append", default=None,

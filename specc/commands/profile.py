@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import positive_int
+    from specc.runtime.args import positive_int, thread_count
 
     parser.add_argument("plan", metavar="PLAN", help="plan YAML file or preset name (conf/plan/<name>.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides (dotted.key=value)")
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="timed runs per size (median)")
     parser.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                         help="largest verified token count (default: largest bucket × widest verify)")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
     parser.add_argument("--dtypes", default="float32,bfloat16", metavar="LIST",

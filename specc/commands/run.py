@@ -25,7 +25,8 @@ from typing import List
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, seed_int, unit_interval
+    from specc.runtime.args import (non_negative_float, non_negative_int, positive_int, seed_int, thread_count,
+                                    unit_interval)
 
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
     src = parser.add_mutually_exclusive_group()
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
                         help="requests decoded together (<= the artifact's largest bucket)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1, the fastest measured here)")
     parser.add_argument("--json", action="store_true", help="one JSON object per request, then a summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

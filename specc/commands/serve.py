@@ -24,7 +24,7 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import port_int, positive_int
+    from specc.runtime.args import port_int, positive_int, thread_count
     from specc.serve.limits import DEFAULT_MAX_REQUEST_BYTES
 
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests queued beyond the batch rows before new ones get 429 (default 256)")
     parser.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                         help="requests decoded together (default and cap: the artifact's largest bucket)")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generator requests without a seed share")

@@ -30,6 +30,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def machine_cpus() -> int:
+    """The CPUs this process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_count(text: str) -> int:
+    """``--threads``: an ``int`` in ``[1, machine_cpus()]`` (more threads than CPUs only makes the
+    BLAS pools spin against each other). Raises ``argparse.ArgumentTypeError`` otherwise."""
+    cpus = machine_cpus()
+    value = _number(int, text, f"an integer in [1, {cpus}]")
+    if not 1 <= value <= cpus:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, {cpus}] (this machine's CPUs), got {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """An ``int >= 0`` (top-k, 0 = off). Raises ``argparse.ArgumentTypeError`` otherwise."""
     value = _number(int, text, "an integer >= 0")

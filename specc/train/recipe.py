@@ -340,20 +340,12 @@ def _load(cls, path: pathlib.Path):
 
 
 # ------------------------------------------------------------------------------------ command-line overrides
-def machine_cpus() -> int:
-    """The CPUs this process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``)."""
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _override_rules() -> Dict[str, Tuple[str, Rule]]:
     """``specc train`` option -> (the recipe field it overrides, its rule). The rules are the recipe's
     own (:data:`_FIT_RULES`, :data:`_DATA_RULES`), so an override and a recipe value get the same
     message; ``--threads`` is also bounded by this machine's CPUs (the override runs here and now)."""
+    from specc.runtime.args import machine_cpus
+
     cpus = machine_cpus()
     per_part = _r(_INT1, "an integer >= 1, or absent for every prompt", "max_prompts: {round1: 3000}",
                   "the first N prompts of each part's seeded order")
