@@ -350,3 +350,39 @@ def test_large_prompts_file_shows_progress_while_read(tmp_path, capsys):
     assert len(recs) > 50_000 and f"reading {path}" in err and "lines" in err
     read_prompts(path)  # no bar unless asked
     assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# found by the adversarial pass after the fixes
+
+
+def test_prompts_that_are_not_unicode_are_errors_not_tracebacks(ngram_art, tmp_path):
+    """A command-line argument in another encoding reaches Python as lone surrogates (PEP 383); a
+    JSONL prompt may carry a ``\\ud800`` escape. Each is a one-line error naming where."""
+    res = subprocess.run([sys.executable.encode(), b"-m", b"specc.cli", b"run", str(ngram_art).encode(), b"--prompt",
+                          b"w5 \xff w6", b"--max-new-tokens", b"2"], capture_output=True, cwd=ROOT, timeout=120,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    err = res.stderr.decode()
+    assert res.returncode == 2 and "Traceback" not in err
+    assert "--prompt: character 3 is byte 0xff, which is not UTF-8" in err
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"id": "x", "prompt": "w5 \\ud800"}\n')
+    res = specc_proc("run", ngram_art, "--prompts", bad, "--max-new-tokens", "2")
+    assert res.returncode == 2 and "prompt x: character 3 is a lone UTF-16 surrogate" in res.stderr
+
+
+def test_serve_and_run_flags_refused_while_parsing(capsys, tmp_path):
+    for argv, words in ((["serve", tmp_path, "--port", "70000"], "port number in [1, 65535]"),
+                        (["serve", tmp_path, "--max-request-bytes", "0"], "at least 1 byte"),
+                        (["serve", tmp_path, "--max-request-bytes", "1e6"], "512KiB"),
+                        (["serve", tmp_path, "--threads", "100000"], "this machine's CPUs")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            cli_main([str(a) for a in argv])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and words in err and "Traceback" not in err, err
+
+
+def test_engine_that_contradicts_the_command_is_refused(capsys):
+    rc, out, err = run_cli(capsys, "check", "--engine", "vllm", "--sglang-args", "--model-path", "m")
+    assert rc == 2 and "--engine vllm does not match --sglang-args" in out

@@ -185,6 +185,9 @@ def test_every_4xx_is_an_openai_error_object(tok):
         for raw in (b"[]", b'"prompt"', b"42", b"null"):
             assert "JSON object" in _error(c.post(u + "/v1/completions", content=raw), 400)
         assert "line 1, column 2" in _error(c.post(u + "/v1/completions", content=b"{not json"), 400)
+        msg = _error(c.post(u + "/v1/completions", json={"model": "m" * 100_000, "prompt": "hi"}), 404, "model",
+                     "model_not_found")
+        assert len(msg) < 300  # an error never echoes a megabyte back
         doc = c.get(u + "/openapi.json").json()  # /docs still shows the body fields
         schema = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert "prompt" in schema["properties"] and "StreamOptions" in doc["components"]["schemas"]
