@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -210,7 +211,8 @@ def _read_cached(key: str, text: str, fmt_hint: str, stamp: float) -> Checkpoint
         path = _from_hf_cache(text) if text.count("/") == 1 else None
         if path is None:
             ck.unreadable = (f"not on this machine: a Hugging Face id not in the local cache ({hf_cache_dir()}); "
-                             f"download it (`huggingface-cli download {text} config.json`) or use a local path")
+                             f"download it (`huggingface-cli download {shlex.quote(text)} config.json`) or use a "
+                             f"local path")
             return ck
     ck.local = path
     _read_local(ck, path, fmt_hint)

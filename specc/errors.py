@@ -20,3 +20,13 @@ class ArtifactError(SpeccError):
 
 class PromptError(SpeccError):
     """Prompts that cannot be read or tokenized, or that do not fit the model."""
+
+
+class PromptTooLongError(PromptError):
+    """A text with more tokens than allowed, refused from its byte length alone
+    (:meth:`specc.models.tokenizer.Tokenizer.encode_within`). ``min_tokens``: the fewest tokens it can
+    have; ``num_bytes``: its UTF-8 length; ``bytes_per_token``: the tokenizer's bound."""
+
+    def __init__(self, message: str, min_tokens: int, num_bytes: int, bytes_per_token: int) -> None:
+        super().__init__(message)
+        self.min_tokens, self.num_bytes, self.bytes_per_token = min_tokens, num_bytes, bytes_per_token

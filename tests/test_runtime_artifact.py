@@ -134,7 +134,8 @@ def test_specc_bench_reports_table_and_exactness(models, tmp_path, capsys):
 # ---------------------------------------------------------------- flags, stdin, progress bar, counters
 
 BAD_FLAGS = [
-    ("--threads", "-2", ">= 1"), ("--threads", "0", ">= 1"), ("--max-new-tokens", "0", ">= 1"),
+    ("--threads", "-2", "in [1, "), ("--threads", "0", "in [1, "), ("--threads", "100000", "this machine's CPUs"),
+    ("--max-new-tokens", "0", ">= 1"),
     ("--temperature", "-1", ">= 0"), ("--top-p", "0", "(0, 1]"), ("--top-p", "1.5", "(0, 1]"),
     ("--top-k", "-1", ">= 0"), ("--batch-size", "0", ">= 1"), ("--limit", "0", ">= 1"), ("--threads", "x", "integer"),
 ]

@@ -15,10 +15,16 @@ request must end exactly once (``/metrics``' request counters move by exactly th
 aborted ones are at most the disconnected ones), and nothing may fail. Prints requests/s, output
 tokens/s and TTFT / TPOT p50 / p99 per C. ``--soak N``: N more requests at ``--soak-concurrency``,
 sampling the server's resident memory (``/proc/PID/status`` VmRSS) every ``N/10`` requests.
+``--hostile M`` mixes M hostile requests into the soak, at random places: bodies over the server's
+``--max-request-bytes`` (declared and chunked: 413), prompts of megabytes under it (text and chat:
+400 ``context_length_exceeded``), lone UTF-16 surrogates, mistyped fields, 100k-deep JSON, empty
+bodies and unknown paths. Each must get its status with OpenAI's error object, the ordinary requests
+must still all be exact and end once, and the server's memory after the soak must be within 10 % of
+its level before it.
 
     OMP_NUM_THREADS=1 python tools/bench_serve.py --check
     OMP_NUM_THREADS=1 python tools/bench_serve.py --load generated/smollm2_serve-<hash> \\
-        --concurrency 1 16 64 --soak 1000
+        --concurrency 1 16 64 --soak 1000 --hostile 200
 """
 from __future__ import annotations
 
@@ -204,13 +210,77 @@ def job_key(j: dict) -> tuple:
     return (j["prompt"], j["adapter"], j["sampled"], j["seed"] if j["sampled"] else 0, j["max_tokens"])
 
 
+#: the hostile requests of ``--hostile``: kind -> (path, expected status, expected error code or None)
+HOSTILE = {
+    "oversized": ("/v1/completions", 413, "request_too_large"),
+    "oversized_chunked": ("/v1/chat/completions", 413, "request_too_large"),
+    "huge_prompt": ("/v1/completions", 400, "context_length_exceeded"),
+    "huge_chat": ("/v1/chat/completions", 400, "context_length_exceeded"),
+    "surrogate": ("/v1/chat/completions", 400, "invalid_unicode"),
+    "mistyped": ("/v1/completions", 400, None),
+    "deep_json": ("/v1/completions", 400, "invalid_json"),
+    "empty": ("/v1/chat/completions", 400, "empty_body"),
+    "unknown_path": ("/v1/nothing", 404, "not_found"),
+}
+LIMIT = 4 << 20  # specc serve's default --max-request-bytes
+
+
+def make_hostile(n: int, seed: int) -> List[dict]:
+    rng = random.Random(seed)
+    return [{"hostile": rng.choice(sorted(HOSTILE))} for _ in range(n)]
+
+
+async def send_hostile(http, url: str, model: str, kind: str) -> dict:
+    """Send one hostile request; ``status`` is ``refused`` when it got the expected status and an
+    OpenAI error object (``{"error": {"message", "type", "param", "code"}}``), else ``wrong refusal``."""
+    path, want, code = HOSTILE[kind]
+    big = "word " * ((LIMIT - (512 << 10)) // 5)  # under the limit by half a MiB
+    headers = {"content-type": "application/json"}
+    if kind == "oversized":
+        kw = dict(json={"model": model, "prompt": big + "x" * (1 << 20)})
+    elif kind == "oversized_chunked":
+        async def chunks():
+            for _ in range(LIMIT // (64 << 10) + 8):
+                yield b"x" * (64 << 10)
+        kw = dict(content=chunks(), headers=headers)
+    elif kind == "huge_prompt":
+        kw = dict(json={"model": model, "prompt": big, "max_tokens": 4})
+    elif kind == "huge_chat":
+        kw = dict(json={"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": big}]})
+    elif kind == "surrogate":
+        kw = dict(content=('{"model": "%s", "messages": [{"role": "user", "content": "hi \\ud800"}]}' % model).encode(),
+                  headers=headers)
+    elif kind == "mistyped":
+        kw = dict(json={"model": model, "prompt": "hi", "max_tokens": "4"})
+    elif kind == "deep_json":
+        kw = dict(content=b"[" * 100_000 + b"]" * 100_000, headers=headers)
+    elif kind == "empty":
+        kw = dict(content=b"", headers=headers)
+    else:
+        kw = dict(json={"model": model})
+    try:
+        r = await http.post(url + path, **kw)
+        err = r.json().get("error") if r.headers.get("content-type", "").startswith("application/json") else None
+    except Exception as exc:  # noqa: BLE001 - a reset connection is a wrong refusal too
+        return {"status": "wrong refusal", "kind": kind, "error": f"{type(exc).__name__}: {exc}"[:200]}
+    ok = (r.status_code == want and isinstance(err, dict) and set(err) == {"message", "type", "param", "code"}
+          and (code is None or err.get("code") == code))
+    return {"status": "refused" if ok else "wrong refusal", "kind": kind, "http": r.status_code,
+            "error": None if ok else r.text[:200]}
+
+
 async def run_jobs(url: str, base: str, jobs: List[dict], concurrency: int) -> List[dict]:
+    import httpx
     import openai
 
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
+    http = httpx.AsyncClient(timeout=600)
     sem = asyncio.Semaphore(concurrency)
 
     async def one(j):
+        if j.get("hostile"):
+            async with sem:
+                return await send_hostile(http, url, base, j["hostile"])
         kw = dict(temperature=0.8, seed=j["seed"], extra_body={"top_k": 50}) if j["sampled"] else dict(temperature=0)
         msgs = [{"role": "user", "content": j["prompt"]}]
         model = j["adapter"] or base
@@ -250,6 +320,7 @@ async def run_jobs(url: str, base: str, jobs: List[dict], concurrency: int) -> L
         return await asyncio.gather(*(one(j) for j in jobs))
     finally:
         await c.close()
+        await http.aclose()
 
 
 def pct(xs: List[float], q: float) -> float:
@@ -277,9 +348,13 @@ def load(args) -> int:
                                args.max_new_tokens, 1000 + c, args.disconnect) for c in args.concurrency}
         soak = make_jobs(args.soak, records[:args.soak_prompts], adapters, sampled_ok, args.soak_max_new_tokens, 7,
                          args.disconnect) if args.soak else []
+        if soak and args.hostile:
+            rng = random.Random(11)
+            for h in make_hostile(args.hostile, 13):
+                soak.insert(rng.randrange(len(soak) + 1), h)
         distinct = {}
         for j in [j for js in levels.values() for j in js] + soak:
-            if not j["disconnect"]:
+            if not j.get("hostile") and not j["disconnect"]:
                 distinct.setdefault(job_key(j), dict(j, stream=False))
         t0 = time.time()
         ref_list = list(distinct.values())
@@ -320,17 +395,29 @@ def load(args) -> int:
             wall = time.perf_counter() - t0
             srv.idle()
             after = srv.metrics()
+            if c == "soak":
+                rss.append(srv.rss_mb())
             done = [(j, r) for j, r in zip(jobs, res) if r["status"] == "done"]
             gone = [r for r in res if r["status"] == "disconnected"]
-            failed = [r for r in res if r["status"] not in ("done", "disconnected")]
+            refused = [r for r in res if r["status"] == "refused"]
+            failed = [r for r in res if r["status"] not in ("done", "disconnected", "refused")]
             wrong = [j for j, r in done if r["text"] != ref[job_key(j)]]
+            hostile = [j for j in jobs if j.get("hostile")]
+            too_large = metric(after, "specc:requests_rejected_total", reason="too_large") - metric(
+                before, "specc:requests_rejected_total", reason="too_large")
             ended = metric(after, "specc:request_success_total") - metric(before, "specc:request_success_total")
             aborted = metric(after, "specc:request_success_total", finished_reason="abort") - metric(
                 before, "specc:request_success_total", finished_reason="abort")
             gen = metric(after, "specc:request_generation_tokens_total") - metric(
                 before, "specc:request_generation_tokens_total")
             out_tokens = sum(r["tokens"] for _, r in done)
-            good = not failed and not wrong and ended == len(jobs) and aborted <= len(gone) and gen >= out_tokens
+            good = not failed and not wrong and ended == len(jobs) - len(hostile) and aborted <= len(gone) \
+                and gen >= out_tokens
+            memory_ok = None
+            if hostile:
+                want_413 = sum(HOSTILE[j["hostile"]][1] == 413 for j in hostile)
+                memory_ok = rss[-1] <= 1.10 * rss[0]
+                good &= len(refused) == len(hostile) and too_large == want_413 and memory_ok
             ok &= good
             ttft = [r["ttft"] for _, r in done if j_stream(r)]
             tpot = [r["tpot"] for _, r in done if r.get("tpot") is not None]
@@ -341,6 +428,10 @@ def load(args) -> int:
                    "ttft_p50_s": round(pct(ttft, 0.5), 3), "ttft_p99_s": round(pct(ttft, 0.99), 3),
                    "tpot_p50_s": round(pct(tpot, 0.5), 4), "tpot_p99_s": round(pct(tpot, 0.99), 4),
                    "rss_mb": [round(x) for x in rss], "ok": good}
+            if hostile:
+                row.update(hostile=len(hostile), refused_as_expected=len(refused), too_large_in_metrics=int(too_large),
+                           rss_before_mb=round(rss[0]), rss_after_mb=round(rss[-1]), rss_peak_mb=round(max(rss)),
+                           memory_within_10_percent=memory_ok)
             rows.append(row)
             print(f"C={c}: {len(jobs)} requests ({len(done)} completed, {len(gone)} disconnected, {len(failed)} failed, "
                   f"{len(wrong)} wrong); metrics: {int(ended)} ended ({int(aborted)} aborted); "
@@ -348,6 +439,11 @@ def load(args) -> int:
                   f"TTFT p50 {row['ttft_p50_s']} s p99 {row['ttft_p99_s']} s; "
                   f"TPOT p50 {row['tpot_p50_s']} s p99 {row['tpot_p99_s']} s; RSS MB {row['rss_mb']}"
                   f"{'' if good else '  <-- FAILED'}", flush=True)
+            if hostile:
+                print(f"  hostile: {len(hostile)} mixed in, {len(refused)} refused as expected (status and OpenAI "
+                      f"error object), {int(too_large)} counted too_large in /metrics; RSS before {rss[0]:.0f} MB, "
+                      f"peak {max(rss):.0f} MB, after {rss[-1]:.0f} MB "
+                      f"({'within' if memory_ok else 'NOT within'} 10 % of before)", flush=True)
             for r in failed[:3]:
                 print("   ", r)
         m = srv.metrics()
@@ -385,6 +481,8 @@ def main(argv=None) -> int:
     ap.add_argument("--soak-concurrency", type=int, default=16)
     ap.add_argument("--soak-max-new-tokens", type=int, default=8)
     ap.add_argument("--soak-prompts", type=int, default=8, help="the soak cycles over the first N of those prompts")
+    ap.add_argument("--hostile", type=int, default=0, help="hostile requests mixed into the soak (oversized, "
+                    "malformed, lone surrogates, deep JSON, ...); each must be refused with its status")
     ap.add_argument("--strict-reference", action="store_true", help="reference pass one request at a time")
     ap.add_argument("--out", default=None, help="write the load rows as JSON")
     args = ap.parse_args(argv)

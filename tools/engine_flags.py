@@ -11,7 +11,8 @@ run this script with that environment's Python. It builds the parser exactly as 
 does (SGLang: ``argparse.ArgumentParser`` + ``ServerArgs.add_cli_args``, ``sglang/srt/server_args.py``;
 vLLM: ``FlexibleArgumentParser`` + ``make_arg_parser``, ``vllm/entrypoints/common/cli_args.py``) and
 records, for every action, its option strings, ``dest``, arity (``nargs``), kind (value, switch,
-``--x/--no-x`` pair, count, help) and choices. Help texts are not copied. specc never imports an
+``--x/--no-x`` pair, count, help), choices and whether the engine requires it (SGLang's
+``--model-path``: a field without a default is ``required``, ``arg_groups/arg_utils.py:411-416``). Help texts are not copied. specc never imports an
 engine at run time; ``specc import`` and ``specc check --sglang-args/--vllm-args`` rebuild an
 argparse parser from this table (``specc/importer/parse.py``).
 """
@@ -66,6 +67,8 @@ def table(parser: argparse.ArgumentParser) -> dict:
         row["default"] = _jsonable(a.default) if a.default is not argparse.SUPPRESS else None
         if not a.option_strings:
             row["positional"] = True
+        elif a.required:
+            row["required"] = True
         rows.append(row)
     return {"prog": parser.prog, "allow_abbrev": parser.allow_abbrev, "actions": rows}
 

@@ -17,7 +17,7 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import positive_int
+    from specc.runtime.args import positive_int, thread_count
 
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory")
     parser.add_argument("--prompts", metavar="FILE", default=None,
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts (round-robin over categories)")
     parser.add_argument("--category", action="append", default=None)
     parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N", help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
+    parser.add_argument("--threads", type=thread_count, default=None, metavar="N", help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     parser.add_argument("--concurrency", metavar="C[,C...]", default=None,
                         help="continuous batching at these concurrencies instead of batch 1 (e.g. 1,4,16,64)")
@@ -52,7 +52,8 @@ def run(args) -> int:
         from specc.models.llama import configure_cpu_threads
 
         configure_cpu_threads(args.threads)
-    records = select(read_prompts(args.prompts or shipped_prompts_path()), args.limit, args.category)
+    records = select(read_prompts(args.prompts or shipped_prompts_path(), progress=True), args.limit,
+                     args.category)
     if not records:
         raise PromptError(f"no prompts left after --category {args.category}")
     runtime, art = load_runtime(args.artifact, device=args.device)

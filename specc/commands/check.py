@@ -6,12 +6,16 @@
     specc check --engine sglang==0.5.23 conf/plan/
     specc check --sglang-args python -m sglang.launch_server --model-path X --speculative-algorithm EAGLE3 ...
     specc check --vllm-args launch.sh
+    specc check --sglang-args --file launch.sh --format json
 
 Arguments are plan files, directories (their ``*.yaml``), globs or preset names, mixed with
 Hydra-style overrides (``group=option``, ``key=value``) applied to every plan. Without ``--engine``
-each plan is checked against the profile its ``engine`` key names. Exit codes: 0 no errors
-(warnings allowed), 1 at least one error, 2 unusable input (a plan that does not load, a bad
-argument). Does not import torch.
+each plan is checked against the profile its ``engine`` key names. A launch command is read as the
+engine's parser reads it; specc's own options (``--file``, ``--format``, ``--engine``,
+``--show-resolved``, ``--sglang-args``, ``--vllm-args``) are specc's wherever they appear on the line,
+never an engine flag (none of them is one, and argparse would otherwise take ``--file`` as a prefix
+of SGLang's ``--file-storage-path``). Exit codes: 0 no errors (warnings allowed), 1 at least one
+error, 2 unusable input (a plan that does not load, a bad argument). Does not import torch.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import sys
 import urllib.parse
 from dataclasses import dataclass, field
@@ -45,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "quoted string, or a file holding the command)")
     parser.add_argument("--vllm-args", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
                         help="check a vLLM serve command instead of a plan (as --sglang-args)")
+    parser.add_argument("--file", default=None, metavar="PATH",
+                        help="with --sglang-args / --vllm-args: a file holding the command (shell script, "
+                             "Kubernetes/compose YAML, or a vLLM speculative-config JSON)")
     parser.add_argument("--format", choices=FORMATS, default="text", dest="fmt",
                         help="text (default), json (one object per plan and engine), github (workflow "
                              "annotations) or sarif")
@@ -337,10 +345,75 @@ def render_sarif(results: List[Result], show_resolved: bool) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-def check_command(engine: str, words: List[str], pinned: Optional[str]) -> List[Result]:
+#: specc check's own options that may appear among --sglang-args / --vllm-args words: option -> (attribute,
+#: takes a value). Taken out of the engine's words wherever they appear (none is an engine flag).
+OWN_OPTIONS = {"--file": ("file", True), "--format": ("fmt", True), "--engine": ("engine", True),
+               "--show-resolved": ("show_resolved", False)}
+
+
+def split_own_options(words: List[str], own=None) -> Tuple[List[str], Dict[str, Any], List[str]]:
+    """Take specc's own options out of a launch command's words.
+
+    Returns ``(engine words, {attribute: value}, problems)``: an option is specc's when a word is
+    exactly its spelling (or ``--option=value``); ``problems`` names an option left without its value.
+    Exact spellings only: an abbreviation is the engine's to read, as the engine would."""
+    own = OWN_OPTIONS if own is None else own
+    rest: List[str] = []
+    found: Dict[str, Any] = {}
+    problems: List[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        name, eq, value = w.partition("=")
+        if name in own:
+            attr, takes = own[name]
+            if not takes:
+                found[attr] = True
+            elif eq:
+                found[attr] = value
+            elif i + 1 < len(words):
+                found[attr] = words[i + 1]
+                i += 1
+            else:
+                problems.append(f"{name} needs a value")
+            i += 1
+            continue
+        rest.append(w)
+        i += 1
+    return rest, found, problems
+
+
+def _launch_commands(args: argparse.Namespace) -> Tuple[List[Tuple[str, List[str]]], List[str]]:
+    """The launch commands of ``--sglang-args`` / ``--vllm-args`` (``[(engine, words)]``), with specc's
+    own options among their words applied to ``args`` (REMAINDER keeps everything after the flag,
+    ``--vllm-args`` inside ``--sglang-args``'s words included). Returns ``(commands, problems)``."""
+    pending = [(e, list(getattr(args, f"{e}_args") or [])) for e in ("sglang", "vllm")
+               if getattr(args, f"{e}_args", None) is not None]
+    own = dict(OWN_OPTIONS, **{f"--{e}-args": (f"{e}_args", False) for e in ("sglang", "vllm")})
+    commands: List[Tuple[str, List[str]]] = []
+    problems: List[str] = []
+    while pending:
+        engine, words = pending.pop(0)
+        switch = next((i for i, w in enumerate(words) if w in ("--sglang-args", "--vllm-args")), None)
+        if switch is not None:  # the rest of the line is the other command
+            pending.append((words[switch][2:-5], words[switch + 1:]))
+            words = words[:switch]
+        rest, found, bad = split_own_options(words, own)
+        problems += bad
+        for attr, value in found.items():
+            setattr(args, attr, value)
+        commands.append((engine, rest))
+    return commands, problems
+
+
+def check_command(engine: str, words: List[str], pinned: Optional[str], file: Optional[str] = None) -> List[Result]:
     """Check a launch command: read it as the engine version's parser does (:mod:`specc.importer`), then
     run the rules on the plan it amounts to, with its flags that have no plan key as launch facts.
-    What the engine's parser would refuse is reported as ``<engine>.argv`` errors."""
+    What the engine's parser would refuse is reported as ``<engine>.argv`` errors, a flag given by a
+    prefix as an ``<engine>.argv-prefix`` warning naming the flag the engine reads, and a value the
+    engine fills in for a missing flag (vLLM's default model) as ``filled``. ``pinned``: ``--engine``
+    (``sglang`` or ``sglang==0.5.23``; None: the newest release). ``file``: a file holding the command
+    (``--file``)."""
     from specc.importer import CommandError, import_command, imported_plan
     from specc.rules import profile, resolve
     from specc.rules.base import Violation
@@ -351,18 +424,27 @@ def check_command(engine: str, words: List[str], pinned: Optional[str]) -> List[
     except KeyError as exc:
         return [Result(plan_path=label, error=str(exc).strip("'\""))]
     if prof.name != engine:
-        return [Result(plan_path=label, error=f"--engine {pinned} does not match --{engine}-args")]
+        return [Result(plan_path=label, error=f"--engine {pinned} does not match --{engine}-args; give --engine "
+                                              f"{engine} or a pinned {engine}==VERSION, or leave it out")]
     text, argv, base = None, list(words), None
-    if len(argv) == 1 and os.path.isfile(argv[0]):
-        label, base = argv[0], Path(argv[0]).resolve().parent
+    if file is not None and argv:
+        return [Result(plan_path=label, error=f"give the {engine} command after --{engine}-args or --file PATH, "
+                                              f"not both (got --file {file} and {shlex.join(argv)})")]
+    if file is None and len(argv) == 1 and os.path.isfile(argv[0]):
+        file = argv[0]
+    if file is not None:
+        label, base = file, Path(file).resolve().parent
         from specc.io import LAUNCH_FILE_LIMIT, read_bounded
 
         try:
-            text, argv = str(read_bounded(argv[0], LAUNCH_FILE_LIMIT, "launch file")), None
+            text, argv = str(read_bounded(file, LAUNCH_FILE_LIMIT, "launch file")), None
         except SpeccError as exc:
             return [Result(plan_path=label, error=str(exc))]
     elif len(argv) == 1 and " " in argv[0]:
         text, argv = argv[0], None
+    elif not argv:
+        return [Result(plan_path=label, error=f"--{engine}-args: no command given; pass the launch command after "
+                                              f"it, one quoted string, or --file PATH")]
     try:
         imp = import_command(engine, text=text, argv=argv, version=prof.release, base_dir=base or Path.cwd())
         plan = imported_plan(imp, "command")
@@ -372,7 +454,15 @@ def check_command(engine: str, words: List[str], pinned: Optional[str]) -> List[
     src = f"{prof.version} argparse ({imp.table.prog})"
     argv_errors = [Violation(rule=f"{engine}.argv", severity="error", keys=(), message=e, source=src)
                    for e in imp.errors]
-    allv = argv_errors + violations
+    prefixes = [Violation(rule=f"{engine}.argv-prefix", severity="warning", keys=(),
+                          message=f"{written} is read by {prof.version} as {flag} (argparse takes an unambiguous "
+                                  f"prefix); write {flag} in full: a release that adds a flag starting with "
+                                  f"{written} makes it ambiguous", source=src)
+                for written, flag in imp.prefixes]
+    filled = [Violation(rule=f"{engine}.argv-default", severity="filled", keys=(key,), message=msg,
+                        source=f"{prof.version} {source}", sets=((key, value),))
+              for key, value, msg, source in imp.filled]
+    allv = argv_errors + prefixes + filled + violations
     return [Result(plan_path=label, name="command", engine=prof.version, violations=allv,
                    locations=[(label, 0)] * len(allv), resolved=resolved)]
 
@@ -382,10 +472,21 @@ RENDER = {"text": render_text, "json": render_json, "github": render_github, "sa
 
 def run(args: argparse.Namespace) -> int:
     """Check every plan named by ``args.inputs``; print in ``args.fmt``; return the exit code."""
-    commands = [(e, getattr(args, f"{e}_args")) for e in ("sglang", "vllm") if getattr(args, f"{e}_args", None)]
+    commands, problems = _launch_commands(args)
+    if problems or args.fmt not in FORMATS:
+        why = problems or [f"--format {args.fmt!r}: choose one of {', '.join(FORMATS)}"]
+        print(f"specc check: error: {'; '.join(why)}", file=sys.stderr)
+        return 2
+    if args.file is not None and not commands:
+        print("specc check: error: --file holds a launch command: say whose, with --sglang-args --file PATH or "
+              "--vllm-args --file PATH", file=sys.stderr)
+        return 2
     if commands:
-        pinned = args.engine if args.engine and "==" in args.engine else None
-        results = [r for e, words in commands for r in check_command(e, words, pinned)]
+        if len(commands) > 1 and args.file is not None:
+            print("specc check: error: --file with both --sglang-args and --vllm-args: check one command per file",
+                  file=sys.stderr)
+            return 2
+        results = [r for e, words in commands for r in check_command(e, words, args.engine, args.file)]
         sys.stdout.write(RENDER[args.fmt](results, args.show_resolved))
         return exit_code(results)
     sources, overrides, problems = split_inputs(list(args.inputs or []))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from dataclasses import asdict
 
@@ -45,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
         sev = "warning" if v.rule.startswith("checkpoint.") and v.severity == "error" else v.severity
         print(f"{sev}: {v.rule}: {v.message}", file=sys.stderr)
     if any(v.severity == "error" and not v.rule.startswith("checkpoint.") for v in violations):
-        print(f"specc export: the plan has errors for {engine}; see `specc check {args.plan} "
-              f"--engine {engine}`", file=sys.stderr)
+        print(f"specc export: the plan has errors for {engine}; see `specc check {shlex.quote(args.plan)} "
+              f"--engine {shlex.quote(engine)}`", file=sys.stderr)
         return 1
     plan, path_warnings = resolve_pkg_paths(loaded.plan)
     for w in path_warnings:

@@ -136,7 +136,8 @@ def generate_outputs(model, prompts: Sequence[Sequence[int]], max_new_tokens: in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, seed_int, unit_interval
+    from specc.runtime.args import (non_negative_float, non_negative_int, positive_int, seed_int, thread_count,
+                                    unit_interval)
 
     src = parser.add_argument_group("model")
     src.add_argument("--target", default="smollm2_135m", help="target preset (conf/target/<name>.yaml)")
@@ -144,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--format", choices=("auto", "gguf", "hf"), default=None, help="checkpoint format")
     src.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
                      help="KV-cache length (default: the preset's)")
-    src.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    src.add_argument("--threads", type=thread_count, default=None, metavar="N",
                      help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1, the fastest measured here)")
     p = parser.add_argument_group("decoding")
     p.add_argument("--prompt", action="append", default=None,
@@ -164,12 +165,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _inputs(args) -> list:
     """The prompts as ``PromptRecord``s: each ``--prompt``, else stdin (see ``add_arguments``).
     Raises PromptError for an empty prompt, no input at all, or chat messages with ``--no-chat``."""
-    from specc.runtime.prompts import PromptRecord, parse_prompts, read_stdin
+    from specc.runtime.prompts import PromptRecord, check_text, parse_prompts, read_stdin
 
+    if args.system:
+        check_text(args.system, "--system")
     if args.prompt is not None:
         for i, text in enumerate(args.prompt):
             if not text.strip():
                 raise PromptError(f"--prompt number {i + 1} is empty; give some text")
+            check_text(text, f"--prompt number {i + 1}")
         return [PromptRecord(id=str(i), prompt=text) for i, text in enumerate(args.prompt)]
     piped = read_stdin()
     if piped is None or not piped.strip():

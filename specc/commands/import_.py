@@ -6,9 +6,12 @@
     specc import sglang==0.5.23 --file launch.sh -o my_plan.yaml
 
 The command is read as the engine version's own parser reads it (bare engine name: the newest
-table). Flags with no plan key are listed as comments at the top of the YAML, with anything the
+table; a pinned version must be one ``specc check --engine`` knows). specc's own options (``--file``
+/ ``-f``, ``-o`` / ``--output``, ``--name``) are specc's wherever they appear, after ``--`` too, never an
+engine flag. Flags with no plan key are listed as comments at the top of the YAML, with anything the
 engine's parser would refuse. Exit codes: 0 plan written, 1 plan written but the engine would refuse
-the command (listed on stderr), 2 unusable input. Does not import torch.
+the command (the refusals head the plan, and go to stderr unless the plan is on the terminal already:
+each is shown once), 2 unusable input. Does not import torch.
 """
 from __future__ import annotations
 
@@ -37,11 +40,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after `--`: the launch command (or just its flags)")
 
 
+#: specc import's own options that may appear among the command's words: option -> (attribute, takes a value)
+OWN_OPTIONS = {"--file": ("file", True), "-f": ("file", True), "-o": ("output", True), "--output": ("output", True),
+               "--name": ("name", True)}
+
+
 def _engine(text: str):
+    """(engine, version or None) of ``sglang`` / ``vllm==0.33.0``. Raises ValueError for an engine or
+    a version specc has no tables for, naming the known ones (as ``specc check --engine``)."""
+    from specc.importer import known_versions
+
     name, _, version = text.partition("==")
     if name not in ("sglang", "vllm"):
         raise ValueError(f"engine {text!r}: specc imports sglang or vllm launch commands")
+    if version and text not in known_versions(name):
+        raise ValueError(f"unknown engine {text!r}; known: {', '.join(known_versions(name))}")
     return name, version or None
+
+
+def _on_screen(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -69,13 +90,25 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"specc import: error: {exc}", file=sys.stderr)
         return 2
+    from specc.commands.check import split_own_options
+
     words = list(args.launch or [])
     if words and words[0] == "--":
         words = words[1:]
+    words, found, problems = split_own_options(words, OWN_OPTIONS)
+    if problems:
+        print(f"specc import: error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    for attr, value in found.items():
+        if getattr(args, attr) is not None and getattr(args, attr) != value:
+            print(f"specc import: error: {attr} given twice ({getattr(args, attr)!r} and {value!r})", file=sys.stderr)
+            return 2
+        setattr(args, attr, value)
     sources = [bool(words), args.file is not None, args.spec_json is not None]
     if sum(sources) != 1:
+        given = [n for n, g in zip(("a command after `--`", "--file", "--speculative-config"), sources) if g]
         print("specc import: error: give the command after `--`, or --file PATH, or (vLLM) --speculative-config "
-              "JSON", file=sys.stderr)
+              f"JSON{' (one of them, not ' + ' and '.join(given) + ')' if len(given) > 1 else ''}", file=sys.stderr)
         return 2
     base_dir = None
     text = None
@@ -110,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         name = name if re.match(r"[A-Za-z_]", name) else f"p_{name}"
     try:
         imp = import_command(engine, text=text, argv=None if text is not None else words, version=version,
-                             base_dir=base_dir or Path.cwd())
+                             base_dir=base_dir or Path.cwd(), config_only=args.spec_json is not None)
     except CommandError as exc:
         print(f"specc import: error: {exc}", file=sys.stderr)
         return 2
@@ -130,8 +163,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(out)
     if imp.unmapped:
         print(f"{len(imp.unmapped)} flag(s) have no plan key (listed at the top of the plan)", file=sys.stderr)
-    for n in imp.notes:
-        print(f"note: {n}", file=sys.stderr)
-    for e in imp.errors:
-        print(f"error: {e}", file=sys.stderr)
+    if args.output or not _on_screen(sys.stdout):  # the plan is not on screen: show its notes and refusals
+        for n in imp.notes:
+            print(f"note: {n}", file=sys.stderr)
+        for e in imp.errors:
+            print(f"error: {e}", file=sys.stderr)
+    elif imp.errors or imp.notes:  # they head the plan on the screen already: say so, once
+        parts = [f"{len(imp.errors)} error(s): {imp.engine}=={imp.version} would refuse this command"] \
+            if imp.errors else []
+        parts += [f"{len(imp.notes)} note(s)"] if imp.notes else []
+        print(f"{'; '.join(parts)} (listed at the top of the plan)", file=sys.stderr)
     return 1 if imp.errors else 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import positive_int
+    from specc.runtime.args import positive_int, thread_count
 
     parser.add_argument("plan", metavar="PLAN", help="plan YAML file or preset name (conf/plan/<name>.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides (dotted.key=value)")
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="timed runs per size (median)")
     parser.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                         help="largest verified token count (default: largest bucket × widest verify)")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
     parser.add_argument("--dtypes", default="float32,bfloat16", metavar="LIST",
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from specc.analyze import lower_plan
     from specc.plan.load import load_plan
     from specc.runtime.loader import load_models
-    from specc.runtime.profile import choose, cost_table, profile_costs, time_state_shapes, token_grid
+    from specc.runtime.profile import (check_sizes, choose, cost_table, profile_costs, time_state_shapes,
+                                       token_grid)
 
     out = Path(args.out)
     _check_out(out)
@@ -86,6 +87,13 @@ def run(args: argparse.Namespace) -> int:
     dtypes = _choices(args.dtypes, ("float32", "bfloat16", "float16"), "--dtypes")
     backends = _choices(args.backends, ("eager", "inductor"), "--backends")
     top = args.max_tokens or max_batch * max_width
+    if resolved.target.max_model_len:  # refused before any model loads (profile_costs checks the loaded one too)
+        try:
+            check_sizes(args.max_tokens, max_batch, max_width, args.context, int(resolved.target.max_model_len))
+        except ValueError as exc:
+            from specc.errors import SpeccError
+
+            raise SpeccError(str(exc)) from None
     shapes = sorted({(int(s.batch_size), int(s.num_draft_tokens)) for s in low.states} | {(1, 1)})
     settings: dict = {}
     tables: dict = {}

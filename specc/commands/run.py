@@ -4,19 +4,29 @@ Inputs: ``--prompt TEXT``, ``--prompts FILE`` (JSONL with ``prompt``/``messages`
 text with one prompt per line; ``-`` reads stdin), or prompts piped/redirected into stdin (same
 formats); otherwise the shipped prompt set (``specc/data/prompts.jsonl``). Numeric flags are checked
 while parsing (``specc.runtime.args``) and ``--batch-size`` against the artifact's largest bucket,
-all before the models load. A progress bar goes to stderr; with ``--json`` stdout carries one
-JSON object per request and a last ``{"summary": ...}`` object.
+all before the models load. Progress bars go to stderr (reading a large prompts file, tokenizing,
+decoding).
+
+Each request's result is written to stdout as soon as it finishes (in finish order, which with
+``--batch-size`` above 1 need not be the input order; each names its prompt id): a text block, or
+with ``--json`` one JSON object per line; then the run's summary (``{"summary": ...}`` last with
+``--json``). On SIGINT (Ctrl-C) the results written so far stay, the summary of the finished
+requests follows (``"interrupted": true`` with ``--json``) and the exit status is 130.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 from typing import List
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import non_negative_float, non_negative_int, positive_int, seed_int, unit_interval
+    from specc.runtime.args import (non_negative_float, non_negative_int, positive_int, seed_int, thread_count,
+                                    unit_interval)
 
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
     src = parser.add_mutually_exclusive_group()
@@ -36,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
                         help="requests decoded together (<= the artifact's largest bucket)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1, the fastest measured here)")
     parser.add_argument("--json", action="store_true", help="one JSON object per request, then a summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -44,21 +54,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _records(args) -> list:
     from specc.errors import PromptError
-    from specc.runtime.prompts import (PromptRecord, parse_prompts, read_prompts, read_stdin, select,
-                                       shipped_prompts_path)
+    from specc.runtime.prompts import (PROGRESS_BYTES, PromptRecord, check_text, parse_prompts, read_prompts,
+                                       read_stdin, select, shipped_prompts_path)
 
     if args.limit is not None and args.limit < 1:
         raise PromptError(f"--limit must be >= 1, got {args.limit}")
     if args.prompt is not None:
         if not args.prompt.strip():
             raise PromptError("--prompt is empty")
+        check_text(args.prompt, "--prompt")
         recs = [PromptRecord(id="prompt", prompt=args.prompt)]
     elif args.prompts is not None:
-        recs = read_prompts(args.prompts)
+        recs = read_prompts(args.prompts, progress=not args.no_progress)
     else:
         piped = read_stdin()
         if piped is not None and piped.strip():
-            recs = parse_prompts(piped.splitlines(), "<stdin>")
+            recs = parse_prompts(piped.splitlines(), "<stdin>", not args.no_progress and len(piped) >= PROGRESS_BYTES)
         else:
             recs = read_prompts(shipped_prompts_path())
     recs = select(recs, args.limit, args.category)
@@ -79,13 +90,84 @@ def check_batch_size(batch_size: int, art) -> None:
                          f"deploy batch sizes")
 
 
+def _encode_all(records, tokenizer, no_progress: bool) -> list:
+    """Token ids of every record (a progress bar on stderr for more than a few hundred prompts)."""
+    from tqdm import tqdm
+
+    from specc.runtime.prompts import encode_prompt
+
+    show = not no_progress and len(records) > 200
+    return [encode_prompt(rec, tokenizer) for rec in tqdm(records, desc="tokenizing prompts", unit="prompt",
+                                                           file=sys.stderr, disable=not show, mininterval=0.5)]
+
+
+def _result_text(rec, out, as_json: bool) -> str:
+    """One finished request as written to stdout: a JSON line, or a text block."""
+    if as_json:
+        obj = {"id": rec.id, "category": rec.category, "prompt": rec.text, "text": out.text,
+               "num_tokens": len(out.token_ids), "finish_reason": out.finish_reason, "time_s": round(out.time_s, 4)}
+        obj.update(out.counters.as_dict())
+        return json.dumps(obj, ensure_ascii=False) + "\n"
+    head = f"[{rec.id}]" + (f" ({rec.category})" if rec.category else "")
+    return (f"=== {head} {rec.text[:100]!r}\n{out.text.strip()}\n"
+            f"--- {len(out.token_ids)} tokens, {out.finish_reason}, tau {out.counters.tau:.2f}\n")
+
+
+class _WholeWrites:
+    """SIGINT handling for a run that writes results as they finish: Ctrl-C raises
+    ``KeyboardInterrupt`` at once, except while a result is being written, where it waits until the
+    result is whole (so stdout never ends in half a JSON line and the count of results is exact)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.pending = False
+
+    def handler(self, signum, frame) -> None:
+        if self.busy:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def writing(self):
+        self.busy = True
+        try:
+            yield
+        finally:
+            self.busy = False
+            if self.pending:
+                raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self.handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _print_summary(runtime, art, as_json: bool, finished: int, total: int, interrupted: bool) -> None:
+    m = runtime.metrics
+    if as_json:
+        summary = dict(m.as_dict(), artifact=art.path.name, states=[s.spec.name for s in runtime.states])
+        if interrupted:
+            summary.update(interrupted=True, finished=finished, requests=total)
+        print(json.dumps({"summary": summary}), flush=True)
+        return
+    print("=== metrics" + (f" of the {finished} finished request(s); interrupted after {finished} of {total}"
+                            if interrupted else ""))
+    print(m.summary(), flush=True)
+
+
 def run(args) -> int:
-    import torch
     from tqdm import tqdm
 
     from specc.runtime.artifact import load_artifact
     from specc.runtime.loader import load_runtime
-    from specc.runtime.prompts import encode_prompt
     from specc.runtime.request import Request, SamplingParams
 
     if args.threads is not None:
@@ -96,45 +178,43 @@ def run(args) -> int:
     art = load_artifact(args.artifact)
     check_batch_size(args.batch_size, art)
     runtime, art = load_runtime(args.artifact, device=args.device, artifact=art)
+    ids = _encode_all(records, runtime.tokenizer, args.no_progress)
     requests: List[Request] = []
-    for i, rec in enumerate(records):
+    for i, (rec, prompt_ids) in enumerate(zip(records, ids)):
         params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, top_k=args.top_k,
                                 seed=None if args.seed is None else args.seed + i, stop=tuple(args.stop))
-        requests.append(Request(prompt_ids=encode_prompt(rec, runtime.tokenizer), params=params,
-                                prompt=rec.text, request_id=rec.id))
+        requests.append(Request(prompt_ids=prompt_ids, params=params, prompt=rec.text, request_id=rec.id))
     if not args.json:
         print(f"artifact {art.path.name}: {len(runtime.states)} state(s) "
               f"[{', '.join(s.spec.name for s in runtime.states)}] on {runtime.device}; "
               f"{len(requests)} prompt(s)", file=sys.stderr)
         print(f"loaded: {runtime.load_report()}", file=sys.stderr)
-    bar = tqdm(total=len(requests), desc="specc run", unit="req", file=sys.stderr,
-               disable=args.no_progress)
+    by_id = {rec.id: rec for rec in records}
+    bar = tqdm(total=len(requests), desc="specc run", unit="req", file=sys.stderr, disable=args.no_progress)
+    finished = 0
+    guard = _WholeWrites()
 
     def done(out):
-        bar.update(1)
-        bar.set_postfix(tau=f"{runtime.metrics.tau:.2f}")
+        nonlocal finished
+        text = _result_text(by_id[out.request.request_id], out, args.json)
+        with guard.writing():
+            bar.clear()  # the result's lines go above the bar
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            finished += 1
+            bar.update(1)
+            bar.set_postfix(tau=f"{runtime.metrics.tau:.2f}")
 
     try:
-        outputs = runtime.generate(requests, batch_size=args.batch_size, on_finish=done)
+        with guard.installed():
+            runtime.generate(requests, batch_size=args.batch_size, on_finish=done)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"specc run: interrupted after {finished} of {len(requests)} request(s)", file=sys.stderr)
+        _print_summary(runtime, art, args.json, finished, len(requests), interrupted=True)
+        return 130
     finally:
         bar.close()  # ends the bar's line, so an error message starts on a line of its own
-    m = runtime.metrics
-    if args.json:
-        for rec, out in zip(records, outputs):
-            obj = {"id": rec.id, "category": rec.category, "prompt": rec.text, "text": out.text,
-                   "num_tokens": len(out.token_ids), "finish_reason": out.finish_reason,
-                   "time_s": round(out.time_s, 4)}
-            obj.update(out.counters.as_dict())
-            print(json.dumps(obj, ensure_ascii=False))
-        print(json.dumps({"summary": dict(m.as_dict(), artifact=art.path.name,
-                                           states=[s.spec.name for s in runtime.states])}))
-    else:
-        for rec, out in zip(records, outputs):
-            head = f"[{rec.id}]" + (f" ({rec.category})" if rec.category else "")
-            print(f"=== {head} {rec.text[:100]!r}")
-            print(out.text.strip())
-            print(f"--- {len(out.token_ids)} tokens, {out.finish_reason}, tau {out.counters.tau:.2f}")
-        print("=== metrics")
-        print(m.summary())
+    _print_summary(runtime, art, args.json, finished, len(requests), interrupted=False)
     return 0

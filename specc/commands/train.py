@@ -16,6 +16,9 @@ Stages (each records the command that ran it; the shipped heads' ``TRAINING.md``
 * ``all RECIPE``: corpora, prompts (both rounds), distill (all parts) and fit, in order.
 
 ``--device cuda`` runs the target and the training on a GPU; ``--threads`` sets the CPU threads.
+Every option that overrides a recipe field (``--time-budget-min``, ``--threads``, ``--gen-batch``,
+``--max-prompts``) is checked like that field, with the same message, and ``--limit`` likewise, before
+anything runs (``specc.train.recipe.check_overrides``); an option the stage does not read is refused.
 """
 from __future__ import annotations
 
@@ -62,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from specc.train import pipeline
+    from specc.train.recipe import check_overrides
 
+    check_overrides(args.stage, {"--time-budget-min": args.time_budget_min, "--threads": args.threads,
+                                 "--gen-batch": args.gen_batch, "--max-prompts": args.max_prompts,
+                                 "--limit": args.limit, "--part": args.part, "--shard-of": args.shard_of,
+                                 "--init-from": args.init_from})
     cache = pathlib.Path(args.cache_dir) if args.cache_dir else default_cache()
     return pipeline.run_stage(args.stage, args.recipe, cache, args)

@@ -23,37 +23,56 @@ from specc.importer.parse import load_table, parse_flags
 ENGINES = ("sglang", "vllm")
 
 
+def known_versions(engine: str) -> List[str]:
+    """``engine`` and its pinned releases with a rule table (``sglang``, ``sglang==0.5.23``), as
+    ``specc check --engine`` accepts them."""
+    from specc.rules import known_engines
+
+    return [e for e in known_engines() if e.split("==", 1)[0] == engine]
+
+
 def import_command(engine: str, text: Optional[str] = None, argv: Optional[Sequence[str]] = None,
-                   version: Optional[str] = None, base_dir: Optional[Path] = None) -> Imported:
+                   version: Optional[str] = None, base_dir: Optional[Path] = None,
+                   config_only: bool = False) -> Imported:
     """Read one launch command into plan keys.
 
     Args:
         engine: ``sglang`` or ``vllm``.
         text: command text (a command line, a script, YAML, or vLLM ``--speculative-config`` JSON).
         argv: the command already split into words (instead of ``text``).
-        version: the engine release whose flag table reads it (None: the newest).
+        version: the engine release whose flags and rules read it (None: the newest); it must be one
+            ``specc check --engine`` knows (a release with a rule table).
         base_dir: where relative files named by the command live (``--speculative-adaptive-config``).
+        config_only: the words are only a vLLM ``--speculative-config`` (no launch command), so a
+            missing model is not filled with vLLM's default.
 
     Returns:
         :class:`Imported`; ``errors`` lists what the engine's parser would refuse. Raises
         :class:`CommandError` when no launch command of ``engine`` is found, KeyError for an unknown
-        engine or version.
+        engine or version (naming the known ones, as ``specc check --engine`` does).
     """
     from specc.importer import sglang as sgl
     from specc.importer import vllm as vl
 
     if engine not in ENGINES:
         raise KeyError(f"unknown engine {engine!r} (sglang or vllm)")
+    if version is not None and f"{engine}=={version}" not in known_versions(engine):
+        raise KeyError(f"unknown engine '{engine}=={version}'; known: {', '.join(known_versions(engine))}")
     table = load_table(engine, version)
     launch: Launch = find_launch(text, engine) if text is not None else from_words(list(argv or ()), engine)
+    config_only = config_only or launch.config_only
     parsed = parse_flags(table, launch.args)
     out = Imported(engine=engine, version=table.version, flags=dict(parsed.values), errors=list(parsed.errors),
-                   spelled=parsed.spelled, table=table)
+                   spelled=parsed.spelled, table=table, prefixes=list(parsed.prefixes))
+    for written, flag in parsed.prefixes:
+        out.notes.append(f"{written} is read by {engine}=={table.version} as {flag} (argparse takes an unambiguous "
+                         f"prefix); write {flag} in full: a release that adds a flag starting with {written} "
+                         f"makes it ambiguous")
     out.plan["engine"] = engine
     if engine == "sglang":
         sgl.to_plan(parsed.values, launch.env, out, base_dir)
     else:
-        vl.to_plan(parsed.values, launch.env, out)
+        vl.to_plan(parsed.values, launch.env, out, default_model=not config_only)
     return out
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -19,8 +19,13 @@ class Imported:
             flags, bad values, unknown ``--speculative-config`` keys, a misspelt algorithm name), with
             suggestions, and counts below their minimum (a negative draft depth), which no plan holds:
             such a value is named with its fix and left out of ``plan``.
-        notes: things read but not carried over (an adaptive config file that is not on disk).
+        notes: things read but not carried over (an adaptive config file that is not on disk), and each
+            flag given by a prefix with the flag the engine reads it as.
         spelled: ``dest -> the option string the command used``.
+        filled: ``(plan key, value, message, source)`` for each value the engine fills in because the
+            command leaves it out (vLLM serving its default model); ``specc check`` reports them as
+            ``filled``.
+        prefixes: ``(as written, the flag it resolves to)`` for each flag given by an argparse prefix.
     """
 
     engine: str
@@ -32,6 +37,8 @@ class Imported:
     notes: List[str] = field(default_factory=list)
     spelled: Dict[str, str] = field(default_factory=dict)
     table: Any = None
+    filled: List[Tuple[str, Any, str, str]] = field(default_factory=list)
+    prefixes: List[Tuple[str, str]] = field(default_factory=list)
 
     def spell(self, dest: str, values: Dict[str, Any]) -> str:
         """A flag and its value as a shell fragment (canonical spelling)."""

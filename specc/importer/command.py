@@ -31,11 +31,13 @@ class CommandError(SpeccError):
 
 @dataclass
 class Launch:
-    """One launch command: ``env`` assignments written before it and ``args`` after the launcher."""
+    """One launch command: ``env`` assignments written before it and ``args`` after the launcher
+    (``config_only``: the text was a bare vLLM ``--speculative-config`` JSON, no command)."""
 
     args: List[str]
     env: Dict[str, str] = field(default_factory=dict)
     text: str = ""
+    config_only: bool = False  # a bare vLLM --speculative-config JSON, not a launch command
 
 
 def _words(text: str) -> List[str]:
@@ -199,7 +201,7 @@ def find_launch(text: str, engine: str) -> Launch:
             obj = json.loads(stripped)
         except ValueError as exc:
             raise CommandError(f"the text starts with '{{' but is not JSON ({exc})") from None
-        return Launch(args=["--speculative-config", json.dumps(obj)], text=stripped)
+        return Launch(args=["--speculative-config", json.dumps(obj)], text=stripped, config_only=True)
     candidates: List[List[str]] = []
     if re.search(r"^\s*[\w-]+:\s", text, re.M) and ("command" in text or "args" in text):
         candidates += _yaml_commands(text)

@@ -11,12 +11,16 @@ preprocessing runs first (``vllm/utils/argparse_utils.py`` ``FlexibleArgumentPar
 ``_`` becomes ``-`` in flag names, ``--json-arg.key value`` becomes ``--json-arg '{"key": value}'``,
 and ``--model X`` after ``serve`` becomes the positional model.
 
-Unknown flags get "did you mean" suggestions from the same table (``difflib``). Nothing here runs
-or imports an engine.
+Unknown flags get "did you mean" suggestions from the same table (``difflib``; the first
+:data:`SUGGEST_MAX` distinct unknown flags, so a command of thousands of them is read in linear time).
+A flag given by an unambiguous prefix is recorded with the flag it resolves to (``Parsed.prefixes``),
+and a flag the engine requires (``"required": true`` in the table, e.g. SGLang's ``--model-path``)
+that is missing is the engine's own argparse error. Nothing here runs or imports an engine.
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import difflib
 import functools
 import json
@@ -26,6 +30,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 FLAGS_DIR = Path(__file__).resolve().parent / "flags"
+SUGGEST_MAX = 64
+"""Distinct unknown flags that get "did you mean" suggestions (each costs a ``difflib`` pass over the
+table); the rest are reported without."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,6 +120,8 @@ def _build_parser(table: FlagTable) -> argparse.ArgumentParser:
         if a.get("positional"):
             p.add_argument(a["dest"], nargs=a.get("nargs") or None, default=None)
             continue
+        # "required" is not passed on: parse_flags reports a missing required flag after reading the
+        # rest, in argparse's words, instead of stopping there
         kw: Dict[str, Any] = {"dest": a["dest"], "default": argparse.SUPPRESS}
         if kind == "switch":
             kw.update(action="store_const", const=True)
@@ -214,55 +223,155 @@ class Parsed:
     ``values``: dest -> value (strings, lists of strings for ``nargs``, True/False for switches),
     only for flags the command gave; ``spelled``: dest -> the option string the command used;
     ``errors``: why the engine's parser would refuse the command (unknown or ambiguous flags,
-    missing values), each with suggestions from the version's flag table.
+    missing values, a missing required flag), each with suggestions from the version's flag table;
+    ``prefixes``: ``(as written, the flag it resolves to)`` for each flag given by a prefix, in order.
     """
 
     values: Dict[str, Any] = field(default_factory=dict)
     spelled: Dict[str, str] = field(default_factory=dict)
     errors: List[str] = field(default_factory=list)
+    prefixes: List[Tuple[str, str]] = field(default_factory=list)
 
 
 def parse_flags(table: FlagTable, argv: List[str]) -> Parsed:
     """Parse ``argv`` (the words after the launcher) with ``table``'s parser. Never raises: what the
-    engine would refuse is listed in ``Parsed.errors`` (argparse stops at the first ambiguous flag;
-    we drop it with its value and read on, so one run lists every problem)."""
+    engine would refuse is listed in ``Parsed.errors``. argparse stops at the first ambiguous flag;
+    we find every ambiguous one first (argparse's own test, run only on words that prefix some
+    option), drop each with its value and parse the rest once, so one run lists every problem.
+    Unknown ``--flags`` with their values are set aside before argparse runs where that cannot change
+    its reading (:func:`_set_aside_unknown`): argparse's parse is quadratic in the option words, so
+    a command of 10,000 unknown flags is read in linear time."""
     args = _vllm_preprocess(list(argv)) if table.engine == "vllm" else list(argv)
     out = Parsed()
     parser = _parser(table)
     name = f"{table.engine}=={table.version}"
-    for _ in range(len(args) + 1):
-        try:
-            ns, unknown = parser.parse_known_args(args)
-            break
-        except ParseError as exc:
-            msg = str(exc)
-            m = re.search(r"ambiguous option: (\S+?)(?:=\S*)? could match (.*)", msg)
-            if not m:
-                out.errors.append(f"{name} refuses the command: {msg}")
-                return out
-            out.errors.append(f"{m.group(1)}: ambiguous prefix for {name}: could be {m.group(2)}; write the "
-                              f"flag in full")
-            i = next(i for i, a in enumerate(args) if a.split("=", 1)[0] == m.group(1))
-            drop = 2 if "=" not in args[i] and i + 1 < len(args) and not args[i + 1].startswith("-") else 1
-            args = args[:i] + args[i + drop:]
-    else:  # pragma: no cover - each pass removes a word
+    args = _drop_ambiguous(parser, args, name, out)
+    args, aside = _set_aside_unknown(parser, table, args)
+    try:
+        ns, unknown = parser.parse_known_args(args)
+    except ParseError as exc:
+        out.errors.append(f"{name} refuses the command: {exc}")
         return out
+    unknown = list(unknown) + aside
     out.values = {k: v for k, v in vars(ns).items() if not (_positional(table, k) and v is None)}
-    for a in args:
+    for a in _option_words(args):
         flag = a.split("=", 1)[0]
-        if flag.startswith("-"):
-            dest = _dest_of(parser, flag)
-            if dest:
-                out.spelled.setdefault(dest, flag)
+        dest = _dest_of(parser, flag)
+        if dest:
+            out.spelled.setdefault(dest, flag)
+            if flag.startswith("--") and flag not in parser._option_string_actions:
+                out.prefixes.append((flag, _resolved(parser, flag)))
+    missing = [a for a in table.actions if a.get("required") and a["dest"] not in out.values]
+    if missing:
+        out.errors.append(f"{name} refuses the command: the following arguments are required: "
+                          f"{', '.join('/'.join(a['options']) for a in missing)}")
+    hints: Dict[str, List[str]] = {}  # distinct unknown flag -> its suggestions (the first SUGGEST_MAX)
     for word in unknown:
         if word.startswith("-"):
-            hint = suggest(table, word)
-            out.errors.append(f"{word.split('=', 1)[0]}: not a {name} flag"
-                              + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
+            flag = word.split("=", 1)[0]
+            if flag not in hints:
+                hints[flag] = suggest(table, flag) if len(hints) < SUGGEST_MAX else []
+            hint = hints[flag]
+            out.errors.append(f"{flag}: not a {name} flag" + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
         else:
             out.errors.append(f"{word!r}: unexpected argument for {name} (a value for a flag that takes none, or "
                               f"the value of an unknown flag)")
     return out
+
+
+def _option_words(args: List[str]) -> List[str]:
+    """The words argparse reads as options: those starting with ``-``, up to a ``--`` separator."""
+    out = []
+    for a in args:
+        if a == "--":
+            break
+        if a.startswith("-") and a != "-":
+            out.append(a)
+    return out
+
+
+def _drop_ambiguous(parser: argparse.ArgumentParser, args: List[str], name: str, out: Parsed) -> List[str]:
+    """``args`` without the flags argparse finds ambiguous (each dropped with its value), each one
+    reported. Only a word that prefixes some option string can be ambiguous: the sorted option
+    strings answer that in O(log n), and argparse's own ``_parse_optional`` decides those words."""
+    options = _sorted_options(parser)
+    keep: List[str] = []
+    skip = False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == "--":
+            keep.extend(args[i:])
+            break
+        prefix = a.split("=", 1)[0]
+        if a.startswith("--") and prefix not in parser._option_string_actions and _prefixes_any(options, prefix):
+            try:
+                parser._parse_optional(a)
+            except ParseError as exc:
+                m = re.search(r"could match (.*)", str(exc))
+                out.errors.append(f"{prefix}: ambiguous prefix for {name}: could be {m.group(1) if m else exc}; "
+                                  f"write the flag in full")
+                skip = "=" not in a and i + 1 < len(args) and not args[i + 1].startswith("-")
+                continue
+        keep.append(a)
+    return keep
+
+
+def _set_aside_unknown(parser: argparse.ArgumentParser, table: FlagTable,
+                       args: List[str]) -> Tuple[List[str], List[str]]:
+    """``(args without the unknown --flags and the values after them, those words in order)``.
+
+    A ``--word`` that neither is nor prefixes an option string (and holds no space) is one argparse
+    reads as an unknown option: it goes to the extras, and so do the plain words after it up to
+    the next option, unless a positional is still unfilled (then one of them may fill it). With no
+    positional left to fill (SGLang has none; vLLM's model is filled by the words before the first
+    option) taking such a group out changes nothing else argparse reads: the option before it still
+    stops where the group began. Otherwise nothing is set aside."""
+    positional = any(a.get("positional") for a in table.actions)
+    if positional and (not args or args[0].startswith("-")):
+        return args, []
+    options = _sorted_options(parser)
+    keep: List[str] = []
+    aside: List[str] = []
+    in_group = False
+    for i, a in enumerate(args):
+        if a == "--":
+            keep.extend(args[i:])
+            break
+        if a.startswith("-") and a != "-" and not _looks_negative(parser, a):
+            flag = a.split("=", 1)[0]
+            in_group = (a.startswith("--") and " " not in a and flag not in parser._option_string_actions
+                        and not _prefixes_any(options, flag))
+        (aside if in_group else keep).append(a)
+    return keep, aside
+
+
+def _looks_negative(parser: argparse.ArgumentParser, word: str) -> bool:
+    """argparse reads ``-1`` / ``-2.5`` as a plain word when no option looks like a negative number."""
+    return bool(parser._negative_number_matcher.match(word)) and not parser._has_negative_number_optionals
+
+
+def _sorted_options(parser: argparse.ArgumentParser) -> List[str]:
+    key = id(parser)
+    if key not in _SORTED:
+        _SORTED[key] = sorted(parser._option_string_actions)
+    return _SORTED[key]
+
+
+_SORTED: Dict[int, List[str]] = {}
+
+
+def _prefixes_any(options: List[str], prefix: str) -> bool:
+    i = bisect.bisect_left(options, prefix)
+    return i < len(options) and options[i].startswith(prefix)
+
+
+def _resolved(parser: argparse.ArgumentParser, prefix: str) -> str:
+    """The option string a unique prefix stands for (the action's first spelling it prefixes)."""
+    hits = [o for o in _sorted_options(parser) if o.startswith(prefix)]
+    action = parser._option_string_actions[hits[0]]
+    return next((o for o in action.option_strings if o.startswith(prefix)), hits[0])
 
 
 def _positional(table: FlagTable, dest: str) -> bool:
@@ -273,6 +382,10 @@ def _positional(table: FlagTable, dest: str) -> bool:
 def _dest_of(parser: argparse.ArgumentParser, name: str) -> Optional[str]:
     if name in parser._option_string_actions:
         return parser._option_string_actions[name].dest
-    hits = [a for opt, a in parser._option_string_actions.items() if opt.startswith(name)]
-    dests = {a.dest for a in hits}
+    options = _sorted_options(parser)
+    i = bisect.bisect_left(options, name)
+    dests = set()
+    while i < len(options) and options[i].startswith(name):
+        dests.add(parser._option_string_actions[options[i]].dest)
+        i += 1
     return dests.pop() if len(dests) == 1 else None

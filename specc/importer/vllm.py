@@ -97,11 +97,29 @@ def _method(sc: Dict[str, Any], out: Imported) -> str:
     return method
 
 
-def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported) -> None:
-    """Fill ``out.plan`` from vLLM flag values (``dest -> str``)."""
+def _default_model(out: Imported) -> None:
+    """``vllm serve`` without a model serves the ``--model`` default (the flag table records it from the
+    real parser): vllm/entrypoints/cli/serve.py:54-57 takes the positional model only when given, and
+    ``EngineArgs.model`` defaults to ``ModelConfig.model`` (vllm/engine/arg_utils.py:492)."""
+    a = out.table.by_dest("model") if out.table is not None else None
+    model = a.get("default") if a else None
+    if not model:
+        return
+    put(out.plan, "target.path", model)
+    msg = (f"no model given: vllm=={out.version} serves its default model {model}; name the model to serve "
+           f"(`vllm serve MODEL`)")
+    out.notes.append(msg)
+    out.filled.append(("target.path", model, msg, "vllm/entrypoints/cli/serve.py:54-57, vllm/engine/arg_utils.py:492"))
+
+
+def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, default_model: bool = True) -> None:
+    """Fill ``out.plan`` from vLLM flag values (``dest -> str``). A command that names no model is
+    what vLLM runs with its default ``--model`` (``default_model``; off for a bare speculative config)."""
     v, p = values, out.plan
     if "model_tag" in v:
         put(p, "target.path", v["model_tag"])
+    elif default_model:
+        _default_model(out)
     if "max_model_len" in v:
         n = human_int(v["max_model_len"])
         if n is None and str(v["max_model_len"]).lower() != "auto":

@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import math
 import os
+import shlex
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -98,7 +99,8 @@ def locate(source: str) -> Path:
         return p.resolve()
     if looks_like_path or p.exists():
         if p.is_dir():
-            raise PlanError(f"{src}: is a directory; pass a plan file (.yaml) or use `specc check {src}`")
+            raise PlanError(f"{src}: is a directory; pass a plan file (.yaml) or use "
+                            f"`specc check {shlex.quote(src)}`")
         if p.exists():  # a FIFO, device or socket: refused by the bounded read, with its kind
             _read_text(p)
         raise PlanError(f"{src}: no such plan file")

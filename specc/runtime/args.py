@@ -30,6 +30,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def machine_cpus() -> int:
+    """The CPUs this process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_count(text: str) -> int:
+    """``--threads``: an ``int`` in ``[1, machine_cpus()]`` (more threads than CPUs only makes the
+    BLAS pools spin against each other). Raises ``argparse.ArgumentTypeError`` otherwise."""
+    cpus = machine_cpus()
+    value = _number(int, text, f"an integer in [1, {cpus}]")
+    if not 1 <= value <= cpus:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, {cpus}] (this machine's CPUs), got {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """An ``int >= 0`` (top-k, 0 = off). Raises ``argparse.ArgumentTypeError`` otherwise."""
     value = _number(int, text, "an integer >= 0")
@@ -55,7 +75,6 @@ def unit_interval(text: str) -> float:
     return value
 
 
-
 MAX_SEED = 2 ** 62
 
 
@@ -65,4 +84,12 @@ def seed_int(text: str) -> int:
     value = _number(int, text, f"an integer in [0, {MAX_SEED}]")
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**62], got {text!r}")
+    return value
+
+
+def port_int(text: str) -> int:
+    """A TCP port in ``[1, 65535]``. Raises ``argparse.ArgumentTypeError`` otherwise."""
+    value = _number(int, text, "a port number in [1, 65535]")
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in [1, 65535], got {text!r}")
     return value

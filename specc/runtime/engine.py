@@ -235,13 +235,15 @@ class Runtime:
             self.submit(r, handle=i, checked=True)
         outputs: List[Optional[RequestOutput]] = [None] * len(requests)
         t_start = time.perf_counter()
-        while self.has_work():
-            for ev in self.step():
-                if ev.output is not None:
-                    outputs[ev.handle] = ev.output
-                    if on_finish is not None:
-                        on_finish(ev.output)
-        self.metrics.wall_time_s += time.perf_counter() - t_start
+        try:
+            while self.has_work():
+                for ev in self.step():
+                    if ev.output is not None:
+                        outputs[ev.handle] = ev.output
+                        if on_finish is not None:
+                            on_finish(ev.output)
+        finally:  # an interrupted run still reports the time of what it finished
+            self.metrics.wall_time_s += time.perf_counter() - t_start
         return outputs  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ incremental API

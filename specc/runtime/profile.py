@@ -51,6 +51,30 @@ import torch
 FORMAT = "specc-cost-table/1"
 
 
+def check_sizes(max_tokens: Optional[int], max_batch: int, max_width: int, context: int, max_model_len: int) -> int:
+    """The verify width per request the profile needs, ``ceil(top / max_batch)`` with ``top`` =
+    ``max_tokens`` or ``max_batch * max_width``, after checking that ``context + width + 2`` cache
+    slots fit ``max_model_len``.
+
+    Raises:
+        ValueError: naming the option to lower: ``--max-tokens`` (with the largest value that fits)
+            when it asks for more than the plan's own sizes would, else ``--context``.
+    """
+    top = int(max_tokens or max_batch * max_width)
+    width = max(1, math.ceil(top / max_batch))
+    if context + width + 2 <= max_model_len:
+        return width
+    room = max_model_len - context - 2  # verify tokens per request that fit after the context
+    if max_tokens is not None and width > max_width:
+        fix = (f"lower --max-tokens to at most {room * max_batch}" if room >= 1 else
+               f"lower --context below {max_model_len - 2} and --max-tokens")
+        raise ValueError(f"--max-tokens {max_tokens} is {width} verified tokens per request over the largest bucket "
+                         f"({max_batch} requests); after --context {context} that does not fit max_model_len "
+                         f"{max_model_len}; {fix} (the plan's own largest step is {max_batch * max_width} tokens)")
+    raise ValueError(f"--context {context} + verify width {width} does not fit max_model_len {max_model_len}; lower "
+                     f"--context to at most {max_model_len - width - 2}")
+
+
 def token_grid(max_tokens: int) -> List[int]:
     """Sizes to profile: every count up to 64, every 8th to 256, every 32nd beyond (and the top)."""
     grid = [n for n in range(1, min(64, max_tokens) + 1)]
@@ -110,7 +134,7 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
     Returns:
         The table's measured part: ``verify_ms``, ``forward_ms``, ``accept_ms``, ``draft_ms`` (str keys).
     Raises:
-        ValueError: a context that does not fit the target's cache.
+        ValueError: the sizes do not fit the target's cache (:func:`check_sizes`).
     """
     from specc.drafters.base import DraftSampling, PrefillChunk
     from specc.kernels import greedy_verify, process_logits, rejection_verify
@@ -119,11 +143,8 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
     dev = target.norm.weight.device
     V = target.config.vocab_size
     top = int(max_tokens or max_batch * max_width)
-    width = max(1, math.ceil(top / max_batch))
+    width = check_sizes(max_tokens, max_batch, max_width, context, target.config.max_model_len)
     cache_len = context + width + 2
-    if cache_len > target.config.max_model_len:
-        raise ValueError(f"--context {context} + verify width {width} does not fit max_model_len "
-                         f"{target.config.max_model_len}; lower --context")
     target.setup_cache(max_batch, cache_len)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
     gen = torch.Generator(device="cpu").manual_seed(seed)

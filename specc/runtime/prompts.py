@@ -56,10 +56,15 @@ def _check_messages(messages, where: str) -> List[Dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
+PROGRESS_BYTES = 4 << 20
+"""Prompt input of at least this many bytes is read with a progress bar on stderr (``progress=True``)."""
+
+
+def parse_prompts(lines: Iterable[str], source: str, progress: bool = False) -> List[PromptRecord]:
     """Parse prompt lines. JSONL when the first non-blank line starts with ``{``: each line an
     object with ``prompt`` (string) or ``messages`` (chat list), optional ``id`` and ``category``.
-    Otherwise plain text: each non-blank line is one prompt.
+    Otherwise plain text: each non-blank line is one prompt. ``progress``: a tqdm bar on stderr
+    counting the lines (for large inputs; the caller decides).
 
     Raises:
         PromptError: naming ``source`` and the line: bad JSON, neither/both keys, wrong types, no
@@ -74,6 +79,11 @@ def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
                           f"e.g. {{\"prompt\": \"...\"}}) or plain text (one prompt per line)")
     records: List[PromptRecord] = []
     seen: set = set()
+    if progress:
+        from tqdm import tqdm
+
+        lines = tqdm(lines, desc=f"reading {source}", unit=" lines", unit_scale=True, file=sys.stderr,
+                     mininterval=0.5, leave=False)
     if not first.lstrip().startswith("{"):
         for i, line in enumerate(lines, 1):
             text = line.rstrip("\n")
@@ -110,8 +120,9 @@ def parse_prompts(lines: Iterable[str], source: str) -> List[PromptRecord]:
     return records
 
 
-def read_prompts(path: str | Path) -> List[PromptRecord]:
-    """Read a prompts file (see :func:`parse_prompts`); ``-`` reads standard input.
+def read_prompts(path: str | Path, progress: bool = False) -> List[PromptRecord]:
+    """Read a prompts file (see :func:`parse_prompts`); ``-`` reads standard input. ``progress``: show
+    a progress bar on stderr while an input of :data:`PROGRESS_BYTES` or more is parsed.
 
     The file must be a regular file of at most :data:`specc.io.PROMPTS_LIMIT` bytes (a FIFO, device
     or directory is refused without blocking: pipe prompts into ``--prompts -`` instead); standard
@@ -125,7 +136,7 @@ def read_prompts(path: str | Path) -> List[PromptRecord]:
 
     if str(path) == "-":
         text = read_stdin_bounded(PROMPTS_LIMIT, "prompts on standard input", error=PromptError)
-        return parse_prompts(text.splitlines(), "<stdin>")
+        return parse_prompts(text.splitlines(), "<stdin>", progress and len(text) >= PROGRESS_BYTES)
     p = Path(path)
     if p.exists() and not p.is_dir() and not p.is_file():
         import os as _os
@@ -136,7 +147,7 @@ def read_prompts(path: str | Path) -> List[PromptRecord]:
         raise PromptError(f"prompts file {p}: is {kind}, not a regular file; to pipe prompts in, use "
                           f"`--prompts -` and redirect them into standard input")
     text = str(read_bounded(p, PROMPTS_LIMIT, "prompts file", error=PromptError))
-    return parse_prompts(text.lstrip("\ufeff").splitlines(), str(p))
+    return parse_prompts(text.lstrip("\ufeff").splitlines(), str(p), progress and len(text) >= PROGRESS_BYTES)
 
 
 def read_stdin(wait_s: float = 1.0) -> Optional[str]:
@@ -163,13 +174,30 @@ def read_stdin(wait_s: float = 1.0) -> Optional[str]:
     return None
 
 
+def check_text(text: str, where: str) -> str:
+    """``text`` if it is valid Unicode, else PromptError naming ``where`` and the position. A
+    command-line argument that is not UTF-8 reaches Python with each bad byte as a lone surrogate
+    (U+DC80..U+DCFF, PEP 383), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = (f"byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"a lone UTF-16 surrogate \\u{code:04x}")
+        raise PromptError(f"{where}: character {exc.start} is {what}; give UTF-8 text") from None
+    return text
+
+
 def encode_prompt(record: PromptRecord, tokenizer) -> List[int]:
     """Token ids of a prompt: the chat template applied to ``messages`` or to ``prompt`` as one user
     message (when the tokenizer has a template and the record is not raw), else plain encoding.
 
     Raises:
-        PromptError: the text encodes to no tokens, or the template rejects the messages.
+        PromptError: the text is not valid Unicode (:func:`check_text`) or encodes to no tokens, or the
+            template rejects the messages.
     """
+    for m in record.messages or [{"content": record.prompt or ""}]:
+        check_text(m["content"], f"prompt {record.id}")
     if record.messages is not None:
         ids = tokenizer.apply_chat_template(record.messages)
     elif tokenizer.has_chat_template and not record.raw:

@@ -2,11 +2,20 @@
 over server-sent events, or one JSON body), ``/v1/models``, ``/health``, ``/metrics``, and the
 prefill endpoint of disaggregated serving.
 
-Status codes: 400 for a bad request (unknown field, out-of-range value, a prompt longer than
+Status codes: 400 for a bad request (a body that is empty or not JSON, a lone UTF-16 surrogate in a
+string, an unknown field, a value of the wrong type or out of range, a prompt longer than
 ``max_model_len``, a sampling parameter the plan's verify rule cannot honour exactly), 404 for an
-unknown model name, 429 when the engine's queue is full, 500 for an internal failure of that request
-alone, 502 when the decode role cannot get or install its prefill, 503 while the engine is down.
-Every error body is OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
+unknown model name or path, 405 for a method a path does not take, 413 for a body over
+``--max-request-bytes`` (:mod:`specc.serve.limits`, before anything parses it), 429 when the engine's
+queue is full, 500 for an internal failure of that request alone, 502 when the decode role cannot get
+or install its prefill, 503 while the engine is down. Every error body is OpenAI's
+``{"error": {"message", "type", "param", "code"}}``.
+
+The event loop only moves bytes: a body is parsed and validated (:func:`specc.serve.protocol.parse_body`)
+and its prompt rendered and tokenized in a worker thread, and a text prompt is refused as too long
+from its byte length alone when the tokenizer bounds the bytes per token
+(:meth:`specc.models.tokenizer.Tokenizer.encode_within`), so a huge prompt costs neither a tokenizer
+pass nor the time of other clients' streams.
 """
 from __future__ import annotations
 
@@ -21,11 +30,13 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specc.errors import PromptError
+from specc.errors import PromptError, PromptTooLongError
 from specc.runtime.request import Request, SamplingParams
+from specc.serve.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from specc.serve.protocol import (FINISH_REASONS, ApiError, ChatCompletionRequest, CompletionRequest, error_body,
-                                  validation_error_to_api)
+                                  parse_body, validation_error_to_api)
 from specc.serve.textstream import TextStream
 
 ROLES = ("none", "prefill", "decode")
@@ -43,6 +54,7 @@ class ServerState:
         greedy_only: the plan verifies greedily (then temperature > 0 is refused, and an omitted
             temperature means 0; otherwise it means OpenAI's default, 1).
         info: facts for ``/v1/models`` and logs (artifact, plan hash, states).
+        max_request_bytes: the largest request body accepted (bytes; larger ones get 413).
     """
 
     runtime: Any
@@ -54,11 +66,12 @@ class ServerState:
     prefill: Any = None
     greedy_only: bool = False
     info: Dict[str, Any] = field(default_factory=dict)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def _json_error(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+def _json_error(err: ApiError, headers: Optional[Dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -78,6 +91,8 @@ def build_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="specc serve", lifespan=lifespan)
     app.state.specc = state
+    app.add_middleware(BodyLimit, limit=state.max_request_bytes,
+                       on_refuse=state.metrics.rejected.labels(reason="too_large").inc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -89,6 +104,24 @@ def build_app(state: ServerState) -> FastAPI:
         if exc.status in (400, 404):
             state.metrics.rejected.labels(reason="invalid").inc()
         return _json_error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        return _json_error(_routing_error(app, request, exc), headers=exc.headers)
+
+    def openapi() -> Dict[str, Any]:  # the bodies' own models (see _body_schema) into components
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            comps = schema.setdefault("components", {}).setdefault("schemas", {})
+            for ops in schema.get("paths", {}).values():
+                for op in ops.values():
+                    comps.update(op.pop("x-components", None) or {})
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.get("/health")
     async def health():
@@ -110,28 +143,23 @@ def build_app(state: ServerState) -> FastAPI:
                          for a in state.adapters]
         return {"object": "list", "data": data}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, http: HttpRequest):
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    async def completions(http: HttpRequest):
         _serving_role(state)
+        body = await asyncio.to_thread(parse_body, await http.body(), CompletionRequest)
         body.refuse_unsupported()
         adapter = _adapter(state, body.model)
-        prompt_ids = _completion_prompt(state, body)
+        prompt_ids = await asyncio.to_thread(_completion_prompt, state, body)
         req = _request(state, body, prompt_ids, adapter, "prompt")
         return await _run(state, http, body, req, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, http: HttpRequest):
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+    async def chat_completions(http: HttpRequest):
         _serving_role(state)
+        body = await asyncio.to_thread(parse_body, await http.body(), ChatCompletionRequest)
         body.refuse_unsupported()
         adapter = _adapter(state, body.model)
-        tok = state.runtime.tokenizer
-        try:
-            prompt_ids = tok.apply_chat_template(body.chat())
-        except PromptError as exc:
-            raise ApiError(400, str(exc), "messages") from None
-        except Exception as exc:  # the template itself refused the conversation (e.g. role order)
-            raise ApiError(400, f"the chat template rejects these messages ({type(exc).__name__}: {exc})",
-                           "messages") from None
+        prompt_ids = await asyncio.to_thread(_chat_prompt, state, body)
         req = _request(state, body, prompt_ids, adapter, "messages")
         return await _run(state, http, body, req, chat=True)
 
@@ -140,6 +168,28 @@ def build_app(state: ServerState) -> FastAPI:
 
         add_prefill_route(app, state)
     return app
+
+
+def _body_schema(model) -> Dict[str, Any]:
+    """The OpenAPI request body of an endpoint that reads its body itself (``/docs`` shows the fields)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+            "x-components": defs}
+
+
+def _routing_error(app: FastAPI, request, exc) -> ApiError:
+    """404 / 405 (and any other HTTP error the router raises) as OpenAI's error object."""
+    if exc.status_code == 404:
+        paths = sorted({r.path for r in app.routes if getattr(r, "include_in_schema", False)})
+        return ApiError(404, f"no such path: {request.method} {request.url.path}; this server serves "
+                             f"{', '.join(paths)}", None, type="not_found_error", code="not_found")
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow") or "another method"
+        return ApiError(405, f"{request.method} is not allowed on {request.url.path}; use {allowed}", None,
+                        code="method_not_allowed")
+    return ApiError(exc.status_code, str(exc.detail), None,
+                    type="invalid_request_error" if exc.status_code < 500 else "server_error")
 
 
 # ------------------------------------------------------------------------------------ request building
@@ -155,11 +205,14 @@ def _adapter(state: ServerState, model: str) -> Optional[str]:
     if model in state.adapters:
         return model
     known = ", ".join([state.model_name] + list(state.adapters))
-    raise ApiError(404, f"the model {model!r} does not exist; this server serves {known}", "model",
+    shown = repr(model) if len(model) <= 80 else f"{model[:60]!r}... ({len(model)} characters)"
+    raise ApiError(404, f"the model {shown} does not exist; this server serves {known}", "model",
                    type="not_found_error", code="model_not_found")
 
 
 def _completion_prompt(state: ServerState, body: CompletionRequest) -> List[int]:
+    """The prompt's token ids (a worker thread runs this: tokenizing takes time). A text prompt that
+    provably has ``max_model_len`` tokens or more is refused without being tokenized."""
     p = body.prompt
     if isinstance(p, list) and p and isinstance(p[0], (list, str)):
         if len(p) != 1:
@@ -168,10 +221,38 @@ def _completion_prompt(state: ServerState, body: CompletionRequest) -> List[int]
     if isinstance(p, str):
         if not p:
             raise ApiError(400, "prompt is empty", "prompt")
-        return state.runtime.tokenizer.encode(p)
+        tok = state.runtime.tokenizer
+        if not hasattr(tok, "encode_within"):
+            return tok.encode(p)
+        try:
+            return tok.encode_within(p, state.runtime.max_model_len - 1)
+        except PromptTooLongError as exc:
+            raise _too_long("prompt", exc, state.runtime.max_model_len) from None
     if not p:
         raise ApiError(400, "prompt is empty", "prompt")
     return [int(t) for t in p]
+
+
+def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> List[int]:
+    """The conversation's token ids under the chat template (in a worker thread, bounded as
+    :func:`_completion_prompt`)."""
+    tok = state.runtime.tokenizer
+    try:
+        if hasattr(tok, "chat_within"):
+            return tok.chat_within(body.chat(), state.runtime.max_model_len - 1)
+        return tok.apply_chat_template(body.chat())
+    except PromptTooLongError as exc:
+        raise _too_long("messages", exc, state.runtime.max_model_len) from None
+    except PromptError as exc:
+        raise ApiError(400, str(exc), "messages") from None
+    except Exception as exc:  # the template itself refused the conversation (e.g. role order)
+        raise ApiError(400, f"the chat template rejects these messages ({type(exc).__name__}: {exc})",
+                       "messages") from None
+
+
+def _too_long(field_name: str, exc: "PromptTooLongError", max_model_len: int) -> ApiError:
+    return ApiError(400, f"{field_name} has {exc}, max_model_len is {max_model_len}: no room to generate; "
+                         f"shorten it", field_name, code="context_length_exceeded")
 
 
 def _request(state: ServerState, body, prompt_ids: List[int], adapter: Optional[str], prompt_field: str) -> Request:

@@ -18,7 +18,7 @@ Requests (vLLM's names): ``specc:request_success_total{model_name, finished_reas
 ``specc:request_generation_tokens_total{finished_reason}`` (tokens of requests that finished, by
 reason), ``specc:time_to_first_token_seconds``, ``specc:time_per_output_token_seconds``,
 ``specc:e2e_request_latency_seconds``, ``specc:num_requests_running``, ``specc:num_requests_waiting``,
-``specc:requests_rejected_total{reason}`` (``queue_full``, ``invalid``, ``disagg``), and
+``specc:requests_rejected_total{reason}`` (``queue_full``, ``invalid``, ``too_large``, ``disagg``), and
 ``specc:disagg_payload_bytes_total{part}`` (bytes shipped or received).
 
 Updated from the engine thread after every step (counter deltas of the requests that advanced) and

@@ -1,17 +1,20 @@
-"""OpenAI-compatible request bodies (pydantic, unknown fields refused), their translation into runtime
-requests, and OpenAI-style error bodies.
+"""OpenAI-compatible request bodies (pydantic, unknown fields refused, strict types), reading them from
+the raw body (:func:`parse_body`), and OpenAI-style error bodies.
 
 Bodies follow OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` (and vLLM's ``top_k`` and
 ``seed`` extensions). Fields this server cannot honour are refused with a 400 naming the field rather
 than silently ignored: ``n > 1``, ``best_of > 1``, ``echo``, ``logprobs``, ``suffix``, non-zero
 presence/frequency penalties and ``logit_bias`` (they would change the output distribution, which
-speculative verification must reproduce exactly), and any unknown field.
+speculative verification must reproduce exactly), and any unknown field. Types are strict, as
+OpenAI's API checks them: ``max_tokens: true`` or ``"4"`` and ``stream: "yes"`` are 400s naming the
+field, never converted (pydantic's strict mode; an integer is still a valid number).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Union
+import json
+from typing import Any, Dict, List, Literal, Optional, Tuple, Type, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "max_model_len": "length"}
 """Runtime finish reasons → OpenAI's ``finish_reason``."""
@@ -36,7 +39,7 @@ def error_body(message: str, type: str = "invalid_request_error", param: Optiona
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Body):
@@ -148,24 +151,141 @@ class ChatCompletionRequest(_Sampling):
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
 
 
+def _preview(value: Any, width: int = 60) -> str:
+    """``value`` as the JSON the client sent, cut to ``width`` characters (error messages never echo
+    a whole prompt back)."""
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= width else text[:width] + f"... ({len(text)} characters)"
+
+
+#: pydantic's names of the members of ``prompt``'s union, as a user would say them
+_FORMS = {"str": "a string", "list[int]": "a list of token ids", "list[str]": "a list of strings",
+          "list[list[int]]": "a list of token-id lists", "list[TextPart]": "a list of text parts"}
+
+
+_SCALARS = ("str", "int", "float", "bool", "none")
+
+
+def _member(part: str) -> bool:
+    """Whether a location element is pydantic's tag of a union member (``str``, ``list[int]``), not a field."""
+    return part in _FORMS or part in _SCALARS or part.startswith(("list[", "dict[", "function-", "literal["))
+
+
+def _split_loc(err: Dict[str, Any]) -> Tuple[str, Optional[str]]:
+    """(the field's dotted path, the union member tried or None) of one pydantic error."""
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    at = next((i for i, x in enumerate(loc) if _member(x)), None)
+    return ".".join(loc if at is None else loc[:at]), (None if at is None else loc[at])
+
+
 def validation_error_to_api(errors: List[Dict[str, Any]]) -> ApiError:
-    """FastAPI's ``RequestValidationError.errors()`` as one 400 naming the first bad field."""
+    """pydantic's ``ValidationError.errors()`` (or FastAPI's ``RequestValidationError.errors()``) as
+    one 400 naming the first bad field: ``param`` is its dotted path (``messages.0.content``), the
+    message says what it must be and shows what was sent (cut short); a value matching no member of
+    a union (``prompt``) names the forms it may take."""
     if not errors:
         return ApiError(400, "invalid request body")
     first = errors[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    # pydantic names union members in the location (e.g. stop.str); keep the field path
-    param = ".".join(x for x in loc if not x.startswith(("str", "list[", "function-"))) or None
-    if first.get("type") == "extra_forbidden":
+    param, member = _split_loc(first)
+    param = param or None
+    kind = first.get("type")
+    union = [e for e in errors if _split_loc(e)[0] == (param or "") and _split_loc(e)[1] is not None] \
+        if member is not None else []
+    forms = [_split_loc(e)[1] for e in union]
+    if kind == "extra_forbidden":
         msg = f"unknown field {param!r}; this server takes OpenAI's fields (see /docs)"
-    elif first.get("type") == "missing":
+    elif kind == "missing":
         msg = f"field {param!r} is required"
-    elif first.get("type") in ("json_invalid", "model_attributes_type"):
-        msg = f"the body is not a JSON object ({first.get('msg')})"
-        param = None
+    elif kind in ("json_invalid", "model_attributes_type", "model_type", "dict_type") and not param:
+        msg = f"the body must be a JSON object with the request's fields, got {_preview(first.get('input'))}"
+    elif len(union) > 1 and all(f in _FORMS for f in forms):
+        want = " or ".join(dict.fromkeys(_FORMS[f] for f in forms))
+        msg = f"{param} must be {want} (got {_preview(first.get('input'))})"
     else:
-        msg = f"{param}: {first.get('msg')} (got {first.get('input')!r})" if param else str(first.get("msg"))
-    more = len(errors) - 1
-    if more:
+        msg = f"{param}: {first.get('msg')} (got {_preview(first.get('input'))})" if param else str(first.get("msg"))
+    more = len(errors) - max(1, len(union))
+    if more > 0:
         msg += f" (and {more} more problem{'s' if more > 1 else ''})"
     return ApiError(400, msg, param)
+
+
+# ------------------------------------------------------------------------------------ reading a body
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number (RFC 8259); send a finite number")
+
+
+def _lone_surrogate(obj: Any) -> Optional[Tuple[Optional[str], int, str, str]]:
+    """The first string or object key of parsed JSON holding a lone UTF-16 surrogate (``"\\ud800"``
+    without its pair): ``(dotted path or None at the top, character index, the surrogate as \\uXXXX,
+    "a string" or "a field name")``, else None. Python's JSON parser accepts such escapes; no
+    tokenizer or UTF-8 encoder can take them."""
+    stack: List[Tuple[Any, Tuple[str, ...]]] = [(obj, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            at = _surrogate_at(value)
+            if at is not None:
+                return ".".join(path) or None, at, f"\\u{ord(value[at]):04x}", "the string"
+        elif isinstance(value, dict):
+            for k, v in reversed(list(value.items())):
+                at = _surrogate_at(k)
+                if at is not None:
+                    return ".".join(path) or None, at, f"\\u{ord(k[at]):04x}", "a field name"
+                stack.append((v, path + (k,)))
+        elif isinstance(value, list):
+            stack.extend((v, path + (str(i),)) for i, v in reversed(list(enumerate(value))) if not isinstance(v, int))
+    return None
+
+
+def _surrogate_at(text: str) -> Optional[int]:
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def parse_body(raw: bytes, model: Type[BaseModel]) -> BaseModel:
+    """The request ``model`` read from a raw HTTP body (run off the event loop: parsing a body of
+    megabytes takes tens of milliseconds).
+
+    Raises:
+        ApiError(400): an empty body, bytes that are not UTF-8, text that is not JSON (the line,
+            column and character say where; ``NaN``/``Infinity`` and nesting deeper than Python's
+            recursion limit included), a string holding a lone UTF-16 surrogate (the field and the
+            character), a value of the wrong type (strict: no ``"4"`` for an integer, no ``1`` for a
+            boolean), out of range or unknown (:func:`validation_error_to_api`).
+    """
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty; send a JSON object with the request's fields, e.g. "
+                            '{"model": "...", "prompt": "..."}', None, code="empty_body")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the body is not UTF-8 text (byte {exc.start}: {exc.reason}); send JSON encoded as "
+                            f"UTF-8", None, code="invalid_json") from None
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
+                            f"(character {exc.pos})", None, code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the body's JSON nests arrays or objects too deeply to read (a request nests a few "
+                            "levels: messages[i].content[j].text)", None, code="invalid_json") from None
+    except ValueError as exc:  # NaN / Infinity, or an integer of more than 4300 digits
+        raise ApiError(400, f"the body is not valid JSON: {exc}", None, code="invalid_json") from None
+    hit = _lone_surrogate(obj)
+    if hit is not None:
+        where, at, char, what = hit
+        raise ApiError(400, f"{where or 'the body'}: {what} holds a lone UTF-16 surrogate ({char}) at character {at}, "
+                            f"which is not valid Unicode text; surrogates come in pairs (\\ud83d\\ude00 is one "
+                            f"emoji): fix how the client encodes the string", where, code="invalid_unicode")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise validation_error_to_api(exc.errors(include_url=False)) from None

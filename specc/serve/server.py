@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional
 
 from specc.errors import SpeccError
 from specc.serve.app import ROLES, ServerState, build_app
+from specc.serve.limits import DEFAULT_MAX_REQUEST_BYTES
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,12 +28,15 @@ def deploy_section(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 def state_from_runtime(runtime, *, model_name: str, role: str = "none", prefill_url: Optional[str] = None,
                        max_waiting: int = 256, batch_size: Optional[int] = None, threads: Optional[int] = None,
-                       info: Optional[dict] = None) -> ServerState:
+                       info: Optional[dict] = None,
+                       max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> ServerState:
     """A :class:`ServerState` over a built runtime (its LoRA set, if any, already attached).
+    ``max_request_bytes``: the largest request body accepted (bytes; larger ones are answered 413).
 
     Raises:
-        SpeccError: an unknown role, a decode role without ``prefill_url``, or a runtime whose states
-            use the synthetic verify rule (an ablation harness whose output is not the model's).
+        SpeccError: an unknown role, a decode role without ``prefill_url``, a ``max_request_bytes``
+            below 1, or a runtime whose states use the synthetic verify rule (an ablation harness
+            whose output is not the model's).
     """
     from specc.serve.loop import EngineLoop
     from specc.serve.metrics import ServeMetrics
@@ -47,11 +51,15 @@ def state_from_runtime(runtime, *, model_name: str, role: str = "none", prefill_
                          "the target model's; serve a plan with verify.rule greedy or standard")
     if runtime.tokenizer is None:
         raise SpeccError("serving needs the target's tokenizer (text in, text out)")
+    if int(max_request_bytes) < 1:
+        raise SpeccError(f"--max-request-bytes must be at least 1 byte, got {max_request_bytes}")
+    getattr(runtime.tokenizer, "max_bytes_per_token", None)  # computed once now, not on the first request
     metrics = ServeMetrics(model_name, runtime.k_max, [s.spec.name for s in runtime.states])
     loop = EngineLoop(runtime, metrics, max_waiting=max_waiting, batch_size=batch_size, threads=threads)
     adapters = list(runtime.lora.names) if runtime.lora is not None else []
     state = ServerState(runtime=runtime, loop=loop, metrics=metrics, model_name=model_name, adapters=adapters,
-                        role=role, greedy_only="greedy" in rules, info=dict(info or {}))
+                        role=role, greedy_only="greedy" in rules, info=dict(info or {}),
+                        max_request_bytes=int(max_request_bytes))
     if role == "decode":
         from specc.serve.disagg_client import PrefillClient
 
@@ -62,7 +70,8 @@ def state_from_runtime(runtime, *, model_name: str, role: str = "none", prefill_
 def load_server_state(artifact: str | Path, *, role: Optional[str] = None, prefill_url: Optional[str] = None,
                       served_model_name: Optional[str] = None, max_waiting: int = 256,
                       batch_size: Optional[int] = None, threads: Optional[int] = None,
-                      device: Optional[str] = None, seed: int = 0) -> ServerState:
+                      device: Optional[str] = None, seed: int = 0,
+                      max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> ServerState:
     """Load an artifact's runtime (``specc.runtime.loader.load_runtime``), its LoRA adapters
     (``deploy.lora`` of the manifest's runtime section) and build the server state. ``role`` None
     takes the artifact's ``deploy.disagg.role``.
@@ -91,7 +100,7 @@ def load_server_state(artifact: str | Path, *, role: Optional[str] = None, prefi
             "states": [s.spec.name for s in runtime.states]}
     return state_from_runtime(runtime, model_name=served_model_name or str(art.manifest.get("plan_name")),
                               role=role, prefill_url=prefill_url, max_waiting=max_waiting, batch_size=batch_size,
-                              threads=threads, info=info)
+                              threads=threads, info=info, max_request_bytes=max_request_bytes)
 
 
 class BackgroundServer:

@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -131,7 +132,8 @@ def root(cache: pathlib.Path, name: str) -> pathlib.Path:
     """``cache/unpacked/<name>``; :class:`CorpusError` if it was not fetched."""
     d = pathlib.Path(cache) / "unpacked" / name
     if not d.is_dir():
-        raise CorpusError(f"corpus {name!r} is not in {cache}; run `specc train corpora --cache-dir {cache}`")
+        raise CorpusError(f"corpus {name!r} is not in {cache}; run "
+                          f"`specc train corpora --cache-dir {shlex.quote(str(cache))}`")
     return d
 
 

@@ -125,8 +125,10 @@ def run_tokens(model, tok, rows: List[dict], out_dir, *, max_new: int = 192, bat
     ``max_prompts`` names a reproducible subset (the first prompts of that order). Each chunk is
     answered by :func:`answer_stream` with ``batch`` cache rows and written as one shard
     ``<tag>-NNNN``. Prompts longer than ``max_prompt_tokens`` are skipped. Stops after
-    ``time_budget_s`` seconds (at a shard boundary) when given. Returns a summary dict (prompts,
-    shards, answer tokens, seconds, answer tokens per second)."""
+    ``time_budget_s`` seconds (at a shard boundary) when given. A ``KeyboardInterrupt`` (SIGINT)
+    while a chunk is answered writes the prompts of that chunk answered so far as a shard of their
+    own before it propagates, so no finished answer is lost and the next run resumes after them.
+    Returns a summary dict (prompts, shards, answer tokens, seconds, answer tokens per second)."""
     from specc.train import shards as S
 
     t0 = time.time()
@@ -152,18 +154,33 @@ def run_tokens(model, tok, rows: List[dict], out_dir, *, max_new: int = 192, bat
     log(f"[{tag}] {len(done)} prompts already in shards; {sum(map(len, chunks))} to answer in {len(chunks)} shards "
         f"({skipped} skipped: longer than {max_prompt_tokens} tokens)")
     n_shards = n_answer = n_prompts = 0
-    for s, idx in enumerate(chunks):
-        ts, cs = time.time(), time.process_time()
-        prompts = [enc[i][1] for i in idx]
-        answers = answer_stream(model, prompts, max_new, eos, rows=batch)
-        recs = [{"id": enc[i][0]["id"], "category": enc[i][0]["category"], "source": enc[i][0].get("source", ""),
-                 "prompt": p, "answer": a, "finished": bool(a) and a[-1] in eos}
-                for i, p, a in zip(idx, prompts, answers)]
-        n_tok = sum(len(a) for a in answers)
+
+    def record(i: int, p: List[int], a: List[int]) -> dict:
+        return {"id": enc[i][0]["id"], "category": enc[i][0]["category"], "source": enc[i][0].get("source", ""),
+                "prompt": p, "answer": a, "finished": bool(a) and a[-1] in eos}
+
+    def write(recs: List[dict], ts: float, cs: float) -> None:
         m = dict(meta or {})
         m.update({"kind": "distill", "max_new_tokens": max_new, "batch": batch, "seconds": round(time.time() - ts, 1),
                   "cpu_seconds": round(time.process_time() - cs, 1)})
         S.write(pathlib.Path(out_dir) / f"{tag}-{existing + n_shards:04d}", recs, m)
+
+    for s, idx in enumerate(chunks):
+        ts, cs = time.time(), time.process_time()
+        prompts = [enc[i][1] for i in idx]
+        finished: Dict[int, dict] = {}  # position in the chunk -> record, as answers finish
+        try:
+            answers = answer_stream(model, prompts, max_new, eos, rows=batch,
+                                    on_answer=lambda j, a, _: finished.__setitem__(j, record(idx[j], prompts[j], a)))
+        except KeyboardInterrupt:  # keep every answer finished so far: a resumed run skips them
+            if finished:
+                write([finished[j] for j in sorted(finished)], ts, cs)
+                log(f"[{tag}] interrupted: kept the {len(finished)} prompts answered so far of shard {s + 1} "
+                    f"({tag}-{existing + n_shards:04d}); run the same command again to resume")
+            raise
+        recs = [record(i, p, a) for i, p, a in zip(idx, prompts, answers)]
+        n_tok = sum(len(a) for a in answers)
+        write(recs, ts, cs)
         n_shards += 1
         n_answer += n_tok
         n_prompts += len(idx)

@@ -36,6 +36,11 @@ def run_stage(stage: str, recipe_name: Optional[str], cache: pathlib.Path, args)
     if recipe_name is None:
         raise SpeccError(f"`specc train {stage}` needs a drafter recipe (a name under conf/train/ or a .yaml path)")
     fit = R.load_fit_recipe(recipe_name)
+    # the command line's values go into the recipe the fit records (training.json), not beside it
+    if getattr(args, "time_budget_min", None) is not None:
+        fit.time_budget_min = float(args.time_budget_min)
+    if getattr(args, "threads", None) is not None:
+        fit.threads = int(args.threads)
     if stage == "all":
         data = R.load_data_recipe(fit.data)
         fetch_corpora(data, cache)

@@ -343,6 +343,55 @@ def _load(cls, path: pathlib.Path):
         raise RecipeError(f"{where}: field {key}: {str(exc).splitlines()[0]}") from None
 
 
+# ------------------------------------------------------------------------------------ command-line overrides
+def _override_rules() -> Dict[str, Tuple[str, Rule]]:
+    """``specc train`` option -> (the recipe field it overrides, its rule). The rules are the recipe's
+    own (:data:`_FIT_RULES`, :data:`_DATA_RULES`), so an override and a recipe value get the same
+    message; ``--threads`` is also bounded by this machine's CPUs (the override runs here and now)."""
+    from specc.runtime.args import machine_cpus
+
+    cpus = machine_cpus()
+    per_part = _r(_INT1, "an integer >= 1, or absent for every prompt", "max_prompts: {round1: 3000}",
+                  "the first N prompts of each part's seeded order")
+    return {
+        "--time-budget-min": ("time_budget_min", _FIT_RULES["time_budget_min"]),
+        "--threads": ("threads", _r(*_int(1, cpus), "threads: 2", f"this machine has {cpus} CPU(s)")),
+        "--gen-batch": ("gen_batch", _DATA_RULES["gen_batch"]),
+        "--max-prompts": ("max_prompts", per_part),
+        "--limit": ("limit", _r(_INT1, "an integer >= 1", "--limit 100",
+                                "the first N prompts of each slice, a quick run")),
+    }
+
+
+#: stages that read each stage-specific option (any other stage would ignore it silently)
+_OVERRIDE_STAGES = {"--gen-batch": ("distill", "all"), "--max-prompts": ("distill", "all"),
+                    "--limit": ("distill", "all"), "--part": ("distill",), "--shard-of": ("distill",),
+                    "--time-budget-min": ("distill", "fit", "all"), "--init-from": ("fit", "all")}
+
+
+def check_overrides(stage: str, values: Dict[str, Any]) -> None:
+    """Check ``specc train``'s command-line overrides (``{"--threads": 4, ...}``, None = not given)
+    before anything runs: each against the rule of the recipe field it overrides, with the recipe's
+    message (``--time-budget-min -5: time_budget_min=-5.0 must be a finite number > 0 (minutes; e.g.
+    time_budget_min: 60)``), and each stage-specific option against the stages that read it.
+
+    Raises:
+        RecipeError: the first bad value or misplaced option.
+    """
+    rules = _override_rules()
+    for flag, value in values.items():
+        if value is None:
+            continue
+        stages = _OVERRIDE_STAGES.get(flag)
+        if stages is not None and stage not in stages:
+            raise RecipeError(f"{flag}: `specc train {stage}` does not read it (it applies to "
+                              f"{' and '.join(stages)}); drop it")
+        if flag in rules:
+            key, rule = rules[flag]
+            if not rule[0](value):
+                raise _bad(f"{flag} {_show(value)}", key, value, rule)
+
+
 def load_data_recipe(name_or_path: str) -> DataRecipe:
     """A data recipe by name (``conf/train/data/<name>.yaml``) or path, checked whole (see the module
     docstring). Raises :class:`RecipeError` for a missing file, bad YAML, an unknown key, a value of
