@@ -197,8 +197,8 @@ def test_every_field_has_a_rule_and_the_defaults_pass():
 
 def test_shipped_recipes_still_load():
     fit = R.load_fit_recipe(str(ROOT / "conf/train/smollm2_135m_eagle3.yaml"))
-    assert (fit.kind, fit.lr, fit.batch, fit.epochs, fit.warmup) == ("eagle3", 1.5e-3, 16, 4, 0.03)
-    assert fit.options["draft_vocab"] == 8192
+    assert (fit.kind, fit.lr, fit.batch, fit.epochs, fit.warmup) == ("eagle3", 1.5e-3, 16, 1, 0.03)
+    assert fit.options["draft_vocab"] == 8192 and list(fit.parts) == ["round1", "round2", "round3"]
     for path in sorted((ROOT / "conf/train").glob("*.yaml")) + sorted((ROOT / "conf/train/experiments").glob("*.yaml")):
         assert R.load_fit_recipe(str(path)).name
     for path in sorted((ROOT / "conf/train/data").glob("*.yaml")):
