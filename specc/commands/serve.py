@@ -56,5 +56,6 @@ def run(args) -> int:
     print(f"specc serve: {state.info.get('artifact')} as {state.model_name!r} (role {state.role}), "
           f"{len(rt.states)} state(s), max_model_len {rt.max_model_len}, adapters {state.adapters or 'none'}; "
           f"http://{args.host}:{args.port}", file=sys.stderr)
+    print(f"loaded: {rt.load_report()}", file=sys.stderr)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level)
     return 0

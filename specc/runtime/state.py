@@ -49,7 +49,7 @@ class StateSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StateSpec":
-        """From a generated module's ``STATE`` dict or a CandidateState's fields."""
+        """From a manifest state's ``parameters`` or a CandidateState's fields."""
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in dict(d).items() if k in names}
         if kw.get("tree_choices") is not None:
@@ -327,6 +327,7 @@ class SpecRuntimeState:
         self._graph_out: Optional[StepOutputs] = None
         self._compiled: Optional[Callable[[StepInputs], StepOutputs]] = None
         self.capture_s = 0.0  # seconds its CUDA-graph capture (or inductor compile) took at load
+        self.graph_breaks = 0  # where dynamo split the compiled verify program (0: one graph)
 
     # ------------------------------------------------------------------ the step
     @property
@@ -425,7 +426,7 @@ class SpecRuntimeState:
         dynamic dimensions) when ``ctx.compile_backend`` is ``inductor`` and the state was not captured;
         one warm-up call compiles it here, at load (its seconds in :attr:`capture_s`). Returns whether
         it compiled. The compiled function is the same :meth:`program`; outputs equal eager's
-        (``tests/test_compile_backend.py``)."""
+        (``tests/test_step_program.py``)."""
         if self.ctx.compile_backend != "inductor" or self._graph is not None:
             return False
         import time
@@ -434,7 +435,7 @@ class SpecRuntimeState:
 
         t0 = time.perf_counter()
         b = self._static_inputs()
-        self._compiled = compile_program(self, b)
+        self._compiled, self.graph_breaks = compile_program(self, b)
         self.capture_s = time.perf_counter() - t0
         return True
 
