@@ -160,3 +160,36 @@ def test_static_plain_step_takes_the_kernel_of_its_own_family():
     with torch.inference_mode():
         out = st.program(st._static_inputs())  # what a CUDA graph captures and inductor compiles
     assert out.result.output_tokens.shape == (2, 1)
+
+
+def test_each_compiled_program_gets_its_own_dynamo_cache():
+    """Dynamo keys compiled entries by code object: twelve programs made by one ``def`` in a loop are
+    recompilations of one function, and past ``recompile_limit`` the rest run eagerly; with
+    :func:`specc.runtime.compile.own_code` (what each state's verify program gets) each compiles."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from specc.runtime.compile import own_code
+
+    class Program:
+        def __init__(self, k):
+            self.lin, self.k = torch.nn.Linear(2, 2), k
+
+        def program(self, x):
+            return self.lin(x) * self.k
+
+    def compiled_graphs(own):
+        torch._dynamo.reset()
+        counters.clear()
+        fns = []
+        for k in range(12):
+            def run(x, p=Program(k)):
+                return p.program(x)
+            fns.append(torch.compile(own_code(run, f"program_{k}") if own else run, backend="eager", dynamic=False))
+        with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=8):
+            for fn in fns:
+                fn(torch.ones(2))
+        return counters["stats"]["unique_graphs"]
+
+    assert compiled_graphs(own=False) == 8
+    assert compiled_graphs(own=True) == 12
