@@ -131,6 +131,8 @@ class StateContext:
         return self.max_seq_len - 1
 
 
+_WIDTH_FIELDS = ("input_ids", "positions", "cache_slots", "node_depths")  # [B, W]
+_DRAFT_FIELDS = ("draft_tokens", "uniforms", "confidence", "draft_probs", "draft_noise", "parents")  # [B, N, ...]
 _ROW_FIELDS = ("input_ids", "positions", "cache_slots", "draft_tokens", "num_valid", "num_tokens",
                "temperature", "top_k", "top_p", "uniforms", "exp_noise", "confidence", "draft_probs",
                "draft_noise", "parents", "node_depths", "tree_mask")
@@ -241,9 +243,23 @@ class StepInputs:
         """Bytes held by the static buffers (reported at load)."""
         return sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in _ROW_FIELDS) if t is not None)
 
-    def view(self, rows: int) -> "StepInputs":
-        """The first ``rows`` rows, sharing storage (an eager step over the rows in use)."""
-        kw = {name: getattr(self, name)[:rows] for name in _ROW_FIELDS if getattr(self, name) is not None}
+    def view(self, rows: int, width: Optional[int] = None) -> "StepInputs":
+        """The first ``rows`` rows and, given ``width``, the first ``width`` verify columns (``width - 1``
+        draft nodes; a tree's nodes are in topological order, so a prefix is a tree), sharing storage:
+        an eager step over the rows in use and the widest row's verify."""
+        kw: Dict[str, Any] = {}
+        for name in _ROW_FIELDS:
+            t = getattr(self, name)
+            if t is None:
+                continue
+            t = t[:rows]
+            if width is not None and name in _WIDTH_FIELDS:
+                t = t[:, :width]
+            elif width is not None and name in _DRAFT_FIELDS:
+                t = t[:, :width - 1]
+            elif width is not None and name == "tree_mask":
+                t = t[:, :width, :width]
+            kw[name] = t
         return replace(self, **kw)
 
 

@@ -11,8 +11,9 @@ causal-by-position mask. Padding (inactive rows) writes to the trash slot.
 Host reads: a step reads device values on the host once, in :func:`emit` (:func:`to_host`: the
 accepted lengths, the verified draft counts and the output tokens, one transfer), counted in
 ``SpecMetrics.num_host_reads``. The budget schedule admits on the device
-(:meth:`specc.runtime.schedule.BudgetSchedule.admit`). On the CPU the eager target forward also
-reads its own ragged shape from its inputs (CPU tensors: no device synchronisation).
+(:meth:`specc.runtime.schedule.BudgetSchedule.admit`). On the CPU the eager step also reads its own
+ragged shape from its inputs (CPU tensors: no device synchronisation): the widest row's verify
+tokens (the step verifies only those columns) and each row's count (the target forward packs them).
 """
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def decode_step(runtime: Any, batch: DecodeBatch) -> None:
     with metrics.stage("draft", sync):
         state.draft(inp)
     admit(runtime, state, inp, live)
+    if inp.ragged:  # eager on the CPU: verify up to the widest row only (a CPU tensor read, no device sync)
+        width = max(1, int(inp.num_tokens.max()))
+        if width < inp.input_ids.shape[1]:
+            inp = inp.view(inp.input_ids.shape[0], width)
     t_program, c_program = time.perf_counter(), time.process_time()
     if state.static:
         with metrics.stage("verify", sync):
