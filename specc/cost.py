@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -534,6 +534,7 @@ class CostTable:
     method: str = ""
     choice: Optional[Dict[str, str]] = None  # {"dtype", "compile_backend"} measured fastest on the device
     settings: Optional[Dict[str, Dict[str, float]]] = None  # setting -> {tokens: forward ms}
+    choice_why: str = ""  # why the profile chose ``choice`` (``specc.runtime.profile.choose``)
 
     def draft_applies(self, method: str) -> bool:
         """True when ``draft_ms`` is profiled and times ``method``'s drafter (or names no method)."""
@@ -550,6 +551,28 @@ class CostTable:
             return None
         xs = np.array(self.draft_x)
         return max(0.0, _step_lookup(xs, np.array(self.draft_ms), int(xs[-1]), num_requests))
+
+
+def _setting_forward_ms(name: Any, value: Any, table: Callable[[Any, str], Dict[int, float]]) -> Dict[int, float]:
+    """One ``settings`` entry of a cost table as ``{tokens: forward ms}``: its ``forward_ms`` table (an
+    eager setting, every profiled token count), else the one-request shapes of its ``state_ms``
+    (``"1xW"`` → W tokens; a compiled setting is timed at the plan's state shapes only). Raises
+    ValueError naming the entry when it has neither."""
+    if not isinstance(value, dict):
+        raise ValueError(f"settings.{name} must be an object with 'forward_ms' or 'state_ms'")
+    if value.get("forward_ms") is not None:
+        return table(value["forward_ms"], f"settings.{name}.forward_ms")
+    state = value.get("state_ms")
+    if not isinstance(state, dict) or not state:
+        raise ValueError(f"settings.{name} has neither 'forward_ms' nor 'state_ms'")
+    ones = {}
+    for shape, ms in state.items():
+        b, _, w = str(shape).partition("x")
+        if not (b.isdigit() and w.isdigit()):
+            raise ValueError(f"settings.{name}.state_ms[{shape!r}]: keys are 'BxW' (requests x verify tokens)")
+        if int(b) == 1:
+            ones[w] = ms
+    return table(ones, f"settings.{name}.state_ms") if ones else {}
 
 
 COST_TABLE_HINT = ('give a cost table JSON (see `specc profile`: `specc profile PLAN --out FILE` writes one; '
@@ -609,17 +632,18 @@ def load_cost_table(path: str) -> CostTable:
         if not isinstance(captures, list) or not all(isinstance(c, int) and c >= 1 for c in captures):
             raise ValueError("capture_sizes must be a list of integers >= 1")
         choice = data.get("choice")
+        why = ""
         if choice is not None:
             if (not isinstance(choice, dict) or choice.get("dtype") not in ("float32", "bfloat16", "float16")
                     or choice.get("compile_backend") not in ("eager", "inductor")):
                 raise ValueError("choice must be {dtype: float32|bfloat16|float16, compile_backend: eager|inductor}")
+            why = str(choice.get("why") or "")
             choice = {"dtype": choice["dtype"], "compile_backend": choice["compile_backend"]}
         settings = data.get("settings")
         if settings is not None:
             if not isinstance(settings, dict):
                 raise ValueError("settings must map a setting name to its tables")
-            settings = {str(k): table((v or {}).get("forward_ms") if isinstance(v, dict) else None,
-                                      f"settings.{k}.forward_ms") for k, v in settings.items()}
+            settings = {str(k): _setting_forward_ms(k, v, table) for k, v in settings.items()}
     except (ValueError, TypeError, OverflowError) as exc:
         raise PlanError(f"schedule.cost_table: {p} is not a cost table ({exc}); {COST_TABLE_HINT}") from None
     vx, vy = _monotone_table(verify)
@@ -627,7 +651,8 @@ def load_cost_table(path: str) -> CostTable:
     return CostTable(verify_x=tuple(int(x) for x in vx), verify_ms=tuple(float(y) for y in vy),
                      capture_limit=int(max(captures)), draft_x=tuple(int(x) for x in dx),
                      draft_ms=tuple(float(y) for y in dy), device=str(data.get("device", "")),
-                     path=str(p), method=str(data.get("method") or ""), choice=choice, settings=settings)
+                     path=str(p), method=str(data.get("method") or ""), choice=choice, settings=settings,
+                     choice_why=why)
 
 
 def batch_model_from_table(table: CostTable, fallback_draft_ratio: float = 0.0,

@@ -40,3 +40,86 @@ def test_profile_refuses_an_unwritable_out_before_loading(tmp_path, capsys):
     rc = cli_main(["profile", "smollm2_ngram", "--out", str(tmp_path / "no_such_dir" / "t.json")])
     assert rc == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the measured choice of dtype and backend
+SETTINGS = {  # a CPU without bf16 speed: bf16 slower at one token, flatter over 16
+    "float32/eager": {"forward_ms": {"1": 30.0, "5": 34.0, "16": 80.0}, "state_ms": {"1x1": 30.0, "1x5": 34.0}},
+    "bfloat16/eager": {"forward_ms": {"1": 60.0, "5": 60.0, "16": 62.0}, "state_ms": {"1x1": 60.0, "1x5": 60.0}},
+    "bfloat16/inductor": {"state_ms": {"1x1": 50.0, "1x5": 52.0}},
+}
+CPU = {"model": "test CPU", "capability": "AVX512", "onednn_isa": "Intel AVX-512 with bfloat16 support",
+       "onednn_bf16_kernel": "matmul:brg_matmul:avx512_core_bf16", "amx": False, "threads": 1}
+
+
+def test_choice_says_why_bf16_was_not_chosen():
+    from specc.runtime.profile import choose
+
+    c = choose(SETTINGS, CPU)
+    assert (c["dtype"], c["compile_backend"]) == ("float32", "eager")
+    assert "bfloat16 not chosen: 1.59x float32's time" in c["why"]  # best bf16 (51 ms) over fp32 (32 ms)
+    assert "bfloat16/eager 1.03x at 16" in c["why"] and "float32/eager 2.67x at 16" in c["why"]
+    assert "avx512_core_bf16 (no AMX" in c["why"]
+
+
+def test_choice_says_why_bf16_was_chosen():
+    from specc.runtime.profile import choose
+
+    fast = dict(SETTINGS, **{"bfloat16/inductor": {"state_ms": {"1x1": 12.0, "1x5": 13.0}}})
+    c = choose(fast, dict(CPU, amx=True, onednn_bf16_kernel="matmul:brg_matmul:avx10_1_512_amx"))
+    assert (c["dtype"], c["compile_backend"]) == ("bfloat16", "inductor")
+    assert "bfloat16 chosen: 2.56x faster than float32" in c["why"] and "(AMX;" in c["why"]
+
+
+def _table_file(tmp_path, choice):
+    table = {"format": FORMAT, "device": "cpu", "verify_ms": {"1": 30.0, "5": 34.0}, "settings": SETTINGS,
+             "choice": choice, "cpu": CPU}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(table))
+    return path
+
+
+def test_a_profile_with_compiled_settings_loads(tmp_path):
+    """A compiled setting is timed at the state shapes only (``state_ms``): its one-request shapes
+    stand for its forward by token count."""
+    from specc.runtime.profile import choose
+
+    loaded = cost.load_cost_table(str(_table_file(tmp_path, choose(SETTINGS, CPU))))
+    assert loaded.choice == {"dtype": "float32", "compile_backend": "eager"}
+    assert loaded.settings["bfloat16/inductor"] == {1: 50.0, 5: 52.0}
+    assert "bfloat16 not chosen" in loaded.choice_why
+
+
+def test_runtime_auto_settings_read_the_profile():
+    from specc.runtime.loader import choose_settings
+
+    cpu = torch.device("cpu")
+    spec = {"target": {"dtype": "auto"}, "dtype": "auto", "compile_backend": "auto",
+            "schedule": {"cost_table": {"choice": {"dtype": "bfloat16", "compile_backend": "inductor"}}}}
+    dtype, backend, why = choose_settings(spec, cpu)
+    assert (dtype, backend) == ("bfloat16", "inductor") and "measured it fastest" in why
+    assert choose_settings(dict(spec, schedule={}), cpu)[:2] == ("float32", "eager")  # no profile: nothing assumed
+    assert choose_settings(dict(spec, dtype="float32", compile_backend="eager"), cpu)[:2] == ("float32", "eager")
+    assert choose_settings(spec, torch.device("cuda"))[1] == "eager"  # CUDA captures graphs instead
+
+
+def test_cpu_dtype_rule_reads_the_profile(tmp_path):
+    """S-CPU-DTYPE warns about an explicit bf16 on the CPU unless the device profile measured bf16
+    fastest, and then says why the profile chose otherwise."""
+    from specc.plan.load import plan_from_dict
+    from specc.rules import check
+    from specc.runtime.profile import choose
+
+    from rule_cases import S_NG, build
+
+    def warned(table):
+        data = build(S_NG, {"runtime.device": "cpu", "runtime.dtype": "bfloat16"},
+                     {"schedule.cost_table": str(table)} if table else {})
+        return [v for v in check(plan_from_dict(data, validate=False), "specc") if v.rule == "specc.S-CPU-DTYPE"]
+
+    assert "no device profile measured it" in warned(None)[0].message
+    slow = warned(_table_file(tmp_path, choose(SETTINGS, CPU)))
+    assert len(slow) == 1 and "measured float32 faster" in slow[0].message and "bfloat16 not chosen" in slow[0].message
+    (tmp_path / "fast").mkdir()
+    fast = dict(SETTINGS, **{"bfloat16/eager": {"forward_ms": {"1": 10.0}, "state_ms": {"1x1": 10.0, "1x5": 11.0}}})
+    assert warned(_table_file(tmp_path / "fast", choose(fast, CPU))) == []

@@ -1,6 +1,6 @@
-"""End to end on small checkpoints the test writes: `specc compile` renders templates/state.py.j2
-into an artifact, `load_runtime` verifies and imports it and builds each state with the generated
-`build(ctx)`, and decoding through the generated programs is exactly plain greedy decoding.
+"""End to end on small checkpoints the test writes: `specc compile` writes an artifact (the manifest
+and its kernel variants), `load_runtime` verifies it and builds each state from the manifest's
+parameters, and decoding through the artifact's programs is exactly plain greedy decoding.
 Also `specc run` (text and --json output, prompt files, bad input)."""
 import json
 

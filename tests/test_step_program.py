@@ -51,9 +51,14 @@ def test_one_host_read_per_decode_step():
     rt = Runtime(target, None, DraftModelDrafter(draft, 64), specs, max_model_len=128, eos_token_ids=[])
     rt.generate(_requests(), batch_size=4)
     steps = sum(rt.metrics.kappa_steps.values())
+    by_tokens = rt.metrics.verify_ms_by_tokens
     print(f"decode steps {steps}, host reads {rt.metrics.num_host_reads} "
-          f"({rt.metrics.num_host_reads / steps:.2f} per step)")
+          f"({rt.metrics.num_host_reads / steps:.2f} per step); verify program ms by verified tokens: "
+          + ", ".join(f"{n}: {ms:.2f}" for n, ms in by_tokens.items()))
     assert steps > 0 and rt.metrics.num_host_reads == steps
+    # every step's verify program timed once, keyed by the tokens its ragged forward ran (1..4 rows x 1..4)
+    assert sum(c for c, _, _ in rt.metrics.verify_by_tokens.values()) == steps
+    assert set(by_tokens) <= set(range(1, 17)) and all(ms > 0 for ms in by_tokens.values())
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +81,23 @@ def test_bf16_speculative_greedy_equals_plain_bf16_greedy(bf16_models, k):
         out = rt.generate(_requests(), batch_size=bs)
         assert [o.token_ids for o in out] == reference, bs
     assert rt.metrics.num_accepted_tokens > 0
+
+
+def test_runtime_keeps_the_row_invariant_path_at_half_precision(bf16_models):
+    """A target left on the bulk attention (``set_fast_attention``, drafter-training features) or
+    without fixed GEMM chunks is switched back to the row-invariant forward by the runtime, so
+    speculative greedy still equals plain greedy at bf16."""
+    target, draft = bf16_models
+    reference = [reference_greedy(target, p, n) for p, n in zip(PROMPTS, NEW)]
+    target.set_fast_attention(True).set_row_invariant(False)
+    try:
+        specs = [StateSpec("b4_k3", "draft_model", 4, 3, num_draft_tokens=4)]
+        rt = Runtime(target, None, DraftModelDrafter(draft, 64), specs, max_model_len=128, eos_token_ids=[])
+        assert not any(layer.attn.fast_half for layer in target.layers)
+        assert all(m.row_chunk == 16 for m in target.modules() if hasattr(m, "row_chunk") and hasattr(m, "in_features"))
+        assert [o.token_ids for o in rt.generate(_requests(), batch_size=4)] == reference
+    finally:
+        target.set_fast_attention(False).set_row_invariant()
 
 
 def test_bf16_rows_are_invariant_to_row_count_and_span(bf16_models):
@@ -111,7 +133,63 @@ def test_inductor_verify_program_equals_eager():
         if "compile_backend=inductor failed" in str(exc) and "compiler" in str(exc).lower():
             pytest.skip(str(exc))
         raise
+    print(rt.load_report())
     assert rt.num_compiled == 1 and "compiled with inductor" in rt.load_report()
+    assert rt.states[0].graph_breaks == 0  # one graph: verify forward, greedy accept and commit
     out = rt.generate(_requests()[:3], batch_size=2)
     assert [o.token_ids for o in out] == reference
     assert rt.metrics.num_accepted_tokens > 0
+
+
+def test_static_plain_step_takes_the_kernel_of_its_own_family():
+    """A κ = 0 state of a greedy artifact carries a ``greedy_verify`` kernel variant, but its accept
+    program samples through ``rejection_verify`` when captured or compiled (every row at the static
+    width, no all-greedy shortcut): the variant of another family is not called in its place."""
+    import types
+
+    from specc import kernels
+
+    torch.set_num_threads(1)
+    target = tiny_llama(seed=0, vocab_size=64, num_layers=1)
+    variant = types.SimpleNamespace(FAMILY="greedy_verify", NUM_DRAFT_TOKENS=1, verify=kernels.greedy_verify)
+    spec = StateSpec("b2_k0_topk1_w1_greedy_plain", "none", 2, 0, num_draft_tokens=1)
+    rt = Runtime(target, None, None, [spec], max_model_len=64, eos_token_ids=[],
+                 state_kernels={spec.name: {"verify": "greedy_verify_w1"}},
+                 kernel_modules={"greedy_verify_w1": variant})
+    st = rt.states[0]
+    with torch.inference_mode():
+        out = st.program(st._static_inputs())  # what a CUDA graph captures and inductor compiles
+    assert out.result.output_tokens.shape == (2, 1)
+
+
+def test_each_compiled_program_gets_its_own_dynamo_cache():
+    """Dynamo keys compiled entries by code object: twelve programs made by one ``def`` in a loop are
+    recompilations of one function, and past ``recompile_limit`` the rest run eagerly; with
+    :func:`specc.runtime.compile.own_code` (what each state's verify program gets) each compiles."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from specc.runtime.compile import own_code
+
+    class Program:
+        def __init__(self, k):
+            self.lin, self.k = torch.nn.Linear(2, 2), k
+
+        def program(self, x):
+            return self.lin(x) * self.k
+
+    def compiled_graphs(own):
+        torch._dynamo.reset()
+        counters.clear()
+        fns = []
+        for k in range(12):
+            def run(x, p=Program(k)):
+                return p.program(x)
+            fns.append(torch.compile(own_code(run, f"program_{k}") if own else run, backend="eager", dynamic=False))
+        with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=8):
+            for fn in fns:
+                fn(torch.ones(2))
+        return counters["stats"]["unique_graphs"]
+
+    assert compiled_graphs(own=False) == 8
+    assert compiled_graphs(own=True) == 12

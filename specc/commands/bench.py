@@ -57,10 +57,12 @@ def run(args) -> int:
     if not records:
         raise PromptError(f"no prompts left after --category {args.category}")
     runtime, art = load_runtime(args.artifact, device=args.device)
+    print(f"loaded: {runtime.load_report()}", file=sys.stderr)
     if concurrency:
         return _run_concurrency(args, runtime, art, records, concurrency)
     plain = Runtime(runtime.target, runtime.tokenizer, None, [StateSpec("b1_k0_plain", "none", 1, 0)],
-                    max_model_len=runtime.max_model_len, device=runtime.device)
+                    max_model_len=runtime.max_model_len, device=runtime.device,
+                    compile_backend=runtime.settings.get("compile_backend", "eager"))  # plain runs as the artifact does
     reqs = [Request(prompt_ids=encode_prompt(r, runtime.tokenizer),
                     params=SamplingParams(max_new_tokens=args.max_new_tokens), request_id=r.id) for r in records]
     cats = [r.category or "-" for r in records]
@@ -113,7 +115,8 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
                          f"({runtime.max_rows}); compile the plan with runtime.max_batch_size={max(concurrency)}")
     sizes = sorted({s.spec.batch_size for s in runtime.states})
     plain = Runtime(runtime.target, runtime.tokenizer, None, [StateSpec(f"b{b}_k0_plain", "none", b, 0) for b in sizes],
-                    max_model_len=runtime.max_model_len, device=runtime.device)
+                    max_model_len=runtime.max_model_len, device=runtime.device,
+                    compile_backend=runtime.settings.get("compile_backend", "eager"))
     encoded = [encode_prompt(r, runtime.tokenizer) for r in records]
     spec = art.manifest["runtime"]
     table = None

@@ -85,7 +85,7 @@ def generate_outputs(model, prompts: Sequence[Sequence[int]], max_new_tokens: in
     A row stops after emitting one of ``eos_token_ids`` (included; reason ``"eos"``), after
     ``max_new_tokens`` tokens (``"length"``), or when prompt + output reach the model's
     ``max_model_len`` (``"max_model_len"``) — the rules, order and names of ``specc run``
-    (``specc.runtime.engine.Runtime._emit``; vLLM's finish reasons). ``on_token(row, token)`` is
+    (``specc.runtime.step.emit_tokens``; vLLM's finish reasons). ``on_token(row, token)`` is
     called per emitted token.
 
     Returns:

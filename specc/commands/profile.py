@@ -125,14 +125,15 @@ def run(args: argparse.Namespace) -> int:
                                    compiled=backend == "inductor")
             settings[f"{dtype}/{backend}"] = {"state_ms": st} | ({"forward_ms": m["forward_ms"]} if backend == "eager" else {})
         del target
-    choice = choose(settings)
+    facts = DV.cpu_facts(threads) if dev.type == "cpu" else None
+    choice = choose(settings, facts)
     chosen = tables[choice["dtype"]]
     measured = dict(measured, verify_ms=chosen["verify_ms"], forward_ms=chosen["forward_ms"],
                     accept_ms=chosen["accept_ms"])
     table = cost_table(measured, device=dev, plan=plan.name, method=plan.method.name, context=args.context,
                        repeats=args.repeats, threads=threads,
                        capture_sizes=low.capture_sizes if dev.type == "cuda" else (1,))
-    table.update(settings=settings, choice=choice, cpu=DV.cpu_facts(threads) if dev.type == "cpu" else None)
+    table.update(settings=settings, choice=choice, cpu=facts)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")

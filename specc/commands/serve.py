@@ -74,5 +74,6 @@ def run(args) -> int:
           f"{len(rt.states)} state(s), max_model_len {rt.max_model_len}, adapters {state.adapters or 'none'}, "
           f"request bodies up to {human_size(state.max_request_bytes)}; http://{args.host}:{args.port}",
           file=sys.stderr)
+    print(f"loaded: {rt.load_report()}", file=sys.stderr)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -232,8 +232,8 @@ def _dtype_message(p) -> str:
                 f"bfloat16) and set schedule.cost_table=FILE, or use runtime.dtype=auto")
     rates = ", ".join(f"{k} {v.get(1, float('nan')):.1f} ms" for k, v in sorted(table.settings.items()))
     return (f"runtime.dtype={p.runtime.dtype} on runtime.device=cpu: the device profile {table.path} measured "
-            f"{table.choice['dtype'] if table.choice else 'another dtype'} faster (1-token forward: {rates}); "
-            f"use runtime.dtype=auto")
+            f"{table.choice['dtype'] if table.choice else 'another dtype'} faster (1-token forward: {rates}"
+            f"{'; ' + table.choice_why if table.choice_why else ''}); use runtime.dtype=auto")
 
 
 def drafting(p) -> bool:
@@ -614,7 +614,9 @@ RULES = (
       "deploy.page_size/attention_backend/max_running_requests/overlap_scheduler are server settings the "
       "specc runtime ignores (it uses runtime.max_batch_size)", RT),
     R("S-TRT", "error", ("runtime.compile_backend",), lambda p: p.runtime.compile_backend == "tensorrt",
-      "runtime.compile_backend=tensorrt is not supported by the specc runtime yet; use eager or inductor", RT),
+      "runtime.compile_backend=tensorrt needs CUDA and TensorRT (torch_tensorrt), which the specc runtime does not "
+      "build on; on CUDA it captures each state as a CUDA graph, on the CPU it compiles with inductor: use "
+      "eager, inductor or auto (the device profile's measured choice)", RT),
     R("S-CPU-DTYPE", "warning", ("runtime.dtype", "runtime.device", "schedule.cost_table"),
       _half_not_measured_faster, "{why}", "specc/runtime/profile.py (settings, choice)",
       message_args=lambda p: {"why": _dtype_message(p)}),

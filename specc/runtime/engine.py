@@ -87,6 +87,12 @@ class Runtime:
         eos_token_ids: override of the tokenizer's / config's EOS ids.
         prefill_chunk: prompt columns per prefill forward (times rows in use: about this many tokens).
         kernel_modules: an artifact's specialized kernel modules by variant name.
+    Concerns of ``__init__`` (load): the cache geometry, the EOS set, the shared state context, one
+    runtime state per spec (captured on CUDA, compiled with inductor when asked), the schedule.
+
+    Half precision on the CPU: the target is switched to its row-invariant forward
+    (``LlamaModel.set_row_invariant``, and off ``set_fast_attention``), whatever it was set to before.
+
     Raises:
         ArtifactError: a state the runtime cannot run, two states with one ``(bucket, κ)``, or a state
             the schedule can select that is missing.
@@ -124,6 +130,10 @@ class Runtime:
         self.eos_token_ids = frozenset(int(e) for e in eos)
 
         target.setup_cache(self.max_rows, self.cache_len)
+        if self.device.type == "cpu" and target.norm.weight.dtype != torch.float32:
+            # half precision on the CPU: every row computed as a one-token step computes it, so
+            # speculative greedy equals plain greedy at this dtype (never the bulk SDPA attention)
+            target.set_fast_attention(False).set_row_invariant()
         hidden_layers = tuple(getattr(drafter, "hidden_layers", ()) or ())
         if drafter is not None:
             drafter.setup(self.max_rows, self.cache_len, self.device)
@@ -186,7 +196,8 @@ class Runtime:
         + accept is a captured CUDA graph and the seconds its capture took."""
         return [{"name": s.spec.name, "batch_size": s.spec.batch_size, "num_steps": s.spec.num_steps,
                  "verify_rule": s.spec.verify_rule, "buffer_bytes": s.inputs.nbytes(), "captured": s.captured,
-                 "compiled": s.compiled, "capture_s": round(s.capture_s, 4)} for s in self.states]
+                 "compiled": s.compiled, "capture_s": round(s.capture_s, 4), "graph_breaks": s.graph_breaks}
+                for s in self.states]
 
     def load_report(self) -> str:
         """One line for the log at load: states, schedule, static-buffer memory, captured graphs."""
@@ -195,7 +206,9 @@ class Runtime:
         if self.num_captured:
             graphs = f"{self.num_captured} CUDA graph(s) captured in {cap:.2f}s"
         elif self.num_compiled:
-            graphs = f"{self.num_compiled} verify program(s) compiled with inductor in {cap:.1f}s"
+            breaks = sum(s.graph_breaks for s in self.states)
+            graphs = (f"{self.num_compiled} verify program(s) compiled with inductor in {cap:.1f}s "
+                      f"({breaks} graph break(s))")
         else:
             graphs = "eager verify programs"
         why = f" ({self.settings['why']})" if self.settings.get("why") else ""
@@ -217,7 +230,8 @@ class Runtime:
     def generate(self, requests: Sequence[Request], batch_size: Optional[int] = None,
                  on_finish: Optional[Callable[[RequestOutput], None]] = None) -> List[RequestOutput]:
         """Decode every request; returns outputs in the order of ``requests``. A batch front end over
-        the incremental API (:meth:`reset`, :meth:`submit`, :meth:`step`).
+        the incremental API (:meth:`reset`, :meth:`submit`, :meth:`step`). Concerns: validation of
+        every request first, the loop until no work is left, the outputs in request order, wall time.
 
         Args:
             requests: prompts (token ids) with their sampling parameters.
@@ -271,6 +285,7 @@ class Runtime:
 
     def reset(self, batch_size: Optional[int] = None, isolate_failures: bool = False) -> None:
         """Start a new decoding session: an empty batch and queue, the shared generator re-seeded.
+        Concerns: the session's batch, queue (:class:`Admission`), generator and failure policy.
 
         Args:
             batch_size: live requests at most (default and cap: the largest bucket).
@@ -293,7 +308,9 @@ class Runtime:
     def submit(self, request: Request, handle: Optional[int] = None, *, prefilled: Any = None,
                prefill_only: bool = False, checked: bool = False) -> int:
         """Queue a request; it is admitted into a free row by a later :meth:`step` (FIFO, within the
-        LoRA adapter limit). Starts a session (:meth:`reset`) when none is open.
+        LoRA adapter limit). Starts a session (:meth:`reset`) when none is open. The one public way a
+        request enters a runtime, a disaggregated prefill's payload included (``prefilled``: the decode
+        role of ``specc serve``). Concerns: validation, the handle, the queue.
 
         Args:
             request: the prompt and its sampling parameters.
@@ -338,7 +355,8 @@ class Runtime:
     def cancel(self, handle: int) -> Optional[RequestOutput]:
         """Drop a queued request or free the row of a decoding one (a client went away). Returns its
         output with ``finish_reason "abort"`` (tokens emitted so far), or None for an unknown or
-        already finished handle. Call between steps (the engine loop's thread)."""
+        already finished handle. Call between steps (the engine loop's thread). Concerns: the queue,
+        the row's release, the aborted output."""
         if getattr(self, "batch", None) is None:
             return None
         for item in list(self.admission.queue):
@@ -360,6 +378,7 @@ class Runtime:
         """One iteration of the decode loop: admit queued requests into free rows and prefill them
         (or install their disaggregated payloads), else run one decode step over the live rows; then
         report, per request that advanced, its new tokens, and finish the requests that ended.
+        Concerns: which phase runs (admission and prefill, or a decode step), token events.
 
         Returns: :class:`TokenEvent` per request with new tokens or finished, in row order.
         Raises: whatever a prefill or decode step raises, unless the session isolates failures
@@ -374,12 +393,6 @@ class Runtime:
         elif batch.live_rows():
             self._decode_step(batch)
         return self._collect(batch)
-
-    def install_prefilled(self, row: int, payload: Any) -> None:
-        """Install a disaggregated prefill's checked payload (:class:`specc.runtime.disagg.Prefilled`)
-        into ``row`` of the open session, a row holding that payload's request (what admission does
-        for a request submitted with ``prefilled=``). Raises PayloadError when it does not fit."""
-        self.admission.install(self.batch, row, payload)
 
     # ------------------------------------------------------------------ loop control flow
     def guard(self, st: RowState, fn: Callable[[], Any]) -> bool:
@@ -397,7 +410,8 @@ class Runtime:
         """One decode step (:meth:`_step`) over the live rows. When it raises and the session isolates
         failures, the rows' emitted-but-unappended tokens are rolled back and the step is re-run for
         each live request alone (the others parked), so only the request(s) it fails for finish
-        with ``"error"``. KV is written by position, so a failed step leaves nothing to undo."""
+        with ``"error"``. KV is written by position, so a failed step leaves nothing to undo.
+        Concerns: failure isolation only (the step itself is :func:`specc.runtime.step.decode_step`)."""
         live = [r for r in batch.live_rows() if batch.rows[r].finish_reason is None]
         marks = {r: (len(batch.rows[r].generated), batch.host_seq_lens[r], batch.rows[r].finish_reason,
                      batch.rows[r].stop_text) for r in live}
@@ -431,7 +445,8 @@ class Runtime:
                     batch.active[x] = True
 
     def _collect(self, batch: DecodeBatch) -> List[TokenEvent]:
-        """Token events of the rows that advanced; finished rows are released (in row order)."""
+        """Token events of the rows that advanced; finished rows are released (in row order).
+        Concerns: the events, the release of finished rows and their LoRA assignment."""
         events: List[TokenEvent] = []
         for row in batch.live_rows():
             st = batch.rows[row]
@@ -468,6 +483,8 @@ class Runtime:
                 out[r] = draw(gen, 1)[0]
 
     def _finish(self, st: RowState) -> RequestOutput:
+        """The output of a finished row (text cut at a stop string, EOS left out of the text), counted
+        into the run metrics. Concerns: the output's text, the run counters."""
         ids = list(st.generated)
         if st.stop_text is not None:
             text = st.stop_text

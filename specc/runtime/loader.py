@@ -32,16 +32,19 @@ def largest_bucket(art: "Artifact") -> int:
 def state_specs(art: "Artifact") -> List["StateSpec"]:
     """The artifact's states as runtime specs (the manifest's ``parameters``). Raises ArtifactError
     naming the entry when its parameters do not fit :class:`specc.runtime.state.StateSpec`."""
+    return [state_spec(art, e) for e in art.states]
+
+
+def state_spec(art: "Artifact", entry: Dict[str, Any]) -> "StateSpec":
+    """One manifest state entry as a runtime spec. Raises ArtifactError naming the entry when its
+    parameters do not fit :class:`specc.runtime.state.StateSpec`."""
     from specc.runtime.state import StateSpec
 
-    out = []
-    for e in art.states:
-        try:
-            out.append(StateSpec.from_dict(e["parameters"]))
-        except (TypeError, ValueError) as exc:
-            raise ArtifactError(f"{art.path}/manifest.json: state {e['name']}: parameters do not fit this "
-                                f"runtime ({exc}); re-run specc compile") from None
-    return out
+    try:
+        return StateSpec.from_dict(entry["parameters"])
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"{art.path}/manifest.json: state {entry['name']}: parameters do not fit this "
+                            f"runtime ({exc}); re-run specc compile") from None
 
 
 def runtime_spec(art: "Artifact") -> Dict[str, Any]:
@@ -128,25 +131,50 @@ def load_runtime(path: str | Path, *, device: Optional[str] = None, seed: int = 
         PlanError: a method this runtime does not run.
     """
     from specc.runtime.artifact import load_artifact
-    from specc.runtime.engine import Runtime
 
     art = artifact if artifact is not None else load_artifact(path)
     spec = runtime_spec(art)
     specs = state_specs(art)
     target, tokenizer, drafter, dev = load_models(spec, device, max(s.num_steps for s in specs))
     dtype, compile_backend, why = choose_settings(spec, dev)
-    want_len = spec["target"].get("max_model_len")
-    backend = kernel_backend or spec.get("kernel_backend") or "auto"
-    use_graphs = dev.type == "cuda" and spec.get("cuda_graphs") is not False
-    runtime = Runtime(target, tokenizer, drafter, specs,
-                      state_kernels={e["name"]: dict(e["kernels"]) for e in art.states},
-                      trees={e["name"]: art.tree_of(e) for e in art.states if e.get("tree") is not None},
-                      synthetic_rates=(spec.get("verify") or {}).get("synthetic_rates"),
-                      max_model_len=want_len, device=dev, kernel_backend=backend, use_cuda_graphs=use_graphs,
-                      seed=seed, kernel_modules=art.kernels, schedule=spec.get("schedule"),
-                      compile_backend=compile_backend)
+    runtime = artifact_runtime(art, target, tokenizer, drafter, dev, compile_backend=compile_backend,
+                               kernel_backend=kernel_backend, seed=seed)
     runtime.settings = {"dtype": dtype, "compile_backend": compile_backend, "why": why}
     return runtime, art
+
+
+def artifact_runtime(art: "Artifact", target, tokenizer, drafter, dev: "torch.device", *, compile_backend: str,
+                     kernel_backend: Optional[str] = None, seed: int = 0, max_model_len: Optional[int] = None,
+                     buckets: Optional[List[int]] = None) -> "Runtime":
+    """The runtime of an artifact's states over models already loaded (:func:`load_models`): each
+    state's parameters, kernel variants and static tree from the manifest, its schedule, the verify
+    programs run by ``compile_backend``.
+
+    Args:
+        max_model_len: tokens per request (default the manifest's ``target.max_model_len``).
+        buckets: build only the states of these batch buckets (a benchmark at one batch size; the
+            schedule then pads every step to them). Default: every state.
+    Raises:
+        ArtifactError: no state in ``buckets``, a state this runtime cannot run, or one the schedule
+            can select that is not built.
+    """
+    from specc.runtime.engine import Runtime
+
+    spec = runtime_spec(art)
+    entries = [e for e in art.states if buckets is None or int(e["parameters"]["batch_size"]) in buckets]
+    if not entries:
+        have = sorted({int(e["parameters"]["batch_size"]) for e in art.states})
+        raise ArtifactError(f"{art.path.name}: no state with batch bucket in {buckets} (it has {have})")
+    specs = [state_spec(art, e) for e in entries]
+    use_graphs = dev.type == "cuda" and spec.get("cuda_graphs") is not False
+    return Runtime(target, tokenizer, drafter, specs,
+                   state_kernels={e["name"]: dict(e["kernels"]) for e in entries},
+                   trees={e["name"]: art.tree_of(e) for e in entries if e.get("tree") is not None},
+                   synthetic_rates=(spec.get("verify") or {}).get("synthetic_rates"),
+                   max_model_len=max_model_len or spec["target"].get("max_model_len"), device=dev,
+                   kernel_backend=kernel_backend or spec.get("kernel_backend") or "auto",
+                   use_cuda_graphs=use_graphs, seed=seed, kernel_modules=art.kernels,
+                   schedule=spec.get("schedule"), compile_backend=compile_backend)
 
 
 def runtime_from_plan(plan, target, tokenizer, drafter, *, cost_table: Optional[dict] = None,

@@ -34,8 +34,13 @@ class SpecMetrics:
     num_prompt_tokens: int = 0
     wall_time_s: float = 0.0
     stage_time_s: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    #: CPU seconds of this process per stage (``time.process_time``): on a machine shared with other
+    #: jobs, what the stage cost rather than how long it waited for a core
+    stage_cpu_s: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     num_kappa_switches: int = 0
     num_host_reads: int = 0  # device values read on the host by the decode steps (one per step)
+    #: target tokens a step's verify program ran -> [steps, its wall seconds, its CPU seconds, in all]
+    verify_by_tokens: Dict[int, List[float]] = field(default_factory=dict)
     kappa_steps: Dict[int, int] = field(default_factory=dict)
     trace: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))
     _t0: float = field(default_factory=time.perf_counter, repr=False)
@@ -47,18 +52,34 @@ class SpecMetrics:
         self.kappa_steps[num_steps] = self.kappa_steps.get(num_steps, 0) + 1
         self.trace.append((time.perf_counter() - self._t0, num_requests, num_steps, accepted))
 
+    def record_verify(self, tokens: int, seconds: float, cpu_seconds: float = 0.0) -> None:
+        """One step's verify program (verify forward → accept → commit) ran ``tokens`` target tokens
+        in ``seconds`` of wall time and ``cpu_seconds`` of this process's CPU time
+        (:attr:`verify_by_tokens`)."""
+        slot = self.verify_by_tokens.setdefault(int(tokens), [0, 0.0, 0.0])
+        slot[0] += 1
+        slot[1] += seconds
+        slot[2] += cpu_seconds
+
+    @property
+    def verify_ms_by_tokens(self) -> Dict[int, float]:
+        """Mean wall milliseconds of a step's verify program by the target tokens it ran."""
+        return {n: s / c * 1e3 for n, (c, s, _) in sorted(self.verify_by_tokens.items()) if c}
+
     @contextmanager
     def stage(self, name: str, sync=None) -> Iterator[None]:
-        """Time a block as stage ``name``; ``sync`` (callable) runs before reading the clock."""
+        """Time a block as stage ``name`` (wall and CPU seconds); ``sync`` (callable) runs before
+        reading the clocks."""
         if sync is not None:
             sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             if sync is not None:
                 sync()
             self.stage_time_s[name] = self.stage_time_s.get(name, 0.0) + time.perf_counter() - t0
+            self.stage_cpu_s[name] = self.stage_cpu_s.get(name, 0.0) + time.process_time() - c0
 
     def add_request(self, counters: RequestCounters, num_prompt: int, num_output: int) -> None:
         self.num_requests += 1
@@ -122,6 +143,7 @@ class SpecMetrics:
             "stage_time_s": {k: round(v, 4) for k, v in self.stage_time_s.items()},
             "num_kappa_switches": self.num_kappa_switches,
             "num_host_reads": self.num_host_reads,
+            "verify_ms_by_tokens": {str(n): round(ms, 3) for n, ms in self.verify_ms_by_tokens.items()},
             "kappa_steps": {str(k): v for k, v in sorted(self.kappa_steps.items())},
         }
 

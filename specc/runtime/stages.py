@@ -227,11 +227,15 @@ def verify_chain(ctx: Any, inp: Any):
 
 
 def _kernel(ctx: Any, inp: Any, default: Callable) -> Callable:
-    """The artifact's specialized verify kernel (``inp.kernels["verify"]``) when loaded and
-    specialized to this step's verify width, else the generic ``default``."""
+    """The artifact's specialized verify kernel (``inp.kernels["verify"]``) when loaded, of
+    ``default``'s family (``FAMILY``, e.g. ``rejection_verify``) and specialized to this step's verify
+    width, else the generic ``default``. (A κ = 0 state of a greedy artifact carries a
+    ``greedy_verify`` variant, but its accept program samples through ``rejection_verify`` whenever a
+    row is not greedy, and always when captured or compiled.)"""
     name = inp.kernels.get("verify") if inp.kernels else None
     module = ctx.kernel_modules.get(name) if name else None
-    if module is None or getattr(module, "NUM_DRAFT_TOKENS", None) != inp.input_ids.shape[1]:
+    if (module is None or getattr(module, "NUM_DRAFT_TOKENS", None) != inp.input_ids.shape[1]
+            or getattr(module, "FAMILY", None) != default.__name__):
         return default
     return module.verify
 

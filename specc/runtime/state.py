@@ -49,7 +49,7 @@ class StateSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StateSpec":
-        """From a generated module's ``STATE`` dict or a CandidateState's fields."""
+        """From a manifest state's ``parameters`` or a CandidateState's fields."""
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in dict(d).items() if k in names}
         if kw.get("tree_choices") is not None:
@@ -131,6 +131,8 @@ class StateContext:
         return self.max_seq_len - 1
 
 
+_WIDTH_FIELDS = ("input_ids", "positions", "cache_slots", "node_depths")  # [B, W]
+_DRAFT_FIELDS = ("draft_tokens", "uniforms", "confidence", "draft_probs", "draft_noise", "parents")  # [B, N, ...]
 _ROW_FIELDS = ("input_ids", "positions", "cache_slots", "draft_tokens", "num_valid", "num_tokens",
                "temperature", "top_k", "top_p", "uniforms", "exp_noise", "confidence", "draft_probs",
                "draft_noise", "parents", "node_depths", "tree_mask")
@@ -241,9 +243,23 @@ class StepInputs:
         """Bytes held by the static buffers (reported at load)."""
         return sum(t.numel() * t.element_size() for t in (getattr(self, n) for n in _ROW_FIELDS) if t is not None)
 
-    def view(self, rows: int) -> "StepInputs":
-        """The first ``rows`` rows, sharing storage (an eager step over the rows in use)."""
-        kw = {name: getattr(self, name)[:rows] for name in _ROW_FIELDS if getattr(self, name) is not None}
+    def view(self, rows: int, width: Optional[int] = None) -> "StepInputs":
+        """The first ``rows`` rows and, given ``width``, the first ``width`` verify columns (``width - 1``
+        draft nodes; a tree's nodes are in topological order, so a prefix is a tree), sharing storage:
+        an eager step over the rows in use and the widest row's verify."""
+        kw: Dict[str, Any] = {}
+        for name in _ROW_FIELDS:
+            t = getattr(self, name)
+            if t is None:
+                continue
+            t = t[:rows]
+            if width is not None and name in _WIDTH_FIELDS:
+                t = t[:, :width]
+            elif width is not None and name in _DRAFT_FIELDS:
+                t = t[:, :width - 1]
+            elif width is not None and name == "tree_mask":
+                t = t[:, :width, :width]
+            kw[name] = t
         return replace(self, **kw)
 
 
@@ -327,6 +343,7 @@ class SpecRuntimeState:
         self._graph_out: Optional[StepOutputs] = None
         self._compiled: Optional[Callable[[StepInputs], StepOutputs]] = None
         self.capture_s = 0.0  # seconds its CUDA-graph capture (or inductor compile) took at load
+        self.graph_breaks = 0  # where dynamo split the compiled verify program (0: one graph)
 
     # ------------------------------------------------------------------ the step
     @property
@@ -425,7 +442,7 @@ class SpecRuntimeState:
         dynamic dimensions) when ``ctx.compile_backend`` is ``inductor`` and the state was not captured;
         one warm-up call compiles it here, at load (its seconds in :attr:`capture_s`). Returns whether
         it compiled. The compiled function is the same :meth:`program`; outputs equal eager's
-        (``tests/test_compile_backend.py``)."""
+        (``tests/test_step_program.py``)."""
         if self.ctx.compile_backend != "inductor" or self._graph is not None:
             return False
         import time
@@ -434,7 +451,7 @@ class SpecRuntimeState:
 
         t0 = time.perf_counter()
         b = self._static_inputs()
-        self._compiled = compile_program(self, b)
+        self._compiled, self.graph_breaks = compile_program(self, b)
         self.capture_s = time.perf_counter() - t0
         return True
 

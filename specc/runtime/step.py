@@ -11,8 +11,9 @@ causal-by-position mask. Padding (inactive rows) writes to the trash slot.
 Host reads: a step reads device values on the host once, in :func:`emit` (:func:`to_host`: the
 accepted lengths, the verified draft counts and the output tokens, one transfer), counted in
 ``SpecMetrics.num_host_reads``. The budget schedule admits on the device
-(:meth:`specc.runtime.schedule.BudgetSchedule.admit`). On the CPU the eager target forward also
-reads its own ragged shape from its inputs (CPU tensors: no device synchronisation).
+(:meth:`specc.runtime.schedule.BudgetSchedule.admit`). On the CPU the eager step also reads its own
+ragged shape from its inputs (CPU tensors: no device synchronisation): the widest row's verify
+tokens (the step verifies only those columns) and each row's count (the target forward packs them).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def to_host(runtime: Any, t: torch.Tensor) -> List:
 def decode_step(runtime: Any, batch: DecodeBatch) -> None:
     """One decode step over the live rows: the schedule's state, then prepare → draft → admit →
     verify program → emit → extend. Concerns: which state (schedule), the step's data (prepare,
-    admit, emit), the timing of each stage (metrics)."""
+    admit, emit), the timing of each stage and of the verify program by the tokens it ran (metrics)."""
     live_rows = [r for r in batch.live_rows() if batch.rows[r].finish_reason is None]
     rows = batch.num_rows_in_use()
     key = runtime.schedule.select(len(live_rows), rows)
@@ -46,13 +47,24 @@ def decode_step(runtime: Any, batch: DecodeBatch) -> None:
     with metrics.stage("draft", sync):
         state.draft(inp)
     admit(runtime, state, inp, live)
+    if inp.ragged:  # eager on the CPU: verify up to the widest row only (a CPU tensor read, no device sync)
+        width = max(1, int(inp.num_tokens.max()))
+        if width < inp.input_ids.shape[1]:
+            inp = inp.view(inp.input_ids.shape[0], width)
+    t_program, c_program = time.perf_counter(), time.process_time()
     if state.static:
         with metrics.stage("verify", sync):
             out = state.run(inp)
     else:
         out = state.run(inp, timer=lambda name: metrics.stage(name, sync))
+    program_s = time.perf_counter() - t_program  # the stages synchronised CUDA before reading the clock
+    program_cpu_s = time.process_time() - c_program
     with metrics.stage("emit"):
-        accepted, view = emit(runtime, batch, inp, out, live)
+        accepted, view, verified = emit(runtime, batch, inp, out, live)
+    # tokens the target forward ran: every row at the static width when captured or compiled, else the
+    # verified tokens of the live rows (the CPU's ragged forward) or the rows in use at width W
+    ran = inp.input_ids.numel() if state.static or not inp.ragged else verified
+    metrics.record_verify(ran, program_s, program_cpu_s)
     with metrics.stage("extend", sync):
         state.extend(inp, out, view)
     runtime.schedule.observe(key[0], accepted)
@@ -62,7 +74,8 @@ def decode_step(runtime: Any, batch: DecodeBatch) -> None:
 def prepare(runtime: Any, batch: DecodeBatch, state: SpecRuntimeState, rows: int) -> Tuple[StepInputs, List[bool]]:
     """Fill the state's step inputs for its rows (eager: the rows in use; captured or compiled: the
     whole bucket): per-row draft caps, the pending token, positions and KV slots, sampling
-    parameters and randomness. Returns ``(inputs, live)``: which of the rows hold a live request."""
+    parameters and randomness. Returns ``(inputs, live)``: which of the rows hold a live request.
+    Concerns: the step's inputs only (nothing runs a model)."""
     spec = state.spec
     inp = state.begin(rows)
     n, K, dev = inp.input_ids.shape[0], spec.num_steps, runtime.device  # K: κ, the deepest draft
@@ -135,22 +148,26 @@ def emit(runtime: Any, batch: DecodeBatch, inp: StepInputs, out: StepOutputs,
          live: Sequence[bool]) -> Tuple[List[int], Any]:
     """Give each live request its accepted drafts and bonus token (one host read of the step's
     results, :func:`to_host`), update its counters. Returns ``(accepted drafts of each live request,
-    bonus excluded, for the schedule; the drafter's batch view after the append)``."""
+    bonus excluded, for the schedule; the drafter's batch view after the append; the tokens verified
+    over the live rows, Σ (num_valid + 1))``. Concerns: the host read, the requests' tokens and
+    counters."""
     res = out.result
     host = to_host(runtime, torch.cat([res.accepted_len.to(torch.int64).view(-1, 1),
                                        inp.num_valid.to(torch.int64).view(-1, 1),
                                        res.output_tokens.to(torch.int64)], dim=1))
     rows, kept, observed = [], [], []
+    verified = 0
     for r, on in enumerate(live):
         if not on:
             continue
         a, valid = int(host[r][0]), int(host[r][1])
+        verified += valid + 1
         batch.rows[r].counters.observe(valid, a)
         rows.append(r)
         kept.append(emit_tokens(runtime, batch, r, host[r][2: 3 + a]))
         observed.append(a)
     batch.append_many(rows, kept)
-    return observed, batch.view(inp.input_ids.shape[0], inp.batch.max_draft, runtime.trash_slot)
+    return observed, batch.view(inp.input_ids.shape[0], inp.batch.max_draft, runtime.trash_slot), verified
 
 
 def emit_tokens(runtime: Any, batch: DecodeBatch, row: int, tokens: Sequence[int]) -> List[int]:
