@@ -127,8 +127,10 @@ def run(args) -> int:
                    "time_s": round(out.time_s, 4)}
             obj.update(out.counters.as_dict())
             print(json.dumps(obj, ensure_ascii=False))
-        print(json.dumps({"summary": dict(m.as_dict(), artifact=art.path.name,
-                                           states=[s.spec.name for s in runtime.states])}))
+        summary = dict(m.as_dict(), artifact=art.path.name, states=[s.spec.name for s in runtime.states])
+        if hasattr(runtime.drafter, "host_report"):  # the drafter's own host work and sizes (suffix decoding)
+            summary["drafter"] = runtime.drafter.host_report()
+        print(json.dumps({"summary": summary}))
     else:
         for rec, out in zip(records, outputs):
             head = f"[{rec.id}]" + (f" ({rec.category})" if rec.category else "")
@@ -137,4 +139,6 @@ def run(args) -> int:
             print(f"--- {len(out.token_ids)} tokens, {out.finish_reason}, tau {out.counters.tau:.2f}")
         print("=== metrics")
         print(m.summary())
+        if hasattr(runtime.drafter, "host_report"):
+            print("drafter: " + ", ".join(f"{k} {v}" for k, v in runtime.drafter.host_report().items()))
     return 0

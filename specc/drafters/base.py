@@ -18,6 +18,7 @@ a request's lifetime, and are also the rows of every KV cache):
    forward's hidden states and the accepted lengths. For a tree the runtime first moves the accepted
    path's target KV into place (the KV-commit stage) and hands ``commit`` the path as a chain
    (``VerifyStep.accept_index`` says which tree nodes it came from).
+4. ``release(row)`` when a row's request leaves the batch (optional; default nothing).
 
 Conventions shared by all methods:
 
@@ -313,6 +314,11 @@ class Drafter(abc.ABC):
         the accepted tokens here. Called after every decode step, κ = 0 steps included (then
         ``step.num_steps == 0`` and ``propose`` was not called), so a schedule may switch κ between
         any two steps. ``batch`` already reflects the new history. Default: nothing."""
+
+    def release(self, row: int) -> None:
+        """Row ``row``'s request left the batch (finished, cancelled or failed); its row may take a new
+        request (whose ``prefill`` follows). Suffix decoding moves the request's output into its global
+        tree here. Default: nothing."""
 
     @classmethod
     def from_spec(cls, spec, target, tokenizer, device, max_seq_len) -> "Drafter":

@@ -1,9 +1,10 @@
 """The FastAPI application of ``specc serve``: OpenAI's completions and chat completions (streaming
-over server-sent events, or one JSON body), ``/v1/models``, ``/health``, ``/metrics``, and the
-prefill endpoint of disaggregated serving.
+over server-sent events, or one JSON body), ``/v1/models``, ``/health``, ``/metrics``, the
+prefill endpoint of disaggregated serving, and (suffix decoding) ``/v1/suffix/documents``.
 
 Status codes: 400 for a bad request (unknown field, out-of-range value, a prompt longer than
-``max_model_len``, a sampling parameter the plan's verify rule cannot honour exactly), 404 for an
+``max_model_len``, a sampling parameter the plan's verify rule cannot honour exactly), 413 for a
+document past its bound, 404 for an
 unknown model name, 429 when the engine's queue is full, 500 for an internal failure of that request
 alone, 502 when the decode role cannot get or install its prefill, 503 while the engine is down.
 Every error body is OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
@@ -135,11 +136,40 @@ def build_app(state: ServerState) -> FastAPI:
         req = _request(state, body, prompt_ids, adapter, "messages")
         return await _run(state, http, body, req, chat=True)
 
+    if hasattr(state.runtime.drafter, "add_document"):
+        add_document_route(app, state)
     if state.role == "prefill":
         from specc.serve.disagg_client import add_prefill_route
 
         add_prefill_route(app, state)
     return app
+
+
+def add_document_route(app: FastAPI, state: ServerState) -> None:
+    """``POST /v1/suffix/documents``: add a document to suffix decoding's global tree while the server
+    decodes (corpus drafting). Tokenizing and inserting run in a worker thread; the drafter inserts
+    under its lock, a bounded chunk at a time, so decoding steps go on between chunks. 400 for a bad
+    body, 413 past ``MAX_DOCUMENT_BYTES`` or past the plan's ``method.suffix.max_corpus_tokens`` (the
+    message names the bound), 200 with the tokens added and the corpus size."""
+    from specc.drafters.suffix import CorpusTooLarge
+    from specc.serve.protocol import DocumentRequest
+
+    @app.post("/v1/suffix/documents")
+    async def add_document(body: DocumentRequest):
+        rt = state.runtime
+        body.check(rt.vocab_size)
+
+        def work():
+            ids = list(body.token_ids) if body.token_ids is not None else rt.tokenizer.encode(body.text)
+            return rt.drafter.add_document(ids, what=f"document {body.id or ''}".strip())
+
+        try:
+            info = await asyncio.to_thread(work)
+        except CorpusTooLarge as exc:
+            raise ApiError(413, str(exc), "text" if body.text is not None else "token_ids",
+                           code="corpus_full") from None
+        state.metrics.documents.inc()
+        return {"object": "suffix.document", "id": body.id, **info}
 
 
 # ------------------------------------------------------------------------------------ request building
