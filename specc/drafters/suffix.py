@@ -31,8 +31,10 @@ frequency).
 Memory: leaves are path-compressed (a suffix seen once is one node that points into its sequence,
 split when a second suffix follows it), so a tree holds O(total tokens + repeated substrings) nodes.
 
-Confidence (the ``budget`` schedule's survival): the empirical frequencies; drafts are one-hot
-(q = δ), a deterministic function of the history, so greedy and standard verification stay exact.
+Confidence (the ``budget`` schedule's survival): the empirical frequencies, calibrated online by the
+verify outcomes of earlier drafts of the same kind (:class:`FrequencyCalibration`; without outcomes,
+the frequencies themselves). Drafts are one-hot (q = δ), a deterministic function of the history, so
+greedy and standard verification stay exact.
 Everything here runs on the host, under one lock shared with :meth:`SuffixDrafter.add_document`
 (called from a server thread).
 """
@@ -497,6 +499,42 @@ class SuffixCache:
                 "global_tokens": self.global_tree.num_tokens, "active_requests": len(self.local)}
 
 
+# ------------------------------------------------------------------------------------- confidence
+class FrequencyCalibration:
+    """The acceptance of suffix drafts learned online, starting from their empirical frequency.
+
+    A draft token's empirical frequency f (its count over its parent's) is the acceptance rate the
+    trees predict; what the target really accepts also depends on the kind of match (measured on the
+    shipped prompts: a first-position draft after a short match in a fresh answer is accepted far less
+    often than f says, one inside a repeated answer about as often). So the confidence handed to the
+    ``budget`` schedule is the posterior mean of a Beta prior centred on f with weight
+    :attr:`PRIOR` pseudo-observations, updated with the verify outcomes of earlier drafts of the same
+    kind: key (source tree, first or later position, matched length bucket, f bucket). Without
+    observations it is f itself. It depends only on the history and earlier steps' outcomes, never on
+    the current step's randomness (vLLM's online acceptance estimator, vllm-0.33.0.md §6, keyed the
+    same way for n-gram drafts in ``specc.drafters.ngram``)."""
+
+    PRIOR = 4.0
+    MATCH_BUCKETS = (1, 2, 3, 5, 8, 13)
+
+    def __init__(self) -> None:
+        self.trials: Dict[Tuple, float] = {}
+        self.accepts: Dict[Tuple, float] = {}
+
+    def key(self, source: str, position: int, match_len: int, freq: float) -> Tuple:
+        m = sum(1 for b in self.MATCH_BUCKETS if match_len >= b)
+        return source, min(position, 1), m, min(4, int(freq * 5))
+
+    def confidence(self, key: Tuple, freq: float) -> float:
+        """Posterior mean acceptance of a draft of kind ``key`` and frequency ``freq``, in [0, 1]."""
+        return (self.accepts.get(key, 0.0) + self.PRIOR * freq) / (self.trials.get(key, 0.0) + self.PRIOR)
+
+    def observe(self, key: Tuple, accepted: bool) -> None:
+        self.trials[key] = self.trials.get(key, 0.0) + 1.0
+        if accepted:
+            self.accepts[key] = self.accepts.get(key, 0.0) + 1.0
+
+
 # ------------------------------------------------------------------------------------- the drafter
 class SuffixDrafter(Drafter):
     """``method.name: suffix``: chains (κ, ``topk`` 1) or trees (``topk`` > 1) from the request's
@@ -529,6 +567,8 @@ class SuffixDrafter(Drafter):
         self.update_s = 0.0  # host seconds keeping the trees up to date (prefill, commit, release)
         self.num_proposals = 0
         self.num_global = 0  # proposals taken from the global tree
+        self.calibration = FrequencyCalibration()
+        self._pending: Dict[int, Tuple[List[Tuple], List[int]]] = {}  # row -> (keys, parents) of its last draft
 
     # ------------------------------------------------------------------ protocol
     def prefill(self, batch: BatchView, chunk: PrefillChunk) -> None:
@@ -544,8 +584,12 @@ class SuffixDrafter(Drafter):
         self.update_s += time.perf_counter() - t0
 
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
-        """Extend each live row's local tree with the tokens this step appended to its history."""
+        """Learn the calibration from this step's outcome, then extend each live row's local tree with
+        the tokens the step appended to its history."""
         t0 = time.perf_counter()
+        if self._pending and step.num_steps > 0 and step.num_valid is not None:
+            self._observe(step)
+        self._pending = {}
         seq = batch.seq_lens.tolist()
         active = batch.active.tolist()
         hist = None
@@ -558,6 +602,26 @@ class SuffixDrafter(Drafter):
                     hist = batch.tokens.cpu().numpy()
                 self.cache.append(r, hist[r, have:seq[r]].tolist())
         self.update_s += time.perf_counter() - t0
+
+    def _observe(self, step: VerifyStep) -> None:
+        """Which drafts of each row were verified and which accepted: a chain's positions up to the
+        first rejection (within the verified ones); a tree's children of the accepted path's nodes."""
+        valid = step.num_valid.tolist()
+        accepted = step.accepted.tolist()
+        path_nodes = step.accept_index.tolist() if step.accept_index is not None else None
+        for r, (keys, parents) in self._pending.items():
+            if r >= len(valid):
+                continue
+            n, a = min(int(valid[r]), len(keys)), int(accepted[r])
+            if path_nodes is None:
+                for i in range(min(a + 1, n)):
+                    self.calibration.observe(keys[i], i < a)
+                continue
+            on_path = {j - 1 for j in path_nodes[r][1:a + 1]}  # tree node j + 1 = draft j
+            tested = on_path | {-1}
+            for j in range(n):
+                if parents[j] in tested:
+                    self.calibration.observe(keys[j], j in on_path)
 
     def release(self, row: int) -> None:
         """Row ``row``'s request finished (or was cancelled): its output joins the global tree."""
@@ -577,9 +641,7 @@ class SuffixDrafter(Drafter):
             n = len(d.tokens)
             tokens[r, :n] = d.tokens
             valid[r] = n
-            probs = np.asarray(d.probs, dtype=np.float64)
-            prev = np.concatenate([[1.0], probs[:-1]])
-            conf[r, :n] = probs / prev
+            conf[r, :n] = self._confidence(r, d, chain=True)
         dev = batch.tokens.device
         out = Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
                        confidence=torch.from_numpy(conf).to(dev))
@@ -605,7 +667,7 @@ class SuffixDrafter(Drafter):
             tokens[r, :n] = d.tokens
             parents[r, :n] = np.asarray(d.parents, dtype=np.int64) + 1  # node 0 is the root
             depths[r, :n] = d.depths
-            conf[r, :n] = d.probs
+            conf[r, :n] = self._confidence(r, d, chain=False)
             valid[r] = n
         if N:  # unused nodes: a chain below the last real one (never proposed: num_valid stops before)
             idx = np.arange(N)
@@ -615,6 +677,24 @@ class SuffixDrafter(Drafter):
                        confidence=torch.from_numpy(conf).to(dev), parents=torch.from_numpy(parents).to(dev),
                        depths=torch.from_numpy(depths).to(dev))
         self.propose_s += time.perf_counter() - t0
+        return out
+
+    def _confidence(self, row: int, d: "Draft", chain: bool) -> List[float]:
+        """Calibrated confidences of a draft (:class:`FrequencyCalibration`): a chain's per-position
+        conditional acceptance, a tree's per-node path probability. Remembers the draft's keys so
+        ``commit`` can learn from its outcome."""
+        keys, cond = [], []
+        for j, (p, par) in enumerate(zip(d.probs, d.parents)):
+            f = p / (d.probs[par] if par >= 0 else 1.0)  # the node's frequency given its parent
+            k = self.calibration.key(d.source, d.depths[j] - 1, d.match_len, f)
+            keys.append(k)
+            cond.append(self.calibration.confidence(k, f))
+        self._pending[row] = (keys, list(d.parents))
+        if chain:
+            return cond
+        out = []
+        for j, par in enumerate(d.parents):
+            out.append(cond[j] * (out[par] if par >= 0 else 1.0))
         return out
 
     def _drafts(self, batch: BatchView, max_tokens: int, max_depth: int, topk: int):

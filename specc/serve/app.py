@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specc.errors import PromptError
 from specc.runtime.request import Request, SamplingParams
-from specc.serve.protocol import (FINISH_REASONS, ApiError, ChatCompletionRequest, CompletionRequest, error_body,
-                                  validation_error_to_api)
+from specc.serve.protocol import (FINISH_REASONS, ApiError, ChatCompletionRequest, CompletionRequest,
+                                  DocumentRequest, error_body, validation_error_to_api)
 from specc.serve.textstream import TextStream
 
 ROLES = ("none", "prefill", "decode")
@@ -152,7 +152,6 @@ def add_document_route(app: FastAPI, state: ServerState) -> None:
     body, 413 past ``MAX_DOCUMENT_BYTES`` or past the plan's ``method.suffix.max_corpus_tokens`` (the
     message names the bound), 200 with the tokens added and the corpus size."""
     from specc.drafters.suffix import CorpusTooLarge
-    from specc.serve.protocol import DocumentRequest
 
     @app.post("/v1/suffix/documents")
     async def add_document(body: DocumentRequest):
