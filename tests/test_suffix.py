@@ -147,6 +147,16 @@ def test_local_tree_discounts_the_requests_own_tail():
     assert speculate(tree, [1, 2], lim, own_tail=False).probs[0] == 0.5
 
 
+def test_confidence_starts_at_the_frequency_and_learns_the_acceptance():
+    cal = S.FrequencyCalibration()
+    k = cal.key("local", 0, 2, 1.0)
+    assert cal.confidence(k, 1.0) == 1.0 and cal.confidence(cal.key("global", 3, 20, 0.35), 0.35) == 0.35
+    for i in range(40):
+        cal.observe(k, i % 4 == 0)
+    assert cal.confidence(k, 1.0) == pytest.approx((10 + cal.PRIOR) / (40 + cal.PRIOR))
+    assert cal.key("local", 5, 2, 1.0) == cal.key("local", 1, 2, 0.99) != k  # later positions share a key
+
+
 def test_global_tree_keeps_finished_outputs_fifo():
     cache = SuffixCache(max_depth=6, max_cached_requests=2, max_corpus_tokens=100)
     for row, out in enumerate(([10, 11, 12], [20, 21], [30, 31, 32, 33])):
@@ -267,6 +277,8 @@ def test_greedy_suffix_speculation_is_exact(target, reference, shape, tmp_path):
     m = rt.metrics
     assert m.num_accepted_tokens > 0 and m.tau > 1.5, m.tau  # drafts are really accepted
     assert m.num_accepted_tokens < m.num_draft_tokens  # and sometimes rejected
+    cal = drafter.calibration  # every verified draft position taught the calibration
+    assert sum(cal.trials.values()) >= m.num_drafts and 0 < sum(cal.accepts.values()) <= m.num_accepted_tokens
     rep = drafter.host_report()
     assert rep["num_global_proposals"] > 0 and rep["evicted_requests"] > 0 and rep["active_requests"] == 0
     if topk > 1:  # trees really branch: more nodes verified than the deepest accepted path
