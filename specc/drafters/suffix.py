@@ -296,24 +296,35 @@ def speculate(tree: SuffixTree, context: Sequence[int], lim: SpecLimits, own_tai
     """
     best = Draft(source=source)
     ctx = list(context[-tree.max_depth:])
-    # the longest match M (every shorter suffix of a match matches too: a binary search), then the
-    # matches from M down while their token budget floor(m · factor) could beat the best score (a score
-    # never exceeds the tokens drafted): the same draft as trying every m, ties to the longer match
+    # the longest match M that occurs other than as the context's own tail (every shorter suffix of
+    # such a match does too: a binary search), then the matches from M down while their token budget
+    # floor(m · factor) could beat the best score (a score never exceeds the tokens drafted), skipping
+    # a shorter match whose occurrences are those of the longer one (equal counts: the same
+    # continuations, so the same draft unless the longer one was cut by the tree's depth): the same
+    # draft as trying every m, ties to the longer match
+    own = 1 if own_tail else 0
     lo, hi = 0, len(ctx) - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if tree.locate(ctx[len(ctx) - mid:]) is not None:
+        pos = tree.locate(ctx[len(ctx) - mid:])
+        if pos is not None and SuffixTree.count_at(*pos) > own:
             lo = mid
         else:
             hi = mid - 1
+    same = None  # (count, depth-capped) of the last match drafted, when the next may repeat it
     for m in range(lo, 0, -1):
         budget = min(lim.max_tokens, int(m * lim.factor + 1e-6))
         if budget <= best.score or budget <= 0:
             break
         if min(budget, tree.max_depth - m) <= best.score:  # the tree holds max_depth - m tokens below
+            same = None
             continue
         pos = tree.locate(ctx[len(ctx) - m:])
+        count = SuffixTree.count_at(*pos)
+        if same is not None and same == (count, False):
+            continue
         d = _draft(tree, pos, budget, lim, own_tail) if lim.topk > 1 else _path(tree, pos, budget, lim, own_tail)
+        same = (count, m + max(d.depths, default=0) >= tree.max_depth)
         if d.tokens and d.score > best.score:
             d.match_len, d.source = m, source
             best = d
