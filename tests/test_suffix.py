@@ -317,7 +317,8 @@ def test_budget_schedule_admits_by_frequency(target, reference):
                 schedule=ScheduleConfig(kind="budget", ragged_verify="compact", cost_table="t.json"))
     rt = runtime_for_plan(plan, target, SuffixDrafter(max_tree_depth=16, min_token_prob=0.0), cost_table=table)
     assert [o.token_ids for o in rt.generate(_requests(), batch_size=4)] == reference
-    static = runtime_for_plan(Plan(method=MethodConfig(name="suffix", num_steps=8), runtime=RuntimeConfig(max_batch_size=4)),
+    static = runtime_for_plan(Plan(method=MethodConfig(name="suffix", num_steps=8),
+                                   runtime=RuntimeConfig(max_batch_size=4)),
                               target, SuffixDrafter(max_tree_depth=16, min_token_prob=0.0))
     assert [o.token_ids for o in static.generate(_requests(), batch_size=4)] == reference
     budget, full = rt.metrics, static.metrics

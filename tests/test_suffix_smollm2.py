@@ -34,7 +34,8 @@ def setup():
 
     recs = {r.id: r for r in read_prompts(shipped_prompts_path())}
     prompts = [encode_prompt(recs[i], rt.tokenizer) for i in IDS]
-    plain = runtime_from_plan(Plan(method=MethodConfig(name="none", num_steps=0), runtime=RuntimeConfig(max_batch_size=4)),
+    plain = runtime_from_plan(Plan(method=MethodConfig(name="none", num_steps=0),
+                                   runtime=RuntimeConfig(max_batch_size=4)),
                               rt.target, rt.tokenizer, None, max_model_len=rt.max_model_len)
     ref = [o.token_ids for o in plain.generate(_requests(prompts), batch_size=1)]
     return rt, prompts, ref

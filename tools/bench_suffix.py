@@ -254,8 +254,8 @@ def _report(args, results, corpus):
             lines.append(_row(name, r, corpus["plain"]))
         data["corpus"] = {n: dict({k: v for k, v in r.items() if k != "outputs"},
                                   exact=r["outputs"] == corpus["plain"]["outputs"]) for n, r in corpus.items()}
-        goals.append(("corpus: tau(suffix+corpus) - tau(ngram)", corpus["suffix+corpus"]["tau"] - corpus["ngram"]["tau"],
-                      1e-9))
+        gain = corpus["suffix+corpus"]["tau"] - corpus["ngram"]["tau"]
+        goals.append(("corpus: tau(suffix+corpus) - tau(ngram)", gain, 1e-9))
         for name in ("ngram", "suffix", "suffix+corpus"):
             goals.append((f"corpus: {name} output == plain greedy",
                           float(corpus[name]["outputs"] == corpus["plain"]["outputs"]), 1.0))

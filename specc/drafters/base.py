@@ -32,7 +32,8 @@ Conventions shared by all methods:
   ignored, and their cache writes must go to the trash slot or to positions nobody reads.
 - Tensors are on the runtime's device; token ids are int64, probabilities fp32.
 
-Methods: ``ngram`` (specc.drafters.ngram), ``draft_model`` (specc.drafters.draft_model; PARD in its
+Methods: ``ngram`` (specc.drafters.ngram), ``suffix`` (specc.drafters.suffix: suffix trees, chains or
+trees, ``release`` moving a finished request's output into its global tree), ``draft_model`` (specc.drafters.draft_model; PARD in its
 parallel mode), the block drafters ``dflash`` / ``dspark`` (specc.drafters.dflash: ``propose_block``,
 context K/V written in ``commit``), and the EAGLE family (P-EAGLE in its parallel mode), which implements this same class in ``specc.drafters.eagle`` (issue 5): it sets
 ``hidden_layers`` to the target layers it fuses, keeps its own KV cache written by position, runs its

@@ -201,7 +201,8 @@ class SuffixTree:
             if child.kids is None:  # a leaf: the rest of the pattern must follow in its sequence
                 rest = len(pattern) - k - 1
                 i = child.idx + rest
-                if rest and (i >= self._leaf_end(child) or child.seq[child.idx + 1:i + 1].tolist() != list(pattern[k + 1:])):
+                if rest and (i >= self._leaf_end(child)
+                             or child.seq[child.idx + 1:i + 1].tolist() != list(pattern[k + 1:])):
                     return None
                 return node, i
         return node, None

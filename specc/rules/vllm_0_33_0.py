@@ -6,8 +6,9 @@ Plan -> vLLM mapping used by the predicates (the exporter uses the same one): ``
 K = ``num_speculative_tokens`` = ``method.block_size`` (γ) for dspark, else ``method.num_steps`` (DFlash
 too: vLLM's K for dflash is ``num_speculative_tokens``, the block size is the draft checkpoint's);
 ``draft.path`` -> ``model``; ``draft.max_model_len`` -> ``max_model_len``; ``method.ngram.min/max`` ->
-``prompt_lookup_min/max``; ``method.suffix.*`` -> ``suffix_decoding_*``; ``verify.rule`` standard/block/synthetic -> ``rejection_sample_method``
-(greedy = temperature-0 requests, standard rule); ``verify.draft_sampling`` -> ``draft_sample_method``;
+``prompt_lookup_min/max``; ``method.suffix.*`` -> ``suffix_decoding_*``; ``verify.rule``
+standard/block/synthetic -> ``rejection_sample_method`` (greedy = temperature-0 requests, standard rule);
+``verify.draft_sampling`` -> ``draft_sample_method``;
 ``schedule.kind=batch_buckets`` -> ``num_speculative_tokens_per_batch_size`` (bucket key = range start,
 its single candidate = K); ``schedule.kind=budget`` -> ``enable_adaptive_verification``;
 ``deploy.overlap_scheduler`` -> async scheduling; ``deploy.parallel.two_batch_overlap`` -> DBO.
