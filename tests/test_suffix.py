@@ -338,3 +338,30 @@ def test_plan_suffix_settings_reach_the_drafter():
     assert "suffix" not in runtime_section(Plan(method=MethodConfig(name="ngram", num_steps=3)),
                                            lower_report(Plan(method=MethodConfig(name="ngram", num_steps=3))
                                                         ).schedule.as_dict(), 3)["method"]
+
+
+def test_vllm_export_and_import_carry_the_suffix_keys():
+    from specc.export import export
+    from specc.importer import import_command, imported_plan
+    from specc.plan.load import load_plan
+    from specc.rules import check
+
+    plan = load_plan("vllm_suffix", ["method.suffix.max_tree_depth=16", "method.suffix.min_token_prob=0.25",
+                                     "method.suffix.max_spec_factor=2.0", "method.suffix.max_cached_requests=500",
+                                     "method.suffix.corpora=[docs.txt]"]).plan
+    launch = export(plan, "vllm")
+    sc = launch.speculative_config
+    assert (sc["method"], sc["suffix_decoding_max_tree_depth"], sc["suffix_decoding_min_token_prob"],
+            sc["suffix_decoding_max_spec_factor"], sc["suffix_decoding_max_cached_requests"]) == \
+        ("suffix", 16, 0.25, 2.0, 500)
+    assert not any("corpora" in k for k in sc)  # specc-only: vLLM has no corpus drafting
+    assert "vllm.K3" in [v.rule for v in check(plan, "vllm")]
+    imp = import_command("vllm", text=launch.command())
+    assert imp.errors == [] and imp.unmapped == [], (imp.errors, imp.unmapped)
+    sx = imported_plan(imp, "back").method.suffix
+    assert (sx.max_tree_depth, sx.min_token_prob, sx.max_spec_factor, sx.max_cached_requests) == (16, 0.25, 2.0, 500)
+    bad = import_command("vllm", argv=["m", "--speculative-config",
+                                       '{"method": "suffix", "suffix_decoding_min_token_prob": 1.5, '
+                                       '"suffix_decoding_max_tree_depth": "deep"}'])
+    assert any("suffix_decoding_min_token_prob=1.5" in e and "[0, 1]" in e for e in bad.errors), bad.errors
+    assert any("suffix_decoding_max_tree_depth='deep'" in e for e in bad.errors), bad.errors
