@@ -451,11 +451,11 @@ def gather(plan: Plan) -> CompileInputs:
 def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dict[str, Any]:
     """The manifest's ``runtime`` section: everything the runtime reads (it never reads ``plan.yaml``):
     target and draft checkpoints, the method's drafter options (``method.plugin`` for a custom
-    drafter), the verify rule (with the synthetic rule's conditional rates), device settings, the
-    serving settings (``deploy``: LoRA adapters, the disaggregation role; only when the plan sets
-    them), and the schedule (:class:`specc.lower.ScheduleSpec`
-    plus the profiled cost table of ``schedule.cost_table``, embedded, and the budget's confidence
-    source from the method table).
+    drafter, ``method.suffix`` for suffix decoding), the verify rule (with the synthetic rule's
+    conditional rates), device settings, the serving settings (``deploy``: LoRA adapters, the
+    disaggregation role; only when the plan sets them), and the schedule
+    (:class:`specc.lower.ScheduleSpec` plus the profiled cost table of ``schedule.cost_table``,
+    embedded, and the budget's confidence source from the method table).
 
     Raises:
         PlanError: an unreadable cost table (``specc.cost.load_cost_table``).
@@ -495,6 +495,11 @@ def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dic
     }
     if m.plugin:
         section["method"]["plugin"] = m.plugin
+    if m.name == "suffix":  # suffix decoding's settings and corpora (read at load; absent for other methods)
+        sx = m.suffix
+        section["method"]["suffix"] = {"max_tree_depth": sx.max_tree_depth, "max_cached_requests": sx.max_cached_requests,
+                                       "max_spec_factor": sx.max_spec_factor, "min_token_prob": sx.min_token_prob,
+                                       "corpora": list(sx.corpora or []), "max_corpus_tokens": sx.max_corpus_tokens}
     deploy = {}
     if plan.deploy.lora.adapters:  # name=path entries; paths as the plan gives them (pkg:// allowed)
         deploy["lora"] = {"adapters": list(plan.deploy.lora.adapters),

@@ -58,7 +58,8 @@ class RuntimeSupport:
         confidence: where the ``budget`` schedule's per-position confidence comes from:
             ``"draft_probability"`` (the drafter's probability of its proposal), ``"online"``
             (a per-position acceptance estimate learned online, vLLM's fallback for drafts without
-            a distribution), ``"head"`` (a trained confidence head), ``""`` (none).
+            a distribution), ``"head"`` (a trained confidence head), ``"frequency"`` (the empirical
+            frequency of the drafted continuation: suffix decoding), ``""`` (none).
         shapes: state kinds (:func:`state_kind`) the runtime runs: ``plain``, ``chain``, ``parallel``,
             ``tree``.
     """
@@ -94,7 +95,8 @@ class Method:
         static_tree: ``method.tree_choices`` (Medusa-style paths) is meaningful.
         default_num_steps: κ when the plan leaves ``method.num_steps`` unset: SGLang's EG12 default
             (speculative_hook.py:1164-1174: "anything else -> (3, 1, 4)"), DFlash's block 16
-            (DF13, speculative_hook.py:389-425: γ = 15) and DSpark's γ = 7 (DS13, dspark_config.py:21).
+            (DF13, speculative_hook.py:389-425: γ = 15), DSpark's γ = 7 (DS13, dspark_config.py:21)
+            and suffix decoding's K = ``suffix_decoding_max_tree_depth`` = 24 (vLLM SP:1732-1739).
         default_c: draft cost ratio c = t_draft / t_target of one draft pass when nothing better is
             known: §6.2's 1B-for-8B draft (0.165) for separate draft models; the second seed's
             one-layer head (T_DRAFT 0.25 ms over a 5.97 ms memory floor = 0.042) for heads and block
@@ -167,8 +169,12 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
            needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
            runtime=RuntimeSupport(drafter="specc.drafters.ngram:build_drafter", confidence="online",
                                   **_CHAIN_RUNTIME)),
-    Method("suffix", "suffix decoding: suffix trees over the prompt and earlier outputs (no model)", "lookup",
-           needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none"),
+    Method("suffix", "suffix decoding: suffix trees over the prompt, earlier outputs and corpora (no model)",
+           "lookup", needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0,
+           seed="none", dynamic_tree=True, default_num_steps=24,
+           runtime=RuntimeSupport(drafter="specc.drafters.suffix:build_drafter", confidence="frequency",
+                                  verify_rules=("greedy", "standard"), schedules=SCHEDULES,
+                                  shapes=("plain", "chain", "tree"))),
     Method("draft_model", "a separate small causal LM drafts κ tokens one by one", "chain",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="none", default_c=0.165,
            seed="draft_prefill", parallel_capable=True,

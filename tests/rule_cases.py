@@ -116,6 +116,12 @@ S_MED = {"engine": "specc", "target": SMOL,
                     "tree_choices": [[0], [1], [0, 0]]},
          "verify": {"rule": "greedy", "draft_sampling": "greedy"}}
 S_PLAIN = {"engine": "specc", "target": SMOL, "method": {"name": "none", "num_steps": 0}}
+S_SX = {"engine": "specc", "target": SMOL,
+        "method": {"name": "suffix", "num_steps": 8, "topk": 1, "num_draft_tokens": 9,
+                   "suffix": {"max_tree_depth": 24, "max_cached_requests": 100, "max_spec_factor": 1.0,
+                              "min_token_prob": 0.1, "max_corpus_tokens": 4096}}}
+CORPUS_TXT = CKPT / "corpus.txt"  # a corpus file that exists
+CORPUS_TXT.write_text("The museum opens at nine.\n")
 
 PROB = {"verify.rule": "standard", "verify.draft_sampling": "probabilistic"}
 TREE = {"method.topk": 4, "method.num_steps": 5, "method.num_draft_tokens": 8}
@@ -301,6 +307,10 @@ CASES = {
     "vllm.R29c": (V_E3, {"draft.max_model_len": 16384}, {"draft.max_model_len": 8192}, "error"),
     "vllm.R30": (V_NGRAM, {"method.name": "suffix"}, {"method.name": "ngram"}, "warning"),
     "vllm.R30b": (V_NGRAM, {"method.name": "suffix", "method.num_steps": None}, {"method.num_steps": 8}, "filled"),
+    "vllm.R31": (V_NGRAM, {"method.name": "suffix", "method.suffix.max_spec_factor": -1.0},
+                 {"method.suffix.max_spec_factor": 2.0}, "error"),
+    "vllm.K3": (V_NGRAM, {"method.name": "suffix", "method.suffix.corpora": ["docs.txt"]},
+                {"method.suffix.corpora": []}, "warning"),
     "vllm.R40": (V_E3, {"verify.rule": "synthetic"}, {"verify.synthetic.acceptance_length": 2.5}, "error"),
     "vllm.R41": (V_E3, {"verify.rule": "synthetic", "verify.synthetic.acceptance_rates": [0.5, 0.8, 0.2]},
                  {"verify.synthetic.acceptance_rates": [0.8, 0.5, 0.2]}, "error"),
@@ -413,6 +423,18 @@ CASES = {
     # block verification judges one drafted path: not a tree
     "specc.S-VERIFY": (S_E3, {"verify.rule": "block", "method.topk": 2}, {"verify.rule": "standard"}, "error"),
     "specc.S-NGRAM-PROB": (S_NG, PROB, {"verify.draft_sampling": "greedy"}, "fallback"),
+    "specc.S-SUFFIX-FILL": (S_SX, {"method.suffix.max_tree_depth": None}, {"method.suffix.max_tree_depth": 24}, "filled"),
+    "specc.S-SUFFIX-RANGE": (S_SX, {"method.suffix.min_token_prob": 1.5}, {"method.suffix.min_token_prob": 0.5},
+                             "error"),
+    "specc.S-SUFFIX-STEPS-FILL": (S_SX, {"method.num_steps": None, "method.num_draft_tokens": None},
+                                  {"method.num_steps": 8}, "filled"),
+    "specc.S-SUFFIX-PROB": (S_SX, PROB, {"verify.draft_sampling": "greedy"}, "fallback"),
+    "specc.S-SUFFIX-CORPUS": (S_SX, {"method.suffix.corpora": [str(CKPT / "no_such_corpus.txt")]},
+                              {"method.suffix.corpora": [str(CORPUS_TXT)]}, "error"),
+    "specc.S-SUFFIX-DEEP": (S_SX, {"method.num_steps": 30, "method.num_draft_tokens": None},
+                            {"method.suffix.max_tree_depth": 32}, "warning"),
+    "specc.S-SUFFIX-IGN": (S_NG, {"method.suffix.max_spec_factor": 2.0}, {"method.suffix.max_spec_factor": None},
+                           "warning"),
     "specc.S-GREEDY-PROB": (S_E3, {"verify.draft_sampling": "probabilistic"}, {"verify.rule": "standard"}, "warning"),
     "specc.S-THRESH": (S_E3, {"verify.accept_threshold.acc": 0.8}, {"verify.accept_threshold.acc": None}, "error"),
     "specc.S-SYN-IGN": (S_E3, {"verify.synthetic.acceptance_length": 2.0}, {"verify.synthetic.acceptance_length": None},

@@ -521,3 +521,35 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
         res = specc_proc("check", user, timeout=60)
         assert res.returncode == 2 and word in res.stdout, res.stdout[-2000:]
     assert time.perf_counter() - t0 < 120  # three commands, not minutes of expansion each
+
+
+def test_suffix_run_reports_host_work_and_explain_uses_its_acceptance(ckpt, capsys, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("w9 w8 w7 w9 w8 w7 w9 w8 w20 w21 w22 w23\n")
+    over = tiny_overrides(ckpt) + [f"method.suffix.corpora=[{corpus}]"]
+    rc, out, err = run_cli(capsys, "compile", "smollm2_suffix", *over, "--out", tmp_path / "art", "--print-path")
+    assert rc == 0, err
+    art = out.strip().splitlines()[-1]
+    run_out = _run_json(capsys, art, tmp_path)
+    (tmp_path / "run.jsonl").write_text(run_out)
+    summary = json.loads(run_out.strip().splitlines()[-1])["summary"]
+    assert summary["drafter"]["corpus_tokens"] > 0 and summary["drafter"]["documents"] == 1
+    assert summary["stage_ms_per_step"]["draft"] > 0 and summary["stage_ms_per_step"]["verify"] > 0
+    rc, out, err = run_cli(capsys, "explain", "smollm2_suffix", *over, "--acceptance", tmp_path / "run.jsonl",
+                           "--format", "json")
+    assert rc == 0, err
+    m = json.loads(out)["measured_acceptance"]
+    assert m["drafts_per_step"] == pytest.approx(summary["num_draft_tokens"] / summary["num_steps"])
+    assert m["speedup_at_batch_measured_width"] and all(v > 0 for v in m["speedup_at_batch_measured_width"].values())
+    # a corpus that is gone by load time, or too large for its bound: clean errors naming the key
+    corpus.unlink()
+    rc, out, err = run_cli(capsys, "run", art, "--max-new-tokens", "4", "--no-progress")
+    assert rc != 0 and "method.suffix.corpora[0]" in err and "Traceback" not in err
+    corpus.write_text("w9 " * 50)
+    rc, out, err = run_cli(capsys, "compile", "smollm2_suffix", *over, "method.suffix.max_corpus_tokens=10",
+                           "--out", tmp_path / "art2", "--print-path")
+    assert rc == 0, err
+    rc, out, err = run_cli(capsys, "run", out.strip().splitlines()[-1], "--max-new-tokens", "4", "--no-progress")
+    assert rc != 0 and "method.suffix.max_corpus_tokens=10" in err and "Traceback" not in err
+    rc, out, err = run_cli(capsys, "check", "smollm2_suffix", "method.suffix.corpora=[/no/such/file.txt]")
+    assert rc == 1 and "method.suffix.corpora[0]=/no/such/file.txt: no such file" in out + err

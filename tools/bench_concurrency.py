@@ -5,9 +5,13 @@ Continuous batching of the shipped prompts (cycled to ``--requests-per-slot`` ×
 in flight) on SmolLM2-135M, at each concurrency C, for: plain decoding; each static κ in
 ``--kappas``; ``batch_buckets`` with one κ per bucket from ``schedule.kind: auto`` (the cost model
 over the profiled table, at the α measured by the static κ = 4 run at C = 1); the shipped
-``smollm2_adaptive`` preset (SGLang's controller) and ``smollm2_budget`` preset (survival budget). The
-drafters: the n-gram drafter (real acceptance) and the synthetic rule at mean acceptance lengths
-``--synthetic`` (acceptance by a curve, whatever the tokens: isolates what acceptance buys).
+``smollm2_adaptive`` preset (SGLang's controller) and ``smollm2_budget`` preset (survival budget); with
+``--schedules ... auto``, also ``schedule.kind: auto`` itself (the adaptive controller over the
+candidates the cost model derives at that α). The drafters (``--drafters``): the n-gram drafter (real
+acceptance), suffix decoding (``smollm2_suffix``'s settings, a fresh drafter per run: its global tree
+fills with the run's finished outputs; the prompts repeat once the run has more requests than the 60
+prompts) and the synthetic rule at mean acceptance lengths ``--synthetic`` (acceptance by a curve,
+whatever the tokens: isolates what acceptance buys).
 
 Each concurrency runs every configuration once per round for ``--rounds`` rounds, interleaved, and
 keeps each configuration's best round (load from other jobs then falls on all alike).
@@ -15,10 +19,15 @@ keeps each configuration's best round (load from other jobs then falls on all al
 Per row: decode tokens/s (prefill excluded) and output tokens/s (all), speedup over plain at the
 same C, the cost model's predicted decode speedup from the profiled table (with the run's own τ and
 drafts per request: a check of the step-cost side), τ, time per output token p50/p99, and the κ
-chosen (steps per κ). Every greedy n-gram output is checked against plain decoding. Writes JSON and
-a plot (throughput against concurrency, one panel per drafter) and prints whether the goals hold:
-adaptive and budget ≥ 0.95× the best static κ at every C and ≥ 0.98× plain at the largest C; the
-prediction within 15 % of the measured speedup for each static κ.
+chosen (steps per κ); for suffix decoding also its host work per step (draft + extend stages) next to
+the verify stage. Every greedy n-gram and suffix output is checked against plain decoding. Writes
+JSON and a plot (throughput against concurrency, one panel per drafter) and prints whether the goals
+hold: adaptive and budget ≥ 0.95× the best static κ at every C and ≥ 0.98× plain at the largest C;
+the prediction within 15 % of the measured speedup for each static κ; suffix decoding under auto and
+budget ≥ 0.98× plain at every C.
+
+    OMP_NUM_THREADS=1 python tools/bench_concurrency.py --drafters suffix --schedules auto budget \
+        --concurrency 16 64 --rounds 1 --max-new-tokens 32
 
     OMP_NUM_THREADS=1 python tools/bench_concurrency.py --concurrency 1 4 16 64 \\
         --out docs/bench_concurrency.json --plot docs/bench_concurrency.png
@@ -43,6 +52,12 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--kappas", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--synthetic", type=float, nargs="*", default=[1.5, 2.5, 3.5])
+    ap.add_argument("--drafters", nargs="+", default=None,
+                    help="ngram, suffix and/or synL (synthetic, mean acceptance length L); default: ngram and "
+                         "the --synthetic lengths")
+    ap.add_argument("--schedules", nargs="+", default=["static", "batch_buckets", "adaptive", "budget"],
+                    choices=["static", "batch_buckets", "adaptive", "budget", "auto"],
+                    help="schedules run per drafter (plain decoding always runs)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--requests-per-slot", type=int, default=2)
     ap.add_argument("--min-requests", type=int, default=12)
@@ -59,6 +74,7 @@ def main(argv=None) -> int:
     import torch
 
     from specc import cost, lower, methods
+    from specc.drafters import suffix as suffix_drafter
     from specc.drafters.ngram import NgramDrafter
     from specc.models import load_target
     from specc.plan.load import load_plan
@@ -76,6 +92,10 @@ def main(argv=None) -> int:
     base_plan = load_plan("smollm2_ngram").plan
     base_plan = dataclasses.replace(base_plan, runtime=dataclasses.replace(base_plan.runtime, max_batch_size=max(sizes)),
                                     schedule=ScheduleConfig(capture_batch_sizes=sizes))
+    suffix_plan = load_plan("smollm2_suffix").plan
+    suffix_plan = dataclasses.replace(suffix_plan, runtime=dataclasses.replace(suffix_plan.runtime,
+                                                                               max_batch_size=max(sizes)))
+    suffix_spec = {"method": {"suffix": dataclasses.asdict(suffix_plan.method.suffix)}}
     target, tok = load_target(base_plan.target.path, base_plan.target.format, max_model_len=args.max_model_len + 8)
     records = read_prompts(shipped_prompts_path())
     encoded = [encode_prompt(r, tok) for r in records]
@@ -87,27 +107,30 @@ def main(argv=None) -> int:
                         params=SamplingParams(max_new_tokens=args.max_new_tokens)) for i in range(n)]
 
     def plan_for(drafter, schedule, k=4):
-        verify = VerifyConfig() if drafter == "ngram" else VerifyConfig(
+        verify = VerifyConfig() if drafter in ("ngram", "suffix") else VerifyConfig(
             rule="synthetic", synthetic=SyntheticConfig(acceptance_length=float(drafter[3:])))
-        p = dataclasses.replace(base_plan, method=dataclasses.replace(base_plan.method, num_steps=k), verify=verify,
+        base = suffix_plan if drafter == "suffix" else base_plan
+        p = dataclasses.replace(base, method=dataclasses.replace(base.method, num_steps=k), verify=verify,
                                 schedule=dataclasses.replace(schedule, capture_batch_sizes=sizes))
         return resolve(p, "specc")[0]
 
     def run(plan, c, with_drafter=True):
-        drafter = NgramDrafter(*window) if with_drafter else None
+        drafter = None
+        if with_drafter:
+            drafter = suffix_drafter.build_drafter(suffix_spec) if plan.method.name == "suffix" else NgramDrafter(*window)
         rt = runtime_from_plan(plan, target, tok, drafter, cost_table=None if plan.schedule.kind != "budget" else
                                _table_dict(table), max_model_len=args.max_model_len)
         return run_concurrency(rt, requests(c), c)
 
     t_start = time.perf_counter()
     none_plan = dataclasses.replace(base_plan, method=MethodConfig(name="none", num_steps=0))
-    drafters = ["ngram"] + [f"syn{L:g}" for L in args.synthetic]
+    drafters = args.drafters or (["ngram"] + [f"syn{L:g}" for L in args.synthetic])
     configs = [("plain", None, none_plan)]
     autos = {}
     for d in drafters:
         # batch_buckets from auto: the cost model's best κ per captured size, at α measured by a static
-        # κ = 4 pilot run at the smallest concurrency (n-gram) or given by the synthetic curve
-        if d == "ngram":
+        # κ = 4 pilot run at the smallest concurrency (n-gram, suffix) or given by the synthetic curve
+        if d in ("ngram", "suffix"):
             pilot = run(plan_for(d, ScheduleConfig(kind="static"), 4), min(args.concurrency))
             alpha = cost.alpha_for_expected_tokens(min(max(pilot.tau, 1.0), 5.0), 4)
         else:
@@ -117,12 +140,20 @@ def main(argv=None) -> int:
         probe = plan_for(d, ScheduleConfig(kind="auto", cost_table=args.cost_table, alpha=alpha))
         auto, _ = lower.derive_auto_buckets(probe, sizes, alpha, cost.batch_model_from_table(table), spread=0.0)
         autos[d] = {"alpha": alpha, "buckets": {k: list(v) for k, v in auto.items()}}
-        for k in args.kappas:
-            configs.append((f"static k={k}", d, plan_for(d, ScheduleConfig(kind="static"), k)))
-        bb = ScheduleConfig(kind="batch_buckets", buckets={k: BucketConfig([v[0]]) for k, v in auto.items()})
-        configs.append(("batch_buckets (auto)", d, plan_for(d, bb, max(max(v) for v in auto.values()) or 1)))
+        top_k = (suffix_plan.method.num_steps or 8) if d == "suffix" else 4  # κ of the load-aware schedules' states
+        if "static" in args.schedules:
+            for k in args.kappas:
+                configs.append((f"static k={k}", d, plan_for(d, ScheduleConfig(kind="static"), k)))
+        if "batch_buckets" in args.schedules:
+            bb = ScheduleConfig(kind="batch_buckets", buckets={k: BucketConfig([v[0]]) for k, v in auto.items()})
+            configs.append(("batch_buckets (auto)", d, plan_for(d, bb, max(max(v) for v in auto.values()) or 1)))
+        if "auto" in args.schedules:
+            configs.append(("auto", d, plan_for(d, ScheduleConfig(kind="auto", cost_table=args.cost_table, alpha=alpha),
+                                                top_k)))
         for name, preset in (("adaptive", adaptive_preset), ("budget", budget_preset)):
-            configs.append((name, d, plan_for(d, dataclasses.replace(preset.schedule), preset.method.num_steps or 4)))
+            if name in args.schedules:
+                k = top_k if d == "suffix" and name == "budget" else preset.method.num_steps or 4
+                configs.append((name, d, plan_for(d, dataclasses.replace(preset.schedule), k)))
         print(f"[{time.perf_counter() - t_start:6.0f}s] {d}: auto α={alpha:.3f} buckets {auto}", flush=True)
     # every configuration at a concurrency runs once per round, round after round (order reversed on
     # odd rounds), and the best round is kept: load from other jobs on this shared machine falls on
@@ -199,22 +230,36 @@ def _report(args, results, plain, table, methods):
                 drafting = any(k > 0 for k in r.kappa_steps)
                 pred = predicted_decode_tok_s(r, table, 1 if drafting else 0) / predicted_decode_tok_s(plain[c], table, 0)
                 exact = None
-                if d == "ngram":
+                if d in ("ngram", "suffix"):
                     exact = sum(a == b for a, b in zip(plain[c].outputs, r.outputs)) / len(r.outputs)
                 data["drafters"][d][name][c] = _row(r, sp, pred, exact)
                 ks = ",".join(f"{k}:{v}" for k, v in sorted(r.kappa_steps.items()))
                 cells += (f"{r.decode_tok_s:8.1f} {sp:6.2f}x {pred:6.2f}x {r.tau:5.2f} "
                           f"{r.tpot_ms_p50:7.1f}/{r.tpot_ms_p99:<7.1f} {ks:>10s}")
             lines.append(f"{name:22s}{cells}")
+        if d == "suffix":
+            for n, per in rows.items():
+                if n.startswith("_"):
+                    continue
+                lines.append(f"  {n}: host (draft + extend) ms/step vs verify ms/step: " + ", ".join(
+                    f"C={c} {_host_ms(per[c]):.2f} vs {per[c].stage_ms_per_step.get('verify', 0.0):.1f}" for c in cs))
+                if n in ("auto", "budget"):
+                    for c in cs:
+                        goals.append((d, c, f"{n} / plain", per[c].decode_tok_s / plain[c].decode_tok_s, 0.98))
         static = {n: p for n, p in rows.items() if n.startswith("static")}
         for c in cs:
+            if not static:
+                continue
             best_name, best = max(((n, p[c].decode_tok_s) for n, p in static.items()), key=lambda x: x[1])
             for n in ("adaptive", "budget"):
+                if n not in rows:
+                    continue
                 v = rows[n][c].decode_tok_s
                 goals.append((d, c, f"{n} / best static ({best_name})", v / best, 0.95))
-            if c == max(cs):
+            if c == max(cs) and d != "suffix":
                 for n in ("adaptive", "budget"):
-                    goals.append((d, c, f"{n} / plain", rows[n][c].decode_tok_s / plain[c].decode_tok_s, 0.98))
+                    if n in rows:
+                        goals.append((d, c, f"{n} / plain", rows[n][c].decode_tok_s / plain[c].decode_tok_s, 0.98))
         for n, per in static.items():
             for c in cs:
                 r = per[c]
@@ -228,12 +273,19 @@ def _report(args, results, plain, table, methods):
         met += ok
         lines.append(f"{'ok  ' if ok else 'MISS'} {d:7s} C={c:<3d} {what}: {v:.3f} (goal {'>=' if bound > 0 else '<='} {abs(bound)})")
     lines.append(f"{met}/{len(goals)} goals met")
-    if "ngram" in results:
-        inexact = [(n, c, v["exact"]) for n, per in data["drafters"]["ngram"].items() if isinstance(per, dict)
+    for d in ("ngram", "suffix"):
+        if d not in results:
+            continue
+        inexact = [(n, c, v["exact"]) for n, per in data["drafters"][d].items() if isinstance(per, dict)
                    for c, v in per.items() if isinstance(v, dict) and v.get("exact") not in (None, 1.0)]
-        lines.append("n-gram greedy outputs identical to plain decoding: " + ("all" if not inexact else f"NOT {inexact}"))
+        lines.append(f"{d} greedy outputs identical to plain decoding: " + ("all" if not inexact else f"NOT {inexact}"))
     data["goals"] = [{"drafter": d, "concurrency": c, "what": w, "value": v, "goal": b} for d, c, w, v, b in goals]
     return {"text": "\n".join(lines), "json": data}
+
+
+def _host_ms(r):
+    """The drafter's host work per decode step (draft + extend stages), milliseconds."""
+    return r.stage_ms_per_step.get("draft", 0.0) + r.stage_ms_per_step.get("extend", 0.0)
 
 
 def _row(r, speedup, predicted, exact=None):
@@ -242,7 +294,7 @@ def _row(r, speedup, predicted, exact=None):
             "ttft_ms_p50": r.ttft_ms_p50, "ttft_ms_p99": r.ttft_ms_p99, "mean_batch": r.mean_batch,
             "drafts_per_req": r.drafts_per_req, "kappa_steps": r.kappa_steps, "kappa_switches": r.kappa_switches,
             "kappa_trace": r.kappa_trace, "requests": r.num_requests, "output_tokens": r.output_tokens,
-            "exact": exact}
+            "exact": exact, "stage_ms_per_step": r.stage_ms_per_step}
 
 
 def _plot(path, results, plain, cs):
@@ -264,7 +316,7 @@ def _plot(path, results, plain, cs):
         ax.set_xticklabels([str(c) for c in cs])
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel("decode tokens/s")
-        ax.set_title(d if d == "ngram" else f"synthetic, mean acceptance length {d[3:]}")
+        ax.set_title(d if d in ("ngram", "suffix") else f"synthetic, mean acceptance length {d[3:]}")
         ax.legend(fontsize=7)
     fig.suptitle("SmolLM2-135M on this CPU: throughput by schedule (tools/bench_concurrency.py)")
     fig.tight_layout()

@@ -277,6 +277,7 @@ class MeasuredAcceptance:
     num_drafts: int
     artifact: str
     path: str
+    drafts_per_step: Optional[float] = None  # verified draft tokens per request and step (num_draft_tokens / num_steps)
 
     @property
     def source(self) -> str:
@@ -351,8 +352,34 @@ def read_acceptance(path: str) -> MeasuredAcceptance:
     tau = 1.0 + sum(rates)
     alpha = cost.alpha_for_expected_tokens(min(tau, len(rates) + 1.0), len(rates))
     art = summary.get("artifact")
+    verified = summary.get("num_draft_tokens")
     return MeasuredAcceptance(alpha=alpha, rates=rates, tau=tau, num_steps=int(steps), num_drafts=int(drafts),
-                              artifact=str(art) if isinstance(art, str) else "", path=str(path))
+                              artifact=str(art) if isinstance(art, str) else "", path=str(path),
+                              drafts_per_step=verified / steps if count(verified) else None)
+
+
+def measured_width_speedups(preds, measured: Optional[MeasuredAcceptance], inputs, lookup: bool) -> Dict[str, float]:
+    """For a lookup drafter (n-gram, suffix: each request verifies only the drafts its match gave, not
+    the state's width W), each state's speedup at its batch B from the run itself: τ tokens per
+    request and step for a verify over B·(1 + d̄) tokens (d̄ = the run's verified drafts per request and
+    step), against plain decoding's B tokens: τ · t(B) / t(B·(1 + d̄)), with t the profiled cost
+    table's step time when the plan has one, else the T* roofline max(1, n / T*). Empty when the run
+    did not record its drafts or the method is not a lookup."""
+    if measured is None or measured.drafts_per_step is None or not lookup:
+        return {}
+    model = getattr(inputs, "batch_model", None)
+    out = {}
+    for p in preds:
+        if p.num_steps == 0:
+            continue
+        b = p.batch_size
+        n = max(1, round(b * (1.0 + measured.drafts_per_step)))
+        if model is not None:
+            ratio = model.step_time(b) / model.step_time(n)
+        else:
+            ratio = max(1.0, b / p.saturation_tokens) / max(1.0, n / p.saturation_tokens)
+        out[p.state] = measured.tau * ratio
+    return out
 
 
 def refuse_rule_errors(args: argparse.Namespace, engine: str) -> int:
@@ -459,6 +486,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}")
     p0 = preds[0]
+    from specc import methods
+
+    by_width = measured_width_speedups(preds, measured, res["inputs"], methods.get(plan.method.name).lookup)
     notes = [_violation_line(v, loaded.where) for v in violations if v not in planning]
     notes += [f"note: {_violation_line(v, loaded.where)} — schedule.kind=auto is a planning mode: the "
               f"buckets below are what to write into schedule.buckets (kind adaptive or batch_buckets) "
@@ -470,7 +500,8 @@ def run(args: argparse.Namespace) -> int:
             "alpha_measured": measured is not None, "alpha_note": alpha_note,
             "measured_acceptance": None if measured is None else {
                 "path": measured.path, "artifact": measured.artifact, "rates_per_step": list(measured.rates),
-                "tau": measured.tau, "num_steps": measured.num_steps, "num_drafts": measured.num_drafts},
+                "tau": measured.tau, "num_steps": measured.num_steps, "num_drafts": measured.num_drafts,
+                "drafts_per_step": measured.drafts_per_step, "speedup_at_batch_measured_width": by_width},
             "c": p0.c, "c_source": p0.c_source, "hardware": p0.hardware,
             "saturation_tokens": p0.saturation_tokens, "capture_sizes": list(low.capture_sizes),
             "buckets": {str(k): list(v) for k, v in low.buckets.items()},
@@ -508,6 +539,10 @@ def run(args: argparse.Namespace) -> int:
         print()
         for line in _legend(preds, res["inputs"]):
             print(line)
+        if by_width:
+            print(f"measured width ({plan.method.name} drafts only what its match gives; the run verified "
+                  f"{measured.drafts_per_step:.2f} drafts per request and step, τ = {measured.tau:.2f}): speedup@B = "
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in by_width.items()))
         print(f"{len(preds)} states; stage graphs: "
               + ("all valid" if not bad else f"{len(bad)} INVALID"))
         for name, found in bad.items():

@@ -156,11 +156,15 @@ def _print_summary(runtime, art, as_json: bool, finished: int, total: int, inter
         summary = dict(m.as_dict(), artifact=art.path.name, states=[s.spec.name for s in runtime.states])
         if interrupted:
             summary.update(interrupted=True, finished=finished, requests=total)
+        if hasattr(runtime.drafter, "host_report"):  # the drafter's own host work and sizes (suffix decoding)
+            summary["drafter"] = runtime.drafter.host_report()
         print(json.dumps({"summary": summary}), flush=True)
         return
     print("=== metrics" + (f" of the {finished} finished request(s); interrupted after {finished} of {total}"
                             if interrupted else ""))
     print(m.summary(), flush=True)
+    if hasattr(runtime.drafter, "host_report"):
+        print("drafter: " + ", ".join(f"{k} {v}" for k, v in runtime.drafter.host_report().items()), flush=True)
 
 
 def run(args) -> int:

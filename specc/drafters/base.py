@@ -18,6 +18,7 @@ a request's lifetime, and are also the rows of every KV cache):
    forward's hidden states and the accepted lengths. For a tree the runtime first moves the accepted
    path's target KV into place (the KV-commit stage) and hands ``commit`` the path as a chain
    (``VerifyStep.accept_index`` says which tree nodes it came from).
+4. ``release(row)`` when a row's request leaves the batch (optional; default nothing).
 
 Conventions shared by all methods:
 
@@ -31,7 +32,8 @@ Conventions shared by all methods:
   ignored, and their cache writes must go to the trash slot or to positions nobody reads.
 - Tensors are on the runtime's device; token ids are int64, probabilities fp32.
 
-Methods: ``ngram`` (specc.drafters.ngram), ``draft_model`` (specc.drafters.draft_model; PARD in its
+Methods: ``ngram`` (specc.drafters.ngram), ``suffix`` (specc.drafters.suffix: suffix trees, chains or
+trees, ``release`` moving a finished request's output into its global tree), ``draft_model`` (specc.drafters.draft_model; PARD in its
 parallel mode), the block drafters ``dflash`` / ``dspark`` (specc.drafters.dflash: ``propose_block``,
 context K/V written in ``commit``), and the EAGLE family (P-EAGLE in its parallel mode), which implements this same class in ``specc.drafters.eagle`` (issue 5): it sets
 ``hidden_layers`` to the target layers it fuses, keeps its own KV cache written by position, runs its
@@ -313,6 +315,11 @@ class Drafter(abc.ABC):
         the accepted tokens here. Called after every decode step, κ = 0 steps included (then
         ``step.num_steps == 0`` and ``propose`` was not called), so a schedule may switch κ between
         any two steps. ``batch`` already reflects the new history. Default: nothing."""
+
+    def release(self, row: int) -> None:
+        """Row ``row``'s request left the batch (finished, cancelled or failed); its row may take a new
+        request (whose ``prefill`` follows). Suffix decoding moves the request's output into its global
+        tree here. Default: nothing."""
 
     @classmethod
     def from_spec(cls, spec, target, tokenizer, device, max_seq_len) -> "Drafter":

@@ -107,6 +107,10 @@ def to_vllm(plan: Plan) -> VLLMLaunch:
             sc["prompt_lookup_min"] = m.ngram.min
         if m.ngram.max is not None:
             sc["prompt_lookup_max"] = m.ngram.max
+    if m.name == "suffix":  # corpora have no vLLM counterpart (rule K3 says so)
+        for key in ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"):
+            if getattr(m.suffix, key) is not None:
+                sc[f"suffix_decoding_{key}"] = getattr(m.suffix, key)
     if m.parallel_drafting:
         sc["parallel_drafting"] = True
     if v.rule in ("standard", "block", "synthetic"):

@@ -25,7 +25,14 @@ MAPPED = {"model_tag", "max_model_len", "dtype", "tensor_parallel_size", "data_p
           "spec_model", "spec_tokens"}
 SC_MAPPED = {"method", "model", "num_speculative_tokens", "max_model_len", "prompt_lookup_min", "prompt_lookup_max",
              "parallel_drafting", "rejection_sample_method", "draft_sample_method", "synthetic_acceptance_rates",
-             "synthetic_acceptance_length", "num_speculative_tokens_per_batch_size", "enable_adaptive_verification"}
+             "synthetic_acceptance_length", "num_speculative_tokens_per_batch_size", "enable_adaptive_verification",
+             "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+             "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"}
+#: suffix_decoding_* keys: (plan key, integer?, lower bound, upper bound or None) (vLLM SP:1741-1760)
+SUFFIX_KEYS = {"suffix_decoding_max_tree_depth": ("method.suffix.max_tree_depth", True, 1, None),
+               "suffix_decoding_max_cached_requests": ("method.suffix.max_cached_requests", True, 0, None),
+               "suffix_decoding_max_spec_factor": ("method.suffix.max_spec_factor", False, 0, None),
+               "suffix_decoding_min_token_prob": ("method.suffix.min_token_prob", False, 0, 1)}
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
 
@@ -110,6 +117,25 @@ def _default_model(out: Imported) -> None:
            f"(`vllm serve MODEL`)")
     out.notes.append(msg)
     out.filled.append(("target.path", model, msg, "vllm/entrypoints/cli/serve.py:54-57, vllm/engine/arg_utils.py:492"))
+
+
+def _suffix_keys(sc: Dict[str, Any], out: Imported) -> None:
+    """``suffix_decoding_*`` -> ``method.suffix.*``; a wrong type or a value vLLM refuses at startup
+    (``_validate_suffix_decoding``, SP:1741-1760) is an error naming the key."""
+    for key, (dest, integer, lo, hi) in SUFFIX_KEYS.items():
+        if key not in sc:
+            continue
+        v = sc[key]
+        ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
+        if isinstance(v, bool) or not ok_type:
+            out.errors.append(f"--speculative-config {key}={v!r} must be {'an integer' if integer else 'a number'}")
+            continue
+        if v < lo or (hi is not None and v > hi):
+            bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            out.errors.append(f"--speculative-config {key}={v!r}: vLLM refuses it at startup (must be {bound}, "
+                              f"vllm/config/speculative.py:1741-1760); write a value {bound} or drop the key")
+            continue
+        put(out.plan, dest, float(v) if not integer else int(v))
 
 
 def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, default_model: bool = True) -> None:
@@ -219,6 +245,7 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, default_
                                      f"dynamic-K range holds up to it; set it to your GPU's value")
         if sc.get("enable_adaptive_verification"):
             put(p, "schedule.kind", "budget")
+        _suffix_keys(sc, out)
         for key, value in sc.items():
             if key not in SC_MAPPED:
                 out.unmapped.append(f"speculative_config.{key}={json.dumps(value)}")

@@ -294,6 +294,7 @@ MAX_BATCH = 65536  # captured batch sizes, bucket keys, max_batch_size, max_runn
 MAX_LIST = 512  # entries of capture_batch_sizes, buckets, tree_choices, candidate lists
 MAX_MODEL_LEN = 1 << 24
 MAX_NGRAM = 1024
+MAX_SUFFIX_DEPTH = 4096  # suffix trees' depth (vLLM sets no upper bound; its default is 24)
 MAX_PARALLEL = 4096  # tp / dp / pp / LoRAs per batch
 # Candidate states (captured batch sizes × the κ candidates each routes to): each is lowered,
 # graphed, predicted and compiled to its own program. SGLang's adaptive default gives 21.
@@ -312,6 +313,11 @@ RANGES: Dict[str, Tuple[Optional[float], Optional[float]]] = {
     "method.ngram.min": (1, MAX_NGRAM),
     "method.ngram.max": (1, MAX_NGRAM),
     "method.markov.rank": (0, 1 << 16),
+    "method.suffix.max_tree_depth": (1, MAX_SUFFIX_DEPTH),
+    "method.suffix.max_cached_requests": (0, 1 << 31),
+    "method.suffix.max_spec_factor": (0, None),
+    "method.suffix.min_token_prob": (0, 1),
+    "method.suffix.max_corpus_tokens": (0, 1 << 31),
     "verify.synthetic.acceptance_length": (1, MAX_NUM_STEPS + 1),
     "verify.accept_threshold.single": (0, 1),
     "verify.accept_threshold.acc": (0, 1),
@@ -390,6 +396,9 @@ def _range_errors(plan: S.Plan) -> List[Tuple[str, str]]:
                                      f"of the bucket each routes to); at most {MAX_STATES}: capture fewer "
                                      f"batch sizes (schedule.capture_batch_sizes, runtime.max_batch_size) "
                                      f"or list fewer κ per bucket"))
+    corpora = plan.method.suffix.corpora or []
+    if len(corpora) > MAX_LIST:
+        errs.append(("method.suffix.corpora", f"{len(corpora)} corpora: at most {MAX_LIST}"))
     tc = plan.method.tree_choices
     if tc is not None and any(any(c < 0 for c in path) for path in tc):
         errs.append(("method.tree_choices", "child indices must be >= 0"))

@@ -63,6 +63,27 @@ class NgramConfig:
 
 
 @dataclass
+class SuffixConfig:
+    """Suffix decoding (vLLM's ``suffix_decoding_*`` keys, SpeculativeConfig; Arctic Inference's
+    SuffixDecodingCache) and corpus drafting. ``None`` takes vLLM's defaults (24, 10000, 1.0, 0.1).
+
+    ``max_tree_depth``: tokens a suffix tree keeps per suffix (the matched length plus the drafted
+    length fit in it). ``max_cached_requests``: finished requests' outputs kept in the global tree
+    (FIFO eviction; 0: none). ``max_spec_factor``: at most ``factor × matched length`` drafts.
+    ``min_token_prob``: the floor of a draft's estimated probability (its empirical frequency).
+    ``corpora``: text files, directories of ``.txt`` files or installable corpus names tokenized into
+    the global tree at load. ``max_corpus_tokens``: the tokens corpora and documents added at run time
+    (``specc serve``'s ``POST /v1/suffix/documents``) may take in all."""
+
+    max_tree_depth: Optional[int] = None
+    max_cached_requests: Optional[int] = None
+    max_spec_factor: Optional[float] = None
+    min_token_prob: Optional[float] = None
+    corpora: List[str] = field(default_factory=list)
+    max_corpus_tokens: Optional[int] = None
+
+
+@dataclass
 class MarkovConfig:
     """DSpark's Markov correction head (seed 2; SGLang ``dspark_components``)."""
 
@@ -82,6 +103,7 @@ class MethodConfig:
     parallel_drafting: bool = False
     block_size: Optional[int] = None
     ngram: NgramConfig = field(default_factory=NgramConfig)
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)
     markov: MarkovConfig = field(default_factory=MarkovConfig)
     confidence_head: Optional[bool] = None
     tree_choices: Optional[List[List[int]]] = None

@@ -246,6 +246,48 @@ def _fill_ngram(p):
     return {"method.ngram.min": lo, "method.ngram.max": hi}
 
 
+SUFFIX_SRC = "specc/drafters/suffix.py"
+#: method.suffix keys with the values the runtime takes when the plan leaves them unset (vLLM's defaults)
+SUFFIX_KEYS = ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob", "max_corpus_tokens")
+
+
+def _suffix_defaults() -> dict:
+    from specc.drafters.suffix import DEFAULT_MAX_CORPUS_TOKENS, DEFAULTS
+
+    return dict(DEFAULTS, max_corpus_tokens=DEFAULT_MAX_CORPUS_TOKENS)
+
+
+def _fill_suffix(p):
+    d = _suffix_defaults()
+    return {f"method.suffix.{k}": d[k] for k in SUFFIX_KEYS if getattr(p.method.suffix, k) is None}
+
+
+def _suffix_set(p) -> bool:
+    sx = p.method.suffix
+    return bool(sx.corpora) or any(getattr(sx, k) is not None for k in SUFFIX_KEYS)
+
+
+def _suffix_range_problems(p) -> list:
+    """Each method.suffix key outside its range (vLLM rule 31, SP:1741-1760), as ``key=value (bound)``."""
+    sx, out = p.method.suffix, []
+    checks = (("max_tree_depth", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+              ("max_cached_requests", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
+              ("max_spec_factor", lambda v: isinstance(v, (int, float)) and v == v and v >= 0, "a number >= 0"),
+              ("min_token_prob", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "a probability in [0, 1]"),
+              ("max_corpus_tokens", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"))
+    for key, ok, what in checks:
+        v = getattr(sx, key)
+        if v is not None and (isinstance(v, bool) or not ok(v)):
+            out.append(f"method.suffix.{key}={v!r} must be {what}")
+    return out
+
+
+def _corpus_problems(p) -> list:
+    from specc.corpus import problem
+
+    return [w for w in (problem(e, i) for i, e in enumerate(p.method.suffix.corpora or [])) if w]
+
+
 R = Rule
 RULES = (
     R("S-NAME", "error", ("name",), lambda p: bad_name(p.name),
@@ -287,6 +329,36 @@ RULES = (
       and isinstance(p.method.num_steps, int) and p.method.num_steps not in (1, p.method.block_size),
       "method.num_steps={p.method.num_steps} and method.block_size={p.method.block_size} disagree: for "
       "{p.method.name} both are γ, the drafts of one block; set one of them (or both equal)", DRAFTERS_SRC),
+    R("S-SUFFIX-FILL", "filled", tuple(f"method.suffix.{k}" for k in SUFFIX_KEYS),
+      lambda p: p.method.name == "suffix" and any(getattr(p.method.suffix, k) is None for k in SUFFIX_KEYS),
+      "{what} (vLLM's defaults)", SUFFIX_SRC + " (DEFAULTS; vllm-0.33.0.md §2 rows 114-117)",
+      _fill_suffix, message_args=lambda p: {"what": ", ".join(f"{k} = {v}" for k, v in _fill_suffix(p).items())}),
+    R("S-SUFFIX-RANGE", "error", tuple(f"method.suffix.{k}" for k in SUFFIX_KEYS),
+      lambda p: p.method.name == "suffix" and bool(_suffix_range_problems(p)),
+      "{what}", SUFFIX_SRC + " (check_settings; vLLM rule 31, SP:1741-1760)",
+      message_args=lambda p: {"what": "; ".join(_suffix_range_problems(p))}),
+    R("S-SUFFIX-STEPS-FILL", "filled", ("method.num_steps",),
+      lambda p: p.method.name == "suffix" and p.method.num_steps is None and not p.method.tree_choices
+      and isinstance(p.method.suffix.max_tree_depth, int) and p.method.suffix.max_tree_depth >= 1,
+      "method.num_steps = method.suffix.max_tree_depth = {new[method.num_steps]} (vLLM's K for suffix decoding; "
+      "each request drafts only as far as its match allows)", "specc/lower.py (base_num_steps); vLLM SP:1732-1739",
+      lambda p: {"method.num_steps": p.method.suffix.max_tree_depth}),
+    R("S-SUFFIX-PROB", "fallback", ("verify.draft_sampling",),
+      lambda p: p.method.name == "suffix" and p.verify.draft_sampling == "probabilistic",
+      "suffix drafts have no distribution (a deterministic continuation of the history): "
+      "verify.draft_sampling becomes greedy (one-hot q)", SUFFIX_SRC, lambda p: {"verify.draft_sampling": "greedy"}),
+    R("S-SUFFIX-CORPUS", "error", ("method.suffix.corpora",),
+      lambda p: p.method.name == "suffix" and bool(p.method.suffix.corpora) and bool(_corpus_problems(p)),
+      "{what}", "specc/corpus.py (problem)", message_args=lambda p: {"what": "; ".join(_corpus_problems(p))}),
+    R("S-SUFFIX-DEEP", "warning", ("method.num_steps", "method.suffix.max_tree_depth"),
+      lambda p: p.method.name == "suffix" and isinstance(p.method.num_steps, int)
+      and isinstance(p.method.suffix.max_tree_depth, int) and p.method.num_steps > p.method.suffix.max_tree_depth,
+      "method.num_steps={p.method.num_steps} > method.suffix.max_tree_depth={p.method.suffix.max_tree_depth}: a "
+      "suffix tree holds the matched tokens (at least one) and the draft within max_tree_depth tokens, so no draft "
+      "is longer than {d1}; lower method.num_steps or raise max_tree_depth", SUFFIX_SRC,
+      message_args=lambda p: {"d1": p.method.suffix.max_tree_depth - 1}),
+    R("S-SUFFIX-IGN", "warning", ("method.suffix",), lambda p: p.method.name != "suffix" and _suffix_set(p),
+      "method.suffix.* is ignored for method.name={p.method.name} (suffix decoding and corpus drafting only)", RT),
     R("S-STEPS", "error", ("method.num_steps",),
       lambda p: drafting(p) and p.method.num_steps is None and p.schedule.kind in ("static", "budget")
       and not _bad_choices(p),  # a malformed tree_choices is reported by S-TREE-CHOICES alone

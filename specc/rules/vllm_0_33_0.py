@@ -6,8 +6,9 @@ Plan -> vLLM mapping used by the predicates (the exporter uses the same one): ``
 K = ``num_speculative_tokens`` = ``method.block_size`` (γ) for dspark, else ``method.num_steps`` (DFlash
 too: vLLM's K for dflash is ``num_speculative_tokens``, the block size is the draft checkpoint's);
 ``draft.path`` -> ``model``; ``draft.max_model_len`` -> ``max_model_len``; ``method.ngram.min/max`` ->
-``prompt_lookup_min/max``; ``verify.rule`` standard/block/synthetic -> ``rejection_sample_method``
-(greedy = temperature-0 requests, standard rule); ``verify.draft_sampling`` -> ``draft_sample_method``;
+``prompt_lookup_min/max``; ``method.suffix.*`` -> ``suffix_decoding_*``; ``verify.rule``
+standard/block/synthetic -> ``rejection_sample_method`` (greedy = temperature-0 requests, standard rule);
+``verify.draft_sampling`` -> ``draft_sample_method``;
 ``schedule.kind=batch_buckets`` -> ``num_speculative_tokens_per_batch_size`` (bucket key = range start,
 its single candidate = K); ``schedule.kind=budget`` -> ``enable_adaptive_verification``;
 ``deploy.overlap_scheduler`` -> async scheduling; ``deploy.parallel.two_batch_overlap`` -> DBO.
@@ -33,6 +34,27 @@ def spec(p) -> bool:
 def k(p):
     """num_speculative_tokens: ``method.block_size`` (γ) for dspark, ``method.num_steps`` otherwise."""
     return p.method.block_size if p.method.name == "dspark" else p.method.num_steps
+
+
+def _suffix_depth(p) -> int:
+    d = p.method.suffix.max_tree_depth
+    return d if isinstance(d, int) else 24
+
+
+def _suffix_bounds(p) -> list:
+    """vLLM's ``_validate_suffix_decoding`` (SP:1741-1760): each key outside its bound."""
+    sx, out = p.method.suffix, []
+    if sx.max_tree_depth is not None and sx.max_tree_depth < 1:
+        out.append(f"method.suffix.max_tree_depth={sx.max_tree_depth} (suffix_decoding_max_tree_depth) must be >= 1")
+    if sx.max_cached_requests is not None and sx.max_cached_requests < 0:
+        out.append(f"method.suffix.max_cached_requests={sx.max_cached_requests} "
+                   f"(suffix_decoding_max_cached_requests) must be >= 0")
+    if sx.max_spec_factor is not None and sx.max_spec_factor < 0:
+        out.append(f"method.suffix.max_spec_factor={sx.max_spec_factor} (suffix_decoding_max_spec_factor) must be >= 0")
+    if sx.min_token_prob is not None and not 0 <= sx.min_token_prob <= 1:
+        out.append(f"method.suffix.min_token_prob={sx.min_token_prob} (suffix_decoding_min_token_prob) must be "
+                   f"in [0, 1]")
+    return out
 
 
 # ---- checkpoint facts (specc.checkpoints) ----------------------------------------------------------
@@ -284,8 +306,19 @@ RULES = (
       "method.name=suffix needs the arctic-inference package (pip install arctic-inference==0.1.1)",
       SP + "1727-1732"),
     R("R30b", "fallback", ("method.num_steps",), lambda p: p.method.name == "suffix" and p.method.num_steps is None,
-      "method.num_steps unset for suffix: K = suffix_decoding_max_tree_depth = 24", SP + "1732-1739",
-      lambda p: {"method.num_steps": 24}),
+      "method.num_steps unset for suffix: K = suffix_decoding_max_tree_depth = {new[method.num_steps]}",
+      SP + "1732-1739", lambda p: {"method.num_steps": _suffix_depth(p)}),
+    R("R31", "error", ("method.suffix.max_tree_depth", "method.suffix.max_cached_requests",
+                       "method.suffix.max_spec_factor", "method.suffix.min_token_prob"),
+      lambda p: p.method.name == "suffix" and bool(_suffix_bounds(p)),
+      "{what} (vLLM refuses the speculative config at startup)", SP + "1741-1760",
+      message_args=lambda p: {"what": "; ".join(_suffix_bounds(p))}),
+    R("K3", "warning", ("method.suffix.corpora", "method.suffix.max_corpus_tokens"),
+      lambda p: p.method.name == "suffix" and (bool(p.method.suffix.corpora)
+                                               or p.method.suffix.max_corpus_tokens is not None),
+      "method.suffix.corpora / max_corpus_tokens: vLLM's suffix decoding has no corpus drafting (its global "
+      "tree holds earlier responses only); they are not exported. Run the plan on engine=specc to draft from "
+      "corpora", "v1/worker/gpu_model_runner.py:648-649 (SuffixDecodingProposer, no corpus input)"),
     R("R40", "error", ("verify.synthetic.acceptance_length", "verify.synthetic.acceptance_rates"),
       lambda p: spec(p) and p.verify.rule == "synthetic"
       and (p.verify.synthetic.acceptance_length is None) == (p.verify.synthetic.acceptance_rates is None),

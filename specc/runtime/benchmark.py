@@ -97,7 +97,9 @@ class ConcurrencyResult:
     mean time per output token after the first, percentiles over requests; ``ttft_ms_p50/p99``: time
     to first token from admission. ``mean_batch``: live requests per decode step; ``drafts_per_req``:
     drafts verified per request and step; ``kappa_steps``: decode steps run at each κ;
-    ``kappa_trace``: ``[(seconds, requests, κ), ...]`` subsampled to at most 200 points."""
+    ``kappa_trace``: ``[(seconds, requests, κ), ...]`` subsampled to at most 200 points;
+    ``stage_ms_per_step``: milliseconds per decode step in each stage (the drafter's host work in
+    ``draft`` and ``extend``, the target in ``verify``)."""
 
     concurrency: int
     num_requests: int
@@ -118,6 +120,7 @@ class ConcurrencyResult:
     kappa_switches: int
     kappa_trace: List[tuple]
     outputs: List[List[int]] = field(default_factory=list, repr=False)
+    stage_ms_per_step: Dict[str, float] = field(default_factory=dict)
 
 
 def _pct(xs: Sequence[float], q: float) -> float:
@@ -153,7 +156,7 @@ def run_concurrency(runtime, requests: Sequence, concurrency: int) -> Concurrenc
         drafts_per_req=m.num_draft_tokens / req_steps if req_steps else 0.0,
         kappa_steps=dict(m.kappa_steps), kappa_switches=m.num_kappa_switches,
         kappa_trace=[(round(t, 3), n, k) for t, n, k, _ in trace[::stride]],
-        outputs=[list(o.token_ids) for o in outs])
+        outputs=[list(o.token_ids) for o in outs], stage_ms_per_step=dict(m.stage_ms_per_step))
 
 
 def predicted_decode_tok_s(res: ConcurrencyResult, table, draft_passes: int) -> float:

@@ -370,6 +370,7 @@ class Runtime:
                 st.finish_reason = st.finish_reason or "abort"
                 out = self._finish(st)
                 self.batch.release(row)
+                self._release_drafter(row)
                 return out
         return None
 
@@ -456,6 +457,7 @@ class Runtime:
                 out = self._finish(st)
                 payload, st.payload = st.payload, None
                 batch.release(row)
+                self._release_drafter(row)
                 if self.lora is not None:
                     self.lora.assign_row(row, None)
                 events.append(TokenEvent(st.index, list(new), out, st.counters, payload))
@@ -481,6 +483,13 @@ class Runtime:
             gen = batch.rows[r].generator
             if gen is not None:
                 out[r] = draw(gen, 1)[0]
+
+    def _release_drafter(self, row: int) -> None:
+        """Tell the drafter that ``row``'s request left (``Drafter.release``; drafters without it keep
+        nothing per request)."""
+        release = getattr(self.drafter, "release", None)
+        if release is not None:
+            release(row)
 
     def _finish(self, st: RowState) -> RequestOutput:
         """The output of a finished row (text cut at a stop string, EOS left out of the text), counted

@@ -112,6 +112,13 @@ class SpecMetrics:
         return [n / self.num_drafts for n in self.num_accepted_tokens_per_pos] if self.num_drafts else []
 
     @property
+    def stage_ms_per_step(self) -> Dict[str, float]:
+        """Milliseconds per decode step in each decode stage (prefill excluded): the drafter's host
+        work (``draft``, ``extend``) next to the target's ``verify``."""
+        steps = sum(self.kappa_steps.values())
+        return {k: 1e3 * v / steps for k, v in self.stage_time_s.items() if k != "prefill"} if steps else {}
+
+    @property
     def tokens_per_s(self) -> float:
         """End-to-end output tokens per second of wall time (prefill included)."""
         return self.num_output_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
@@ -141,6 +148,7 @@ class SpecMetrics:
             "decode_time_s": round(self.decode_time_s, 4),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "stage_time_s": {k: round(v, 4) for k, v in self.stage_time_s.items()},
+            "stage_ms_per_step": {k: round(v, 4) for k, v in self.stage_ms_per_step.items()},
             "num_kappa_switches": self.num_kappa_switches,
             "num_host_reads": self.num_host_reads,
             "verify_ms_by_tokens": {str(n): round(ms, 3) for n, ms in self.verify_ms_by_tokens.items()},
@@ -150,7 +158,9 @@ class SpecMetrics:
     def summary(self) -> str:
         """A few human-readable lines."""
         acc = ", ".join(f"{a:.2f}" for a in self.acceptance_per_pos) or "-"
-        stages = ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_time_s.items() if v > 0)
+        per = self.stage_ms_per_step
+        stages = ", ".join(f"{k} {v:.2f}s" + (f" ({per[k]:.2f} ms/step)" if k in per else "")
+                           for k, v in self.stage_time_s.items() if v > 0)
         kappas = ""
         if len(self.kappa_steps) > 1 or self.num_kappa_switches:
             mix = ", ".join(f"κ={k}: {n}" for k, n in sorted(self.kappa_steps.items()))

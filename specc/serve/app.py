@@ -1,12 +1,13 @@
 """The FastAPI application of ``specc serve``: OpenAI's completions and chat completions (streaming
-over server-sent events, or one JSON body), ``/v1/models``, ``/health``, ``/metrics``, and the
-prefill endpoint of disaggregated serving.
+over server-sent events, or one JSON body), ``/v1/models``, ``/health``, ``/metrics``, the
+prefill endpoint of disaggregated serving, and (suffix decoding) ``/v1/suffix/documents``.
 
 Status codes: 400 for a bad request (a body that is empty or not JSON, a lone UTF-16 surrogate in a
 string, an unknown field, a value of the wrong type or out of range, a prompt longer than
 ``max_model_len``, a sampling parameter the plan's verify rule cannot honour exactly), 404 for an
 unknown model name or path, 405 for a method a path does not take, 413 for a body over
-``--max-request-bytes`` (:mod:`specc.serve.limits`, before anything parses it), 429 when the engine's
+``--max-request-bytes`` (:mod:`specc.serve.limits`, before anything parses it) or a suffix
+document past its bound, 429 when the engine's
 queue is full, 500 for an internal failure of that request alone, 502 when the decode role cannot get
 or install its prefill, 503 while the engine is down. Every error body is OpenAI's
 ``{"error": {"message", "type", "param", "code"}}``.
@@ -35,8 +36,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specc.errors import PromptError, PromptTooLongError
 from specc.runtime.request import Request, SamplingParams
 from specc.serve.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
-from specc.serve.protocol import (FINISH_REASONS, ApiError, ChatCompletionRequest, CompletionRequest, error_body,
-                                  parse_body, validation_error_to_api)
+from specc.serve.protocol import (FINISH_REASONS, ApiError, ChatCompletionRequest, CompletionRequest,
+                                  DocumentRequest, error_body, parse_body, validation_error_to_api)
 from specc.serve.textstream import TextStream
 
 ROLES = ("none", "prefill", "decode")
@@ -163,6 +164,8 @@ def build_app(state: ServerState) -> FastAPI:
         req = _request(state, body, prompt_ids, adapter, "messages")
         return await _run(state, http, body, req, chat=True)
 
+    if hasattr(state.runtime.drafter, "add_document"):
+        add_document_route(app, state)
     if state.role == "prefill":
         from specc.serve.disagg_client import add_prefill_route
 
@@ -190,6 +193,33 @@ def _routing_error(app: FastAPI, request, exc) -> ApiError:
                         code="method_not_allowed")
     return ApiError(exc.status_code, str(exc.detail), None,
                     type="invalid_request_error" if exc.status_code < 500 else "server_error")
+
+
+def add_document_route(app: FastAPI, state: ServerState) -> None:
+    """``POST /v1/suffix/documents``: add a document to suffix decoding's global tree while the server
+    decodes (corpus drafting). Tokenizing and inserting run in a worker thread; the drafter inserts
+    under its lock, a bounded chunk at a time, so decoding steps go on between chunks. 400 for a bad
+    body, 413 past ``MAX_DOCUMENT_BYTES`` or past the plan's ``method.suffix.max_corpus_tokens`` (the
+    message names the bound), 200 with the tokens added and the corpus size."""
+    from specc.drafters.suffix import CorpusTooLarge
+
+    @app.post("/v1/suffix/documents", openapi_extra=_body_schema(DocumentRequest))
+    async def add_document(http: HttpRequest):
+        rt = state.runtime
+        body = await asyncio.to_thread(parse_body, await http.body(), DocumentRequest)
+        body.check(rt.vocab_size)
+
+        def work():
+            ids = list(body.token_ids) if body.token_ids is not None else rt.tokenizer.encode(body.text)
+            return rt.drafter.add_document(ids, what=f"document {body.id or ''}".strip())
+
+        try:
+            info = await asyncio.to_thread(work)
+        except CorpusTooLarge as exc:
+            raise ApiError(413, str(exc), "text" if body.text is not None else "token_ids",
+                           code="corpus_full") from None
+        state.metrics.documents.inc()
+        return {"object": "suffix.document", "id": body.id, **info}
 
 
 # ------------------------------------------------------------------------------------ request building

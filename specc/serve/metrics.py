@@ -75,6 +75,8 @@ class ServeMetrics:
         self.rejected = Counter(P + "requests_rejected", "Requests refused before decoding", ["reason"], registry=r)
         self.disagg_bytes = Counter(P + "disagg_payload_bytes", "Disaggregation payload bytes by part", ["part"],
                                     registry=r)
+        self.documents = Counter(P + "suffix_documents_added", "Documents added to suffix decoding's global tree",
+                                 registry=r)
         for name in state_names:
             self.state.labels(state=name).set(0)
         self._last: Dict[int, Tuple[int, int, int, int, int, Tuple[int, ...], int]] = {}

@@ -151,6 +151,39 @@ class ChatCompletionRequest(_Sampling):
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
 
 
+MAX_DOCUMENT_BYTES = 8 << 20
+"""The largest document text one ``POST /v1/suffix/documents`` takes (UTF-8 bytes; the tokens it may
+add are bounded by the plan's ``method.suffix.max_corpus_tokens``)."""
+
+
+class DocumentRequest(_Body):
+    """A document for suffix decoding's global tree (corpus drafting): ``text`` (tokenized with the
+    target's tokenizer, no special tokens added) or ``token_ids``, and an optional ``id`` for logs."""
+
+    text: Optional[str] = None
+    token_ids: Optional[List[int]] = None
+    id: Optional[str] = Field(None, max_length=200)
+
+    def check(self, vocab_size: int) -> None:
+        """Raise ApiError naming the field: neither or both of text / token_ids, an empty document, text
+        past :data:`MAX_DOCUMENT_BYTES`, a token id outside the vocabulary."""
+        if (self.text is None) == (self.token_ids is None):
+            raise ApiError(400, "give the document as exactly one of 'text' or 'token_ids'", "text")
+        if self.text is not None:
+            n = len(self.text.encode("utf-8"))
+            if n > MAX_DOCUMENT_BYTES:
+                raise ApiError(413, f"text: {n} bytes exceed the server's limit of {MAX_DOCUMENT_BYTES} bytes per "
+                                    f"document; split it into several documents", "text", code="document_too_large")
+            if not self.text.strip():
+                raise ApiError(400, "text: the document is empty", "text")
+        else:
+            if not self.token_ids:
+                raise ApiError(400, "token_ids: the document is empty", "token_ids")
+            bad = [t for t in self.token_ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ApiError(400, f"token_ids: {bad[0]} is outside the vocabulary [0, {vocab_size})", "token_ids")
+
+
 def _preview(value: Any, width: int = 60) -> str:
     """``value`` as the JSON the client sent, cut to ``width`` characters (error messages never echo
     a whole prompt back)."""
