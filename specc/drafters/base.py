@@ -262,6 +262,8 @@ class Drafter(abc.ABC):
         prefill_row_index: whether ``prefill`` takes a compact chunk of the new requests only
             (``PrefillChunk.row_index``); otherwise it gets rows ``0..n-1`` with ``rows`` marking the new.
         supports_tree: whether ``propose_tree`` grows draft trees (dynamic and/or static).
+        forward_passes: a running count of the draft model's forward passes (instance attribute once
+            counted; each drafter adds one per pass over a batch, in every stage).
     """
 
     name: str = "drafter"
@@ -270,6 +272,14 @@ class Drafter(abc.ABC):
     capturable: bool = False
     prefill_row_index: bool = False
     supports_tree: bool = False
+    #: draft-model forward passes run so far (a pass over every row of a batch counts once); the runtime
+    #: reads its change across the draft and the extend stages (``SpecMetrics.num_draft_passes``,
+    #: ``num_draft_extend_passes``), which ``specc explain`` predicts from the method table
+    forward_passes: int = 0
+
+    def draft_kv_bytes(self) -> int:
+        """Bytes of KV cache the drafter allocated in :meth:`setup` (reported at load). Default 0."""
+        return 0
 
     def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
         """Allocate caches for ``max_batch_size`` rows of ``max_seq_len`` slots (trash slot
