@@ -186,6 +186,16 @@ def _mtp_source(p) -> str:
     return "draft" if p.draft is not None and bool(p.draft.path) else "target"
 
 
+def _gguf_target(p) -> bool:
+    """The target is a GGUF file (its metadata has no MTP layers for specc's MTP loader)."""
+    return (p.target.format or "") == "gguf" or str(p.target.path or "").endswith(".gguf")
+
+
+def _mtp_readable(p) -> bool:
+    """An MTP plan whose layer source can hold MTP layers (a draft.path, or a non-GGUF target)."""
+    return p.method.name == "mtp" and (_mtp_source(p) == "draft" or not _gguf_target(p))
+
+
 def _mtp_kappa_bad(k: int, n: Optional[int]) -> bool:
     """vLLM's n_predict rule: κ larger than the layer count must be a multiple of it."""
     return n is not None and k > n and k % n != 0
@@ -426,10 +436,11 @@ RULES = (
       "method.name=mtp without draft.path reads the MTP layers shipped in target.path={p.target.path} (as SGLang "
       "points NEXTN's draft at the target), but its config has no num_nextn_predict_layers; set draft.path to an "
       "MTP checkpoint (e.g. defaults: - /draft: smollm2_135m_mtp)", "specc/drafters/mtp.py (build_drafter); "
-      "sglang-0.5.23.md EG6", needs=("target",), decide=lambda p, f: _nextn_layers(f.config("target")) is None,
+      "sglang-0.5.23.md EG6", needs=lambda p: () if _gguf_target(p) else ("target",),
+      decide=lambda p, f: _gguf_target(p) or _nextn_layers(f.config("target")) is None,
       about="whether the target checkpoint ships MTP layers"),
     R("S-MTP-STEPS", "error", ("method.num_steps", "draft.path"),
-      lambda p: p.method.name == "mtp" and isinstance(p.method.num_steps, int),
+      lambda p: _mtp_readable(p) and isinstance(p.method.num_steps, int),
       "method.num_steps={p.method.num_steps} with an MTP checkpoint of {n} layers (num_nextn_predict_layers): "
       "κ above the layer count must be a multiple of it (vLLM: \"num_speculative_tokens must be divisible by "
       "n_predict\"); use method.num_steps <= {n} or a multiple of {n}", MTP_N_PREDICT,
@@ -438,7 +449,7 @@ RULES = (
       about="the MTP checkpoint's layer count",
       message_args=lambda p, f: {"n": _nextn_layers(f.config(_mtp_source(p)))}),
     R("S-MTP-LAYERS", "error", ("method.name", "draft.path"),
-      lambda p: p.method.name == "mtp",
+      lambda p: _mtp_readable(p),
       "method.name=mtp: the MTP checkpoint has {n} layers (num_nextn_predict_layers), and the specc runtime reruns "
       "one layer for every draft step (vLLM's single-layer MTP with K > 1); run a checkpoint with one layer per "
       "draft step as method.name=multi_layer_eagle (SGLang's draft_runners)", "specc/drafters/mtp.py",
