@@ -20,7 +20,11 @@ Objectives (our own code; facts from the papers and engines cited per kind):
 
 All three predict through the target's (frozen) LM head, optionally over a reduced draft vocabulary
 (``draft_vocab``: the most frequent answer labels; EAGLE-3's ``d2t``), where labels outside it are left
-out of the loss. Labels are the target's argmax (self-distillation data, :mod:`specc.train.features`).
+out of the loss. Labels are the target's argmax (self-distillation data, :mod:`specc.train.features`);
+with ``prompt_labels`` the prompt positions in the drafter's context are scored too, labelled with the
+target's argmax there (its LM head over the final-norm hidden state the fit computed anyway), so one
+target forward yields several times the training positions. Agreement (the card's validation curve)
+is counted at answer positions only.
 """
 from __future__ import annotations
 
@@ -141,6 +145,7 @@ class _MTPFamily(DrafterKind):
                   "step_decay": (lambda v: isinstance(v, (int, float)) and 0 < v <= 1, "in (0, 1]"),
                   "draft_vocab": (lambda v: v is None or (isinstance(v, int) and v >= 1),
                                   "null (the full shared head) or an integer >= 1"),
+                  "prompt_labels": (lambda v: isinstance(v, bool), "true or false"),
                   "intermediate_size": (lambda v: v is None or (isinstance(v, int) and v >= 1),
                                         "null (the target's) or an integer >= 1")}
         for k, (ok, what) in checks.items():
@@ -172,7 +177,7 @@ class _MTPFamily(DrafterKind):
             to_draft = torch.arange(V)
         else:
             to_draft[ids.cpu()] = torch.arange(ids.numel())
-        model.train_state = {"to_draft": to_draft}
+        model.train_state = {"to_draft": to_draft, "head_w": target.output.weight.detach()}
 
     def adopt(self, model, target, options):
         """Continue a loaded checkpoint (``--init-from``): its draft vocabulary is kept."""
@@ -180,11 +185,13 @@ class _MTPFamily(DrafterKind):
 
     def collate(self, model, data, idx: Sequence[int], options: dict, device) -> dict:
         """Right-padded batch of sequences ``idx``: ``tokens [B, T+1]``, ``labels [B, T]`` (``-100`` =
-        no loss: prompt positions and padding) and ``feats {layer: [B, T, H]}`` fp32 on ``device``."""
+        no loss: padding, and prompt positions unless ``prompt_labels``), ``answer [B, T]`` bool (the
+        answer positions, where agreement is counted) and ``feats {layer: [B, T, H]}`` fp32 on ``device``."""
         lens = [data.length(i) for i in idx]
         T, B = max(lens), len(idx)
         tokens = torch.zeros(B, T + 1, dtype=torch.long)
         labels = torch.full((B, T), -100, dtype=torch.long)
+        answer = torch.zeros(B, T, dtype=torch.bool)
         feats = {k: torch.zeros(B, T, v.shape[-1], dtype=torch.float16) for k, v in data.feats.items()}
         for b, i in enumerate(idx):
             t, lab, f = data.seq(i)
@@ -194,10 +201,31 @@ class _MTPFamily(DrafterKind):
             lab[: int(data.prompt_len[i]) - 1] = -100
             lab[lab < 0] = -100
             labels[b, :n] = lab
+            answer[b, :n] = lab >= 0
             for k in feats:
                 feats[k][b, :n] = f[k]
-        return {"tokens": tokens.to(device), "labels": labels.to(device),
-                "feats": {k: v.to(device).float() for k, v in feats.items()}}
+        out = {"tokens": tokens.to(device), "labels": labels.to(device), "answer": answer.to(device),
+               "feats": {k: v.to(device).float() for k, v in feats.items()}}
+        if options.get("prompt_labels"):
+            out["labels"] = self._prompt_labels(model, out, torch.tensor(lens, device=device))
+        return out
+
+    @staticmethod
+    @torch.no_grad()
+    def _prompt_labels(model, batch: dict, lens: torch.Tensor, rows: int = 512) -> torch.Tensor:
+        """``labels [B, T]`` with the unlabelled prompt positions (inside each sequence) set to the
+        target's argmax there: its LM head over the final-norm hidden state, in chunks of ``rows``."""
+        labels = batch["labels"].clone()
+        final = batch["feats"][max(batch["feats"])]  # [B, T, H] final-norm output
+        B, T, H = final.shape
+        w = model.train_state["head_w"].to(final.device).float()
+        need = (labels < 0) & (torch.arange(T, device=final.device).view(1, T) < lens.view(B, 1))
+        pos = need.nonzero(as_tuple=True)
+        flat = final[pos]  # [N, H]
+        best = torch.cat([(flat[i: i + rows] @ w.t()).argmax(-1) for i in range(0, flat.shape[0], rows)]) \
+            if flat.shape[0] else flat.new_zeros(0, dtype=torch.long)
+        labels[pos] = best
+        return labels
 
     def _outputs(self, model, batch, options, sel) -> List[torch.Tensor]:
         raise NotImplementedError
@@ -212,6 +240,7 @@ class _MTPFamily(DrafterKind):
         to_draft = model.train_state["to_draft"].to(labels.device)
         total = 0.0
         hits, counts = [], []
+        answer = batch.get("answer")
         for k, out in enumerate(outs):
             at = sel + k + 1
             lab = torch.gather(labels, 1, at.clamp(max=T - 1))
@@ -224,6 +253,8 @@ class _MTPFamily(DrafterKind):
             with torch.no_grad():
                 pred = model.draft_to_target(logits.argmax(-1))
                 ok = lab >= 0
+                if answer is not None:  # agreement at answer positions (prompt labels only train)
+                    ok = ok & torch.gather(answer, 1, at.clamp(max=T - 1))
                 hits.append(int(((pred == lab) & ok).sum()))
                 counts.append(int(ok.sum()))
         if not torch.is_tensor(total):
@@ -268,7 +299,8 @@ def _init_nextn(model, target) -> None:
 class MTPKind(_MTPFamily):
     name = "mtp"
     title = "MTP (DeepSeek-style NEXTN layer)"
-    options = {"ttt_steps": 3, "step_decay": 0.8, "draft_vocab": 8192, "intermediate_size": None}
+    options = {"ttt_steps": 3, "step_decay": 0.8, "draft_vocab": 8192, "intermediate_size": None,
+               "prompt_labels": False}
 
     def build(self, target, options, data, idx):
         from specc.models.mtp import MTPModel
@@ -301,7 +333,8 @@ class MTPKind(_MTPFamily):
 class MultiLayerEagleKind(_MTPFamily):
     name = "multi_layer_eagle"
     title = "Multi-layer EAGLE (one MTP module per draft step)"
-    options = {"num_modules": 3, "step_decay": 0.8, "draft_vocab": 8192, "intermediate_size": None}
+    options = {"num_modules": 3, "step_decay": 0.8, "draft_vocab": 8192, "intermediate_size": None,
+               "prompt_labels": False}
 
     def build(self, target, options, data, idx):
         from specc.models.multi_layer_eagle import MultiLayerEagleModel
@@ -335,7 +368,8 @@ class MultiLayerEagleKind(_MTPFamily):
 class FrozenKVMTPKind(_MTPFamily):
     name = "frozen_kv_mtp"
     title = "Frozen-KV MTP (assistant over the target's KV)"
-    options = {"ttt_steps": 3, "step_decay": 0.8, "draft_vocab": 8192, "num_layers": 1, "intermediate_size": None}
+    options = {"ttt_steps": 3, "step_decay": 0.8, "draft_vocab": 8192, "num_layers": 1, "intermediate_size": None,
+               "prompt_labels": False}
 
     def layers(self, target_config, options):
         """The input of the last target layer (its K/V are recomputed from it) and the final-norm output."""
