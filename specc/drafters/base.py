@@ -37,7 +37,10 @@ context K/V written in ``commit``), and the EAGLE family (P-EAGLE in its paralle
 ``hidden_layers`` to the target layers it fuses, keeps its own KV cache written by position, runs its
 layer over the accepted tokens in ``commit`` (``step.target_hidden`` holds the target's hidden states
 for all κ + 1 verify rows; rows past ``step.accepted[b]`` are rejected and must be ignored or
-overwritten later), and proposes from the last accepted row's output.
+overwritten later), and proposes from the last accepted row's output. MTP (``specc.drafters.mtp``) runs
+one DeepSeek-style MTP layer on the same machinery; multi-layer EAGLE
+(``specc.drafters.multi_layer_eagle``) one module per draft step; frozen-KV MTP
+(``specc.drafters.frozen_kv``) keeps no KV at all and attends over the target's cache.
 """
 from __future__ import annotations
 

@@ -45,7 +45,9 @@ from specc.models.eagle import DraftKVCache, EagleModel
 
 
 class EagleDrafter(Drafter):
-    """``method.name: eagle`` / ``eagle3`` with a loaded :class:`EagleModel`.
+    """``method.name: eagle`` / ``eagle3`` with a loaded :class:`EagleModel` (and ``mtp`` with an
+    :class:`specc.models.mtp.MTPModel`, which answers the same model contract and reads the target's
+    final-norm hidden state: ``reads_final_norm``).
 
     Args:
         model: the head (weights loaded, bound to the target's embedding / LM head).
