@@ -243,3 +243,21 @@ def test_loaders_refuse_what_does_not_fit(tmp_path):
         load_mtp(tmp_path / "m", other, "mtp")
     with pytest.raises(CheckpointError, match="K/V projections"):
         load_assistant(tmp_path / "m", target)
+
+
+@pytest.mark.parametrize("b", [1, 4])
+def test_mtp_dynamic_trees_equal_plain_greedy(b):
+    """MTP drafts EAGLE-2 style dynamic trees (SGLang's NEXTN with topk > 1) through the EAGLE drafter's
+    tree code: output equals plain greedy, and a perturbed exact layer gets some of its nodes accepted."""
+    target = tiny_target(seed=12, identity_layers=True)
+    model = exact_model("mtp", target)
+    H = target.config.hidden_size
+    with torch.no_grad():
+        model.layers[0].eh_proj.weight[:, :H].add_(0.3 * torch.randn(H, H, generator=torch.Generator().manual_seed(3)))
+    spec = StateSpec(name=f"b{b}_k3_topk2_w6_greedy_tree", method="mtp", batch_size=b, num_steps=3, topk=2,
+                     num_draft_tokens=6, verify_rule="greedy")
+    prompts = _prompts(5, seed=13)
+    outs, rt = _run("mtp", target, model, [spec], prompts, 18, b)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == naive_greedy(target, p, 18)
+    assert rt.metrics.num_accepted_tokens > 0
