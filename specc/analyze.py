@@ -39,7 +39,7 @@ def lower_plan(plan: Plan, inputs: Optional[sizing.CostInputs] = None) -> lower.
 def graph_stats(g: nx.DiGraph) -> Dict[str, Optional[int]]:
     """The numbers :func:`specc.cost.predict` takes from a state's stage graph."""
     passes = graph.count_forward_passes(g)
-    return {"draft_passes": passes["draft"], "target_passes": passes["target"],
+    return {"draft_passes": passes["draft"], "extend_passes": passes["extend"], "target_passes": passes["target"],
             "graphs_to_capture": graph.graphs_to_capture(g), "graph_buffer_bytes": graph.buffer_bytes(g)}
 
 

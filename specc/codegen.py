@@ -439,7 +439,8 @@ def gather(plan: Plan) -> CompileInputs:
         graph_mod.check_graph(g)
         stats = analyze.graph_stats(g)
         summaries[s.name] = {"stages": g.number_of_nodes(), "edges": g.number_of_edges(),
-                             "draft_passes": stats["draft_passes"], "target_passes": stats["target_passes"],
+                             "draft_passes": stats["draft_passes"], "extend_passes": stats["extend_passes"],
+                             "target_passes": stats["target_passes"],
                              "target_tokens_per_step": graph_mod.target_tokens_per_step(g)}
         graphs[s.name] = plain_data(_finite_or_none(graph_mod.to_json(g)), f"graph of {s.name}", FLOAT_DIGITS)
         predictions[s.name] = prediction_data(res.predictions[s.name])

@@ -71,6 +71,21 @@ def step_cost_chain(num_steps: int, c: float) -> float:
     return 1.0 + num_steps * c
 
 
+def step_cost_modules(costs: Sequence[float]) -> float:
+    """Step cost of one distinct draft module per draft step (multi-layer EAGLE): 1 + Σ c_i over the
+    modules the step runs (the zoo seed, "Multi-layer EAGLE": "total traffic is the sum over steps: use
+    sum(c_i), or kappa * c for equal per-call cost, not a second factor of kappa hidden inside c").
+    ``costs``: c_i = t_module_i / t_target per module run."""
+    return 1.0 + float(sum(costs))
+
+
+def draft_kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_value: float) -> int:
+    """Draft KV bytes per token: 2 (K and V) · layers · kv_heads · head_dim · bytes (the zoo seed's
+    frozen-KV example: h_kv = 8, d_h = 128, bf16 gives 2 × 8 × 128 × 2 = 4 KiB per token per layer;
+    SmolLM2-135M's h_kv = 3, d_h = 64 in fp32 gives 1,536 B)."""
+    return int(2 * layers * kv_heads * head_dim * bytes_per_value)
+
+
 def step_cost_parallel(num_steps: int, c: float) -> float:
     """Parallel (block) drafting step cost: 1 + c — one draft pass emits all κ tokens (DFlash, DSpark,
     PARD, P-EAGLE; zoo seed line 42: 1 + 0.165 = 1.165). κ = 0 drafts nothing: cost 1."""
@@ -716,16 +731,24 @@ def dynamic_tree_expected_tokens(alpha: float, num_steps: int, topk: int, verify
 class Prediction:
     """The cost model's prediction for one candidate state.
 
-    ``step_cost`` is in batch-1 target-steps (§6.2: chain 1 + κc, parallel 1 + c, tree 1 + κc);
+    ``step_cost`` is in batch-1 target-steps: 1 + c per draft-model pass the step runs, draft stage
+    and draft-extend alike (the zoo seed: t_verify + Σ t_recurrent + t_extend + t_projection, counted at
+    one iteration boundary: an EAGLE-family chain's κ − 1 recurrent passes plus its extend give §6.2's
+    1 + κc; frozen-KV MTP's κ passes and no extend give 1 + κc too — it saves the extend pass's width
+    and the draft KV, not a pass; multi-layer EAGLE's 1 + Σ c_i over its modules,
+    :func:`step_cost_modules`); parallel 1 + c;
     ``speedup`` = E / step_cost at batch 1; ``speedup_at_batch`` at the state's bucket B in the
     saturating model (a pass over n tokens costs max(1, n/T*)), or, with a profiled cost table, the
     second seed's batch throughput over the table's step times (:func:`batch_throughput`); ``break_even_batch`` = T*(E − draft
     cost)/W, which is §6.2's T*(E − κc)/(κ + 1) for a chain and T*(E − c)/(κ + 1) for a parallel
     block, and 0.0 when E − draft cost < 1 (speculation pays at no batch size: ``speedup`` < 1; see
     :func:`break_even_batch`), +inf for plain decode; ``s_infinity`` = E / (W + draft cost).
-    ``draft_forward_passes`` counts every draft forward the step runs (proposal + draft extend, from
-    the state's stage graph); the cost formula charges c per proposal pass as the seeds do. Byte counts may be None when a size
-    is unknown (e.g. a checkpoint that is not on disk).
+    ``draft_forward_passes`` / ``extend_forward_passes`` count the draft model's forward passes of the
+    draft stage and of the extend stage (from the state's stage graph; the runtime counts the same,
+    ``SpecMetrics.draft_passes_per_step`` / ``extend_passes_per_step``). ``draft_kv_bytes_per_token``
+    is the draft KV the method allocates (0 for frozen-KV MTP); ``draft_kv_bytes_saved_per_token`` what
+    a frozen-KV assistant would hold with its own pool (None for other methods). Byte counts may be
+    None when a size is unknown (e.g. a checkpoint that is not on disk).
     """
 
     state: str
@@ -740,6 +763,7 @@ class Prediction:
     hardware: str
     saturation_tokens: float
     draft_forward_passes: int
+    extend_forward_passes: int
     target_forward_passes: int
     target_tokens_per_step: int
     expected_tokens: float
@@ -751,6 +775,7 @@ class Prediction:
     draft_kv_bytes_per_token: Optional[int]
     graphs_to_capture: int
     graph_buffer_bytes: Optional[int]
+    draft_kv_bytes_saved_per_token: Optional[int] = None
 
     def as_dict(self) -> Dict[str, object]:
         from dataclasses import asdict
@@ -777,17 +802,25 @@ def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
         state: a candidate state (``name``, ``method``, ``batch_size``, ``num_steps``, ``topk``,
             ``num_draft_tokens``, ``parallel``, ``tree_choices``, ``kind``).
         inputs: the plan's cost inputs (``specc.sizing.CostInputs``: α, c, hardware, T*, draft KV bytes).
-        graph_stats: from the state's stage graph: ``draft_passes``, ``target_passes``,
+        graph_stats: from the state's stage graph: ``draft_passes``, ``extend_passes``, ``target_passes``,
             ``graphs_to_capture``, ``graph_buffer_bytes`` (``specc.analyze`` builds it).
-    Draft passes charged by the formula come from the method table
-    (:func:`specc.methods.proposal_passes`); the graph's count includes draft-extend passes.
+    The passes charged come from the method table (:func:`specc.methods.proposal_passes`,
+    :func:`specc.methods.extend_passes`), c each; with per-module costs (``inputs.c_modules``,
+    multi-layer EAGLE) the step charges Σ c_i over its κ modules (:func:`step_cost_modules`).
     """
     from specc import methods
 
     a, c_val, t_star = inputs.alpha, inputs.c, inputs.saturation_tokens
     e = state_expected_tokens(state, a)
     p = methods.proposal_passes(state.method, state.num_steps, state.topk, state.parallel, state.tree_choices)
-    draft_cost = p * c_val
+    x = methods.extend_passes(state.method)
+    modules = getattr(inputs, "c_modules", None)
+    if modules and state.num_steps > 0:  # one module per draft step: the extend runs module 0
+        draft_cost = step_cost_modules(list(modules)[: state.num_steps]) - 1.0
+    elif modules:
+        draft_cost = x * float(modules[0])
+    else:
+        draft_cost = (p + x) * c_val
     step_cost = 1.0 + draft_cost
     w, bsz = state.num_draft_tokens, state.batch_size
     plain_b = max(1.0, bsz / t_star)
@@ -805,6 +838,8 @@ def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
         state=state.name, kind=state.kind, batch_size=bsz, num_steps=state.num_steps,
         num_draft_tokens=w, alpha=a, alpha_source=inputs.alpha_source, c=c_val, c_source=inputs.c_source,
         hardware=inputs.hardware, saturation_tokens=t_star, draft_forward_passes=int(graph_stats["draft_passes"]),
+        extend_forward_passes=int(graph_stats.get("extend_passes", 0)),
+        draft_kv_bytes_saved_per_token=getattr(inputs, "draft_kv_bytes_saved_per_token", None),
         target_forward_passes=int(graph_stats["target_passes"]), target_tokens_per_step=bsz * w, expected_tokens=e,
         step_cost=step_cost, speedup=e / step_cost, speedup_at_batch=speedup_b,
         break_even_batch=be, s_infinity=e / (w + draft_cost),

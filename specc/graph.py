@@ -29,18 +29,20 @@ from specc.lower import CandidateState
 
 def expected_forward_passes(state: CandidateState) -> Dict[str, int]:
     """Forward passes one step of ``state`` is known to run, from the methods' definitions (not from
-    the graph): ``{"draft": n, "target": 1}``.
+    the graph), counted at the zoo seed's common iteration boundary: ``{"draft": n, "extend": e,
+    "target": 1}``.
 
-    Target: one verify forward (plain decode included). Draft proposal: chain κ (one pass per token,
-    zoo seed §6.2 "1 + κc"), parallel 1 ("1 + c"), tree κ (one pass per level, sglang-0.5.23.md §5),
-    static tree or Medusa 1 (the heads, one pass over the target's hidden), lookups 0, plain 0
-    (:func:`specc.methods.proposal_passes`); plus one draft-extend pass for methods with a draft KV
-    (:func:`specc.methods.extend_passes`), at κ = 0 too (SGLang runs draft-extend at steps = 0 unless
-    SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND).
+    Target: one verify forward (plain decode included). Draft stage (:func:`specc.methods.proposal_passes`):
+    a chain or tree κ passes (one per token or level, sglang-0.5.23.md §5), κ − 1 when the extend pass
+    drafts the first token (EAGLE, EAGLE-3, MTP, multi-layer EAGLE: "num_steps - 1 recurrent calls and
+    one draft extension; extension also seeds the next iteration"), a parallel block or Medusa's heads
+    1, lookups and plain 0. Extend stage (:func:`specc.methods.extend_passes`): one draft-extend pass for
+    the methods whose extend runs a draft forward, at κ = 0 too (SGLang runs draft-extend at steps = 0
+    unless SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND); none for frozen-KV MTP ("no forward").
     """
     draft = methods.proposal_passes(state.method, state.num_steps, state.topk, state.parallel,
                                     state.tree_choices)
-    return {"draft": draft + methods.extend_passes(state.method), "target": 1}
+    return {"draft": draft, "extend": methods.extend_passes(state.method), "target": 1}
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,13 @@ class _Builder:
 
     def stage(self, name: str, op: str, forward: Optional[str] = None,
               produces: Optional[Dict[str, Tuple[list, str]]] = None,
-              consumes: Optional[Dict[str, Tuple[list, str]]] = None, note: str = "") -> None:
+              consumes: Optional[Dict[str, Tuple[list, str]]] = None, note: str = "", passes: int = 1) -> None:
         def enc(d):
             return {t: {"shape": list(s), "dtype": dt} for t, (s, dt) in (d or {}).items()}
 
+        attrs = {"passes": int(passes)} if forward and passes != 1 else {}
         self.g.add_node(name, op=op, forward=forward or "", produces=enc(produces),
-                        consumes=enc(consumes), note=note)
+                        consumes=enc(consumes), note=note, **attrs)
 
     def connect(self) -> None:
         """Add an edge producer → consumer for every consumed tensor, carrying the consumer's
@@ -120,7 +123,8 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
 
     Graph attributes: ``state`` (name), ``method``, ``kind``, ``dims`` (symbol → int or None),
     ``expected_forward_passes``. Node attributes: ``op``, ``forward`` (``"draft"``, ``"target"`` or
-    ``""``), ``produces``/``consumes`` (tensor → {shape, dtype}). Edge attribute ``tensors``.
+    ``""``), ``passes`` (forward passes the node stands for when not one: an EAGLE static tree's
+    levels), ``produces``/``consumes`` (tensor → {shape, dtype}). Edge attribute ``tensors``.
     """
     ctx = ctx or GraphContext()
     s = state
@@ -170,8 +174,13 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
                 prod[f"draft_hidden_{i}"] = (["B", "H"], act)
             if q_probs:
                 prod[f"draft_probs_{i}"] = (["B", "V"], f32)
-            b.stage(f"draft_step_{i}", "draft_forward", "draft", prod, cons,
-                    note=f"chain draft pass {i + 1}/{k}")
+            if i == 0 and info.draft_from_extend:  # the extend's last output drafts token 1
+                b.stage("draft_step_0", "draft_logits", None, prod, cons,
+                        note="draft 1 from the draft-extend's last output (the head's logits, no pass)")
+            else:
+                b.stage(f"draft_step_{i}", "draft_forward", "draft", prod, cons,
+                        note=f"chain draft pass {i + (0 if info.draft_from_extend else 1)}/"
+                             f"{k - (1 if info.draft_from_extend else 0)}")
             prev_tok = f"draft_token_{i}"
             prev_hid = f"draft_hidden_{i}" if hidden_fed else None
         cons = {f"draft_token_{i}": (["B"], i64) for i in range(k)}
@@ -213,8 +222,10 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
                         f"tree_hidden_{i - 1}": (["B", "T", "H"], act)}
             prod = {f"tree_tokens_{i}": (["B", "T"], i64), f"tree_scores_{i}": (["B", "T"], f32),
                     f"tree_parents_{i}": (["B", "T"], i64), f"tree_hidden_{i}": (["B", "T", "H"], act)}
-            b.stage(f"tree_level_{i}", "tree_expand", "draft", prod, cons,
-                    note=("expand root to topk" if i == 0 else "expand topk beams to topk² and keep topk"))
+            first_free = i == 0 and info.draft_from_extend  # level 0: the extend's output, no pass
+            b.stage(f"tree_level_{i}", "tree_expand", None if first_free else "draft", prod, cons,
+                    note=("expand root to topk" + (" (from the draft-extend's output, no pass)" if first_free else "")
+                          if i == 0 else "expand topk beams to topk² and keep topk"))
         cons = {}
         for i in range(k):
             cons.update({f"tree_tokens_{i}": (["B", "T"], i64), f"tree_scores_{i}": (["B", "T"], f32),
@@ -235,9 +246,12 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
         if q_probs:  # children drawn without replacement from each node's q
             heads["head_probs"] = (["B", "K", "V"], f32)
             gather["draft_probs"] = (["B", "W-1", "V"], f32)
-        b.stage("draft_heads", "draft_heads_forward", "draft", heads,
+        levels = 1 if info.draft_shape == "heads" else k - (1 if info.draft_from_extend else 0)
+        b.stage("draft_heads", "draft_heads_forward", "draft" if levels else None, heads,
                 {"draft_hidden": (["B", "H"], act)} if hidden_fed else {"last_tokens": (["B"], i64)},
-                note="one pass of the draft heads over the last hidden state (EAGLE: one pass per level)")
+                note="one pass of the draft heads over the last hidden state" if info.draft_shape == "heads"
+                else f"{levels} head pass(es), one per tree level below the first (drafted by the extend)",
+                passes=max(levels, 1))
         b.stage("tree_gather", "tree_build", None, gather,
                 dict({"head_topk": (["B", "K", "T"], i64), "retrieve_index": (["B", "W"], i64)},
                      **({"head_probs": (["B", "K", "V"], f32)} if q_probs else {})))
@@ -307,9 +321,14 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
     if k > 0:
         ext_cons["accept_index"] = (["B", "K+1"], i64)
     next_state = {}
-    if info.has_draft_kv:
+    if info.extend_forward:
         b.stage("draft_extend", "draft_extend", "draft", {"next_draft_hidden": (["B", "H"], act)},
                 ext_cons, note="draft forward over accepted tokens: refreshes draft KV / hidden")
+        next_state["next_draft_hidden"] = (["B", "H"], act)
+    elif info.has_draft_kv:
+        b.stage("draft_kv_update", "draft_kv_update", None, {"next_draft_hidden": (["B", "H"], act)}, ext_cons,
+                note="context K/V projected from the target's hidden states, no draft forward"
+                if info.draft_shape == "block" else "the draft's KV catches up inside its next first proposal pass")
         next_state["next_draft_hidden"] = (["B", "H"], act)
     elif info.frozen_kv or info.draft_shape == "heads":
         b.stage("draft_handoff", "frozen_extend", None, {"next_draft_hidden": (["B", "H"], act)},
@@ -390,11 +409,16 @@ class GraphIssue:
 
 
 def count_forward_passes(g: nx.DiGraph) -> Dict[str, int]:
-    """Forward passes the graph runs per step, by model: {"draft": n, "target": n}."""
-    counts = {"draft": 0, "target": 0}
+    """Forward passes the graph runs per step, by stage: ``{"draft": n, "extend": e, "target": t}``
+    (draft-model passes of the draft stage, draft-extend passes, target passes); a node counts its
+    ``passes`` attribute (default 1)."""
+    counts = {"draft": 0, "extend": 0, "target": 0}
     for _, d in g.nodes(data=True):
-        if d.get("forward") in counts:
-            counts[d["forward"]] += 1
+        f = d.get("forward")
+        if f == "draft" and d.get("op") == "draft_extend":
+            f = "extend"
+        if f in counts:
+            counts[f] += int(d.get("passes", 1))
     return counts
 
 
@@ -448,12 +472,12 @@ def validate_graph(g: nx.DiGraph) -> List[GraphIssue]:
     expected = g.graph.get("expected_forward_passes")
     if expected:
         have = count_forward_passes(g)
-        for model in ("draft", "target"):
-            if have[model] != expected[model]:
+        for model in ("draft", "extend", "target"):
+            if have[model] != expected.get(model, 0):
                 issues.append(GraphIssue(
                     g.graph.get("state", "graph"),
                     f"{have[model]} {model} forward pass(es) per step, but method "
-                    f"{g.graph.get('method')} ({g.graph.get('kind')}) runs {expected[model]}"))
+                    f"{g.graph.get('method')} ({g.graph.get('kind')}) runs {expected.get(model, 0)}"))
     return issues
 
 

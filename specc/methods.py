@@ -81,9 +81,8 @@ class Method:
         summary: one line for messages and docs.
         draft_shape: one of :data:`DRAFT_SHAPES`.
         needs_draft_checkpoint: ``draft.path`` must name a checkpoint (a draft model or head).
-        has_draft_kv: the drafter keeps its own KV cache, refreshed by a draft-extend pass after
-            each verify (SGLang ``has_draft_kv``; spec_info.py:174-178). Frozen-KV MTP reads the
-            target's KV instead (``frozen_kv``).
+        has_draft_kv: the drafter keeps its own KV cache (SGLang ``has_draft_kv``;
+            spec_info.py:174-178). Frozen-KV MTP reads the target's KV instead (``frozen_kv``).
         frozen_kv: the drafter attends over the target's KV and keeps none (second seed, "Draft
             layers without KV"; SGLang FROZEN_KV_MTP).
         target_hidden: one of :data:`HIDDEN_KINDS`.
@@ -102,9 +101,20 @@ class Method:
             one-layer head (T_DRAFT 0.25 ms over a 5.97 ms memory floor = 0.042) for heads and block
             drafters; 0.01 for Medusa's residual heads; 0 for lookups.
         seed: one of :data:`SEED_KINDS`: what ``specc serve``'s prefill instance ships for the drafter
-            (``specc.runtime.disagg``): ``hidden_topk`` the head's KV and state, ``draft_prefill``
-            nothing (the decode side prefills the draft model), ``target_hidden`` the target's hidden
-            states at the drafter's layers over the prompt (Medusa, DFlash, DSpark), ``none`` nothing.
+            (``specc.runtime.disagg``): ``hidden_topk`` the head's KV (if it keeps one) and state,
+            ``draft_prefill`` nothing (the decode side prefills the draft model), ``target_hidden`` the
+            target's hidden states at the drafter's layers over the prompt (Medusa, DFlash, DSpark),
+            ``none`` nothing.
+        extend_pass: the extend stage runs a draft forward over the accepted tokens (SGLang's
+            draft-extend); None: the same as ``has_draft_kv``. False for the draft model (its KV catches
+            up inside its next first proposal pass) and DFlash/DSpark (their context K/V is projected
+            from the target's hidden states, no draft forward: SGLang's DFlash has "no draft/draft-extend
+            split"); frozen-KV MTP has no draft KV to extend.
+        draft_from_extend: the extend pass's last output gives draft 1, so κ drafts take κ − 1
+            proposal passes (the EAGLE family; the zoo seed's SGLang trace: "num_steps - 1 recurrent
+            calls and one draft extension; extension also seeds the next iteration").
+        target_ships_draft: the draft layers usually ship inside the target checkpoint (MTP/NEXTN);
+            ``draft.path`` is optional and defaults to the target's (SGLang EG6).
         runtime: :class:`RuntimeSupport`, or None when specc's runtime does not run the method
             (``specc check --engine specc`` refuses it; export it to SGLang/vLLM).
     """
@@ -118,6 +128,9 @@ class Method:
     default_c: float
     seed: str
     frozen_kv: bool = False
+    extend_pass: Optional[bool] = None
+    draft_from_extend: bool = False
+    target_ships_draft: bool = False
     default_num_steps: int = 3
     parallel_capable: bool = False
     always_parallel: bool = False
@@ -139,6 +152,11 @@ class Method:
     def consumes_hidden(self) -> bool:
         """The drafter reads target hidden states (EAGLE family, MTP, DFlash/DSpark, Medusa)."""
         return self.target_hidden != "none"
+
+    @property
+    def extend_forward(self) -> bool:
+        """The extend stage runs a draft forward (see ``extend_pass``)."""
+        return self.has_draft_kv if self.extend_pass is None else bool(self.extend_pass)
 
     @property
     def seed_carries_hidden(self) -> bool:
@@ -177,31 +195,40 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
                                   shapes=("plain", "chain", "tree"))),
     Method("draft_model", "a separate small causal LM drafts κ tokens one by one", "chain",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="none", default_c=0.165,
-           seed="draft_prefill", parallel_capable=True,
+           seed="draft_prefill", parallel_capable=True, extend_pass=False,
            runtime=RuntimeSupport(drafter="specc.drafters.draft_model:build_drafter",
                                   draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                                   **_PARALLEL_CAPABLE_RUNTIME)),
     Method("eagle", "EAGLE head: one decoder layer over [token embedding; target's last hidden state]", "chain",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
-           seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True,
+           seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
            runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
                                   draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                                   **_TREE_RUNTIME)),
     Method("eagle3", "EAGLE-3 head: fused low/mid/high target layers, reduced draft vocabulary", "chain",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="fused", default_c=0.042,
-           seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True,
+           seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
            runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
                                   draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                                   **_TREE_RUNTIME)),
-    Method("mtp", "multi-token-prediction layers shipped inside the target checkpoint, as a chain", "chain",
+    Method("mtp", "DeepSeek-style MTP (NEXTN) layer over [norm(embedding); norm(hidden)], run recurrently", "chain",
            needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="last", default_c=0.042,
-           seed="hidden_topk", dynamic_tree=True),
-    Method("multi_layer_eagle", "one draft layer per step (checkpoints that ship several MTP layers)", "chain",
+           seed="hidden_topk", dynamic_tree=True, draft_from_extend=True, target_ships_draft=True,
+           runtime=RuntimeSupport(drafter="specc.drafters.mtp:build_drafter",
+                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                                  **dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "tree")))),
+    Method("multi_layer_eagle", "one MTP module per draft step (SGLang's draft_runners)", "chain",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
-           seed="hidden_topk"),
+           seed="hidden_topk", draft_from_extend=True,
+           runtime=RuntimeSupport(drafter="specc.drafters.multi_layer_eagle:build_drafter",
+                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                                  **dict(_CHAIN_RUNTIME, schedules=("static", "batch_buckets", "budget")))),
     Method("frozen_kv_mtp", "an assistant drafter attending over the target's KV (keeps none of its own)",
            "chain", needs_draft_checkpoint=True, has_draft_kv=False, frozen_kv=True, target_hidden="last",
-           default_c=0.042, seed="hidden_topk"),
+           default_c=0.042, seed="hidden_topk",
+           runtime=RuntimeSupport(drafter="specc.drafters.frozen_kv:build_drafter",
+                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                                  **_CHAIN_RUNTIME)),
     Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
            needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01,
            seed="target_hidden", always_parallel=True, static_tree=True,
@@ -210,17 +237,17 @@ METHODS: Dict[str, Method] = {m.name: m for m in (
                                   confidence="draft_probability", shapes=("plain", "parallel", "tree"))),
     Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
            "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-           seed="target_hidden", always_parallel=True, default_num_steps=15,
+           seed="target_hidden", always_parallel=True, default_num_steps=15, extend_pass=False,
            runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="draft_probability",
                                   **_BLOCK_RUNTIME)),
     Method("dspark", "DFlash backbone + low-rank Markov head + confidence head", "block",
            needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-           seed="target_hidden", always_parallel=True, default_num_steps=7,
+           seed="target_hidden", always_parallel=True, default_num_steps=7, extend_pass=False,
            runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="head",
                                   **_BLOCK_RUNTIME)),
     Method("custom", "a user drafter plugin (method.plugin)", "chain",
            needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,
-           seed="draft_prefill",
+           seed="draft_prefill", extend_pass=False,
            runtime=RuntimeSupport(drafter="specc.methods:build_plugin_drafter",
                                   verify_rules=("greedy", "standard"), draft_sampling=("greedy", "probabilistic"),
                                   schedules=SCHEDULES, shapes=("plain", "chain"))),
@@ -258,21 +285,31 @@ def state_kind(num_steps: int, topk: int, parallel: bool, tree_choices: Any) -> 
 
 def proposal_passes(name: str, num_steps: int, topk: int = 1, parallel: bool = False,
                     tree_choices: Any = None) -> int:
-    """Draft forward passes that propose tokens in one step (the seeds charge c per pass, §6.2):
-    chain κ, parallel block or static tree or Medusa heads 1, dynamic tree κ (one per level,
-    sglang-0.5.23.md §5), lookups and plain decoding 0."""
+    """Draft forward passes of the draft stage in one step (the seeds charge c per pass, §6.2),
+    counted at the zoo seed's common iteration boundary (the extend pass is :func:`extend_passes`):
+
+    * lookups, plain decoding: 0; block drafters (DFlash, DSpark) and Medusa's heads: 1;
+    * a chain or tree (one pass per level, sglang-0.5.23.md §5; a static tree is κ levels deep): κ,
+      or κ − 1 when the extend pass drafts the first token (``draft_from_extend``: EAGLE, EAGLE-3,
+      MTP, multi-layer EAGLE);
+    * a parallel block (PARD, P-EAGLE): 1, or none for P-EAGLE at κ = 1 (draft 1 comes from the extend).
+    """
     m = get(name)
     if num_steps == 0 or not m.drafts or m.lookup:
         return 0
-    if parallel or tree_choices is not None or m.draft_shape in ("block", "heads"):
+    if m.draft_shape in ("block", "heads"):
         return 1
-    return int(num_steps)
+    if parallel:
+        return 1 if (num_steps > 1 or not m.draft_from_extend) else 0
+    return int(num_steps) - (1 if m.draft_from_extend else 0)
 
 
 def extend_passes(name: str) -> int:
-    """Draft-extend passes per step: 1 for methods with their own draft KV (SGLang runs draft-extend
-    at steps = 0 too, sglang-0.5.23.md §4), else 0."""
-    return 1 if get(name).has_draft_kv else 0
+    """Draft-extend passes per step: 1 when the method's extend stage runs a draft forward over the
+    accepted tokens (``Method.extend_forward``; at κ = 0 too, as SGLang runs draft-extend at steps = 0,
+    sglang-0.5.23.md §4), else 0 (frozen-KV MTP: "no forward"; the draft model's catch-up is its next
+    first proposal pass)."""
+    return 1 if get(name).extend_forward else 0
 
 
 def build_drafter(name: str, spec: Dict[str, Any], target: Any, tokenizer: Any, device: Any,

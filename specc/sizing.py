@@ -12,7 +12,7 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from specc import cost, methods
 from specc.errors import PlanError
@@ -257,25 +257,101 @@ def draft_config(plan: Plan) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
+def _draft_kv_layers(plan: Plan, cfg: dict) -> int:
+    """Layers of draft KV per token: MTP checkpoints keep one per NEXTN layer run
+    (``num_nextn_predict_layers``; multi-layer EAGLE: its first κ), others ``num_hidden_layers``."""
+    n = cfg.get("num_nextn_predict_layers")
+    if n is None:
+        return int(cfg.get("num_hidden_layers", 1))
+    n = int(n)
+    if plan.method.name == "multi_layer_eagle" and isinstance(plan.method.num_steps, int):
+        return min(n, max(plan.method.num_steps, 1))
+    return 1 if plan.method.name == "mtp" else n
+
+
+def _kv_geometry(plan: Plan, cfg: dict):
+    """``(kv_heads, head_dim)`` of a draft config, or None when it lacks them."""
+    try:
+        heads = int(cfg["num_attention_heads"])
+        return int(cfg.get("num_key_value_heads", heads)), int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def draft_kv_bytes_per_token(plan: Plan) -> Optional[int]:
     """Draft KV-cache bytes per token: 2 (K and V) · layers · kv_heads · head_dim · bytes, from the
-    draft's config.json. 0 for methods without a draft KV (none, ngram, suffix, medusa; frozen-KV MTP
-    reads the target's KV — SGLang FROZEN_KV_MTP); None when the draft config is unavailable."""
+    draft's config.json (:func:`specc.cost.draft_kv_bytes_per_token`). 0 for methods without a draft
+    KV (none, ngram, suffix, medusa; frozen-KV MTP reads the target's KV — SGLang FROZEN_KV_MTP);
+    None when the draft config is unavailable."""
     if not methods.get(plan.method.name).has_draft_kv:
         return 0
     cfg = draft_config(plan)
-    if not cfg:
-        return None
-    try:
-        layers = int(cfg.get("num_hidden_layers", 1))
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads", heads))
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError):
+    geo = _kv_geometry(plan, cfg) if cfg else None
+    if geo is None:
         return None
     hw = cost.load_hardware_profile(default_hardware(plan))
     bpp, _ = bytes_per_param(plan, hw)
-    return int(2 * layers * kv_heads * head_dim * bpp)
+    return cost.draft_kv_bytes_per_token(_draft_kv_layers(plan, cfg), geo[0], geo[1], bpp)
+
+
+def frozen_kv_bytes_saved_per_token(plan: Plan) -> Optional[int]:
+    """For frozen-KV MTP: the draft KV per token the same assistant would allocate with a pool of its
+    own (2 · its layers · the target's kv_heads · head_dim · bytes: the zoo seed's "4 KiB per token"
+    example at h_kv = 8, d_h = 128, bf16); None for other methods or without a readable config."""
+    if not methods.get(plan.method.name).frozen_kv:
+        return None
+    cfg = draft_config(plan)
+    geo = _kv_geometry(plan, cfg) if cfg else None
+    if geo is None:
+        return None
+    hw = cost.load_hardware_profile(default_hardware(plan))
+    bpp, _ = bytes_per_param(plan, hw)
+    return cost.draft_kv_bytes_per_token(int(cfg.get("num_hidden_layers", 1)), geo[0], geo[1], bpp)
+
+
+def shared_head_params(plan: Plan) -> int:
+    """Weights of the target's LM head a draft pass streams for the MTP family (their checkpoints share
+    the target's head and store none): ``draft_vocab_size`` (else ``vocab_size``) × the target's
+    hidden size from the draft config; 0 for other methods or without a config."""
+    if plan.method.name not in ("mtp", "multi_layer_eagle", "frozen_kv_mtp"):
+        return 0
+    cfg = draft_config(plan) or {}
+    hidden = cfg.get("backbone_hidden_size") or cfg.get("hidden_size")
+    rows = cfg.get("draft_vocab_size") or cfg.get("vocab_size")
+    return int(rows) * int(hidden) if isinstance(rows, int) and isinstance(hidden, int) else 0
+
+
+def module_params(plan: Plan) -> Optional[List[int]]:
+    """Parameters of each MTP module of a multi-layer checkpoint (``model.layers.{L + i}.*`` tensors,
+    from the safetensors header), or None when unreadable."""
+    cfg = draft_config(plan)
+    if plan.draft is None or not plan.draft.path or not cfg or "num_nextn_predict_layers" not in cfg:
+        return None
+    p = _resolve_path(plan.draft.path)
+    f = (p / "model.safetensors") if p is not None and p.is_dir() else p
+    if f is None or not f.is_file():
+        return None
+    try:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > 100_000_000:
+                return None
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError, struct.error):
+        return None
+    first = int(cfg.get("first_mtp_layer", cfg.get("num_hidden_layers", 0)))
+    counts = [0] * int(cfg["num_nextn_predict_layers"])
+    for key, meta in header.items():
+        parts = key.split(".")
+        if key == "__metadata__" or len(parts) < 3 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+            continue
+        i = int(parts[2]) - first
+        if 0 <= i < len(counts):
+            size = 1
+            for d in meta["shape"]:
+                size *= int(d)
+            counts[i] += size
+    return counts
 
 
 def _plan_cost_table(plan: Plan) -> Optional[cost.CostTable]:
@@ -309,10 +385,18 @@ def draft_cost_ratio(plan: Plan) -> Tuple[float, str]:
     if table is not None and table.draft_applies(m):
         d1 = table.draft_pass_ms(1)
         return d1 / table.step_ms(1), f"cost table {table.path} (draft pass / one-token step)"
+    modules = module_costs(plan)
+    if modules:
+        return sum(modules) / len(modules), (f"mean of {len(modules)} modules' params (+ the shared head rows) "
+                                             f"over the target's")
     if plan.draft is not None and plan.draft.path:
         dp = count_params(plan.draft.path, skip_embeddings=True)
         tp = count_params(plan.target.path) if dp else None
         if dp and tp:
+            head = shared_head_params(plan)
+            if head:
+                dp += head
+                return dp / tp, f"draft/target params {dp / 1e6:.1f}M/{tp / 1e6:.1f}M incl. the shared head's rows"
             note = ""
             cfg = draft_config(plan) if method.draft_shape == "block" else None
             if cfg and isinstance(cfg.get("vocab_size"), int) and isinstance(cfg.get("hidden_size"), int):
@@ -323,6 +407,20 @@ def draft_cost_ratio(plan: Plan) -> Tuple[float, str]:
     return method.default_c, f"method default for {m}"
 
 
+
+
+def module_costs(plan: Plan) -> Optional[Tuple[float, ...]]:
+    """Multi-layer EAGLE: c_i per module, (module i's params + the shared head's rows) / the target's
+    params (each pass memory-bound, §6.2), from the checkpoint headers; None for other methods or
+    when unreadable. Module i drafts step i + 1, so a κ step costs Σ_{i<κ} c_i."""
+    if plan.method.name != "multi_layer_eagle":
+        return None
+    counts = module_params(plan)
+    tp = count_params(plan.target.path) if counts else None
+    if not counts or not tp:
+        return None
+    head = shared_head_params(plan)
+    return tuple((n + head) / tp for n in counts)
 
 
 @dataclass(frozen=True)
@@ -341,6 +439,9 @@ class CostInputs:
         batch_model: the profiled :class:`specc.cost.BatchModel` of ``schedule.cost_table`` (None
             without a readable specc cost table); predictions at a batch size then use it instead of
             the hardware roofline.
+        c_modules: multi-layer EAGLE's c_i per module (:func:`module_costs`; None otherwise): a step
+            costs Σ c_i over its κ modules.
+        draft_kv_bytes_saved_per_token: frozen-KV MTP's saving (:func:`frozen_kv_bytes_saved_per_token`).
     """
 
     alpha: float
@@ -353,6 +454,8 @@ class CostInputs:
     draft_kv_bytes_per_token: Optional[int]
     draft_hidden_size: Optional[int]
     batch_model: Optional[cost.BatchModel] = None
+    c_modules: Optional[Tuple[float, ...]] = None
+    draft_kv_bytes_saved_per_token: Optional[int] = None
 
 
 def cost_inputs(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = None,
@@ -375,6 +478,7 @@ def cost_inputs(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = 
             raise PlanError(f"--c must be a finite number >= 0 (c = t_draft / t_target), got {c}")
     else:
         c_val, c_src = draft_cost_ratio(plan)
+    modules = module_costs(plan) if c is None else None
     hw = cost.load_hardware_profile(hardware or default_hardware(plan))
     bpp, _ = bytes_per_param(plan, hw)
     hidden = None
@@ -387,4 +491,5 @@ def cost_inputs(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = 
     return CostInputs(alpha=a, alpha_source=a_src, c=c_val, c_source=c_src, hardware=hw.name,
                       bytes_per_param=bpp, saturation_tokens=cost.saturation_tokens(hw, bpp),
                       draft_kv_bytes_per_token=draft_kv_bytes_per_token(plan), draft_hidden_size=hidden,
-                      batch_model=model)
+                      batch_model=model, c_modules=modules,
+                      draft_kv_bytes_saved_per_token=frozen_kv_bytes_saved_per_token(plan))

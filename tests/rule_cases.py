@@ -50,6 +50,12 @@ PARD_NOMASK = make_checkpoint(CKPT, "llama_draft", {"architectures": ["LlamaForC
                                                     "vocab_size": 64})
 PARD_MASK = make_checkpoint(CKPT, "pard_draft", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                                  "pard_token": 63, "vocab_size": 64})
+#: standalone MTP (NEXTN) checkpoints for SmolLM2: one layer (method mtp), two and three (multi-layer EAGLE)
+_NEXTN = {"architectures": ["LlamaForCausalLMNextN"], "model_type": "llama", "hidden_size": 576,
+          "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30, "vocab_size": 49152}
+MTP1 = make_checkpoint(CKPT, "nextn1", dict(_NEXTN, num_nextn_predict_layers=1))
+MTP2 = make_checkpoint(CKPT, "nextn2", dict(_NEXTN, num_nextn_predict_layers=2))
+MTP3 = make_checkpoint(CKPT, "nextn3", dict(_NEXTN, num_nextn_predict_layers=3))
 NPRED3 = make_checkpoint(CKPT, "npredict3", {"architectures": ["MLPSpeculatorPreTrainedModel"], "n_predict": 3,
                                              "vocab_size": 64})
 
@@ -122,6 +128,14 @@ S_SX = {"engine": "specc", "target": SMOL,
                               "min_token_prob": 0.1, "max_corpus_tokens": 4096}}}
 CORPUS_TXT = CKPT / "corpus.txt"  # a corpus file that exists
 CORPUS_TXT.write_text("The museum opens at nine.\n")
+S_MTP = {"engine": "specc", "target": SMOL,
+         "draft": {"path": MTP1, "format": "hf", "vocab_size": 49152, "max_model_len": 2048},
+         "method": {"name": "mtp", "num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+         "verify": {"rule": "greedy", "draft_sampling": "greedy"}}
+S_ML = {"engine": "specc", "target": SMOL,
+        "draft": {"path": MTP3, "format": "hf", "vocab_size": 49152, "max_model_len": 2048},
+        "method": {"name": "multi_layer_eagle", "num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+        "verify": {"rule": "greedy", "draft_sampling": "greedy"}}
 
 PROB = {"verify.rule": "standard", "verify.draft_sampling": "probabilistic"}
 TREE = {"method.topk": 4, "method.num_steps": 5, "method.num_draft_tokens": 8}
@@ -355,7 +369,15 @@ CASES = {
     # ---------------- specc ----------------
     # compile uses the name as a directory and module name (specc/codegen.py check_identifier).
     "specc.S-NAME": (S_E3, {"name": "my-plan"}, {"name": "my_plan"}, "error"),
-    "specc.S-METHOD": (S_E3, {"method.name": "mtp"}, {"method.name": "eagle3"}, "error"),
+    "specc.S-METHOD": (S_E3, {"method.name": "suffix"}, {"method.name": "eagle3"}, "error"),
+    # MTP without draft.path reads the target's NEXTN layers (SGLang EG6); SmolLM2's GGUF ships none
+    "specc.S-MTP-DRAFT": (S_MTP, {"draft": None}, {"draft": {"path": MTP1, "format": "hf"}}, "error"),
+    # vLLM: "num_speculative_tokens must be divisible by n_predict" (a κ of 3 over 2 layers)
+    "specc.S-MTP-STEPS": (S_MTP, {"draft.path": MTP2}, {"method.num_steps": 4, "method.num_draft_tokens": 5}, "error"),
+    "specc.S-MTP-LAYERS": (S_MTP, {"draft.path": MTP2}, {"draft.path": MTP1}, "error"),
+    "specc.S-ML-MODULES": (S_ML, {"draft.path": MTP2}, {"method.num_steps": 2, "method.num_draft_tokens": 3}, "error"),
+    # SGLang's adaptive speculation refuses multi-layer EAGLE (adaptive_spec_params.py, AD5)
+    "specc.S-ML-ADAPTIVE": (S_ML, {"schedule.kind": "adaptive"}, {"schedule.kind": "static"}, "error"),
     # the specc runtime's κ of a block drafter is γ (SGLang's pinned num_steps = 1 is replaced)
     "specc.S-BLOCK-STEPS": (S_DS, {"method.num_steps": 1, "method.num_draft_tokens": None}, {"method.num_steps": 7},
                             "fallback"),

@@ -366,7 +366,7 @@ def test_speedup_columns_are_explained_where_they_differ_at_batch_1(capsys):
     rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu")
     assert rc == 0
     rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("b1_")}
-    differ = [name for name, r in rows.items() if r[8] != r[9]]  # speedup, speedup@B
+    differ = [name for name, r in rows.items() if r[9] != r[10]]  # speedup, speedup@B
     assert "b1_k5_topk1_w6_greedy_chain" in differ
     legend = next(ln for ln in out.splitlines() if "at batch 1 they differ" in ln)
     assert all(name in legend for name in differ) and "T*" in legend

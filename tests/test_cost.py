@@ -303,7 +303,8 @@ def test_predict_parallel_and_plain_states():
     t_star = cost.saturation_tokens(cost.load_hardware_profile("h100"), 2.0)
     assert p.break_even_batch == pytest.approx(t_star * (2.533 - 0.165) / 4, rel=1e-3)
     assert p.s_infinity == pytest.approx(2.533 / 4.165, rel=1e-3)
-    assert (p.draft_forward_passes, p.target_forward_passes) == (2, 1)  # block + extend
+    # the block pass; its context K/V is projected from the target's hidden states, no draft-extend forward
+    assert (p.draft_forward_passes, p.extend_forward_passes, p.target_forward_passes) == (1, 0, 1)
     plain = Plan(method=MethodConfig(name="none"), schedule=ScheduleConfig(capture_batch_sizes=[4]))
     (p0,) = analyze(plain, hardware="cpu").predictions.values()
     assert (p0.expected_tokens, p0.speedup, p0.break_even_batch) == (1.0, 1.0, math.inf)

@@ -1,7 +1,8 @@
 """Prefill/decode disaggregation at the runtime level: a prefill runtime exports each request's
 prompt KV, first token and method seed; a second runtime (its own caches) checks the payload on
 arrival and decodes from it; greedy output is token-identical to one process for every method the
-runtime runs (plain, n-gram, draft model, EAGLE, EAGLE-3); seeded sampling continues identically;
+runtime runs (plain, n-gram, draft model, EAGLE, EAGLE-3, trees, Medusa, DFlash, DSpark, MTP, multi-layer
+EAGLE, frozen-KV MTP); seeded sampling continues identically;
 corrupted, truncated and mismatched payloads are refused with a clear error; bytes per part match the
 seeds' arithmetic."""
 from __future__ import annotations
@@ -24,7 +25,8 @@ from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
 from test_eagle_support import V, naive_greedy, random_head, tiny_target
 
 PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 1, 2, 3], [9, 8, 7, 9, 8, 7, 9, 8], [3, 3, 3, 20, 21, 22, 23, 40], [11]]
-METHODS = ["none", "ngram", "draft_model", "eagle", "eagle3", "eagle3_tree", "medusa", "dflash", "dspark"]
+METHODS = ["none", "ngram", "draft_model", "eagle", "eagle3", "eagle3_tree", "medusa", "dflash", "dspark", "mtp",
+           "multi_layer_eagle", "frozen_kv_mtp"]
 
 
 def _clone(model):
@@ -45,6 +47,9 @@ def _drafter(method, target, seed=3):
 
         from specc.drafters.medusa import MedusaDrafter
         return MedusaDrafter(random_heads(target, 3, 1, seed=seed), target.config.num_layers, target.norm)
+    if method in ("mtp", "multi_layer_eagle", "frozen_kv_mtp"):
+        from mtp_family_support import drafter_for, random_model
+        return drafter_for(method, random_model(method, target, draft_vocab=64, seed=seed), target, 3)
     if method in ("dflash", "dspark"):
         from specc.drafters.dflash import BlockDrafter
         from specc.models.dflash import random_block_drafter
@@ -123,10 +128,17 @@ def test_disaggregated_greedy_equals_one_process(method):
     sizes = disagg.decode_payload(blobs[1], dec, PROMPTS[1]).nbytes()
     c = dec.target.config
     assert sizes["kv"] == 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4 * len(PROMPTS[1])
-    if method.startswith("eagle"):  # draft KV (1 layer) + hidden state + top-1 prob/index + position
+    if method.startswith("eagle") or method == "mtp":  # draft KV (1 layer) + hidden state + top-1 prob/index + position
         head = dec.drafter.model.cfg
         draft_kv = 2 * head.num_key_value_heads * head.head_dim * 4 * len(PROMPTS[1])
         assert sizes["seed"] == draft_kv + head.hidden_size * 4 + 4 + 8 + 8
+    elif method == "multi_layer_eagle":  # every module's KV, module 0's hidden, the prompt's features, positions
+        head, n, P = dec.drafter.model.cfg, dec.drafter.num_modules, len(PROMPTS[1])
+        draft_kv = n * 2 * head.num_key_value_heads * head.head_dim * 4 * P
+        assert sizes["seed"] == draft_kv + head.hidden_size * 4 + min(P, dec.drafter.ring) * head.hidden_size * 4 \
+            + 8 * n + 8 + 4 + 8
+    elif method == "frozen_kv_mtp":  # no draft KV: the target's hidden state, its position, the first draft's top-1
+        assert sizes["seed"] == c.hidden_size * 4 + 8 + 4 + 8
     elif method in ("medusa", "dflash", "dspark"):  # the target's hidden states at the drafter's layers
         layers = len(dec.ctx.hidden_layers)
         assert layers >= 1 and sizes["seed"] == layers * len(PROMPTS[1]) * c.hidden_size * 4

@@ -148,3 +148,27 @@ def test_sampling_under_budgeted_verification_matches_target(target, draft, samp
     drafts_per_step = m.num_draft_tokens / max(1, m.num_steps)
     assert 0.2 * K < drafts_per_step < 0.9 * K, drafts_per_step  # really trimmed, not all or nothing
     assert tv(emp, exact_marginals(target, 1.0, 0.9)).max() < 0.01
+
+
+# ------------------------------------------------------------------ the MTP family
+@pytest.mark.parametrize("method", ["mtp", "multi_layer_eagle", "frozen_kv_mtp"])
+def test_mtp_family_sampling_matches_target(target, method):
+    """MTP (one layer, recurrent), multi-layer EAGLE (one module per step) and frozen-KV MTP (the
+    assistant over the target's KV), each with probabilistic drafts over a 12-token draft vocabulary
+    (q scattered into the target's 16 ids): the sampled tokens follow the target's distribution."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from mtp_family_support import drafter_for, random_model
+
+    model = random_model(method, target, layers=K, draft_vocab=12, seed=7, scale=0.3)
+    spec = StateSpec(f"b{ROWS}_k{K}", method, ROWS, K, num_draft_tokens=K + 1, verify_rule="standard",
+                     draft_sampling="probabilistic")
+    rt = Runtime(target, None, drafter_for(method, model, target, K), [spec], max_model_len=16, seed=17,
+                 prefill_chunk=1 << 15)
+    emp = empirical_marginals(rt, 1.0, 0.9)
+    m = rt.metrics
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens  # both accept and reject paths taken
+    assert tv(emp, exact_marginals(target, 1.0, 0.9)).max() < 0.01, (tv(emp, exact_marginals(target, 1.0, 0.9)),
+                                                                     m.acceptance_rate)

@@ -135,7 +135,9 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
             res = run_concurrency(runtime, reqs, c)
             bar.update(1)
             k_mean = sum(k * v for k, v in res.kappa_steps.items()) / max(1, sum(res.kappa_steps.values()))
-            passes = methods.proposal_passes(method.name, max(1, round(k_mean))) if k_mean > 0 else 0
+            # every draft-model pass of a step, draft stage and draft-extend alike (the zoo seed's count)
+            passes = (methods.proposal_passes(method.name, max(1, round(k_mean))) if k_mean > 0 else 0) \
+                + methods.extend_passes(method.name)
             pred = None
             if table is not None:
                 pred = predicted_decode_tok_s(res, table, passes) / predicted_decode_tok_s(base, table, 0)

@@ -145,7 +145,7 @@ def validate_outputs(args: argparse.Namespace) -> None:
                              f"give a path in a writable folder") from None
 
 
-COLUMNS = ("state", "B", "κ", "W", "draft fwd", "target fwd", "target tok", "E", "speedup",
+COLUMNS = ("state", "B", "κ", "W", "draft fwd", "extend fwd", "target fwd", "target tok", "E", "speedup",
            "speedup@B", "break-even B", "draft KV/tok", "graphs", "graph mem")
 
 
@@ -154,7 +154,7 @@ def table_rows(preds) -> List[List[str]]:
     rows = []
     for p in preds:
         rows.append([p.state, str(p.batch_size), str(p.num_steps), str(p.num_draft_tokens),
-                     str(p.draft_forward_passes), str(p.target_forward_passes),
+                     str(p.draft_forward_passes), str(p.extend_forward_passes), str(p.target_forward_passes),
                      str(p.target_tokens_per_step), f"{p.expected_tokens:.3f}", f"{p.speedup:.2f}x",
                      f"{p.speedup_at_batch:.2f}x", _fmt_be(p.break_even_batch),
                      "n/a" if p.draft_kv_bytes_per_token is None else _fmt_bytes(p.draft_kv_bytes_per_token),
@@ -439,6 +439,33 @@ def _legend(preds, inputs=None) -> List[str]:
     return lines
 
 
+def _pass_notes(plan, preds, inputs) -> List[str]:
+    """What the pass columns count for this method, and frozen-KV MTP's KV saving (the zoo seed's
+    4 KiB-per-token example scaled to the draft's shape) or multi-layer EAGLE's per-module costs."""
+    from specc import methods
+
+    m = methods.get(plan.method.name)
+    out = []
+    if m.drafts and not m.lookup:
+        out.append("draft fwd / extend fwd: the drafter's forward passes per step in the draft and the extend "
+                   "stages, counted at the zoo seed's iteration boundary" + (
+                       " (the extend's output drafts token 1: κ − 1 draft passes)" if m.draft_from_extend else ""))
+    saved = getattr(inputs, "draft_kv_bytes_saved_per_token", None)
+    if m.frozen_kv:
+        text = ("frozen-KV: no draft-extend pass and no draft KV pool (the assistant reads the target's KV "
+                "read-only at the last written position)")
+        if saved:
+            text += (f"; the same assistant with a pool of its own would hold {_fmt_bytes(saved)} per token "
+                     f"(the seed's 4 KiB at h_kv = 8, d_h = 128, bf16, scaled to this draft's shape), "
+                     f"{saved * 64 * 8192 / 1e6:.0f} MB at 64 sequences of 8k context")
+        out.append(text)
+    modules = getattr(inputs, "c_modules", None)
+    if modules:
+        out.append("multi-layer EAGLE: a step of κ costs 1 + Σ_{i<κ} c_i over its modules (c_i = "
+                   + ", ".join(f"{c:.4f}" for c in modules) + "), not κ·c with the whole checkpoint's c")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -534,6 +561,8 @@ def run(args: argparse.Namespace) -> int:
         if any(p.draft_kv_bytes_per_token is None for p in preds):
             print(f"  note: draft KV/tok n/a: no readable config.json for draft.path = "
                   f"{plan.draft.path if plan.draft else None!r}")
+        for line in _pass_notes(plan, preds, res["inputs"]):
+            print(f"  note: {line}")
         print()
         print(format_table(table_rows(preds)))
         print()

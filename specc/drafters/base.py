@@ -39,7 +39,10 @@ context K/V written in ``commit``), and the EAGLE family (P-EAGLE in its paralle
 ``hidden_layers`` to the target layers it fuses, keeps its own KV cache written by position, runs its
 layer over the accepted tokens in ``commit`` (``step.target_hidden`` holds the target's hidden states
 for all κ + 1 verify rows; rows past ``step.accepted[b]`` are rejected and must be ignored or
-overwritten later), and proposes from the last accepted row's output.
+overwritten later), and proposes from the last accepted row's output. MTP (``specc.drafters.mtp``) runs
+one DeepSeek-style MTP layer on the same machinery; multi-layer EAGLE
+(``specc.drafters.multi_layer_eagle``) one module per draft step; frozen-KV MTP
+(``specc.drafters.frozen_kv``) keeps no KV at all and attends over the target's cache.
 """
 from __future__ import annotations
 
@@ -264,6 +267,8 @@ class Drafter(abc.ABC):
         prefill_row_index: whether ``prefill`` takes a compact chunk of the new requests only
             (``PrefillChunk.row_index``); otherwise it gets rows ``0..n-1`` with ``rows`` marking the new.
         supports_tree: whether ``propose_tree`` grows draft trees (dynamic and/or static).
+        forward_passes: a running count of the draft model's forward passes (instance attribute once
+            counted; each drafter adds one per pass over a batch, in every stage).
     """
 
     name: str = "drafter"
@@ -272,6 +277,14 @@ class Drafter(abc.ABC):
     capturable: bool = False
     prefill_row_index: bool = False
     supports_tree: bool = False
+    #: draft-model forward passes run so far (a pass over every row of a batch counts once); the runtime
+    #: reads its change across the draft and the extend stages (``SpecMetrics.num_draft_passes``,
+    #: ``num_draft_extend_passes``), which ``specc explain`` predicts from the method table
+    forward_passes: int = 0
+
+    def draft_kv_bytes(self) -> int:
+        """Bytes of KV cache the drafter allocated in :meth:`setup` (reported at load). Default 0."""
+        return 0
 
     def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
         """Allocate caches for ``max_batch_size`` rows of ``max_seq_len`` slots (trash slot

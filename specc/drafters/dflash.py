@@ -54,11 +54,16 @@ class BlockDrafter(Drafter):
         self.use_confidence_head = bool(use_confidence_head) and model.confidence is not None
         self.cache: Optional[BlockDraftCache] = None
         self.last_base_logits: Optional[torch.Tensor] = None  # [B, κ, V] of the last block (tests, benchmarks)
+        self.forward_passes = 0
 
     def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
         """Allocate the context cache (per layer ``[B, kv, max_seq_len, d]``)."""
         self.model.to(device)
         self.cache = self.model.new_cache(max_batch_size, max_seq_len, device=device)
+
+    def draft_kv_bytes(self) -> int:
+        """Bytes of the context KV cache (every layer, K and V)."""
+        return 0 if self.cache is None else sum(t.nbytes for t in self.cache.k + self.cache.v)
 
     @torch.inference_mode()
     def prefill(self, batch: BatchView, chunk: PrefillChunk) -> None:
@@ -92,6 +97,7 @@ class BlockDrafter(Drafter):
         pos = (s.view(B, 1) + torch.arange(k + 1, device=dev).view(1, -1)).clamp(max=batch.trash_slot)  # [B, κ+1]
         visible = torch.where(batch.active[:B], s, torch.zeros_like(s))  # context slots < s
         hidden = m.block_hidden(ids, pos, self.cache, visible)[:, 1:]  # [B, κ, H]
+        self.forward_passes += 1
         base = m.logits(hidden)  # [B, κ, V]
         self.last_base_logits = base
         probabilistic = sampling.mode == "probabilistic"

@@ -48,6 +48,7 @@ class DraftModelDrafter(Drafter):
                                   f"(0..{model.config.vocab_size - 1})")
         self.mask_token_id = None if mask_token_id is None else int(mask_token_id)
         self._fed_drafts = True  # the last propose fed its drafts (chain) rather than mask tokens (PARD)
+        self.forward_passes = 0
 
     def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
         if self.model.config.max_model_len < max_seq_len:
@@ -57,6 +58,11 @@ class DraftModelDrafter(Drafter):
         self.model.setup_cache(max_batch_size, max_seq_len)
         self.synced = torch.zeros(max_batch_size, dtype=torch.int64, device=device)  # [R] KV right below this
         self._proposed_at: Optional[torch.Tensor] = None  # [B] seq_len at the last propose
+
+    def draft_kv_bytes(self) -> int:
+        """Bytes of the draft model's KV caches (every layer, K and V)."""
+        return sum(layer.attn.k_cache.nbytes + layer.attn.v_cache.nbytes for layer in self.model.layers
+                   if layer.attn.k_cache is not None)
 
     @torch.inference_mode()
     def prefill(self, batch: BatchView, chunk: PrefillChunk) -> None:
@@ -97,7 +103,8 @@ class DraftModelDrafter(Drafter):
         trash = torch.full_like(pos, batch.trash_slot)
         at = (count - 1).view(B, 1)  # [B, 1] the pending token's column
         logits, _ = self.model.forward(ids, torch.where(real, pos, pos[:, :1]), torch.where(real, pos, trash),
-                                       None, logits_at=at)  # [B, 1, V]
+                                       None, logits_at=at)  # [B, 1, V]; the KV catch-up is this first pass
+        self.forward_passes += 1
         self.synced[:B] = torch.where(act, seq, self.synced[:B])
         self._proposed_at = seq.clone()
         self._fed_drafts = True
@@ -110,6 +117,7 @@ class DraftModelDrafter(Drafter):
                 cur_pos = cur_pos + 1
                 slots = torch.where(act.view(B, 1), cur_pos, trash)
                 logits, _ = self.model.forward(toks[-1].view(B, 1), cur_pos, slots, None)  # [B, 1, V]
+                self.forward_passes += 1
             conf.append(torch.softmax(logits[:, 0], dim=-1).amax(dim=-1))  # [B] top draft probability
             if probabilistic:
                 q = process_logits(logits, batch.temperature, batch.top_k, batch.top_p)[:, 0]  # [B, V]
@@ -157,6 +165,7 @@ class DraftModelDrafter(Drafter):
         at = ((count - 1).view(B, 1) + torch.arange(k, device=dev).view(1, k))  # [B, κ]
         logits, _ = self.model.forward(ids, torch.where(real, pos, pos[:, :1]), torch.where(real, pos, trash),
                                        None, logits_at=at)  # [B, κ, V]
+        self.forward_passes += 1
         self.synced[:B] = torch.where(act, seq, self.synced[:B])
         self._proposed_at = seq.clone()
         self._fed_drafts = False

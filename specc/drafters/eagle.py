@@ -45,7 +45,9 @@ from specc.models.eagle import DraftKVCache, EagleModel
 
 
 class EagleDrafter(Drafter):
-    """``method.name: eagle`` / ``eagle3`` with a loaded :class:`EagleModel`.
+    """``method.name: eagle`` / ``eagle3`` with a loaded :class:`EagleModel` (and ``mtp`` with an
+    :class:`specc.models.mtp.MTPModel`, which answers the same model contract and reads the target's
+    final-norm hidden state: ``reads_final_norm``).
 
     Args:
         model: the head (weights loaded, bound to the target's embedding / LM head).
@@ -63,12 +65,13 @@ class EagleDrafter(Drafter):
         self.mask_token_id = None if mask_token_id is None else int(mask_token_id)
         self.name = model.cfg.kind
         self._final_norm = None
-        if model.cfg.kind == "eagle":
+        self.forward_passes = 0
+        if getattr(model, "reads_final_norm", model.cfg.kind == "eagle"):  # EAGLE, MTP layers
             # EAGLE reads the final-norm output; the runtime's prefill asks for logits at one column
             # only, which the target cannot combine with layer ``num_layers``, so we take the last
             # layer's output and apply the target's final norm here (the same computation).
             if target_norm is None:
-                raise ValueError("an EAGLE drafter needs the target's final norm (target_norm)")
+                raise ValueError(f"a {model.cfg.kind} drafter needs the target's final norm (target_norm)")
             self._final_norm = target_norm
             self.hidden_layers = (int(target_num_layers) - 1,)
         else:
@@ -85,6 +88,10 @@ class EagleDrafter(Drafter):
         self.g_last = torch.zeros(max_batch_size, self.model.cfg.hidden_size, device=device)
         self.last_pos = torch.zeros(max_batch_size, dtype=torch.int64, device=device)
 
+    def draft_kv_bytes(self) -> int:
+        """Bytes of the head's own KV cache (K and V, every row and slot)."""
+        return 0 if self.cache is None else self.cache.k.nbytes + self.cache.v.nbytes
+
     def _features(self, hidden) -> torch.Tensor:
         """The head's input feature ``[B, N, F]`` from the target's hidden states at ``hidden_layers``
         (EAGLE: the final-norm output; EAGLE-3: low/mid/high concatenated)."""
@@ -98,6 +105,7 @@ class EagleDrafter(Drafter):
         ``last_index [B]``."""
         B = tokens.shape[0]
         g = self.model(tokens, features, positions, cache=self.cache, cache_slots=slots)  # [B, N, H]
+        self.forward_passes += 1
         idx = torch.arange(B, device=tokens.device)
         last_index = last_index.clamp(0, tokens.shape[1] - 1)  # rows outside ``rows`` may point past N
         g_sel = g[idx, last_index]  # [B, H]
@@ -155,6 +163,7 @@ class EagleDrafter(Drafter):
             slots = torch.where(active.view(B, 1) & (pos < batch.trash_slot), pos, trash)
             g = m(t.view(B, 1), g, pos.clamp(max=batch.trash_slot), cache=self.cache, cache_slots=slots,
                   from_target=False)  # [B, 1, H]
+            self.forward_passes += 1
         tokens = torch.stack(toks, dim=1) if toks else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         return Proposal(tokens=tokens, num_valid=torch.full((B,), num_steps, dtype=torch.int64, device=dev),
                         probs=torch.stack(probs, dim=1) if probabilistic else None,
@@ -180,6 +189,7 @@ class EagleDrafter(Drafter):
         anc = ancestors.gather(2, rel.clamp(0, sc - 1).expand(B, F, span))
         mask = (rel < 0) | ((rel < sc) & anc)  # [B, F, S]
         pos = (last + depth).expand(B, F).clamp(max=trash)
+        self.forward_passes += 1
         return self.model(tokens, feats, pos, cache=self.cache, cache_slots=slots, attn_mask=mask, from_target=False)
 
     @torch.inference_mode()
@@ -331,6 +341,7 @@ class EagleDrafter(Drafter):
             toks = torch.full((B, k - 1), self.mask_token_id, dtype=torch.int64, device=dev)
             g = m(toks, g0.expand(B, k - 1, g0.shape[-1]), pos.clamp(max=batch.trash_slot), cache=self.cache,
                   cache_slots=slots, from_target=False)  # [B, κ-1, H]
+            self.forward_passes += 1
             logits.append(m.draft_logits(g))
         logits = torch.cat(logits, dim=1)  # [B, κ, Vd]
         conf = torch.softmax(logits.float(), dim=-1).amax(dim=-1)  # [B, κ]
@@ -399,10 +410,11 @@ class EagleDrafter(Drafter):
         return ""
 
     @torch.inference_mode()
-    def import_seed(self, row: int, seed: dict, prompt_len: int) -> None:
+    def import_seed(self, row: int, seed: dict, prompt_len: int, first_token: Optional[int] = None) -> None:
         """Install a shipped seed (:meth:`export_seed`) into row ``row`` of the decode instance, so its
-        first ``propose`` drafts from it. Raises ValueError when the shipped top-1 is not the head's
-        own top-1 at the shipped hidden state (the seed is inconsistent)."""
+        first ``propose`` drafts from it (``first_token``, the payload's, is already in the head's
+        state). Raises ValueError when the shipped top-1 is not the head's own top-1 at the shipped
+        hidden state (the seed is inconsistent)."""
         dev = self.g_last.device
         self.cache.k[row, :, :prompt_len] = seed["draft_k"].to(dev)
         self.cache.v[row, :, :prompt_len] = seed["draft_v"].to(dev)

@@ -45,6 +45,7 @@ class MedusaDrafter(Drafter):
         self.hidden_layers = (int(target_num_layers) - 1,)
         self._norm = target_norm
         self.h_last: Optional[torch.Tensor] = None
+        self.forward_passes = 0
 
     def setup(self, max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
         self.model.to(device)
@@ -77,7 +78,8 @@ class MedusaDrafter(Drafter):
         from specc.kernels import process_logits
 
         b = batch.batch_size
-        logits = self.model.logits(self.h_last[:b], depth)  # [B, depth, V]
+        logits = self.model.logits(self.h_last[:b], depth)  # [B, depth, V]: one pass of the heads
+        self.forward_passes += 1
         if sampling.mode != "probabilistic":
             return logits, None
         q = process_logits(logits, batch.temperature[:b], batch.top_k[:b], batch.top_p[:b])  # [B, depth, V]

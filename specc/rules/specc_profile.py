@@ -14,6 +14,7 @@ Sources name the specc module that implements (or would implement) the capabilit
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import keyword
 import re
@@ -163,7 +164,41 @@ def _markov_text(f) -> str:
 
 #: a shipped draft preset (conf/draft/) per method that needs one, for the S-DRAFT message
 _DRAFT_EXAMPLE = {"draft_model": "smollm2_135m_shallow", "eagle": "smollm2_135m_eagle", "eagle3": "smollm2_135m_eagle3",
-                  "medusa": "smollm2_135m_medusa", "dflash": "smollm2_135m_dflash", "dspark": "smollm2_135m_dspark"}
+                  "medusa": "smollm2_135m_medusa", "dflash": "smollm2_135m_dflash", "dspark": "smollm2_135m_dspark",
+                  "mtp": "smollm2_135m_mtp", "multi_layer_eagle": "smollm2_135m_multi_layer_eagle",
+                  "frozen_kv_mtp": "smollm2_135m_frozen_kv_mtp"}
+#: adaptive schedules refuse multi-layer EAGLE (SGLang: MultiLayerEagleWorkerV2 has no adaptive support)
+ML_ADAPTIVE = ("sglang adaptive_spec_params.py:72-76 (the zoo seed's citation; :85-89 at 0.5.23, AD5); "
+               "specc/drafters/multi_layer_eagle.py")
+#: vLLM: "num_speculative_tokens must be divisible by n_predict" (vllm-0.33.0.md §3 row 25)
+MTP_N_PREDICT = "vllm config/speculative.py:1604-1612 (vllm-0.33.0.md §3 row 25); specc/drafters/mtp.py"
+
+
+def _nextn_layers(cfg) -> Optional[int]:
+    """MTP layers of a checkpoint config (``num_nextn_predict_layers``, vLLM's ``n_predict``), or None."""
+    cfg = cfg or {}
+    n = cfg.get("num_nextn_predict_layers", cfg.get("n_predict"))
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+
+
+def _mtp_source(p) -> str:
+    """Where an MTP plan's layers come from: ``draft`` when draft.path is set, else the target's."""
+    return "draft" if p.draft is not None and bool(p.draft.path) else "target"
+
+
+def _gguf_target(p) -> bool:
+    """The target is a GGUF file (its metadata has no MTP layers for specc's MTP loader)."""
+    return (p.target.format or "") == "gguf" or str(p.target.path or "").endswith(".gguf")
+
+
+def _mtp_readable(p) -> bool:
+    """An MTP plan whose layer source can hold MTP layers (a draft.path, or a non-GGUF target)."""
+    return p.method.name == "mtp" and (_mtp_source(p) == "draft" or not _gguf_target(p))
+
+
+def _mtp_kappa_bad(k: int, n: Optional[int]) -> bool:
+    """vLLM's n_predict rule: κ larger than the layer count must be a multiple of it."""
+    return n is not None and k > n and k % n != 0
 
 
 def _verify_rule_help(p) -> dict:
@@ -465,8 +500,49 @@ RULES = (
       "specc/models/resolve.py", message_args=lambda p: {"example": _DRAFT_EXAMPLE.get(p.method.name, "<your draft>")}),
     R("S-DRAFT-IGN", "warning", ("draft.path",),
       lambda p: p.method.name in SUPPORTED and not methods.get(p.method.name).needs_draft_checkpoint
+      and not methods.get(p.method.name).target_ships_draft
       and p.method.name != "custom" and p.draft is not None and bool(p.draft.path),
       "draft.path is ignored for method.name={p.method.name}; drop the draft section", RT),
+    R("S-MTP-DRAFT", "error", ("draft.path", "target.path"),
+      lambda p: p.method.name == "mtp" and _mtp_source(p) == "target",
+      "method.name=mtp without draft.path reads the MTP layers shipped in target.path={p.target.path} (as SGLang "
+      "points NEXTN's draft at the target), but its config has no num_nextn_predict_layers; set draft.path to an "
+      "MTP checkpoint (e.g. defaults: - /draft: smollm2_135m_mtp)", "specc/drafters/mtp.py (build_drafter); "
+      "sglang-0.5.23.md EG6", needs=lambda p: () if _gguf_target(p) else ("target",),
+      decide=lambda p, f: _gguf_target(p) or _nextn_layers(f.config("target")) is None,
+      about="whether the target checkpoint ships MTP layers"),
+    R("S-MTP-STEPS", "error", ("method.num_steps", "draft.path"),
+      lambda p: _mtp_readable(p) and isinstance(p.method.num_steps, int),
+      "method.num_steps={p.method.num_steps} with an MTP checkpoint of {n} layers (num_nextn_predict_layers): "
+      "κ above the layer count must be a multiple of it (vLLM: \"num_speculative_tokens must be divisible by "
+      "n_predict\"); use method.num_steps <= {n} or a multiple of {n}", MTP_N_PREDICT,
+      needs=lambda p: (_mtp_source(p),),
+      decide=lambda p, f: _mtp_kappa_bad(p.method.num_steps, _nextn_layers(f.config(_mtp_source(p)))),
+      about="the MTP checkpoint's layer count",
+      message_args=lambda p, f: {"n": _nextn_layers(f.config(_mtp_source(p)))}),
+    R("S-MTP-LAYERS", "error", ("method.name", "draft.path"),
+      lambda p: _mtp_readable(p),
+      "method.name=mtp: the MTP checkpoint has {n} layers (num_nextn_predict_layers), and the specc runtime reruns "
+      "one layer for every draft step (vLLM's single-layer MTP with K > 1); run a checkpoint with one layer per "
+      "draft step as method.name=multi_layer_eagle (SGLang's draft_runners)", "specc/drafters/mtp.py",
+      needs=lambda p: (_mtp_source(p),),
+      decide=lambda p, f: (_nextn_layers(f.config(_mtp_source(p))) or 1) > 1,
+      about="the MTP checkpoint's layer count",
+      message_args=lambda p, f: {"n": _nextn_layers(f.config(_mtp_source(p)))}),
+    R("S-ML-MODULES", "error", ("method.num_steps", "draft.path"),
+      lambda p: p.method.name == "multi_layer_eagle" and isinstance(p.method.num_steps, int) and p.draft is not None
+      and bool(p.draft.path),
+      "method.num_steps={p.method.num_steps} needs {p.method.num_steps} modules, one per draft step, but "
+      "draft.path={p.draft.path} has {n} (num_nextn_predict_layers); lower method.num_steps to <= {n}",
+      "specc/drafters/multi_layer_eagle.py", needs=("draft",),
+      decide=lambda p, f: _nextn_layers(f.config("draft")) is not None
+      and p.method.num_steps > _nextn_layers(f.config("draft")),
+      about="the checkpoint's module count", message_args=lambda p, f: {"n": _nextn_layers(f.config("draft"))}),
+    R("S-ML-ADAPTIVE", "error", ("schedule.kind", "method.name"),
+      lambda p: p.method.name == "multi_layer_eagle" and p.schedule.kind in ("adaptive", "auto"),
+      "schedule.kind={p.schedule.kind} with method.name=multi_layer_eagle: adaptive speculation refuses multi-layer "
+      "EAGLE (SGLang: \"MultiLayerEagleWorkerV2 has no adaptive support\"); use schedule.kind=static or "
+      "batch_buckets (one κ per batch bucket)", ML_ADAPTIVE),
     R("S-VOCAB", "error", ("draft.vocab_size", "target.vocab_size"),
       lambda p: p.method.name == "draft_model" and p.draft is not None and p.target.vocab_size is not None
       and ne(p.draft.vocab_size, p.target.vocab_size),

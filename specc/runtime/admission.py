@@ -227,7 +227,7 @@ class Admission:
             return
         kind = seed_kind(rt)
         if kind == "hidden_topk":
-            drafter.import_seed(row, payload.seed, P)
+            drafter.import_seed(row, payload.seed, P, first_token=int(payload.first_token))
             return
         hidden = []
         if kind == "target_hidden":

@@ -62,6 +62,13 @@ class TokenEvent:
         return self.output is not None
 
 
+def methods_frozen(runtime: "Runtime") -> bool:
+    """Whether the runtime's method reads the target's KV instead of keeping its own (frozen-KV MTP)."""
+    from specc import methods
+
+    return methods.get(runtime.states[0].spec.method).frozen_kv
+
+
 class Runtime:
     """Decodes requests with a set of runtime states over one target model and one drafter.
 
@@ -137,6 +144,8 @@ class Runtime:
         hidden_layers = tuple(getattr(drafter, "hidden_layers", ()) or ())
         if drafter is not None:
             drafter.setup(self.max_rows, self.cache_len, self.device)
+        #: bytes of KV cache the drafter allocated (reported at load; 0 for frozen-KV MTP, which reads the target's)
+        self.draft_kv_bytes = int(getattr(drafter, "draft_kv_bytes", lambda: 0)() or 0) if drafter is not None else 0
         self.ctx = StateContext(
             target=target, drafter=drafter, device=self.device, vocab_size=self.vocab_size,
             max_seq_len=self.cache_len, kernel_backend=kernel_backend, hidden_layers=hidden_layers,
@@ -183,7 +192,7 @@ class Runtime:
     def new_metrics(self) -> SpecMetrics:
         """Empty run metrics whose ``num_accepted_tokens_per_pos`` has one zero per draft position
         (κ_max entries), as vLLM's ``SpecDecodingStats`` (`vllm/v1/spec_decode/metrics.py`)."""
-        return SpecMetrics(num_accepted_tokens_per_pos=[0] * self.k_max)
+        return SpecMetrics(num_accepted_tokens_per_pos=[0] * self.k_max, draft_kv_bytes=self.draft_kv_bytes)
 
     # ------------------------------------------------------------------ routing
     def route(self, num_rows: int, num_requests: Optional[int] = None) -> SpecRuntimeState:
@@ -212,8 +221,12 @@ class Runtime:
         else:
             graphs = "eager verify programs"
         why = f" ({self.settings['why']})" if self.settings.get("why") else ""
+        draft = ""
+        if self.drafter is not None:
+            draft = (f"; draft KV {self.draft_kv_bytes / (1 << 20):.1f} MiB" if self.draft_kv_bytes else
+                     "; draft KV: none allocated" + (" (it reads the target's)" if methods_frozen(self) else ""))
         return (f"{len(self.states)} state(s) under schedule {self.schedule.kind}, static buffers {mib:.1f} MiB, "
-                f"{graphs}; target {self.settings['dtype']}{why}")
+                f"{graphs}; target {self.settings['dtype']}{why}{draft}")
 
     def states_of(self, names: Iterable[str]) -> List[SpecRuntimeState]:
         """The states named ``names`` (in that order)."""

@@ -1,5 +1,6 @@
-"""Run-level speculation metrics: vLLM's counters, τ, per-position acceptance, throughput and the
-time spent in each stage (draft / verify / accept / extend / prefill / emit)."""
+"""Run-level speculation metrics: vLLM's counters, τ, per-position acceptance, throughput, the
+time spent in each stage (draft / verify / accept / extend / prefill / emit), and the drafter's
+forward passes per decode step by stage (draft, draft-extend) with the draft KV it allocated."""
 from __future__ import annotations
 
 import time
@@ -41,6 +42,9 @@ class SpecMetrics:
     num_host_reads: int = 0  # device values read on the host by the decode steps (one per step)
     #: target tokens a step's verify program ran -> [steps, its wall seconds, its CPU seconds, in all]
     verify_by_tokens: Dict[int, List[float]] = field(default_factory=dict)
+    num_draft_passes: int = 0  # draft-model forward passes in the draft stage of the decode steps
+    num_draft_extend_passes: int = 0  # draft-model forward passes in the extend stage of the decode steps
+    draft_kv_bytes: int = 0  # KV cache the drafter allocated at load (0: none, e.g. frozen-KV MTP)
     kappa_steps: Dict[int, int] = field(default_factory=dict)
     trace: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))
     _t0: float = field(default_factory=time.perf_counter, repr=False)
@@ -119,6 +123,22 @@ class SpecMetrics:
         return {k: 1e3 * v / steps for k, v in self.stage_time_s.items() if k != "prefill"} if steps else {}
 
     @property
+    def decode_steps(self) -> int:
+        """Decode steps run (every κ, κ = 0 included)."""
+        return sum(self.kappa_steps.values())
+
+    @property
+    def draft_passes_per_step(self) -> float:
+        """Draft-stage forward passes of the drafter per decode step (what ``specc explain`` predicts
+        as "draft fwd")."""
+        return self.num_draft_passes / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def extend_passes_per_step(self) -> float:
+        """Extend-stage (draft-extend) forward passes per decode step ("extend fwd" in ``explain``)."""
+        return self.num_draft_extend_passes / self.decode_steps if self.decode_steps else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         """End-to-end output tokens per second of wall time (prefill included)."""
         return self.num_output_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
@@ -152,6 +172,11 @@ class SpecMetrics:
             "num_kappa_switches": self.num_kappa_switches,
             "num_host_reads": self.num_host_reads,
             "verify_ms_by_tokens": {str(n): round(ms, 3) for n, ms in self.verify_ms_by_tokens.items()},
+            "decode_steps": self.decode_steps,
+            "num_draft_passes": self.num_draft_passes, "num_draft_extend_passes": self.num_draft_extend_passes,
+            "draft_passes_per_step": round(self.draft_passes_per_step, 4),
+            "extend_passes_per_step": round(self.extend_passes_per_step, 4),
+            "draft_kv_bytes": self.draft_kv_bytes,
             "kappa_steps": {str(k): v for k, v in sorted(self.kappa_steps.items())},
         }
 
@@ -166,13 +191,16 @@ class SpecMetrics:
             mix = ", ".join(f"κ={k}: {n}" for k, n in sorted(self.kappa_steps.items()))
             kappas = f"\nsteps per κ: {mix} ({self.num_kappa_switches} switches)"
         prefill = self.stage_time_s.get("prefill", 0.0)
+        passes = (f"\ndraft forward passes per step: {self.draft_passes_per_step:.2f} draft, "
+                  f"{self.extend_passes_per_step:.2f} draft-extend; draft KV allocated "
+                  f"{self.draft_kv_bytes / (1 << 20):.1f} MiB" if self.decode_steps else "")
         return (f"requests {self.num_requests}, output tokens {self.num_output_tokens}, tau {self.tau:.2f}\n"
                 f"decode {self.decode_tokens_per_s:.1f} tok/s (prefill excluded), end-to-end "
                 f"{self.tokens_per_s:.1f} tok/s (prefill {prefill:.2f}s of {self.wall_time_s:.2f}s)\n"
                 f"num_drafts {self.num_drafts}, num_draft_tokens {self.num_draft_tokens}, "
                 f"num_accepted_tokens {self.num_accepted_tokens}, acceptance {self.acceptance_rate:.2f}, "
                 f"per position [{acc}]\n"
-                f"time: {stages}{kappas}")
+                f"time: {stages}{kappas}{passes}")
 
 
 def decode_tokens_per_s(num_output_tokens: int, num_requests: int, wall_time_s: float, prefill_time_s: float) -> float:

@@ -44,8 +44,11 @@ def decode_step(runtime: Any, batch: DecodeBatch) -> None:
     sync = runtime.sync if runtime.device.type == "cuda" else None
     metrics = runtime.metrics
     inp, live = prepare(runtime, batch, state, rows)
+    passes = forward_passes(runtime)
     with metrics.stage("draft", sync):
         state.draft(inp)
+    drafted = forward_passes(runtime)
+    metrics.num_draft_passes += drafted - passes
     admit(runtime, state, inp, live)
     if inp.ragged:  # eager on the CPU: verify up to the widest row only (a CPU tensor read, no device sync)
         width = max(1, int(inp.num_tokens.max()))
@@ -67,8 +70,15 @@ def decode_step(runtime: Any, batch: DecodeBatch) -> None:
     metrics.record_verify(ran, program_s, program_cpu_s)
     with metrics.stage("extend", sync):
         state.extend(inp, out, view)
+    metrics.num_draft_extend_passes += forward_passes(runtime) - drafted
     runtime.schedule.observe(key[0], accepted)
     metrics.record_step(key[1], len(live_rows), sum(accepted))
+
+
+def forward_passes(runtime: Any) -> int:
+    """The drafter's running count of draft-model forward passes (``Drafter.forward_passes``; 0
+    without a drafter or for a plugin that does not count)."""
+    return int(getattr(runtime.drafter, "forward_passes", 0) or 0)
 
 
 def prepare(runtime: Any, batch: DecodeBatch, state: SpecRuntimeState, rows: int) -> Tuple[StepInputs, List[bool]]:

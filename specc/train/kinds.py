@@ -8,7 +8,8 @@ top-1 agreement), and how its checkpoint is written and read in its published la
 
 Built-in kinds (:data:`BUILTIN`): ``eagle`` and ``eagle3`` (:mod:`specc.train.eagle`), ``medusa``
 (:mod:`specc.train.medusa`), the block drafters ``dflash``, ``dspark`` and ``pard``
-(:mod:`specc.train.block`). Each implements ``layers`` (the target layers it reads; none for PARD),
+(:mod:`specc.train.block`), and the MTP family ``mtp``, ``multi_layer_eagle`` and ``frozen_kv_mtp``
+(:mod:`specc.train.mtp`). Each implements ``layers`` (the target layers it reads; none for PARD),
 ``build``, ``collate`` + ``loss`` (its own objective), ``save`` / ``load`` in its published layout,
 and optionally ``finish`` (work after the last step on held-out data, e.g. DSpark's confidence
 calibration).
@@ -89,6 +90,9 @@ BUILTIN: Dict[str, str] = {
     "dflash": "specc.train.block:DFlashKind",
     "dspark": "specc.train.block:DSparkKind",
     "pard": "specc.train.block:PardKind",
+    "mtp": "specc.train.mtp:MTPKind",
+    "multi_layer_eagle": "specc.train.mtp:MultiLayerEagleKind",
+    "frozen_kv_mtp": "specc.train.mtp:FrozenKVMTPKind",
 }
 
 KINDS: Dict[str, DrafterKind] = {}  # instances, by name (built-ins on first use, others by register)
