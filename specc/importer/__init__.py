@@ -47,8 +47,9 @@ def import_command(engine: str, text: Optional[str] = None, argv: Optional[Seque
     table = load_table(engine, version)
     launch: Launch = find_launch(text, engine) if text is not None else from_words(list(argv or ()), engine)
     parsed = parse_flags(table, launch.args)
-    out = Imported(engine=engine, version=table.version, flags=dict(parsed.values), errors=list(parsed.errors),
-                   spelled=parsed.spelled, table=table)
+    # environment assignments of the command (SGLANG_ENABLE_PP_SPEC=1 ...) are launch facts too
+    out = Imported(engine=engine, version=table.version, flags={**launch.env, **parsed.values},
+                   errors=list(parsed.errors), spelled=parsed.spelled, table=table)
     out.plan["engine"] = engine
     if engine == "sglang":
         sgl.to_plan(parsed.values, launch.env, out, base_dir)
