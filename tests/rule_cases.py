@@ -276,7 +276,7 @@ CASES = {
     "sglang.CG2": (SGL_E3, {"deploy.cuda_graph_max_bs": 64, "deploy.cuda_graph_batch_sizes": [1, 2, 4, 8]},
                    {"deploy.cuda_graph_max_bs": 8}, "fallback"),
     "sglang.MEM1": (SGL_E3, {}, {"deploy.memory_fraction": 0.85}, "filled"),
-    "sglang.SO2": (SGL_E3, JSON, {"deploy.structured_output.backend": "xgrammar"}, "filled"),
+    "sglang.SO2": (SGL_E3, {}, {"deploy.structured_output.backend": "xgrammar"}, "filled"),
     "sglang.SO3": (SGL_E3, _m(JSON, {"deploy.structured_output.backend": "none"}),
                    {"deploy.structured_output.requests": False}, "error"),
     "sglang.PC1": (SGL_E3, {}, {"deploy.prefix_caching": True}, "filled"),
@@ -295,7 +295,7 @@ CASES = {
     # ---------------- vllm==0.33.0 ----------------
     "vllm.SO1": (V_E3, {"deploy.structured_output.backend": "llguidance"},
                  {"deploy.structured_output.backend": "guidance"}, "error"),
-    "vllm.SO2": (V_E3, JSON, {"deploy.structured_output.backend": "xgrammar"}, "filled"),
+    "vllm.SO2": (V_E3, {}, {"deploy.structured_output.backend": "xgrammar"}, "filled"),
     "vllm.SO3": (V_E3, _m(JSON, {"deploy.structured_output.backend": "lm-format-enforcer"}),
                  {"deploy.structured_output.requests": False}, "error"),
     "vllm.SO4": (V_E3, {"deploy.structured_output.backend": "lm-format-enforcer"},

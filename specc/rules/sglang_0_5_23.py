@@ -277,7 +277,7 @@ RULES = (
       "for activations and CUDA graphs", "arg_groups/memory_hook.py:281-333", _fill_fraction,
       message_args=lambda p: {"hw": _hw_name(p), "mem": gpu_mem_mib(p), "res": reserved_mib(p)}),
     R("SO2", "filled", ("deploy.structured_output.backend",),
-      lambda p: p.deploy.structured_output.backend is None and grammar_requests(p),
+      lambda p: p.deploy.structured_output.backend is None,
       "deploy.structured_output.backend unset: SGLang compiles grammars with xgrammar",
       "arg_groups/serving_hook.py:239-244", lambda p: {"deploy.structured_output.backend": "xgrammar"}),
     R("SO3", "error", ("deploy.structured_output.backend", "deploy.structured_output.requests"),

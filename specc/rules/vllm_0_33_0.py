@@ -465,7 +465,7 @@ RULES = (
       message_args=lambda p: {"names": ", ".join(_names("backend")),
                               "hint": _hint(p.deploy.structured_output.backend, "backend")}),
     R("SO2", "filled", ("deploy.structured_output.backend",),
-      lambda p: p.deploy.structured_output.backend is None and grammar_requests(p),
+      lambda p: p.deploy.structured_output.backend is None,
       "deploy.structured_output.backend unset: vLLM picks per request (auto: xgrammar, else guidance)",
       "config/structured_outputs.py:23-28", lambda p: {"deploy.structured_output.backend": "auto"}),
     R("SO3", "error", ("deploy.structured_output.backend", "deploy.structured_output.requests", "method.num_steps"),
