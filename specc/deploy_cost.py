@@ -151,6 +151,8 @@ def model_shape(plan, which: str) -> Optional[ModelShape]:
     ck = read_checkpoint(f"{which}.path", path, getattr(sect, "format", None) or "hf")
     if ck is not None and ck.config:
         return shape_from_config(ck.config, f"{which}.path config.json", sizing.count_params(path))
+    if ck is not None and ck.fmt == "gguf":
+        return shape_from_config(sizing.gguf_config(path), f"{which}.path GGUF metadata", sizing.count_params(path))
     entry = _shipped(path)
     if entry is not None:
         return shape_from_config(entry, f"specc/data/model_shapes.json ({entry.get('source', path)})")
@@ -246,6 +248,23 @@ def _engine_graph(engine: str, state, t: ModelShape, d: Optional[ModelShape], dt
                        source=where)
 
 
+#: the graph-memory formula of each engine, in words, with its source (``specc explain`` prints it once)
+GRAPH_FORMULA = {
+    "specc": ("peak allocation of the captured verify program over T = B·W tokens and S cache slots: "
+              "max(mask + max(attention, MLP T·dtype·(3H + 4I), logits T·V·(4 + dtype)), accept) + hidden outputs; "
+              "fp32 attention 3·B·nh·W·S·4, half precision B·⌈g·W⌉₁₆·S·4 + B·nkv·16·S·max(10, 6 + 6·D/64) + mask "
+              "B·W·S·4; accept T·V·(4 + 38) for standard/block/synthetic rules; one pool per state "
+              "[specc/models/llama.py, specc/kernels/sampling.py; measured by tests/test_graph_memory.py]"),
+    "sglang": ("largest per-layer working set T·dtype·(2H + max(qkv + q, 3I)/tp) of the verify graph over T = B·W "
+               "tokens and of the draft's decode (B·topk) and extend (B·W) graphs; one pool for all, plus a persistent "
+               "fp32 logits buffer of max-batch × W rows "
+               "[sglang/srt/model_executor/runner_utils/pool.py:101-105, graph_shared_output.py:11-63]"),
+    "vllm": ("largest per-layer working set T·dtype·(2H + max(qkv + q, 3I)/tp) of the model forward over T = B·W "
+             "tokens (logits are computed outside the graph); one shared pool "
+             "[vllm/compilation/cuda_graph.py:200, v1/worker/gpu_worker.py:707-757]"),
+}
+
+
 def graph_memory(engine: str, state, target: ModelShape, draft: Optional[ModelShape], dtype_bytes: float,
                  cache_len: int, tp: int = 1, hidden_outputs: int = 0) -> GraphMemory:
     """CUDA-graph memory of one candidate state on ``engine`` (``specc``, ``sglang``, ``vllm``).
@@ -291,8 +310,10 @@ class MemoryBudget:
 
     ``kv_budget``: the KV cache the memory fraction leaves after weights, activations and CUDA graphs;
     ``kv_needed``: the plan's batch × context × KV bytes per token (target and draft); ``refusal``:
-    why the deployment cannot start or cannot hold its batch (None when it fits); ``lines``: the
-    accounting in words, with sources.
+    why the deployment cannot start, or why capturing its CUDA graphs leaves less KV than its batch
+    needs (None when it fits); ``shortfall``: the batch does not fit at full context even without
+    graphs (a note, not a refusal: the engines queue or preempt); ``lines``: the accounting in words,
+    with sources.
     """
 
     memory: float
@@ -303,6 +324,7 @@ class MemoryBudget:
     kv_needed: float
     refusal: Optional[str]
     lines: List[str] = field(default_factory=list)
+    shortfall: Optional[str] = None
 
 
 def _gib(x: float) -> str:
@@ -355,9 +377,12 @@ def memory_budget(engine: str, hw, fraction: Optional[float], weights: float, gr
         kv = frac * M - weights - activations - graphs
         lines.append(f"vLLM: {frac:.3f} × {_gib(M)} = {_gib(frac * M)} − weights {_gib(weights)} − activations "
                      f"{_gib(activations)} − CUDA graphs {_gib(graphs)} = KV {_gib(kv)} (gpu_worker.py:753-757)")
-        if kv <= 0:
-            refusal = (f"nothing is left for the KV cache ({_gib(kv)}): vLLM refuses at startup; raise "
-                       f"deploy.memory_fraction, lower deploy.cuda_graph_max_bs or use more tensor parallelism")
+        if kv < kv_per_token * context:
+            refusal = (f"the KV cache left ({_gib(kv)}) does not hold one request of {context} tokens "
+                       f"({_gib(kv_per_token * context)}): vLLM refuses at startup (\"To serve at least one request "
+                       f"with the model's max seq len ...\", v1/core/kv_cache_planning.py:55-87); raise "
+                       f"deploy.memory_fraction, lower deploy.cuda_graph_max_bs or target.max_model_len, or use more "
+                       f"tensor parallelism")
     else:
         kv = need
         total = weights + need + graphs + static_buffers
@@ -367,15 +392,23 @@ def memory_budget(engine: str, hw, fraction: Optional[float], weights: float, gr
             refusal = (f"weights, KV cache, graph pools and buffers need {_gib(total)} but the device has {_gib(M)}; "
                        f"lower runtime.max_batch_size or target.max_model_len")
         kv = M - weights - graphs - static_buffers
-    if refusal is None and engine != "specc" and kv < need:
-        refusal = (f"the KV cache left ({_gib(kv)}) holds {int(max(kv, 0) // max(kv_per_token * context, 1))} requests "
-                   f"of {context} tokens, fewer than the plan's batch of {batch} ({_gib(need)}): lower "
-                   f"deploy.cuda_graph_max_bs (graphs take {_gib(graphs)}), raise deploy.memory_fraction, or lower "
-                   f"deploy.max_running_requests / target.max_model_len")
+    fits = int(max(kv, 0) // max(kv_per_token * context, 1))
+    shortfall = None
+    if refusal is None and engine == "vllm" and kv < need <= kv + graphs:
+        # the graphs are what pushes the batch out (vLLM reserves their memory from the KV budget)
+        refusal = (f"capturing CUDA graphs ({_gib(graphs)}) leaves {_gib(kv)} of KV, {fits} requests of {context} "
+                   f"tokens, fewer than the plan's batch of {batch} ({_gib(need)}; vLLM PR #54418): lower "
+                   f"deploy.cuda_graph_max_bs or raise deploy.memory_fraction")
+    elif refusal is None and engine != "specc" and kv < need:
+        shortfall = (f"the KV cache ({_gib(kv)}) holds {fits} requests of {context} tokens, fewer than the plan's batch "
+                     f"of {batch} ({_gib(need)}) even without CUDA graphs: longer requests queue or are preempted; "
+                     f"lower deploy.max_running_requests or target.max_model_len, or add tensor parallelism")
     lines.append(f"the plan's batch: {batch} requests × {context} tokens × {kv_per_token / 1024:.1f} KiB/token = "
                  f"{_gib(need)} of KV")
+    if shortfall:
+        lines.append(f"note: {shortfall}")
     return MemoryBudget(memory=M, weights=weights, graphs=graphs, activations=activations, kv_budget=kv,
-                        kv_needed=need, refusal=refusal, lines=lines)
+                        kv_needed=need, refusal=refusal, lines=lines, shortfall=shortfall)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -497,3 +530,145 @@ def prefix_prefill(engine: str, method: str, c: float, t_params: float, dtype_by
     else:
         line = (f"draft prefill of {uncached} new tokens at c = {c:.3f}: {extra * 1e3:.2f} ms{steps}")
     return PrefixPrefill(recompute_tokens=recompute, extra_s=extra, line=line)
+
+
+# ------------------------------------------------------------------------------------------------
+# A plan's deployment report (what `specc explain` prints)
+
+
+@dataclass(frozen=True)
+class StateDeployment:
+    """One state's deployment lines: its graph memory, TP communication (None: no interconnect
+    figure) and prefix-cache prefill (None when prefix caching is off or there is no draft model)."""
+
+    graph: GraphMemory
+    tp: Optional[TPComm]
+    prefix: Optional[PrefixPrefill]
+
+
+@dataclass(frozen=True)
+class DeploymentReport:
+    """Deployment costs of a plan on a hardware profile, per GPU (:func:`deployment_report`).
+
+    ``states``: state name -> :class:`StateDeployment`; ``pool``: the graph memory the deployment
+    holds and how it adds up; ``budget``: :class:`MemoryBudget` (None without a device-memory
+    figure); ``notes``: what could not be priced and why; ``formulas``: the formula of each line
+    with its source."""
+
+    engine: str
+    hardware: str
+    tp: int
+    draft_tp: int
+    states: Dict[str, StateDeployment]
+    pool: int
+    pool_how: str
+    budget: Optional[MemoryBudget]
+    notes: List[str]
+    formulas: Dict[str, str]
+
+    @property
+    def refusal(self) -> Optional[str]:
+        return self.budget.refusal if self.budget is not None else None
+
+
+def _hidden_outputs(method: str) -> int:
+    """Target layers whose hidden states the specc runtime hands to the drafter: EAGLE-3 three,
+    other methods that read hidden states one (``specc/drafters/eagle.py``)."""
+    m = methods.get(method)
+    if not m.consumes_hidden:
+        return 0
+    return 3 if method == "eagle3" else 1
+
+
+def deployment_report(plan, engine: str, states: Sequence[Any], hw, dtype_bytes: float, c: float,
+                      static_buffers: float = 0.0, uncached_prompt: int = 512) -> Optional[DeploymentReport]:
+    """The deployment lines of ``plan`` (resolved for ``engine``) over its candidate ``states`` on
+    hardware ``hw``; None when the target's shape is unknown (no ``config.json`` and not in the
+    shipped table: ``notes`` of the caller say so).
+
+    Args: dtype_bytes: bytes per weight / activation; c: the draft cost ratio; static_buffers: the
+        specc runtime's static step buffers (bytes, all states); uncached_prompt: new prompt tokens
+        after a prefix-cache hit, for the prefill line.
+    """
+    t = model_shape(plan, "target")
+    if t is None or not states:
+        return None
+    d = model_shape(plan, "draft")
+    notes: List[str] = []
+    if d is None and methods.get(plan.method.name).drafts and not methods.get(plan.method.name).lookup:
+        notes.append(f"draft shape unknown (draft.path = {plan.draft.path if plan.draft else None!r} has no readable "
+                     f"config.json): draft graphs and draft all-reduces are left out")
+    par = plan.deploy.parallel
+    tp = 1 if engine == "specc" else max(int(par.tp or 1), 1)
+    pp = 1 if engine == "specc" else max(int(par.pp or 1), 1)
+    draft_tp = 1 if engine == "specc" else max(int(par.draft_tp or tp), 1)
+    b = float(dtype_bytes)
+    slack = max((int(s.num_draft_tokens) + 1 for s in states), default=2)
+    context = int(plan.target.max_model_len or 2048)
+    cache_len = context + slack
+    hid = _hidden_outputs(plan.method.name)
+    t_params = float(t.param_count())
+    weights = t_params * b / (tp * pp) + (float(d.param_count()) * b / draft_tp if d is not None else 0.0)
+    floor = weights / hw.effective_bandwidth
+    per: Dict[str, StateDeployment] = {}
+    prefix_on = engine != "specc" and plan.deploy.prefix_caching is True
+    block = int(plan.deploy.page_size or VLLM_BLOCK_SIZE)
+    for s in states:
+        g = graph_memory(engine, s, t, d, b, cache_len, tp, hid)
+        passes = methods.proposal_passes(s.method, s.num_steps, s.topk, s.parallel, s.tree_choices) if s.num_steps else 0
+        comm = tp_comm(s, t, d, hw, tp, draft_tp, b, passes, step_floor_s=floor)
+        step_s = floor * (1.0 + passes * c)
+        pre = None
+        if prefix_on and s.num_steps > 0 and methods.get(s.method).drafts and not methods.get(s.method).lookup:
+            pre = prefix_prefill(engine, s.method, c, t_params, b, hw, tp, block, uncached_prompt, step_s)
+        per[s.name] = StateDeployment(graph=g, tp=comm, prefix=pre)
+    # the engine's pool: specc one per state; SGLang / vLLM one shared, set by the largest capture
+    graphs = [p.graph for p in per.values()]
+    if engine != "specc":
+        top = max(states, key=lambda s: (s.batch_size, s.num_draft_tokens))
+        max_bs = int(plan.deploy.cuda_graph_max_bs or top.batch_size)
+        w_max = max(int(s.num_draft_tokens) for s in states)
+        k_max = max(int(s.num_steps) for s in states)
+        widest = _Capture(batch_size=max_bs, num_draft_tokens=w_max, num_steps=k_max,
+                          topk=max(int(s.topk) for s in states), verify_rule=top.verify_rule)
+        if plan.deploy.cuda_graphs is not False:
+            graphs = graphs + [graph_memory(engine, widest, t, d, b, cache_len, tp, hid)]
+        else:
+            graphs = []
+        rows = max_bs * w_max
+    else:
+        rows = 0
+    pool, how = engine_graph_pool(engine, graphs, rows, t.vocab if engine != "sglang" else t.vocab)
+    kv_tok = t.kv_bytes_per_token(b) * (math.ceil(t.kv_heads / tp) / t.kv_heads) / pp
+    if d is not None and methods.get(plan.method.name).has_draft_kv:
+        kv_tok += d.kv_bytes_per_token(b) * (math.ceil(d.kv_heads / draft_tp) / d.kv_heads)
+    batch = int(plan.deploy.max_running_requests or max(s.batch_size for s in states)) if engine != "specc" \
+        else int(max(s.batch_size for s in states))
+    acts = float(PREFILL_CHUNK_TOKENS * b * (3 * t.hidden + 4 * t.intermediate / tp)) if engine != "specc" else 0.0
+    budget = memory_budget(engine, hw, plan.deploy.memory_fraction, weights, float(pool), acts, kv_tok, batch,
+                           context, static_buffers)
+    if budget is None:
+        notes.append(f"hardware {hw.name} gives no device memory: the KV-cache budget is not priced")
+    formulas = {
+        "graph": (GRAPH_FORMULA[engine if engine in GRAPH_FORMULA else "vllm"] if graphs
+                  else "no CUDA graphs (deploy.cuda_graphs=false)"),
+        "tp": "ring all-reduce α + 2(n−1)/n·bytes/B (Patarasuk & Yuan 2009; nccl-tests PERFORMANCE.md), 2 per "
+              "layer (Megatron-LM, Shoeybi et al. 2019 §3) + the logits all-gather, per verify forward and per draft "
+              "pass; share of the step's memory floor weights/(tp·bandwidth)",
+        "prefix": "vLLM: EAGLE/EAGLE-3/MTP cache hits resume one block earlier (v1/core/kv_cache_coordinator.py:65-86, "
+                  "issue #19996); every draft model prefills the uncached tokens at c per token (second seed's "
+                  "roofline: max(weights/bandwidth, 2·params·tokens/FLOPs)/tp)",
+    }
+    return DeploymentReport(engine=engine, hardware=hw.name, tp=tp, draft_tp=draft_tp, states=per, pool=int(pool),
+                            pool_how=how, budget=budget, notes=notes, formulas=formulas)
+
+
+@dataclass(frozen=True)
+class _Capture:
+    """The engine's widest captured graph (its largest batch at the plan's widest verify)."""
+
+    batch_size: int
+    num_draft_tokens: int
+    num_steps: int
+    topk: int
+    verify_rule: str
