@@ -62,11 +62,18 @@ def _norm(name: str) -> str:
 def suggest(name: str, names: Sequence[str], n: int = 2) -> List[str]:
     """Names of ``names`` close to ``name`` (case, ``-``/``_`` and spelling slips), best first: the
     same name in the engine's spelling (``deepseek_r1`` -> ``deepseek-r1``) comes first, then
-    ``difflib`` matches."""
-    exact = [x for x in names if _norm(x) == _norm(name)]
+    ``difflib`` matches, then names one is a prefix of the other (``qwen3-thinking`` -> ``qwen3``)."""
+    key = _norm(name)
+    exact = [x for x in names if _norm(x) == key]
     by_norm = {_norm(x): x for x in names}
-    close = difflib.get_close_matches(_norm(name), list(by_norm), n=n, cutoff=0.6)
-    out = exact + [by_norm[c] for c in close if by_norm[c] not in exact]
+    close = [by_norm[c] for c in difflib.get_close_matches(key, list(by_norm), n=n, cutoff=0.6)]
+    # a variant of a name (qwen3-thinking for qwen3, deepseek_r1_distill for deepseek_r1)
+    stems = sorted((x for k, x in by_norm.items() if len(k) >= 3 and (key.startswith(k) or k.startswith(key))),
+                   key=lambda x: -len(x))
+    out = []
+    for x in exact + close + stems:
+        if x not in out:
+            out.append(x)
     return out[:n]
 
 
