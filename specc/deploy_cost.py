@@ -339,8 +339,8 @@ def memory_budget(engine: str, hw, fraction: Optional[float], weights: float, gr
     * SGLang: ``--mem-fraction-static`` covers weights and the KV pool; CUDA graphs and activations
       live in the rest (``arg_groups/fields/schedule.py:27-30``, ``memory_hook.py:59-67``). The pool
       is fraction·M − weights (``model_executor/pool_configurator.py:94-98`` refuses a pool <= 0);
-      capture runs out of memory when the graphs exceed (1 − fraction)·M − activations (SGLang PR
-      #3430: "reduce the CUDA graph max batch size").
+      capture runs out of memory when the graphs exceed (1 − fraction)·M − activations (the refusal's
+      message names the SGLang pull request that documents it).
     * vLLM: ``--gpu-memory-utilization`` covers everything; KV = fraction·M − weights − peak
       activations − CUDA-graph estimate (``v1/worker/gpu_worker.py:753-757``).
     * specc: the runtime allocates the KV of ``batch`` rows × ``context`` up front, plus its static
@@ -515,7 +515,7 @@ def prefix_prefill(engine: str, method: str, c: float, t_params: float, dtype_by
     vLLM: EAGLE, EAGLE-3 and MTP drafts build a position's KV from the next token, so a cache hit
     resumes one scheduler block earlier (``v1/core/kv_cache_coordinator.py:65-86``,
     ``config/speculative.py:2122-2149``): ``block`` more prompt tokens go through the target and the
-    draft (vLLM issue #19996 measured +30-40 % time-to-first-token with EAGLE and prefix caching).
+    draft (the prefix line's text names the vLLM tracker report that measured its cost).
     Every drafting method with a draft model also prefills its draft over the uncached prompt tokens:
     c target-steps' worth per token. ``uncached``: new prompt tokens after the hit."""
     eagle_drop = engine == "vllm" and method in ("eagle", "eagle3", "mtp")
