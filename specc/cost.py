@@ -252,6 +252,10 @@ class HardwareProfile:
 
     ``bandwidth`` bytes/s and ``peak_flops`` FLOP/s are datasheet peaks; the efficiencies turn them
     into the effective numbers the second seed uses (0.8 of bandwidth, 0.5 of compute).
+    ``memory_bytes``: device memory as the driver reports it (None: unknown, e.g. a CPU);
+    ``interconnect_bytes_per_s``: GPU-to-GPU bandwidth per direction (NVLink), derated by
+    ``interconnect_efficiency``; ``interconnect_latency_s``: the fixed cost of one collective
+    (small-message all-reduce). Used by :mod:`specc.deploy_cost`.
     """
 
     name: str
@@ -261,6 +265,10 @@ class HardwareProfile:
     flops_efficiency: float = 0.5
     dtype: str = "bfloat16"
     source: str = ""
+    memory_bytes: Optional[float] = None
+    interconnect_bytes_per_s: Optional[float] = None
+    interconnect_efficiency: float = 0.8
+    interconnect_latency_s: float = 0.0
 
     @property
     def effective_bandwidth(self) -> float:
@@ -269,6 +277,13 @@ class HardwareProfile:
     @property
     def effective_flops(self) -> float:
         return self.peak_flops * self.flops_efficiency
+
+    @property
+    def effective_interconnect(self) -> Optional[float]:
+        """Bytes/s per direction a ring collective moves (None without an interconnect figure)."""
+        if not self.interconnect_bytes_per_s:
+            return None
+        return self.interconnect_bytes_per_s * self.interconnect_efficiency
 
 
 @dataclass(frozen=True)
@@ -484,10 +499,18 @@ def load_hardware_profile(name_or_path: str) -> HardwareProfile:
             flops_efficiency=float(data.get("flops_efficiency", 0.5)),
             dtype=str(data.get("dtype", "bfloat16")),
             source=str(data.get("source", "")),
+            memory_bytes=_opt_float(data.get("memory_bytes")),
+            interconnect_bytes_per_s=_opt_float(data.get("interconnect_bytes_per_s")),
+            interconnect_efficiency=float(data.get("interconnect_efficiency", 0.8)),
+            interconnect_latency_s=float(data.get("interconnect_latency_s", 0.0)),
         )
     except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
         raise PlanError(f"{path}: malformed hardware profile ({exc!r}); it needs numeric "
                         "bandwidth_bytes_per_s and peak_flops") from None
+
+
+def _opt_float(v) -> Optional[float]:
+    return None if v is None else float(v)
 
 
 def _monotone_table(points: Dict[int, float]) -> Tuple[np.ndarray, np.ndarray]:

@@ -132,6 +132,80 @@ def gguf_tensor_shapes(path: str) -> Dict[str, Tuple[int, ...]]:
         return shapes
 
 
+_GGUF_READ = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_config(path: str) -> Optional[Dict[str, object]]:
+    """HF ``config.json`` keys of a Llama-family GGUF file, read from its header metadata
+    (``<arch>.embedding_length``, ``.block_count``, ``.attention.head_count[_kv]``,
+    ``.feed_forward_length``, ``.attention.key_length``) and the vocabulary from the
+    ``token_embd.weight`` tensor's shape; None when the file is not a readable GGUF or a key is missing.
+    Reads the header only (GGUF v2/v3 layout, as :func:`gguf_tensor_shapes`)."""
+    p = _resolve_path(path) if isinstance(path, str) else Path(path)
+    if p is None or not p.is_file():
+        return None
+    meta: Dict[str, object] = {}
+    try:
+        with open(p, "rb") as fh:
+            def read(fmt):
+                size = struct.calcsize(fmt)
+                data = fh.read(size)
+                if len(data) != size:
+                    raise ValueError("truncated GGUF header")
+                return struct.unpack(fmt, data)
+
+            def read_str():
+                (n,) = read("<Q")
+                return fh.read(n).decode("utf-8", "replace")
+
+            def value(vtype):
+                """A scalar or string value; arrays are skipped (None)."""
+                if vtype in _GGUF_READ:
+                    (v,) = read(_GGUF_READ[vtype])
+                    return v
+                if vtype == 8:
+                    return read_str()
+                if vtype == 9:
+                    etype, count = read("<IQ")
+                    if etype in _GGUF_SCALAR:
+                        fh.seek(_GGUF_SCALAR[etype] * count, 1)
+                    else:
+                        for _ in range(count):
+                            value(etype)
+                    return None
+                raise ValueError(f"unknown GGUF value type {vtype}")
+
+            if fh.read(4) != b"GGUF":
+                return None
+            (version,) = read("<I")
+            if version < 2:
+                return None
+            n_tensors, n_kv = read("<QQ")
+            for _ in range(n_kv):
+                key = read_str()
+                (vtype,) = read("<I")
+                v = value(vtype)
+                if v is not None:
+                    meta[key] = v
+        shapes = gguf_tensor_shapes(str(p))
+    except (OSError, ValueError, struct.error):
+        return None
+    arch = meta.get("general.architecture")
+    emb = shapes.get("token_embd.weight")
+    try:
+        heads = int(meta[f"{arch}.attention.head_count"])
+        hidden = int(meta[f"{arch}.embedding_length"])
+        return {"architectures": [str(arch)], "hidden_size": hidden, "num_hidden_layers": int(meta[f"{arch}.block_count"]),
+                "num_attention_heads": heads,
+                "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+                "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+                "intermediate_size": int(meta[f"{arch}.feed_forward_length"]),
+                "vocab_size": int(emb[1]) if emb and len(emb) == 2 else int(meta.get(f"{arch}.vocab_size", 0)),
+                "tie_word_embeddings": "output.weight" not in shapes}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 @functools.lru_cache(maxsize=16)
 def _count_params_cached(path: str, mtime: float, skip_embeddings: bool = False) -> int:
     p = Path(path)

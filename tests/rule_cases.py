@@ -143,6 +143,9 @@ STATIC = {"method.tree_choices": [[0], [1], [0, 0]], "method.num_steps": 2, "met
           "method.num_draft_tokens": 4}  # a static tree of depth 2, ranks 0..1
 DYN = {"method.topk": 2, "method.num_steps": 3, "method.num_draft_tokens": 6}  # a dynamic tree (pool 10)
 LORA = {"deploy.lora.adapters": ["a=/x"]}
+#: launch facts: SGLang's experimental pipeline-parallel speculation switch (an environment variable)
+PP_SPEC = {"SGLANG_ENABLE_PP_SPEC": "1"}
+JSON = {"deploy.structured_output.requests": True}
 
 
 def _m(*dicts):
@@ -152,7 +155,8 @@ def _m(*dicts):
     return out
 
 
-# rule -> (base, trigger overrides, near overrides applied on top of the trigger, expected severity)
+# rule -> (base, trigger overrides, near overrides applied on top of the trigger, expected severity[, launch
+# facts: flags / environment of a launch command, for rules that read them])
 CASES = {
     # ---------------- sglang==0.5.23 ----------------
     "sglang.N5": (SGL_E3, {"method.name": "medusa"}, {"method.name": "eagle3"}, "error"),
@@ -210,7 +214,7 @@ CASES = {
     "sglang.AD10": (SGL_ADAPT, {"method.num_steps": 4, "method.num_draft_tokens": 5}, {"method.num_steps": 5}, "error"),
     "sglang.AD11": (SGL_ADAPT, {"method.topk": None, "method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4},
                     "fallback"),
-    "sglang.AD15": (SGL_ADAPT, {"deploy.parallel.pp": 2}, {"deploy.parallel.pp": 1}, "error"),
+    "sglang.AD15": (SGL_ADAPT, {"deploy.parallel.pp": 2}, {"deploy.parallel.pp": 1}, "error", PP_SPEC),
     "sglang.ML4": (SGL_E3, {"method.name": "multi_layer_eagle", "method.topk": 2, "method.num_draft_tokens": 6},
                    {"method.num_draft_tokens": 4}, "error"),
     "sglang.DF1": (SGL_DFLASH, {"runtime.device": "cpu"}, {"runtime.device": "cuda"}, "error"),
@@ -266,8 +270,11 @@ CASES = {
     "sglang.L3": (SGL_DSPARK, _m(LORA, {"schedule.ragged_verify": "compact", "schedule.cost_table": "t.json"}),
                   {"schedule.ragged_verify": "static"}, "error"),
     "sglang.L4": (SGL_ADAPT, LORA, {"deploy.lora.adapters": []}, "error"),
-    "sglang.X3": (SGL_E3, {"method.name": "draft_model", "deploy.parallel.pp": 2}, {"deploy.disagg.role": "prefill"},
-                  "error"),
+    "sglang.X3": (SGL_E3, {"deploy.parallel.pp": 2}, {"method.name": "eagle"}, "error"),
+    "sglang.X3b": (SGL_E3, {"method.name": "eagle", "deploy.parallel.pp": 2}, {"deploy.disagg.role": "prefill"},
+                   "error"),
+    "sglang.X3c": (SGL_E3, {"method.name": "eagle", "deploy.parallel.pp": 2, "deploy.disagg.role": "prefill"},
+                   {"deploy.disagg.role": "none"}, "error", PP_SPEC),
     "sglang.TBO1": (SGL_E3, {"deploy.parallel.two_batch_overlap": True, "deploy.parallel.tp": 2},
                     {"deploy.parallel.dp_attention": True}, "error"),
     "sglang.PD1": (SGL_E3, {"deploy.disagg.role": "decode", "method.topk": 20, "method.num_draft_tokens": 8},
@@ -281,7 +288,53 @@ CASES = {
     "sglang.IG3": (SGL_E3, {"method.block_size": 7}, {"method.block_size": None}, "warning"),
     "sglang.IG4": (SGL_E3, {"schedule.ema_alpha": 0.3}, {"schedule.ema_alpha": None}, "warning"),
     "sglang.IG5": (SGL_NGRAM, {"draft.path": "x/y"}, {"draft": None}, "warning"),
+    "sglang.SO1": (SGL_E3, {"deploy.structured_output.backend": "guidance"},
+                   {"deploy.structured_output.backend": "llguidance"}, "error"),
+    "sglang.RP1": (SGL_E3, {"deploy.reasoning_parser": "deepseek_r1"}, {"deploy.reasoning_parser": "deepseek-r1"},
+                   "error"),
+    "sglang.CG1": (SGL_E3, {}, {"deploy.cuda_graph_max_bs": 64}, "filled"),
+    "sglang.CG2": (SGL_E3, {"deploy.cuda_graph_max_bs": 64, "deploy.cuda_graph_batch_sizes": [1, 2, 4, 8]},
+                   {"deploy.cuda_graph_max_bs": 8}, "fallback"),
+    "sglang.MEM1": (SGL_E3, {}, {"deploy.memory_fraction": 0.85}, "filled"),
+    "sglang.SO2": (SGL_E3, {}, {"deploy.structured_output.backend": "xgrammar"}, "filled"),
+    "sglang.SO3": (SGL_E3, _m(JSON, {"deploy.structured_output.backend": "none"}),
+                   {"deploy.structured_output.requests": False}, "error"),
+    "sglang.PC1": (SGL_E3, {}, {"deploy.prefix_caching": True}, "filled"),
+    "sglang.PPO": (SGL_E3, {"method.name": "eagle", "deploy.parallel.pp": 2, "deploy.disagg.role": "prefill",
+                            "deploy.overlap_scheduler": True}, {"deploy.parallel.pp": 1}, "fallback"),
+    "sglang.DP0": (SGL_E3, {}, {"deploy.parallel.draft_tp": 1, "deploy.parallel.draft_pp": 1,
+                                "deploy.parallel.draft_dp": 1}, "filled"),
+    "sglang.DP1": (SGL_E3, {"deploy.parallel.tp": 4, "deploy.parallel.draft_tp": 1}, {"deploy.parallel.draft_tp": 4},
+                   "error"),
+    "sglang.GR1": (SGL_NGRAM, _m(JSON, {"deploy.overlap_scheduler": True}), {"deploy.structured_output.requests": False},
+                   "fallback"),
+    "sglang.GR2": (SGL_E3, JSON, {"deploy.structured_output.requests": False}, "warning"),
+    "sglang.PC2": (SGL_E3, {"method.name": "draft_model", "deploy.disagg.role": "decode", "deploy.prefix_caching": True},
+                   {"method.name": "eagle3"}, "error"),
+    "sglang.CG3": (SGL_E3, {"deploy.cuda_graph_max_bs": 128}, {"deploy.cuda_graph_max_bs": 64}, "warning"),
     # ---------------- vllm==0.33.0 ----------------
+    "vllm.SO1": (V_E3, {"deploy.structured_output.backend": "llguidance"},
+                 {"deploy.structured_output.backend": "guidance"}, "error"),
+    "vllm.SO2": (V_E3, {}, {"deploy.structured_output.backend": "xgrammar"}, "filled"),
+    "vllm.SO3": (V_E3, _m(JSON, {"deploy.structured_output.backend": "lm-format-enforcer"}),
+                 {"deploy.structured_output.requests": False}, "error"),
+    "vllm.SO4": (V_E3, {"deploy.structured_output.backend": "lm-format-enforcer"},
+                 {"deploy.structured_output.backend": "xgrammar"}, "warning"),
+    "vllm.RP1": (V_E3, {"deploy.reasoning_parser": "deepseek-r1"}, {"deploy.reasoning_parser": "deepseek_r1"}, "error"),
+    "vllm.DTP1": (V_E3, {"deploy.parallel.tp": 4, "deploy.parallel.draft_tp": 2}, {"deploy.parallel.draft_tp": 1},
+                  "error"),
+    "vllm.DTP0": (V_E3, {}, {"deploy.parallel.draft_tp": 1}, "filled"),
+    "vllm.DTP2": (V_E3, {"method.name": "draft_model", "draft.path": "meta-llama/Llama-3.2-1B-Instruct",
+                         "draft.architecture": "LlamaForCausalLM", "deploy.parallel.two_batch_overlap": True,
+                         "deploy.parallel.tp": 2, "deploy.parallel.draft_tp": 1}, {"deploy.parallel.draft_tp": 2},
+                  "error"),
+    "vllm.DPP1": (V_E3, {"deploy.parallel.draft_pp": 2}, {"deploy.parallel.draft_pp": 1}, "error"),
+    "vllm.PP3": (V_E3, {"deploy.parallel.pp": 2, "target.architecture": "DeepseekV3ForCausalLM"},
+                 {"target.architecture": "LlamaForCausalLM"}, "error"),
+    "vllm.CG1": (V_E3, {}, {"deploy.cuda_graph_max_bs": 64}, "filled"),
+    "vllm.MEM1": (V_E3, {}, {"deploy.memory_fraction": 0.9}, "filled"),
+    "vllm.PC1": (V_E3, {}, {"deploy.prefix_caching": False}, "filled"),
+    "vllm.PC2": (V_E3, {"deploy.prefix_caching": True}, {"deploy.prefix_caching": False}, "warning"),
     "vllm.M1": (V_E3, {"method.name": "frozen_kv_mtp"}, {"method.name": "eagle3"}, "error"),
     "vllm.R9": (V_E3, {"method.name": "custom"}, {"method.plugin": "pkg.Proposer"}, "error"),
     "vllm.R96": (V_E3, {"method.name": "custom", "method.plugin": "nodots"}, {"method.plugin": "pkg.Proposer"}, "error"),
@@ -494,7 +547,9 @@ CASES = {
     "specc.S-PLUGIN-NAME": (S_E3, {"method.name": "custom", "draft": None, "method.plugin": "eagle"},
                             {"method.plugin": "bigram"}, "error"),
     "specc.S-PLUGIN-IGN": (S_E3, {"method.plugin": "pkg.mod:Drafter"}, {"method.plugin": None}, "warning"),
-    "specc.S-PAR": (S_E3, {"deploy.parallel.tp": 2}, {"deploy.parallel.tp": 1}, "error"),
+    "specc.S-PAR": (S_E3, {"deploy.parallel.draft_tp": 2}, {"deploy.parallel.draft_tp": 1}, "error"),
+    "specc.S-GRAMMAR": (S_E3, JSON, {"deploy.structured_output.requests": False}, "error"),
+    "specc.S-SERVE-IGN": (S_E3, {"deploy.memory_fraction": 0.9}, {"deploy.memory_fraction": None}, "warning"),
     "specc.S-DEPLOY-IGN": (S_E3, {"deploy.page_size": 16}, {"deploy.page_size": None}, "warning"),
     "specc.S-TRT": (S_E3, {"runtime.compile_backend": "tensorrt"}, {"runtime.compile_backend": "eager"}, "error"),
     "specc.S-CPU-DTYPE": (S_E3, {"runtime.device": "cpu", "runtime.dtype": "bfloat16"}, {"runtime.dtype": "float32"},

@@ -95,7 +95,7 @@ def test_vllm_speculative_config_json_and_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "specc.cli", "import", "sglang", "--file", str(FIX / "sglang_eagle3.sh")],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1 and AMBIG in r.stderr  # the plan is written, the refusal reported
-    assert "#   --mem-fraction-static 0.7" in r.stdout and "#   --log-level warning" in r.stdout
+    assert "  memory_fraction: 0.7\n" in r.stdout and "#   --log-level warning" in r.stdout
     assert "torch" not in r.stderr
 
 

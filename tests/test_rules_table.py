@@ -58,16 +58,17 @@ def test_rule_table_entry_is_well_formed(rule_id):
 
 @pytest.mark.parametrize("rule_id", sorted(CASES))
 def test_rule_triggers_and_near_plan_does_not(rule_id):
-    base, trigger, near, severity = CASES[rule_id]
+    base, trigger, near, severity, *facts = CASES[rule_id]
+    flags = facts[0] if facts else None
     engine = rule_id.split(".")[0]
-    hit = check(_plan(build(base, trigger)), engine)
+    hit = check(_plan(build(base, trigger)), engine, flags)
     found = [v for v in hit if v.rule == rule_id]
     assert found, f"{rule_id} did not fire; got {[v.rule for v in hit]}"
     assert found[0].severity == severity
     assert any(k in found[0].message for k in SCHEMA_KEYS if "." in k) \
         or any(found[0].message.startswith(f"{k}=") for k in SCHEMA_KEYS), "message names no plan key"
     assert not any(v.rule.endswith(".internal") for v in hit)
-    miss = check(_plan(build(base, trigger, near)), engine)
+    miss = check(_plan(build(base, trigger, near)), engine, flags)
     assert rule_id not in [v.rule for v in miss], f"{rule_id} fired on the near plan"
 
 

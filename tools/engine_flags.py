@@ -86,6 +86,20 @@ def vllm_speculative_config() -> dict:
     return {"speculative_config_fields": fields, "speculative_methods": methods}
 
 
+def vllm_serving_names() -> dict:
+    """The names ``--reasoning-parser`` and ``--structured-outputs-config.backend`` accept, which
+    argparse does not list: the reasoning-parser registry (``ReasoningParserManager.list_registered``,
+    checked by ``vllm/entrypoints/common/cli_args.py:625-632``) and the ``StructuredOutputsBackend``
+    literal (``vllm/config/structured_outputs.py:14-16``)."""
+    import typing
+
+    from vllm.config import structured_outputs as so
+    from vllm.reasoning import ReasoningParserManager
+
+    return {"reasoning_parsers": list(ReasoningParserManager.list_registered()),
+            "structured_outputs_backends": list(typing.get_args(so.StructuredOutputsBackend))}
+
+
 def build(engine: str):
     if engine == "sglang":
         from sglang.srt.server_args import ServerArgs
@@ -113,6 +127,7 @@ def main() -> int:
     data = table(build(args.engine))
     if args.engine == "vllm":
         data.update(vllm_speculative_config())
+        data.update(vllm_serving_names())
     data = {"engine": args.engine, "version": args.version,
             "generated_by": "tools/engine_flags.py from the engine's own parser", **data}
     OUT.mkdir(parents=True, exist_ok=True)

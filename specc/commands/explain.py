@@ -500,6 +500,7 @@ def run(args: argparse.Namespace) -> int:
         alpha_note = (f"states with κ > {len(measured.rates)} (the measured run's κ) extrapolate the fitted α "
                       f"to positions that run never drafted")
     bad = {k: v for k, v in issues.items() if v}
+    deployment = deployment_lines(plan, engine, low.states, preds, res["inputs"], args.hardware)
     if args.graphs:
         out = Path(args.graphs)
         try:
@@ -537,6 +538,8 @@ def run(args: argparse.Namespace) -> int:
             "speedup_columns": " ".join(_legend(preds, res["inputs"])),
             "states": [dict(p.as_dict(), graph_issues=[str(i) for i in issues[p.state]]) for p in preds],
             "plot": args.plot,
+            "deployment": deployment_json(deployment),
+            "refusal": deployment.refusal if deployment is not None else None,
         }
         print(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
     else:
@@ -579,4 +582,94 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {name}: {i}")
         if args.plot:
             print(f"plot written to {args.plot}")
-    return 1 if bad else 0
+        print()
+        for line in deployment_text(deployment, plan):
+            print(line)
+    refusal = deployment.refusal if deployment is not None else None
+    if refusal:
+        print(f"specc explain: error: {refusal}", file=sys.stderr)
+    return 1 if bad or refusal else 0
+
+
+def deployment_lines(plan, engine: str, states, preds, inputs, hardware: Optional[str]):
+    """The plan's :class:`specc.deploy_cost.DeploymentReport` on the hardware profile (``--hardware``,
+    else ``schedule.hardware``, else by ``runtime.device``), or None when the target's shape is not
+    known (no readable config.json or GGUF header, and not in ``specc/data/model_shapes.json``)."""
+    from specc import cost, deploy_cost, sizing
+
+    hw = cost.load_hardware_profile(hardware or sizing.default_hardware(plan))
+    static = float(sum(p.graph_buffer_bytes or 0 for p in preds))
+    return deploy_cost.deployment_report(plan, engine.split("==")[0], states, hw, inputs.bytes_per_param, inputs.c,
+                                         static_buffers=static)
+
+
+DEPLOY_COLUMNS = ("state", "graph mem", "TP verify", "TP draft pass", "TP step", "of floor", "prefix prefill/hit")
+
+
+def _us(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x * 1e6:.0f} µs"
+
+
+def deployment_text(rep, plan) -> List[str]:
+    """The deployment section of the table output: memory accounting, a row per state (graph memory,
+    TP all-reduce per verify forward, per draft pass and per step, prefix-cache prefill per hit) and
+    the formulas with their sources."""
+    if rep is None:
+        return [f"deployment: not priced: no shape for target.path = {plan.target.path!r} (no readable config.json "
+                f"or GGUF header, and not in specc/data/model_shapes.json)"]
+    out = [f"deployment on {rep.hardware}, engine {rep.engine}, tp {rep.tp} (draft tp {rep.draft_tp}), per GPU:"]
+    if rep.budget is not None:
+        out += [f"  {line}" for line in rep.budget.lines]
+    out.append(f"  CUDA-graph memory of the deployment: {_fmt_bytes(rep.pool)} ({rep.pool_how})")
+    for note in rep.notes:
+        out.append(f"  note: {note}")
+    if rep.engine == "specc":
+        out.append("  note: the specc runtime runs target and draft on one device (no tensor parallelism, so no "
+                   "all-reduce); on a CPU it captures no CUDA graph and 'graph mem' is the verify program's "
+                   "transient peak")
+    rows = []
+    for name, st in rep.states.items():
+        comm = st.tp if (rep.tp > 1 or rep.draft_tp > 1) else None
+        floor = None
+        if comm is not None and comm.step_s and "% of the step" in comm.line:
+            floor = comm.line.rsplit("= ", 1)[-1].split("%")[0] + "%"
+        if comm is None and (rep.tp > 1 or rep.draft_tp > 1):
+            tp_cols = ["n/a"] * 3  # no interconnect figure on the hardware profile
+        elif comm is None:
+            tp_cols = ["-"] * 3
+        else:
+            tp_cols = [_us(comm.verify_s), _us(comm.draft_pass_s), _us(comm.step_s)]
+        rows.append([name, _fmt_bytes(st.graph.bytes), *tp_cols, floor or "-",
+                     "-" if st.prefix is None else f"{st.prefix.extra_s * 1e3:.2f} ms"
+                     + (f" (+{st.prefix.recompute_tokens} tok)" if st.prefix.recompute_tokens else "")])
+    out.append("")
+    out += format_table(rows, DEPLOY_COLUMNS).splitlines()
+    out.append("")
+    out.append("formulas:")
+    out += [f"  {k}: {v}" for k, v in rep.formulas.items()]
+    if rep.refusal:
+        out.append(f"REFUSED: {rep.refusal}")
+    return out
+
+
+def deployment_json(rep) -> Optional[dict]:
+    """The deployment report as JSON (None when not priced)."""
+    if rep is None:
+        return None
+    b = rep.budget
+    return {
+        "hardware": rep.hardware, "engine": rep.engine, "tp": rep.tp, "draft_tp": rep.draft_tp,
+        "graph_pool_bytes": rep.pool, "graph_pool": rep.pool_how, "notes": list(rep.notes), "formulas": rep.formulas,
+        "budget": None if b is None else {"memory": b.memory, "weights": b.weights, "graphs": b.graphs,
+                                          "activations": b.activations, "kv_budget": b.kv_budget,
+                                          "kv_needed": b.kv_needed, "refusal": b.refusal, "shortfall": b.shortfall,
+                                          "lines": list(b.lines)},
+        "states": {name: {"graph_bytes": st.graph.bytes, "graph_terms": st.graph.terms, "graph_formula": st.graph.formula,
+                          "tp_verify_s": st.tp.verify_s if st.tp else None,
+                          "tp_draft_pass_s": st.tp.draft_pass_s if st.tp else None,
+                          "tp_step_s": st.tp.step_s if st.tp else None, "tp_line": st.tp.line if st.tp else None,
+                          "prefix_extra_s": st.prefix.extra_s if st.prefix else None,
+                          "prefix_recompute_tokens": st.prefix.recompute_tokens if st.prefix else None,
+                          "prefix_line": st.prefix.line if st.prefix else None}
+                   for name, st in rep.states.items()},
+    }

@@ -163,9 +163,44 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
             a += ["--max-loras-per-batch", str(d.lora.max_loras_per_batch)]
     if d.disagg.role != "none":
         a += ["--disaggregation-mode", d.disagg.role]
+    a += serving_args(plan)
     if plan.runtime.device == "cpu":
         a += ["--device", "cpu"]
     return out
+
+
+def serving_args(plan: Plan) -> List[str]:
+    """The launch flags of the deployment keys SGLang 0.5.23 has a flag for: grammar backend,
+    reasoning parser, decode CUDA-graph batch sizes, ``--mem-fraction-static``, the radix (prefix)
+    cache; ``deploy.structured_output.requests`` is a property of the traffic, not a flag.
+
+    Raises:
+        PlanError: a draft parallel size SGLang cannot express (it runs the draft on the target's
+            TP group, one pipeline stage, in every DP replica: no draft TP/PP/DP flag exists in
+            ``arg_groups/fields/spec.py:31-283``).
+    """
+    d = plan.deploy
+    p = d.parallel
+    for key, value, same in (("draft_tp", p.draft_tp, p.tp), ("draft_pp", p.draft_pp, 1), ("draft_dp", p.draft_dp, p.dp)):
+        if value is not None and value != same:
+            raise PlanError(f"deploy.parallel.{key}={value}: SGLang 0.5.23 runs the draft at the target's sizes "
+                            f"(draft TP = tp, PP 1, DP = dp) and has no flag for another; see `specc check --engine sglang`")
+    a: List[str] = []
+    if d.structured_output.backend is not None:
+        a += ["--grammar-backend", d.structured_output.backend]
+    if d.reasoning_parser is not None:
+        a += ["--reasoning-parser", d.reasoning_parser]
+    if d.cuda_graph_max_bs is not None:
+        a += ["--cuda-graph-max-bs-decode", str(d.cuda_graph_max_bs)]
+    if d.cuda_graph_batch_sizes:
+        a += ["--cuda-graph-bs-decode", *[str(b) for b in d.cuda_graph_batch_sizes]]
+    if d.memory_fraction is not None:
+        a += ["--mem-fraction-static", repr(float(d.memory_fraction))]
+    if d.prefix_caching is False and d.disagg.role != "decode":
+        a += ["--disable-radix-cache"]
+    if d.prefix_caching is True and d.disagg.role == "decode":
+        a += ["--disaggregation-decode-enable-radix-cache"]  # a decode node has no radix cache by default
+    return a
 
 
 def adaptive_config_json(launch: SGLangLaunch) -> str:

@@ -91,6 +91,7 @@ def to_vllm(plan: Plan) -> VLLMLaunch:
         a += ["--enable-lora", "--lora-modules", *d.lora.adapters]
         if d.lora.max_loras_per_batch is not None:
             a += ["--max-loras", str(d.lora.max_loras_per_batch)]
+    a += serving_args(plan)
     if m.name == "none":
         return out
     sc: Dict[str, Any] = {"method": METHOD_FIELD.get(m.name, m.name)}
@@ -130,5 +131,48 @@ def to_vllm(plan: Plan) -> VLLMLaunch:
             a += ["--max-num-seqs", str(ranges[-1][1])]
     if s.kind == "budget":
         sc["enable_adaptive_verification"] = True
+    if d.parallel.draft_tp is not None:
+        sc["draft_tensor_parallel_size"] = d.parallel.draft_tp
     out.speculative_config = sc
     return out
+
+
+def query_len(plan: Plan) -> int:
+    """vLLM's uniform decode query length: K + 1 tokens per request with speculation, else 1
+    (``vllm/config/vllm.py:2462-2470``): CUDA-graph capture sizes count tokens, not requests."""
+    kk = k(plan) if plan.method.name not in ("none",) else None
+    return kk + 1 if isinstance(kk, int) and kk > 0 else 1
+
+
+def serving_args(plan: Plan) -> List[str]:
+    """The launch flags of the deployment keys vLLM 0.33.0 has a flag for: structured-output backend,
+    reasoning parser, CUDA-graph capture sizes (requests × (K + 1) tokens:
+    ``--max-cudagraph-capture-size``, ``--cudagraph-capture-sizes``), ``--gpu-memory-utilization``,
+    prefix caching. ``deploy.parallel.draft_tp`` goes into ``--speculative-config``
+    (``draft_tensor_parallel_size``).
+
+    Raises:
+        PlanError: a draft pipeline or data-parallel size vLLM cannot express (its draft runs with
+            pipeline size 1, ``vllm/config/speculative.py:1890-1912``, inside each DP replica).
+    """
+    d = plan.deploy
+    p = d.parallel
+    for key, value, same in (("draft_pp", p.draft_pp, 1), ("draft_dp", p.draft_dp, p.dp)):
+        if value is not None and value != same:
+            raise PlanError(f"deploy.parallel.{key}={value}: vLLM 0.33.0 runs the draft with pipeline size 1 in each "
+                            f"data-parallel replica; see `specc check --engine vllm`")
+    a: List[str] = []
+    if d.structured_output.backend is not None:
+        a += ["--structured-outputs-config", json.dumps({"backend": d.structured_output.backend}, separators=(",", ":"))]
+    if d.reasoning_parser is not None:
+        a += ["--reasoning-parser", d.reasoning_parser]
+    q = query_len(plan)
+    if d.cuda_graph_max_bs is not None:
+        a += ["--max-cudagraph-capture-size", str(d.cuda_graph_max_bs * q)]
+    if d.cuda_graph_batch_sizes:
+        a += ["--cudagraph-capture-sizes", *[str(b * q) for b in d.cuda_graph_batch_sizes]]
+    if d.memory_fraction is not None:
+        a += ["--gpu-memory-utilization", repr(float(d.memory_fraction))]
+    if d.prefix_caching is not None:
+        a += ["--enable-prefix-caching" if d.prefix_caching else "--disable-prefix-caching"]
+    return a

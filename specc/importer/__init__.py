@@ -62,8 +62,9 @@ def import_command(engine: str, text: Optional[str] = None, argv: Optional[Seque
     launch: Launch = find_launch(text, engine) if text is not None else from_words(list(argv or ()), engine)
     config_only = config_only or launch.config_only
     parsed = parse_flags(table, launch.args)
-    out = Imported(engine=engine, version=table.version, flags=dict(parsed.values), errors=list(parsed.errors),
-                   spelled=parsed.spelled, table=table, prefixes=list(parsed.prefixes))
+    # environment assignments of the command (SGLANG_ENABLE_PP_SPEC=1 ...) are launch facts too
+    out = Imported(engine=engine, version=table.version, flags={**launch.env, **parsed.values},
+                   errors=list(parsed.errors), spelled=parsed.spelled, table=table, prefixes=list(parsed.prefixes))
     for written, flag in parsed.prefixes:
         out.notes.append(f"{written} is read by {engine}=={table.version} as {flag} (argparse takes an unambiguous "
                          f"prefix); write {flag} in full: a release that adds a flag starting with {written} "

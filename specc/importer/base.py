@@ -13,7 +13,8 @@ class Imported:
     Attributes:
         engine, version: the engine and the flag table's release that read the command.
         plan: nested plan dict (only the keys the command sets, plus ``engine`` and ``runtime.device``).
-        flags: every flag the command gave, ``dest -> value`` (the rules' launch facts).
+        flags: every flag the command gave, ``dest -> value``, and its environment assignments
+            (``SGLANG_ENABLE_PP_SPEC -> "1"``): the rules' launch facts.
         unmapped: the flags with no plan key, as written (``--mem-fraction-static 0.7``).
         errors: what the engine's own parser or config validation would refuse (unknown or ambiguous
             flags, bad values, unknown ``--speculative-config`` keys, a misspelt algorithm name), with

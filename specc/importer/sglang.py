@@ -40,7 +40,9 @@ MAPPED = {
     "speculative_adaptive_config", "speculative_dspark_sps_table_path", "tp_size", "dp_size", "pp_size",
     "attn_dp_size", "enable_dp_attention", "enable_two_batch_overlap", "disable_overlap_schedule", "page_size",
     "attention_backend", "disable_cuda_graph", "max_running_requests", "enable_lora", "lora_paths",
-    "max_loras_per_batch", "disaggregation_mode", "device",
+    "max_loras_per_batch", "disaggregation_mode", "device", "grammar_backend", "reasoning_parser",
+    "cuda_graph_max_bs_decode", "cuda_graph_bs_decode", "mem_fraction_static", "disable_radix_cache",
+    "disaggregation_decode_enable_radix_cache",
 }
 ENV_MAPPED = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_RAGGED_VERIFY_MODE")
 
@@ -233,6 +235,7 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, base_dir
             as_count(v, "max_loras_per_batch", out, 1, "a batch holds at least one LoRA"))
     if v.get("disaggregation_mode") not in (None, "null"):
         put(p, "deploy.disagg.role", v["disaggregation_mode"])
+    serving(v, out)
     put(p, "runtime.device", "cpu" if v.get("device") == "cpu" else "cuda")
     for dest in values:
         if dest not in MAPPED:
@@ -240,3 +243,44 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, base_dir
     for name, value in env.items():
         if name not in ENV_MAPPED:
             out.unmapped.append(f"{name}={value} (environment)")
+
+
+def serving(v: Dict[str, Any], out: Imported) -> None:
+    """The deployment flags with plan keys (the inverse of :func:`specc.export.sglang.serving_args`):
+    ``--grammar-backend``, ``--reasoning-parser``, ``--cuda-graph-max-bs-decode``,
+    ``--cuda-graph-bs-decode``, ``--mem-fraction-static``, ``--disable-radix-cache`` and, on a decode
+    node, ``--disaggregation-decode-enable-radix-cache``."""
+    p = out.plan
+    if v.get("grammar_backend") is not None:
+        put(p, "deploy.structured_output.backend", v["grammar_backend"])
+    if v.get("reasoning_parser") is not None:
+        put(p, "deploy.reasoning_parser", v["reasoning_parser"])
+    if "cuda_graph_max_bs_decode" in v:
+        put(p, "deploy.cuda_graph_max_bs", as_count(v, "cuda_graph_max_bs_decode", out, 1,
+                                                    "a captured batch holds at least one request"))
+    if v.get("cuda_graph_bs_decode"):
+        sizes = []
+        for raw in v["cuda_graph_bs_decode"]:
+            try:
+                n = int(str(raw).strip())
+            except ValueError:
+                out.errors.append(f"--cuda-graph-bs-decode {raw!r}: expects integers")
+                continue
+            if n < 1:
+                out.errors.append(f"--cuda-graph-bs-decode {n}: a captured batch holds at least one request "
+                                  f"(left out of the plan)")
+                continue
+            sizes.append(n)
+        put(p, "deploy.cuda_graph_batch_sizes", sizes or None)
+    if "mem_fraction_static" in v:
+        frac = as_float(v, "mem_fraction_static", out)
+        if frac is not None and not 0.0 < frac <= 1.0:
+            out.errors.append(f"--mem-fraction-static {frac}: SGLang takes it without a check, but a share of GPU "
+                              f"memory outside (0, 1] cannot start (weights + KV pool sized from it, "
+                              f"model_executor/pool_configurator.py:94-98); write e.g. 0.85 (left out of the plan)")
+            frac = None
+        put(p, "deploy.memory_fraction", frac)
+    if v.get("disable_radix_cache"):
+        put(p, "deploy.prefix_caching", False)
+    if v.get("disaggregation_decode_enable_radix_cache"):
+        put(p, "deploy.prefix_caching", True)

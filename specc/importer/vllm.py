@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from specc.importer.base import Imported, as_count, below, human_int, put
 
@@ -22,12 +22,14 @@ DEFAULT_MAX_NUM_SEQS = 1024
 MAPPED = {"model_tag", "max_model_len", "dtype", "tensor_parallel_size", "data_parallel_size",
           "pipeline_parallel_size", "max_num_seqs", "block_size", "enforce_eager", "async_scheduling",
           "enable_lora", "lora_modules", "max_loras", "enable_dbo", "speculative_config", "spec_method",
-          "spec_model", "spec_tokens"}
+          "spec_model", "spec_tokens", "structured_outputs_config", "reasoning_parser", "max_cudagraph_capture_size",
+          "cudagraph_capture_sizes", "gpu_memory_utilization", "enable_prefix_caching"}
 SC_MAPPED = {"method", "model", "num_speculative_tokens", "max_model_len", "prompt_lookup_min", "prompt_lookup_max",
              "parallel_drafting", "rejection_sample_method", "draft_sample_method", "synthetic_acceptance_rates",
              "synthetic_acceptance_length", "num_speculative_tokens_per_batch_size", "enable_adaptive_verification",
              "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-             "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"}
+             "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
+             "draft_tensor_parallel_size"}
 #: suffix_decoding_* keys: (plan key, integer?, lower bound, upper bound or None) (vLLM SP:1741-1760)
 SUFFIX_KEYS = {"suffix_decoding_max_tree_depth": ("method.suffix.max_tree_depth", True, 1, None),
                "suffix_decoding_max_cached_requests": ("method.suffix.max_cached_requests", True, 0, None),
@@ -246,14 +248,89 @@ def to_plan(values: Dict[str, Any], env: Dict[str, str], out: Imported, default_
         if sc.get("enable_adaptive_verification"):
             put(p, "schedule.kind", "budget")
         _suffix_keys(sc, out)
+        dtp = sc.get("draft_tensor_parallel_size")
+        if dtp is not None:
+            if not isinstance(dtp, int) or isinstance(dtp, bool):
+                out.errors.append(f"--speculative-config draft_tensor_parallel_size={dtp!r} must be an integer")
+            elif not below(out, "--speculative-config draft_tensor_parallel_size=", dtp, 1,
+                           "vLLM refuses it at startup (field `ge=1`, vllm/config/speculative.py:427)",
+                           "write 1 or the target's --tensor-parallel-size"):
+                put(p, "deploy.parallel.draft_tp", dtp)
         for key, value in sc.items():
             if key not in SC_MAPPED:
                 out.unmapped.append(f"speculative_config.{key}={json.dumps(value)}")
         if rule not in (None, "standard", "block", "synthetic"):
             out.unmapped.append(f"speculative_config.rejection_sample_method={json.dumps(rule)}")
+    serving(v, out)
     put(p, "runtime.device", "cuda")
     for dest in values:
         if dest not in MAPPED:
             out.unmapped.append(out.spell(dest, values))
     for name, value in env.items():
         out.unmapped.append(f"{name}={value} (environment)")
+
+
+def serving(v: Dict[str, Any], out: Imported) -> None:
+    """The deployment flags with plan keys (the inverse of :func:`specc.export.vllm.serving_args`):
+    ``--structured-outputs-config`` (its ``backend``), ``--reasoning-parser``,
+    ``--max-cudagraph-capture-size`` / ``--cudagraph-capture-sizes`` (tokens, divided by the decode
+    query length K + 1 into requests), ``--gpu-memory-utilization``, ``--[en|dis]able-prefix-caching``.
+    Runs after the speculative config (K must be known)."""
+    from specc.export.vllm import query_len
+    from specc.plan.load import plan_from_dict
+
+    p = out.plan
+    raw = v.get("structured_outputs_config")
+    if raw is not None:
+        try:
+            cfg = json.loads(raw) if isinstance(raw, str) else dict(raw)
+            if not isinstance(cfg, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, TypeError) as exc:
+            out.errors.append(f"--structured-outputs-config {raw!r} is not a JSON object ({exc})")
+            cfg = {}
+        if cfg.get("backend") is not None:
+            put(p, "deploy.structured_output.backend", cfg["backend"])
+        for key, value in cfg.items():
+            if key != "backend":
+                out.unmapped.append(f"structured_outputs_config.{key}={json.dumps(value)}")
+    if v.get("reasoning_parser"):
+        name = str(v["reasoning_parser"])
+        if name.lower() != "none":  # vLLM reads `none` as unset (engine/arg_utils.py:188-190)
+            put(p, "deploy.reasoning_parser", name)
+    try:
+        q = query_len(plan_from_dict({k: x for k, x in p.items() if k in ("method",)}, validate=False))
+    except Exception:  # noqa: BLE001 - a malformed method section is reported elsewhere
+        q = 1
+
+    def requests(tokens: Any, flag: str) -> Optional[int]:
+        n = human_int(tokens)
+        if n is None:
+            out.errors.append(f"{flag} {tokens!r}: expects an integer")
+            return None
+        if n < 1:
+            out.errors.append(f"{flag} {n}: a CUDA graph captures at least one token (left out of the plan)")
+            return None
+        if n % q:
+            out.notes.append(f"{flag} {n}: not a multiple of the decode query length K + 1 = {q}; a uniform decode "
+                             f"batch of {n // q} requests is the largest it covers (taken as the plan's value)")
+        return max(n // q, 1)
+
+    if "max_cudagraph_capture_size" in v:
+        put(p, "deploy.cuda_graph_max_bs", requests(v["max_cudagraph_capture_size"], "--max-cudagraph-capture-size"))
+    if v.get("cudagraph_capture_sizes"):
+        sizes = [requests(t, "--cudagraph-capture-sizes") for t in v["cudagraph_capture_sizes"]]
+        put(p, "deploy.cuda_graph_batch_sizes", sorted({s for s in sizes if s is not None}) or None)
+    if "gpu_memory_utilization" in v:
+        try:
+            frac = float(str(v["gpu_memory_utilization"]).strip())
+        except ValueError:
+            out.errors.append(f"--gpu-memory-utilization {v['gpu_memory_utilization']!r}: expects a number")
+            frac = None
+        if frac is not None and not 0.0 < frac <= 1.0:
+            out.errors.append(f"--gpu-memory-utilization {frac}: vLLM refuses it at startup (field `gt=0, le=1`, "
+                              f"vllm/config/cache.py:215); write e.g. 0.9 (left out of the plan)")
+            frac = None
+        put(p, "deploy.memory_fraction", frac)
+    if v.get("enable_prefix_caching") is not None:
+        put(p, "deploy.prefix_caching", bool(v["enable_prefix_caching"]))

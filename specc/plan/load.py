@@ -216,10 +216,16 @@ def _plain(value):
 
 
 def _groups(dirs: Sequence[Path]) -> set:
+    """Config-group names under ``dirs``: top-level folders (``deploy``) and their sub-groups
+    (``deploy/parallel``), which a ``group=option`` override may select."""
     out = set()
     for d in dirs:
         if d.is_dir():
-            out.update(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+            for p in d.iterdir():
+                if p.is_dir() and not p.name.startswith((".", "_")):
+                    out.add(p.name)
+                    out.update(f"{p.name}/{q.name}" for q in p.iterdir()
+                               if q.is_dir() and not q.name.startswith((".", "_")))
     return out
 
 
@@ -276,6 +282,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "schedule.kind": S.SCHEDULE_KINDS,
     "schedule.ragged_verify": S.RAGGED_VERIFY,
     "deploy.disagg.role": S.DISAGG_ROLES,
+    "deploy.structured_output.backend": S.STRUCTURED_OUTPUT_BACKENDS,
     "runtime.device": S.DEVICES,
     "runtime.dtype": S.DTYPES,
     "runtime.kernel_backend": S.KERNEL_BACKENDS,
@@ -328,6 +335,10 @@ RANGES: Dict[str, Tuple[Optional[float], Optional[float]]] = {
     "deploy.parallel.tp": (1, MAX_PARALLEL),
     "deploy.parallel.dp": (1, MAX_PARALLEL),
     "deploy.parallel.pp": (1, MAX_PARALLEL),
+    "deploy.parallel.draft_tp": (1, MAX_PARALLEL),
+    "deploy.parallel.draft_pp": (1, MAX_PARALLEL),
+    "deploy.parallel.draft_dp": (1, MAX_PARALLEL),
+    "deploy.cuda_graph_max_bs": (1, MAX_BATCH),
     "deploy.page_size": (1, 1 << 20),
     "deploy.max_running_requests": (1, MAX_BATCH),
     "runtime.max_batch_size": (1, MAX_BATCH),
@@ -383,7 +394,21 @@ def _range_errors(plan: S.Plan) -> List[Tuple[str, str]]:
         if any(not 0 <= c <= MAX_NUM_STEPS for c in bucket.candidates) or len(bucket.candidates) > MAX_LIST:
             errs.append((f"schedule.buckets.{bs}.candidates",
                          f"{_short(bucket.candidates)}: κ candidates must be in [0, {MAX_NUM_STEPS}]"))
-    for key in ("schedule.capture_batch_sizes",):
+    frac = plan.deploy.memory_fraction
+    if frac is not None and not (math.isfinite(frac) and 0.0 < frac <= 1.0):
+        errs.append(("deploy.memory_fraction", f"{frac} is out of range; must be in (0, 1]: the share of GPU "
+                                               f"memory the engine takes (e.g. 0.85)"))
+    parser = plan.deploy.reasoning_parser
+    if parser is not None:
+        from specc import engine_names
+
+        known = engine_names.all_reasoning_parsers()
+        if parser not in known:
+            errs.append(("deploy.reasoning_parser",
+                         f"{parser!r} is not a reasoning parser of any engine profile"
+                         f"{engine_names.did_you_mean(parser, known)} (`specc check --engine sglang|vllm` "
+                         f"lists that engine's own names)"))
+    for key in ("schedule.capture_batch_sizes", "deploy.cuda_graph_batch_sizes"):
         v = get_key(plan, key)
         if v is not None and any(not 1 <= x <= MAX_BATCH for x in v):
             errs.append((key, f"{_short(v)}: batch sizes must be in [1, {MAX_BATCH}]"))
@@ -532,29 +557,50 @@ def _compose(path: Path, group_ovs: List[str]):
 
 
 def _merge_order(path: Path, choices: Dict[str, Any], dirs: Sequence[Path]) -> List[Tuple[Path, str]]:
-    """The composed files as (file, package) in Hydra's merge order, from the group choices Hydra
-    reports (in defaults-list order) and the position of ``_self_`` in the primary's defaults
-    (Hydra 1.1+ default: last)."""
-    group_files: List[Tuple[Path, str]] = []
-    for group, option in choices.items():
+    """The composed files as (file, package) in Hydra's merge order: the primary's ``defaults`` list
+    as written (each entry with the option Hydra finally chose, so a ``group=option`` override is
+    honoured), the primary itself at ``_self_`` (Hydra 1.1+ default: last), then groups added by
+    ``+group=option`` overrides, which Hydra appends after the list. Later files win, so a sub-group
+    (``/deploy/parallel: tp4``) listed after its parent group (``/deploy: single``) wins for the keys
+    both set, as in Hydra."""
+    def entry(group: str, option: Any) -> Optional[Tuple[Path, str]]:
         if option is None or group.startswith("hydra/") or group == "hydra":
-            continue
+            return None
         grp, _, pkg = str(group).partition("@")
         for base in dirs:
             f = base / grp / f"{option}.yaml"
             if f.is_file():
-                group_files.append((f, pkg or grp.replace("/", ".")))
-                break
+                return f, pkg or grp.replace("/", ".")
+        return None
+
     try:
         data = yaml.safe_load(_read_text(path)) or {}
         defaults = data.get("defaults") or [] if isinstance(data, dict) else []
     except yaml.YAMLError:
         defaults = []
-    self_at = len(group_files)
-    if "_self_" in defaults:
-        before = defaults[:defaults.index("_self_")]
-        self_at = min(len(group_files), sum(1 for d in before if isinstance(d, dict)))
-    return group_files[:self_at] + [(path, "")] + group_files[self_at:]
+    order: List[Optional[str]] = []  # group keys as Hydra reports them in `choices`; None = _self_
+    for d in defaults if isinstance(defaults, list) else []:
+        if d == "_self_":
+            order.append(None)
+        elif isinstance(d, dict) and len(d) == 1:
+            key = str(next(iter(d))).strip()
+            for word in ("override ", "optional "):
+                if key.startswith(word):
+                    key = key[len(word):].strip()
+            order.append(key.lstrip("/"))
+    if None not in order:
+        order.append(None)
+    listed = {g for g in order if g is not None}
+    order += [g for g in choices if g not in listed]  # `+group=option` overrides: appended
+    out: List[Tuple[Path, str]] = []
+    for group in order:
+        if group is None:
+            out.append((path, ""))
+            continue
+        found = entry(group, choices.get(group))
+        if found is not None and found not in out:
+            out.append(found)
+    return out
 
 
 def _hydra_error(exc: Exception, path: Path) -> PlanError:

@@ -29,6 +29,10 @@ DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 COMPILE_BACKENDS = ("eager", "inductor", "auto", "tensorrt")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+#: grammar / structured-output backends either engine accepts: SGLang ``--grammar-backend``
+#: (``sglang/srt/arg_groups/choices.py:131``), vLLM ``StructuredOutputsConfig.backend``
+#: (``vllm/config/structured_outputs.py:14-16``); each engine's rules refuse the other's names
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar", "guidance", "llguidance", "outlines", "lm-format-enforcer", "none")
 
 
 @dataclass
@@ -177,16 +181,46 @@ class DisaggConfig:
 
 @dataclass
 class ParallelConfig:
+    """Parallel sizes of the target and of the draft. ``draft_tp``: vLLM's
+    ``draft_tensor_parallel_size`` (1 or ``tp``; unset = ``tp``); ``draft_pp`` / ``draft_dp``: the
+    draft's pipeline and data-parallel sizes (both engines run the draft with pipeline size 1 inside
+    each data-parallel replica of the target; unset = what the engine does)."""
+
     tp: int = 1
     dp: int = 1
     pp: int = 1
     dp_attention: bool = False
     two_batch_overlap: bool = False
+    draft_tp: Optional[int] = None
+    draft_pp: Optional[int] = None
+    draft_dp: Optional[int] = None
+
+
+@dataclass
+class StructuredOutputConfig:
+    """Grammar-constrained decoding (JSON schema, regex, EBNF): the engine's backend (SGLang
+    ``--grammar-backend``, vLLM ``--structured-outputs-config.backend``) and whether the deployment's
+    requests carry a grammar (``requests: true``), which is what decides most of the interactions
+    with speculation. Unset = the engine's default backend; requests unknown."""
+
+    backend: Optional[str] = None
+    requests: Optional[bool] = None
 
 
 @dataclass
 class DeployConfig:
-    """Serving-side settings that interact with speculation (LoRA, disaggregation, parallelism)."""
+    """Serving-side settings that interact with speculation (LoRA, disaggregation, parallelism,
+    structured output, CUDA graphs, memory, prefix caching).
+
+    ``cuda_graph_max_bs``: the largest batch (requests) the engine captures a decode/verify CUDA
+    graph for (SGLang ``--cuda-graph-max-bs-decode``; vLLM ``--max-cudagraph-capture-size`` counts
+    tokens, so it is exported as ``cuda_graph_max_bs · (K + 1)``); ``cuda_graph_batch_sizes``: the
+    captured batch sizes themselves. ``memory_fraction``: the share of GPU memory the engine takes up
+    front (SGLang ``--mem-fraction-static``: weights + KV-cache pool, CUDA graphs and activations live
+    in the rest; vLLM ``--gpu-memory-utilization``: everything vLLM allocates). ``prefix_caching``:
+    reuse the KV of a shared prompt prefix (SGLang's radix cache, vLLM ``--enable-prefix-caching``).
+    ``reasoning_parser``: the parser that splits reasoning from the answer (a grammar applies after
+    the reasoning ends)."""
 
     lora: LoraConfig = field(default_factory=LoraConfig)
     disagg: DisaggConfig = field(default_factory=DisaggConfig)
@@ -196,6 +230,12 @@ class DeployConfig:
     attention_backend: Optional[str] = None
     cuda_graphs: Optional[bool] = None
     max_running_requests: Optional[int] = None
+    structured_output: StructuredOutputConfig = field(default_factory=StructuredOutputConfig)
+    reasoning_parser: Optional[str] = None
+    cuda_graph_max_bs: Optional[int] = None
+    cuda_graph_batch_sizes: Optional[List[int]] = None
+    memory_fraction: Optional[float] = None
+    prefix_caching: Optional[bool] = None
 
 
 @dataclass

@@ -18,6 +18,8 @@ Sources are ``file:line`` under ``sglang/srt/`` of the sglang 0.5.23 wheel.
 """
 from __future__ import annotations
 
+import functools
+
 from specc.rules.base import (Profile, Rule, bucket_candidates, gt, lora, ne, ngram_window_set,
                               rejection_sampling, thresholds_set)
 
@@ -101,6 +103,117 @@ def _bucket_bad(p) -> bool:
                for bucket in b.values())
 
 
+def pp_spec_env(f) -> bool:
+    """``SGLANG_ENABLE_PP_SPEC`` set in the launch environment (a launch fact; a plan checked on its
+    own assumes it unset, SGLang's default, environ.py:1557)."""
+    return str(f.flag("SGLANG_ENABLE_PP_SPEC", "0")).strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=8)
+def _hw_memory_mib(name: str):
+    from specc import cost
+    from specc.errors import PlanError
+
+    try:
+        mem = cost.load_hardware_profile(name).memory_bytes
+    except PlanError:
+        return None
+    return mem / (1 << 20) if mem else None
+
+
+def gpu_mem_mib(p):
+    """The GPU memory SGLang sizes its defaults from (MiB, ``get_device_memory_capacity``): the plan's
+    hardware profile (``schedule.hardware``, else h100 on CUDA); None on a CPU or without a figure."""
+    from specc.sizing import default_hardware
+
+    if cpu(p):
+        return None
+    return _hw_memory_mib(default_hardware(p))
+
+
+def _hw_name(p) -> str:
+    from specc.sizing import default_hardware
+
+    return default_hardware(p)
+
+
+def memory_tier(p):
+    """(chunked_prefill_size, decode CUDA-graph max batch) SGLang picks from the GPU memory and TP size
+    (arg_groups/memory_hook.py:85-180; 4096 and 160 when the memory is unknown)."""
+    mem, tp = gpu_mem_mib(p), p.deploy.parallel.tp or 1
+    if mem is None:
+        return 4096, 160
+    for limit, chunk, small, large in ((20 * 1024, 2048, 8, 8), (35 * 1024, 4096, 48, 160),
+                                       (60 * 1024, 4096, 32, 160), (90 * 1024, 8192, 256, 512),
+                                       (160 * 1024, 8192, 256, 512)):
+        if mem < limit:
+            return chunk, small if tp < 4 else large
+    return 16384, 512
+
+
+def graphs_on(p) -> bool:
+    return not cpu(p) and p.deploy.cuda_graphs is not False
+
+
+def _fill_max_bs(p):
+    """memory_hook.py:99-188, 200-207: the tier's max batch, capped by an explicit
+    --max-running-requests; an explicit batch-size list sets it to its largest entry."""
+    if p.deploy.cuda_graph_batch_sizes:
+        return {"deploy.cuda_graph_max_bs": max(p.deploy.cuda_graph_batch_sizes)}
+    bs = memory_tier(p)[1]
+    if isinstance(p.deploy.max_running_requests, int) and bs > p.deploy.max_running_requests:
+        bs = p.deploy.max_running_requests
+    return {"deploy.cuda_graph_max_bs": bs}
+
+
+def reserved_mib(p) -> float:
+    """SGLang's reserve for activations and CUDA graphs when it picks --mem-fraction-static
+    (memory_hook.py:281-322): 512 + 1.5 MiB per activation token + tp·pp/8 GiB + 2 MiB per decode
+    graph batch, at least 10 GiB on GPUs above 60 GiB."""
+    mem = gpu_mem_mib(p)
+    chunk = memory_tier(p)[0]
+    par = p.deploy.parallel
+    max_bs = p.deploy.cuda_graph_max_bs or 0
+    if p.deploy.disagg.role == "decode":
+        running = p.deploy.max_running_requests or max_bs or 1
+        tokens = max(running * (p.method.num_draft_tokens or 1), 2048)
+    else:
+        tokens = max(chunk, 2048)
+    reserved = 512 + tokens * 1.5 + (par.tp or 1) * (par.pp or 1) / 8 * 1024
+    if p.deploy.disagg.role != "prefill" and graphs_on(p):
+        reserved += max_bs * 2
+        if par.dp_attention:
+            reserved += max_bs * (par.dp or 1) * 3 + (max_bs * (par.dp or 1) * 1.5 if max_bs > 300 else 0)
+    if mem is not None and mem > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return reserved
+
+
+def _fill_fraction(p):
+    mem = gpu_mem_mib(p)
+    return {"deploy.memory_fraction": round((mem - reserved_mib(p)) / mem, 3)}
+
+
+def _norm(name) -> str:
+    return str(name).lower().replace("-", "_")
+
+
+def _names(kind: str):
+    from specc import engine_names
+
+    return engine_names.grammar_backends("sglang") if kind == "backend" else engine_names.reasoning_parsers("sglang")
+
+
+def _hint(name, kind: str) -> str:
+    from specc import engine_names
+
+    return engine_names.did_you_mean(name, _names(kind))
+
+
+def grammar_requests(p) -> bool:
+    return p.deploy.structured_output.requests is True
+
+
 R = Rule
 RULES = (
     # ---- 3.1 naming -----------------------------------------------------------------------------
@@ -128,6 +241,63 @@ RULES = (
       lambda p: p.schedule.ragged_verify not in ("static", "cap_accept", "compact"),
       "schedule.ragged_verify={p.schedule.ragged_verify}: SGLANG_RAGGED_VERIFY_MODE must be static, cap-accept "
       "or compact (checked for every algorithm)", "speculative/ragged_verify.py:19-27"),
+    # ---- deployment settings resolved before the speculative hook (pipeline.py:218, 259, 302) ----
+    R("SO1", "error", ("deploy.structured_output.backend",),
+      lambda p: p.deploy.structured_output.backend is not None
+      and p.deploy.structured_output.backend not in _names("backend"),
+      "deploy.structured_output.backend={p.deploy.structured_output.backend}: SGLang's --grammar-backend takes "
+      "{names}{hint} (argparse refuses other names at launch)",
+      "arg_groups/choices.py:131; arg_groups/fields/exec_.py:266-272",
+      message_args=lambda p: {"names": ", ".join(_names("backend")),
+                              "hint": _hint(p.deploy.structured_output.backend, "backend")}),
+    R("RP1", "error", ("deploy.reasoning_parser",),
+      lambda p: p.deploy.reasoning_parser is not None and p.deploy.reasoning_parser not in _names("parser"),
+      "deploy.reasoning_parser={p.deploy.reasoning_parser} is not one of SGLang 0.5.23's --reasoning-parser "
+      "choices{hint} (argparse refuses it at launch)", "server_args.py:367-372",
+      message_args=lambda p: {"hint": _hint(p.deploy.reasoning_parser, "parser")}),
+    R("CG1", "filled", ("deploy.cuda_graph_max_bs", "deploy.max_running_requests", "deploy.parallel.tp"),
+      lambda p: graphs_on(p) and p.deploy.cuda_graph_max_bs is None,
+      "deploy.cuda_graph_max_bs unset: SGLang captures decode/verify graphs up to {new[deploy.cuda_graph_max_bs]} "
+      "requests ({why})", "arg_groups/memory_hook.py:99-188, 200-207", _fill_max_bs,
+      message_args=lambda p: {"why": "the largest of deploy.cuda_graph_batch_sizes" if p.deploy.cuda_graph_batch_sizes
+                              else (f"capped by deploy.max_running_requests" if isinstance(p.deploy.max_running_requests, int)
+                                    and p.deploy.max_running_requests < memory_tier(p)[1]
+                                    else f"its default for {_hw_name(p)}'s memory at tp {p.deploy.parallel.tp}")}),
+    R("CG2", "fallback", ("deploy.cuda_graph_max_bs", "deploy.cuda_graph_batch_sizes"),
+      lambda p: graphs_on(p) and bool(p.deploy.cuda_graph_batch_sizes) and p.deploy.cuda_graph_max_bs is not None
+      and p.deploy.cuda_graph_max_bs != max(p.deploy.cuda_graph_batch_sizes),
+      "deploy.cuda_graph_batch_sizes is given: SGLang sets the decode max batch to its largest entry, "
+      "deploy.cuda_graph_max_bs={p.deploy.cuda_graph_max_bs} becomes {new[deploy.cuda_graph_max_bs]}",
+      "arg_groups/memory_hook.py:200-207",
+      lambda p: {"deploy.cuda_graph_max_bs": max(p.deploy.cuda_graph_batch_sizes)}),
+    R("MEM1", "filled", ("deploy.memory_fraction",),
+      lambda p: p.deploy.memory_fraction is None and gpu_mem_mib(p) is not None,
+      "deploy.memory_fraction unset: SGLang takes (GPU memory − reserve) / GPU memory = "
+      "{new[deploy.memory_fraction]} of {hw}'s {mem:.0f} MiB for weights + KV pool, reserving {res:.0f} MiB "
+      "for activations and CUDA graphs", "arg_groups/memory_hook.py:281-333", _fill_fraction,
+      message_args=lambda p: {"hw": _hw_name(p), "mem": gpu_mem_mib(p), "res": reserved_mib(p)}),
+    R("SO2", "filled", ("deploy.structured_output.backend",),
+      lambda p: p.deploy.structured_output.backend is None,
+      "deploy.structured_output.backend unset: SGLang compiles grammars with xgrammar",
+      "arg_groups/serving_hook.py:239-244", lambda p: {"deploy.structured_output.backend": "xgrammar"}),
+    R("SO3", "error", ("deploy.structured_output.backend", "deploy.structured_output.requests"),
+      lambda p: p.deploy.structured_output.backend == "none" and grammar_requests(p),
+      "deploy.structured_output.backend=none with requests that carry a grammar: SGLang aborts each of them "
+      "(\"Grammar-based generation ... is not supported when the server is launched with --grammar-backend "
+      "none\"); pick xgrammar, outlines or llguidance", "constrained/grammar_manager.py:148-159"),
+    R("PC1", "filled", ("deploy.prefix_caching", "deploy.disagg.role"),
+      lambda p: p.deploy.prefix_caching is None,
+      "deploy.prefix_caching unset: {why}",
+      "arg_groups/fields/memory.py:64-70; arg_groups/fields/disagg.py:88-91",
+      lambda p: {"deploy.prefix_caching": p.deploy.disagg.role != "decode"},
+      message_args=lambda p: {"why": "a decode node runs without a radix cache unless "
+                              "--disaggregation-decode-enable-radix-cache" if p.deploy.disagg.role == "decode"
+                              else "SGLang's radix cache reuses shared prompt prefixes (on by default)"}),
+    R("PPO", "fallback", ("deploy.overlap_scheduler", "deploy.parallel.pp"),
+      lambda p: gt(p.deploy.parallel.pp, 1) and p.deploy.overlap_scheduler is not False,
+      "deploy.parallel.pp={p.deploy.parallel.pp}: SGLang turns the overlap scheduler off (\"Pipeline parallelism "
+      "is incompatible with overlap schedule\")", "arg_groups/overrides.py:1623-1627",
+      lambda p: {"deploy.overlap_scheduler": False}),
     # ---- 3.2 generic ----------------------------------------------------------------------------
     R("G4", "error", ("verify.rule", "method.name"),
       lambda p: spec(p) and p.verify.rule == "block" and algo(p) not in ("EAGLE", "EAGLE3", "DFLASH", "DSPARK"),
@@ -291,8 +461,9 @@ RULES = (
       "{p.draft.vocab_size} != target.vocab_size={p.target.vocab_size}; use verify.draft_sampling=greedy",
       "speculative/eagle_utils.py:739-748"),
     R("AD15", "error", ("schedule.kind", "deploy.parallel.pp"), lambda p: adaptive(p) and gt(p.deploy.parallel.pp, 1),
-      "schedule.kind=adaptive is not compatible with deploy.parallel.pp={p.deploy.parallel.pp} (assertion); "
-      "use pp 1 or a static schedule", "arg_groups/validation_hook.py:150-152"),
+      "schedule.kind=adaptive is not compatible with deploy.parallel.pp={p.deploy.parallel.pp} under "
+      "SGLANG_ENABLE_PP_SPEC (assertion); use pp 1 or a static schedule", "arg_groups/validation_hook.py:150-152",
+      decide=lambda p, f: pp_spec_env(f)),
     R("ML4", "error", ("method.name", "method.num_draft_tokens", "method.num_steps"),
       lambda p: multi_layer(p) and isinstance(p.method.num_steps, int)
       and ne(p.method.num_draft_tokens, p.method.num_steps + 1),
@@ -482,10 +653,24 @@ RULES = (
       "schedule.kind=static", "arg_groups/lora_hook.py:277-282"),
     # ---- 3.11 cross-feature, disaggregation ----------------------------------------------------------
     R("X3", "error", ("deploy.parallel.pp", "method.name"),
-      lambda p: spec(p) and gt(p.deploy.parallel.pp, 1) and algo(p) not in ("DSPARK",)
-      and not (algo(p) in ("EAGLE", "EAGLE3") and not multi_layer(p)) and p.deploy.disagg.role != "prefill",
-      "deploy.parallel.pp>1 with speculation needs single-layer eagle/eagle3 (or a PD prefill node); "
-      "got method.name={p.method.name}", "arg_groups/validation_hook.py:131-164"),
+      lambda p: spec(p) and gt(p.deploy.parallel.pp, 1) and algo(p) != "DSPARK"
+      and not (algo(p) == "EAGLE" and not multi_layer(p)),
+      "deploy.parallel.pp={p.deploy.parallel.pp} with method.name={p.method.name}: SGLang asserts \"Pipeline "
+      "parallelism currently only supports EAGLE (non-multi-layer) speculative decoding\" (EAGLE3 included); "
+      "use method eagle or mtp, or pp 1", "arg_groups/validation_hook.py:131-138"),
+    R("X3b", "error", ("deploy.parallel.pp", "deploy.disagg.role"),
+      lambda p: spec(p) and gt(p.deploy.parallel.pp, 1) and algo(p) == "EAGLE" and not multi_layer(p)
+      and p.deploy.disagg.role != "prefill",
+      "deploy.parallel.pp={p.deploy.parallel.pp} with speculation runs only on a PD prefill node "
+      "(deploy.disagg.role=prefill) unless the launch sets SGLANG_ENABLE_PP_SPEC=1 (experimental, no plan key: "
+      "`specc check --sglang-args` sees it)", "arg_groups/validation_hook.py:160-164",
+      decide=lambda p, f: not pp_spec_env(f)),
+    R("X3c", "error", ("deploy.parallel.pp", "deploy.disagg.role", "deploy.parallel.dp_attention"),
+      lambda p: spec(p) and gt(p.deploy.parallel.pp, 1) and algo(p) == "EAGLE" and not multi_layer(p)
+      and (p.deploy.disagg.role != "none" or p.deploy.parallel.dp_attention),
+      "SGLANG_ENABLE_PP_SPEC=1 (pipeline-parallel speculation) is not compatible with deploy.disagg.role="
+      "{p.deploy.disagg.role} or deploy.parallel.dp_attention={p.deploy.parallel.dp_attention}",
+      "arg_groups/validation_hook.py:139-159", decide=lambda p, f: pp_spec_env(f)),
     R("TBO1", "error", ("deploy.parallel.two_batch_overlap", "deploy.parallel.dp_attention"),
       lambda p: p.deploy.parallel.two_batch_overlap and not p.deploy.parallel.dp_attention,
       "deploy.parallel.two_batch_overlap=true without deploy.parallel.dp_attention: SGLang refuses (\"When "
@@ -506,6 +691,51 @@ RULES = (
       and p.verify.synthetic.acceptance_rates is None,
       "verify.rule=synthetic needs verify.synthetic.acceptance_length (SGLANG_SIMULATE_ACC_LEN)",
       "environ.py:527-532"),
+    # ---- deployment: parallel sizes of the draft, grammars, prefix cache, graph sizes ---------------
+    R("DP0", "filled", ("deploy.parallel.draft_tp", "deploy.parallel.draft_pp", "deploy.parallel.draft_dp"),
+      lambda p: spec(p) and algo(p) != "NGRAM" and (p.deploy.parallel.draft_tp is None or p.deploy.parallel.draft_pp
+                                                    is None or p.deploy.parallel.draft_dp is None),
+      "the draft runs in the target's tensor-parallel group, one pipeline stage, in every data-parallel replica: "
+      "deploy.parallel.draft_tp={new[deploy.parallel.draft_tp]}, draft_pp=1, draft_dp={new[deploy.parallel.draft_dp]}",
+      "speculative/eagle_worker_v2.py:217-230",
+      lambda p: {"deploy.parallel.draft_tp": p.deploy.parallel.tp if p.deploy.parallel.draft_tp is None
+                 else p.deploy.parallel.draft_tp,
+                 "deploy.parallel.draft_pp": 1 if p.deploy.parallel.draft_pp is None else p.deploy.parallel.draft_pp,
+                 "deploy.parallel.draft_dp": p.deploy.parallel.dp if p.deploy.parallel.draft_dp is None
+                 else p.deploy.parallel.draft_dp}),
+    R("DP1", "error", ("deploy.parallel.draft_tp", "deploy.parallel.draft_pp", "deploy.parallel.draft_dp"),
+      lambda p: spec(p) and (ne(p.deploy.parallel.draft_tp, p.deploy.parallel.tp) or ne(p.deploy.parallel.draft_pp, 1)
+                             or ne(p.deploy.parallel.draft_dp, p.deploy.parallel.dp)),
+      "deploy.parallel.draft_tp/pp/dp={p.deploy.parallel.draft_tp}/{p.deploy.parallel.draft_pp}/"
+      "{p.deploy.parallel.draft_dp}: SGLang 0.5.23 has no flag for a draft parallel layout of its own (it builds the "
+      "draft worker in the target's TP group, one stage, per DP replica); drop them or use engine=vllm "
+      "(draft_tensor_parallel_size 1)", "speculative/eagle_worker_v2.py:217-230; arg_groups/fields/spec.py:31-283"),
+    R("GR1", "fallback", ("deploy.structured_output.requests", "deploy.overlap_scheduler", "method.name"),
+      lambda p: algo(p) == "NGRAM" and grammar_requests(p) and p.deploy.overlap_scheduler is not False,
+      "method.name=ngram with requests that carry a grammar: every batch holding one runs synchronously (no grammar "
+      "overlap for host-side n-gram drafts), so the overlap scheduler is off for them (SGLang issue #13425)",
+      "speculative/spec_info.py:166-172; managers/schedule_batch.py:2721-2724",
+      lambda p: {"deploy.overlap_scheduler": False}),
+    R("GR2", "warning", ("deploy.structured_output.requests", "method.name"),
+      lambda p: is_eagle(p) and grammar_requests(p),
+      "method.name={p.method.name} with requests that carry a grammar: SGLang issue #9187 (EAGLE with structured "
+      "outputs stopping at the first token the grammar rejects) is open in the tracker; this release masks every "
+      "draft position with the grammar during verify (speculative/spec_utils.py:584-700), so check schema outputs "
+      "on a smoke test before serving", "speculative/spec_utils.py:584-700"),
+    R("PC2", "error", ("deploy.prefix_caching", "deploy.disagg.role", "method.name"),
+      lambda p: p.deploy.disagg.role == "decode" and p.deploy.prefix_caching is True and spec(p)
+      and algo(p) not in ("DSPARK", "EAGLE", "EAGLE3"),
+      "deploy.prefix_caching=true on a decode node (--disaggregation-decode-enable-radix-cache) with "
+      "method.name={p.method.name}: SGLang refuses (\"incompatible with speculative decoding\"); only eagle, eagle3, "
+      "mtp and dspark keep a decode-side radix cache", "arg_groups/speculative_hook.py:164-173"),
+    R("CG3", "warning", ("deploy.cuda_graph_max_bs", "deploy.max_running_requests"),
+      lambda p: graphs_on(p) and isinstance(p.deploy.cuda_graph_max_bs, int)
+      and isinstance(p.deploy.max_running_requests, int) and p.deploy.cuda_graph_max_bs > p.deploy.max_running_requests,
+      "deploy.cuda_graph_max_bs={p.deploy.cuda_graph_max_bs} > deploy.max_running_requests="
+      "{p.deploy.max_running_requests}: SGLang captures graphs for batches that never run (the cap is applied only "
+      "to an explicit --max-running-requests, before the speculative hook sets 48), and their memory comes out of "
+      "the KV budget (`specc explain` prices it); set deploy.cuda_graph_max_bs to the batch you serve",
+      "arg_groups/memory_hook.py:183-188; arg_groups/speculative_hook.py:1086-1094"),
     # ---- settings SGLang silently ignores (silence is what burns users) ------------------------------
     R("IG1", "warning", ("verify.rule", "verify.draft_sampling"),
       lambda p: spec(p) and p.verify.rule == "greedy" and p.verify.draft_sampling == "probabilistic",

@@ -271,6 +271,24 @@ def _dtype_message(p) -> str:
             f"{'; ' + table.choice_why if table.choice_why else ''}); use runtime.dtype=auto")
 
 
+def _serving_ignored(p):
+    """(key, why) for each deployment key set that the specc runtime has no use for."""
+    d = p.deploy
+    out = []
+    if d.structured_output.backend is not None:
+        out.append(("structured_output.backend", "it has no grammar backend"))
+    if d.reasoning_parser is not None:
+        out.append(("reasoning_parser", "specc serve returns the text without splitting out the reasoning"))
+    if d.cuda_graph_max_bs is not None or d.cuda_graph_batch_sizes:
+        out.append(("cuda_graph_max_bs/cuda_graph_batch_sizes", "it captures one graph per candidate state, at "
+                    "schedule.capture_batch_sizes (else powers of two up to runtime.max_batch_size)"))
+    if d.memory_fraction is not None:
+        out.append(("memory_fraction", "it allocates what its states need up front (`specc explain` prints it)"))
+    if d.prefix_caching:
+        out.append(("prefix_caching", "it has no prefix cache: every prompt is prefilled in full"))
+    return out
+
+
 def drafting(p) -> bool:
     return p.method.name in SUPPORTED and p.method.name != "none"
 
@@ -751,10 +769,22 @@ RULES = (
     R("S-PLUGIN-IGN", "warning", ("method.plugin",), lambda p: p.method.name != "custom" and bool(p.method.plugin),
       "method.plugin is ignored unless method.name=custom", RT),
     R("S-PAR", "error", ("deploy.parallel",),
-      lambda p: gt(p.deploy.parallel.tp, 1) or gt(p.deploy.parallel.dp, 1) or gt(p.deploy.parallel.pp, 1)
+      lambda p: any(gt(getattr(p.deploy.parallel, k), 1) for k in ("tp", "dp", "pp", "draft_tp", "draft_pp", "draft_dp"))
       or p.deploy.parallel.dp_attention or p.deploy.parallel.two_batch_overlap,
-      "deploy.parallel (tp/dp/pp > 1, dp_attention, two_batch_overlap): the specc runtime runs on one device; "
-      "target sglang or vllm", RT),
+      "deploy.parallel (tp/dp/pp or draft_tp/draft_pp/draft_dp > 1, dp_attention, two_batch_overlap): the specc "
+      "runtime runs target and draft on one device, with no tensor, pipeline or data parallelism; target sglang or "
+      "vllm", RT),
+    R("S-GRAMMAR", "error", ("deploy.structured_output.requests",),
+      lambda p: p.deploy.structured_output.requests is True,
+      "deploy.structured_output.requests=true: the specc runtime has no grammar-constrained decoding (no "
+      "structured-output backend masks the verify logits), so requests carrying a JSON schema or grammar would be "
+      "answered unconstrained; target sglang or vllm", "specc/runtime/stages.py (accept_*: no grammar mask)"),
+    R("S-SERVE-IGN", "warning", ("deploy.structured_output.backend", "deploy.reasoning_parser", "deploy.memory_fraction",
+                                 "deploy.cuda_graph_max_bs", "deploy.cuda_graph_batch_sizes", "deploy.prefix_caching"),
+      lambda p: bool(_serving_ignored(p)),
+      "{what} are SGLang/vLLM server settings the specc runtime ignores: {why}", RT,
+      message_args=lambda p: {"what": ", ".join(f"deploy.{k}" for k, _ in _serving_ignored(p)),
+                              "why": "; ".join(w for _, w in _serving_ignored(p))}),
     R("S-DEPLOY-IGN", "warning", ("deploy.page_size", "deploy.attention_backend", "deploy.max_running_requests",
                                   "deploy.overlap_scheduler"),
       lambda p: any(v is not None for v in (p.deploy.page_size, p.deploy.attention_backend,

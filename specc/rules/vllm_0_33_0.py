@@ -187,6 +187,69 @@ def _buckets_bad(p) -> bool:
         or any(c < 0 for x in b.values() for c in (x.candidates or []))
 
 
+def _names(kind: str):
+    from specc import engine_names
+
+    return engine_names.grammar_backends("vllm") if kind == "backend" else engine_names.reasoning_parsers("vllm")
+
+
+def _hint(name, kind: str) -> str:
+    from specc import engine_names
+
+    return engine_names.did_you_mean(name, _names(kind))
+
+
+def grammar_requests(p) -> bool:
+    return p.deploy.structured_output.requests is True
+
+
+def graphs_on(p) -> bool:
+    return p.runtime.device != "cpu" and p.deploy.cuda_graphs is not False
+
+
+def query_len(p) -> int:
+    """Tokens per request of a uniform decode step: K + 1 with speculation (VC:2462-2470)."""
+    kk = k(p) if spec(p) else None
+    return kk + 1 if isinstance(kk, int) and kk > 0 else 1
+
+
+def _request_counts(max_reqs: int):
+    """vLLM's request-count grid of the decode capture sizes: 1, 2, 4, multiples of 8 below 256, of 16
+    from 256, and max_reqs itself, at most 512 (VC:2487-2494)."""
+    max_reqs = min(max_reqs, 512)
+    counts = [n for n in (1, 2, 4) if n <= max_reqs] + list(range(8, min(max_reqs + 1, 256), 8)) \
+        + list(range(256, max_reqs + 1, 16))
+    return sorted(set(counts + [max_reqs]))
+
+
+def default_max_bs(p) -> int:
+    """The largest uniform decode batch vLLM captures when --max-cudagraph-capture-size is unset:
+    tokens up to min(max_num_seqs · q · 2, 512, max_num_batched_tokens) (VC:2460-2552), requests n of the
+    grid with n · q within it."""
+    q = query_len(p)
+    mns = p.deploy.max_running_requests or DEFAULT_MAX_NUM_SEQS
+    cap = min(mns * q * 2, 512, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    fits = [n for n in _request_counts(mns) if n * q <= cap]
+    return max(fits) if fits else 1
+
+
+#: target architectures whose decoder carries EAGLE-3 auxiliary hidden states across pipeline stages
+#: (``supports_aux_hidden_states_over_pp = True``: model_executor/models/llama.py:358, qwen2.py:335,
+#: sarvam.py:466, and the classes derived from LlamaModel / Qwen2Model: Mistral, Glm4, Qwen3, TeleChat2)
+AUX_OVER_PP = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Glm4ForCausalLM",
+               "TeleChat2ForCausalLM", "SarvamForCausalLM", "llama", "qwen2", "qwen3", "mistral")
+
+
+def _target_arch(p, f=None):
+    cfg = _cfg(p, "target") if p.target.path else None
+    archs = (cfg or {}).get("architectures") if isinstance(cfg, dict) else None
+    return (archs[0] if archs else None) or p.target.architecture
+
+
+def _arch_needs(p):
+    return () if p.target.architecture else ("target",)
+
+
 R = Rule
 RULES = (
     R("M1", "error", ("method.name",), lambda p: p.method.name not in METHODS,
@@ -426,6 +489,83 @@ RULES = (
       lambda p: spec(p) and budget(p) and gt(p.deploy.parallel.pp, 1),
       "schedule.kind=budget needs deploy.parallel.pp=1 (costs and confidences live on the last PP rank)",
       VC + "3153-3182"),
+    # ---- deployment: structured output, reasoning, parallel sizes, CUDA graphs, memory, prefix cache --
+    R("SO1", "error", ("deploy.structured_output.backend",),
+      lambda p: p.deploy.structured_output.backend is not None
+      and p.deploy.structured_output.backend not in _names("backend"),
+      "deploy.structured_output.backend={p.deploy.structured_output.backend}: vLLM's structured-outputs backend is "
+      "one of {names}{hint} (the config refuses other names)", "config/structured_outputs.py:14-16, 23",
+      message_args=lambda p: {"names": ", ".join(_names("backend")),
+                              "hint": _hint(p.deploy.structured_output.backend, "backend")}),
+    R("SO2", "filled", ("deploy.structured_output.backend",),
+      lambda p: p.deploy.structured_output.backend is None,
+      "deploy.structured_output.backend unset: vLLM picks per request (auto: xgrammar, else guidance)",
+      "config/structured_outputs.py:23-28", lambda p: {"deploy.structured_output.backend": "auto"}),
+    R("SO3", "error", ("deploy.structured_output.backend", "deploy.structured_output.requests", "method.num_steps"),
+      lambda p: spec(p) and p.deploy.structured_output.backend == "lm-format-enforcer" and grammar_requests(p),
+      "deploy.structured_output.backend=lm-format-enforcer with speculation: vLLM refuses every request that carries "
+      "a grammar (\"LM Format Enforcer backend does not support speculative tokens\"); use xgrammar or guidance",
+      "v1/structured_output/backend_lm_format_enforcer.py:127-136"),
+    R("SO4", "warning", ("deploy.structured_output.backend",),
+      lambda p: p.deploy.structured_output.backend == "lm-format-enforcer",
+      "deploy.structured_output.backend=lm-format-enforcer is deprecated (removed in vLLM 0.35.0) and cannot "
+      "constrain speculative tokens (requests with a grammar fail when speculation is on); use auto, xgrammar or "
+      "guidance", "config/structured_outputs.py:76-83; v1/structured_output/backend_lm_format_enforcer.py:127-136"),
+    R("RP1", "error", ("deploy.reasoning_parser",),
+      lambda p: p.deploy.reasoning_parser is not None and p.deploy.reasoning_parser.lower() != "none"
+      and p.deploy.reasoning_parser not in _names("parser"),
+      "deploy.reasoning_parser={p.deploy.reasoning_parser} is not a registered vLLM 0.33.0 reasoning parser{hint}: "
+      "vLLM refuses it at launch (\"invalid reasoning parser\")", "entrypoints/common/cli_args.py:625-632",
+      message_args=lambda p: {"hint": _hint(p.deploy.reasoning_parser, "parser")}),
+    R("DTP1", "error", ("deploy.parallel.draft_tp", "deploy.parallel.tp"),
+      lambda p: spec(p) and p.deploy.parallel.draft_tp is not None
+      and p.deploy.parallel.draft_tp not in (1, p.deploy.parallel.tp),
+      "deploy.parallel.draft_tp={p.deploy.parallel.draft_tp}: vLLM's draft_tensor_parallel_size must be 1 or the "
+      "target's tensor_parallel_size ({p.deploy.parallel.tp}); it refuses other values", SP + "1851-1870"),
+    R("DTP0", "filled", ("deploy.parallel.draft_tp",),
+      lambda p: p.method.name in MODEL_BASED and p.deploy.parallel.draft_tp is None,
+      "deploy.parallel.draft_tp unset: vLLM runs the draft at the target's tensor_parallel_size = "
+      "{new[deploy.parallel.draft_tp]}", SP + "1680-1685, 1851-1870",
+      lambda p: {"deploy.parallel.draft_tp": p.deploy.parallel.tp}),
+    R("DTP2", "error", ("deploy.parallel.draft_tp", "method.name"),
+      lambda p: p.method.name == "draft_model" and mrv1(p) and isinstance(p.deploy.parallel.draft_tp, int)
+      and p.deploy.parallel.draft_tp != p.deploy.parallel.tp,
+      "deploy.parallel.draft_tp={p.deploy.parallel.draft_tp} with method.name=draft_model on Model Runner V1 (forced "
+      "by this plan): vLLM requires the draft's TP to equal the target's ({p.deploy.parallel.tp})",
+      "v1/spec_decode/draft_model.py:64-80"),
+    R("DPP1", "error", ("deploy.parallel.draft_pp", "deploy.parallel.draft_dp"),
+      lambda p: spec(p) and (ne(p.deploy.parallel.draft_pp, 1) or ne(p.deploy.parallel.draft_dp, p.deploy.parallel.dp)),
+      "deploy.parallel.draft_pp/draft_dp={p.deploy.parallel.draft_pp}/{p.deploy.parallel.draft_dp}: vLLM builds the "
+      "draft's parallel config with pipeline size 1 inside each data-parallel replica and has no key for another; "
+      "drop them", SP + "1890-1912"),
+    R("PP3", "error", ("deploy.parallel.pp", "method.name", "target.architecture"),
+      lambda p: p.method.name in ("eagle3", "dflash") and gt(p.deploy.parallel.pp, 1),
+      "deploy.parallel.pp={p.deploy.parallel.pp} with method.name={p.method.name}: the drafter reads the target's "
+      "auxiliary hidden states, which only some decoders carry across pipeline stages; {arch} does not, so vLLM "
+      "refuses at load (\"does not support {p.method.name} with pipeline parallelism\"); use pp 1 or a Llama/Qwen2/"
+      "Qwen3-family target", "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:43-64",
+      needs=_arch_needs, decide=lambda p, f: _target_arch(p) not in AUX_OVER_PP,
+      about="whether the target carries auxiliary hidden states over pipeline stages",
+      message_args=lambda p: {"arch": _target_arch(p)}),
+    R("CG1", "filled", ("deploy.cuda_graph_max_bs", "deploy.max_running_requests"),
+      lambda p: graphs_on(p) and p.deploy.cuda_graph_max_bs is None,
+      "deploy.cuda_graph_max_bs unset: vLLM captures uniform decode batches up to {new[deploy.cuda_graph_max_bs]} "
+      "requests ({q} tokens each, at most min(max_num_seqs · {q} · 2, 512) tokens)", VC + "2452-2552",
+      lambda p: {"deploy.cuda_graph_max_bs": default_max_bs(p)}, message_args=lambda p: {"q": query_len(p)}),
+    R("MEM1", "filled", ("deploy.memory_fraction",), lambda p: p.deploy.memory_fraction is None,
+      "deploy.memory_fraction unset: vLLM's --gpu-memory-utilization defaults to 0.92 (weights, activations, CUDA "
+      "graphs and the KV cache all come out of it)", "config/cache.py:215",
+      lambda p: {"deploy.memory_fraction": 0.92}),
+    R("PC1", "filled", ("deploy.prefix_caching",), lambda p: p.deploy.prefix_caching is None,
+      "deploy.prefix_caching unset: vLLM enables prefix caching for generative models",
+      "engine/arg_utils.py:3075-3076; config/cache.py:257", lambda p: {"deploy.prefix_caching": True}),
+    R("PC2", "warning", ("deploy.prefix_caching", "method.name"),
+      lambda p: p.method.name in ("eagle", "eagle3", "mtp") and p.deploy.prefix_caching is True,
+      "deploy.prefix_caching with method.name={p.method.name}: a cache hit resumes one KV block earlier, because the "
+      "draft's KV at a position needs the next token (the block is recomputed through the target and the draft); "
+      "vLLM issue #19996 (open) measured +30-40% time-to-first-token on cache-friendly traffic. `specc explain` "
+      "prices it; vLLM's speculative_config disable_eagle_block_drop (no plan key) keeps the block",
+      "v1/core/kv_cache_coordinator.py:65-86; config/speculative.py:2122-2149"),
     R("IG4", "warning", ("schedule.buckets",), lambda p: p.schedule.kind == "static" and bool(p.schedule.buckets),
       "schedule.buckets is ignored with schedule.kind=static; set kind=batch_buckets or drop it", SP + "524"),
     R("IG6", "warning", ("deploy.disagg.role", "deploy.parallel.dp_attention"),

@@ -202,18 +202,20 @@ class Runtime:
 
     def describe(self) -> List[dict]:
         """One line of facts per state: name, bucket, κ, rule, static-buffer bytes, whether its verify
-        + accept is a captured CUDA graph and the seconds its capture took."""
+        + accept is a captured CUDA graph, the seconds its capture took and the device memory the
+        capture took (its graph pool, and the peak of the tensors allocated in it)."""
         return [{"name": s.spec.name, "batch_size": s.spec.batch_size, "num_steps": s.spec.num_steps,
                  "verify_rule": s.spec.verify_rule, "buffer_bytes": s.inputs.nbytes(), "captured": s.captured,
-                 "compiled": s.compiled, "capture_s": round(s.capture_s, 4), "graph_breaks": s.graph_breaks}
-                for s in self.states]
+                 "compiled": s.compiled, "capture_s": round(s.capture_s, 4), "graph_breaks": s.graph_breaks,
+                 "graph_pool_bytes": s.graph_pool_bytes, "graph_peak_bytes": s.graph_peak_bytes} for s in self.states]
 
     def load_report(self) -> str:
         """One line for the log at load: states, schedule, static-buffer memory, captured graphs."""
         mib = sum(s.inputs.nbytes() for s in self.states) / (1 << 20)
         cap = sum(s.capture_s for s in self.states)
         if self.num_captured:
-            graphs = f"{self.num_captured} CUDA graph(s) captured in {cap:.2f}s"
+            pool = sum(s.graph_pool_bytes for s in self.states) / (1 << 20)
+            graphs = f"{self.num_captured} CUDA graph(s) captured in {cap:.2f}s, graph pools {pool:.1f} MiB"
         elif self.num_compiled:
             breaks = sum(s.graph_breaks for s in self.states)
             graphs = (f"{self.num_compiled} verify program(s) compiled with inductor in {cap:.1f}s "

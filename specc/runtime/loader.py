@@ -179,7 +179,7 @@ def artifact_runtime(art: "Artifact", target, tokenizer, drafter, dev: "torch.de
 
 def runtime_from_plan(plan, target, tokenizer, drafter, *, cost_table: Optional[dict] = None,
                       max_model_len: Optional[int] = None, seed: int = 0, prefill_chunk: int = 512,
-                      device: Optional[Any] = None) -> "Runtime":
+                      device: Optional[Any] = None, use_cuda_graphs: bool = False) -> "Runtime":
     """A runtime for ``plan``'s candidate states and schedule over models already loaded — the same
     lowering (:func:`specc.analyze.lower_plan`) and schedule spec ``specc compile`` writes, without
     an artifact. Benchmarks that compare many schedules on one target use it; tests of schedules too.
@@ -189,6 +189,7 @@ def runtime_from_plan(plan, target, tokenizer, drafter, *, cost_table: Optional[
         cost_table: the manifest's ``runtime.schedule.cost_table`` mapping (``verify_ms`` by tokens,
             ``draft_ms`` by requests, ``capture_limit``) for ``budget``; default: read from
             ``schedule.cost_table`` when the plan names one.
+        use_cuda_graphs: capture each state's verify program on CUDA (as ``load_runtime`` does).
     Raises:
         PlanError: a plan that does not lower. ArtifactError: a state the runtime cannot run.
     """
@@ -210,4 +211,4 @@ def runtime_from_plan(plan, target, tokenizer, drafter, *, cost_table: Optional[
                                                      max(s.num_steps for s in low.states))
     specs = [StateSpec.from_candidate(s) for s in low.states]
     return Runtime(target, tokenizer, drafter, specs, max_model_len=max_model_len, seed=seed, schedule=schedule,
-                   synthetic_rates=rates, prefill_chunk=prefill_chunk, device=device)
+                   synthetic_rates=rates, prefill_chunk=prefill_chunk, device=device, use_cuda_graphs=use_cuda_graphs)

@@ -344,6 +344,11 @@ class SpecRuntimeState:
         self._compiled: Optional[Callable[[StepInputs], StepOutputs]] = None
         self.capture_s = 0.0  # seconds its CUDA-graph capture (or inductor compile) took at load
         self.graph_breaks = 0  # where dynamo split the compiled verify program (0: one graph)
+        #: bytes the CUDA-graph capture took from the device: the graph's private memory pool
+        #: (``memory_reserved`` grown during capture) and the peak of the tensors allocated in it
+        #: (``max_memory_allocated`` above the level before capture); 0 when not captured
+        self.graph_pool_bytes = 0
+        self.graph_peak_bytes = 0
 
     # ------------------------------------------------------------------ the step
     @property
@@ -429,10 +434,16 @@ class SpecRuntimeState:
             for _ in range(2):
                 self.program(b)
         torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize(self.ctx.device)
+        reserved0 = torch.cuda.memory_reserved(self.ctx.device)
+        allocated0 = torch.cuda.memory_allocated(self.ctx.device)
+        torch.cuda.reset_peak_memory_stats(self.ctx.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = self.program(b)
         torch.cuda.synchronize(self.ctx.device)
+        self.graph_pool_bytes = int(torch.cuda.memory_reserved(self.ctx.device) - reserved0)
+        self.graph_peak_bytes = int(torch.cuda.max_memory_allocated(self.ctx.device) - allocated0)
         self._graph, self._graph_out = graph, out
         self.capture_s = time.perf_counter() - t0
         return True
