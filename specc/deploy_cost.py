@@ -454,7 +454,8 @@ class TPComm:
 def tp_comm(state, t: ModelShape, d: Optional[ModelShape], hw, tp: int, draft_tp: int, dtype_bytes: float,
             draft_passes: int, step_floor_s: Optional[float] = None) -> Optional[TPComm]:
     """The TP all-reduce cost of one step of ``state`` (None without an interconnect figure on ``hw``
-    when tp > 1). ``draft_passes``: proposal passes per step (:func:`specc.methods.proposal_passes`);
+    when tp > 1). ``draft_passes``: draft forwards per step, the proposal passes
+    (:func:`specc.methods.proposal_passes`) and the draft-extend pass (:func:`specc.methods.extend_passes`);
     ``step_floor_s``: the state's memory-bound step time, to say what share the communication takes."""
     tp, draft_tp = max(int(tp), 1), max(int(draft_tp), 1)
     B, W = int(state.batch_size), int(state.num_draft_tokens)
@@ -615,7 +616,9 @@ def deployment_report(plan, engine: str, states: Sequence[Any], hw, dtype_bytes:
     block = int(plan.deploy.page_size or VLLM_BLOCK_SIZE)
     for s in states:
         g = graph_memory(engine, s, t, d, b, cache_len, tp, hid)
-        passes = methods.proposal_passes(s.method, s.num_steps, s.topk, s.parallel, s.tree_choices) if s.num_steps else 0
+        # the draft stage's proposal passes and the extend stage's draft forward all-reduce alike
+        passes = (methods.proposal_passes(s.method, s.num_steps, s.topk, s.parallel, s.tree_choices)
+                  + methods.extend_passes(s.method)) if s.num_steps else 0
         comm = tp_comm(s, t, d, hw, tp, draft_tp, b, passes, step_floor_s=floor)
         step_s = floor * (1.0 + passes * c)
         pre = None
