@@ -445,3 +445,17 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
     assert plan.schedule.kind == "batch_buckets" and plan.schedule.alpha is not None
     entries = acceptance.read_record(tmp_path / "tuned.acceptance.json")
     assert {e.key["method"] for e in entries} == {"ngram", "draft_model"}
+
+
+def test_run_takes_a_plan_file(tiny, tmp_path, monkeypatch, capsys):
+    """`specc run PLAN`: compiled on the fly into the cache, then run (a second run reuses it)."""
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path))
+    argv = ["run", tiny / "ngram.yaml", "--prompts", tiny / "prompts.txt", "--limit", "2", "--max-new-tokens", "4",
+            "--no-progress"]
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 0, err
+    assert "compiled ngram.yaml -> " in err and "=== metrics" in out
+    arts = list((tmp_path / "artifacts").iterdir())
+    assert len(arts) == 1 and arts[0].name.startswith("tiny_ngram-")
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 0 and "reused ngram.yaml -> " in err and len(list((tmp_path / "artifacts").iterdir())) == 1

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
           f"batch {args.batch_size}", flush=True)
     t0 = time.perf_counter()
     for c in cands:
-        m = measure(models, c, ids, records, str(shipped_prompts_path()), batch_size=args.batch_size,
+        m = measure(models, c, ids, records, str(shipped_prompts_path()), sample=records, batch_size=args.batch_size,
                     max_new_tokens=args.max_new_tokens, seconds=1e9, tolerance=0.0, min_requests=len(ids),
                     command=command)
         e = m.entry

@@ -1,4 +1,11 @@
-"""``specc explain PLAN [OVERRIDE ...]``: the plan's candidate states, what each costs and yields.
+"""``specc explain PLAN [PLAN ...] [OVERRIDE ...]``: the plan's candidate states, what each costs and yields;
+several plans side by side.
+
+α comes from ``--alpha``, ``--acceptance`` (a ``specc run --json`` output or an acceptance record),
+``schedule.alpha``, the plan's synthetic acceptance, or the drafter's acceptance record
+(:mod:`specc.acceptance`), and the header says which. With none of them no α is assumed: the table
+gives each state's α to pay (the α at which it ties plain decoding, at batch 1 and at its bucket)
+instead of E and the speedups, and the JSON has ``alpha: null`` and ``alpha_to_pay`` per state.
 
 Per state: bucket, κ, verify width, draft and target forward passes per step, target tokens per step,
 predicted E and speedup at α, speedup at the bucket's batch, break-even batch, draft KV bytes per

@@ -100,24 +100,48 @@ def encode(records: Sequence[Any], tokenizer) -> List[List[int]]:
     return [encode_prompt(r, tokenizer) for r in records]
 
 
-def prompts_info(records: Sequence[Any], source: str, used: int) -> Dict[str, Any]:
-    """The ``prompts`` block of an acceptance entry: source, sha256 of the prompts, count used, per
-    category, and the held-out statement for the shipped set."""
+def prompts_info(records: Sequence[Any], used: Sequence[Any], source: str) -> Dict[str, Any]:
+    """The ``prompts`` block of an acceptance entry: source, the sha256 of every prompt of the file in
+    file order (:func:`prompts_sha256`: a record measured on the same prompts is recognised by it), how
+    many were used and of which category, and the held-out statement for the shipped set."""
     from specc.acceptance import HELD_OUT
     from specc.runtime.prompts import shipped_prompts_path
 
-    h = hashlib.sha256()
-    for r in records:
-        h.update((r.text + "\0").encode())
     cats: Dict[str, int] = {}
-    for r in records[:used]:
+    for r in used:
         cats[r.category or "-"] = cats.get(r.category or "-", 0) + 1
-    shipped = Path(source).resolve() == shipped_prompts_path().resolve() if source not in ("-", "") else False
-    info = {"source": "specc/data/prompts.jsonl" if shipped else source, "sha256": h.hexdigest(),
-            "used": used, "available": len(records), "categories": cats}
+    shipped = source not in ("-", "") and Path(source).resolve() == shipped_prompts_path().resolve()
+    info = {"source": "specc/data/prompts.jsonl" if shipped else source, "sha256": prompts_sha256(records),
+            "used": len(used), "available": len(records), "categories": cats}
     if shipped:
         info["held_out"] = HELD_OUT
     return info
+
+
+def prompts_sha256(records: Sequence[Any]) -> str:
+    """sha256 over the prompts' texts (the last user message of a chat), in order, NUL-separated."""
+    h = hashlib.sha256()
+    for r in records:
+        h.update((r.text + "\0").encode())
+    return h.hexdigest()
+
+
+def reusable_entry(candidate, records: Sequence[Any], max_new_tokens: int):
+    """The drafter's shipped acceptance entry when it was measured on exactly these prompts (same
+    texts in the same order, every one used), with the same new-token count, on this target and on
+    these drafter weights — a measurement of this very workload — else None."""
+    from specc import acceptance
+
+    found = acceptance.find(candidate.plan)
+    e = found.entry
+    if e is None or found.stale or e.num_steps < candidate.measure_steps:
+        return None
+    p = e.prompts or {}
+    if p.get("sha256") != prompts_sha256(records) or p.get("used") != len(records):
+        return None
+    if int((e.decode or {}).get("max_new_tokens") or -1) != int(max_new_tokens):
+        return None
+    return e
 
 
 def _stage_snapshot(metrics) -> Dict[str, float]:
@@ -136,12 +160,13 @@ def _tau_half_width(per_request: Sequence[Dict[str, Any]]) -> Tuple[float, float
 
 
 def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, max_new_tokens: int,
-                deadline: float, tolerance: float, min_requests: int,
+                deadline: float, tolerance: float, min_requests: int, max_steps: Optional[int] = None,
                 on_request: Optional[Callable[[int, float, float], None]] = None) -> Tuple[List[Dict[str, Any]], List[StepSample], str, float]:
     """Decode ``prompt_ids`` in order with at most ``batch_size`` in flight until the stop rule (module
     docstring) holds. ``deadline``: ``time.monotonic()`` value after which no request is started and
     the live ones are cancelled. ``tolerance``: relative half-width of τ's 95 % interval; 0 never
-    stops early. ``on_request(done, τ, half_width)`` after each finished request (progress bars).
+    stops early. ``max_steps``: stop after this many decode steps (a run that measures costs only).
+    ``on_request(done, τ, half_width)`` after each finished request (progress bars).
 
     Returns ``(per-request counters, step samples, stop reason, decode tokens/s)``; the counters are
     ``RequestCounters.as_dict()`` plus ``num_emitted`` and ``num_output_tokens``."""
@@ -196,6 +221,8 @@ def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, ma
                 submit_next()
         if not stopping and time.monotonic() >= deadline and len(samples) > 0:
             stopping, reason = True, f"time share spent after {len(done)} finished requests"
+        if not stopping and max_steps is not None and len(samples) >= max_steps:
+            stopping, reason = True, f"{len(samples)} decode steps timed"
         if stopping and runtime.num_running:
             for row in list(runtime.batch.live_rows()):
                 out = runtime.cancel(runtime.batch.rows[row].index)
@@ -210,9 +237,14 @@ def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, ma
 
 def measure(models: Models, candidate, prompt_ids: Sequence[List[int]], records: Sequence[Any], source: str, *,
             batch_size: int, max_new_tokens: int, seconds: float, tolerance: float, min_requests: int,
-            command: str = "", on_request=None) -> Measurement:
+            command: str = "", on_request=None, sample: Optional[Sequence[Any]] = None, reuse=None,
+            cost_steps: int = 8) -> Measurement:
     """Measure ``candidate`` (see the module docstring) within ``seconds`` (wall time from now, model
-    loading included). Returns a :class:`Measurement` whose ``entry`` is the acceptance record entry.
+    loading included). ``records``: every prompt in file order (the record's prompt hash);
+    ``sample``: the records behind ``prompt_ids``, in that order (default ``records``). ``reuse``: an
+    acceptance entry already measured on exactly these prompts with this drafter
+    (:func:`reusable_entry`): then only the step costs are timed (``cost_steps`` decode steps) and the
+    entry is kept. Returns a :class:`Measurement` whose ``entry`` is the acceptance record entry.
 
     Raises: AcceptanceError when not one verify step ran (a time share too small to decode anything)."""
     import datetime
@@ -229,14 +261,20 @@ def measure(models: Models, candidate, prompt_ids: Sequence[List[int]], records:
     plan = candidate.variant(candidate.measure_steps, capture=[batch_size])
     rt = models.runtime(plan, candidate)
     per, samples, reason, tok_s = run_sampled(rt, prompt_ids, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                              deadline=deadline, tolerance=tolerance, min_requests=min_requests,
+                                              deadline=deadline, tolerance=0.0 if reuse else tolerance,
+                                              min_requests=min_requests, max_steps=cost_steps if reuse else None,
                                               on_request=on_request)
+    if reuse is not None:
+        return Measurement(name=candidate.name, entry=reuse, samples=samples, seconds=time.monotonic() - t_start,
+                           stop_reason=f"acceptance reused from {reuse.path} (the same prompts and drafter); costs: "
+                                       f"{reason}", requests=int(reuse.counters.get("num_requests") or 0),
+                           decode_tok_s=tok_s, load_s=load_s)
     m = plan.method
     shape = candidate.shape
     entry = acceptance.entry_from_requests(
         per, plan=plan, shape=shape, num_steps=candidate.measure_steps, topk=int(m.topk or 1),
         num_draft_tokens=int(m.num_draft_tokens or candidate.measure_steps + 1),
-        prompts=prompts_info(records, source, len(per)),
+        prompts=prompts_info(records, list(sample if sample is not None else records)[:len(per)], source),
         decode={"max_new_tokens": max_new_tokens, "batch_size": batch_size, "verify": "greedy", "temperature": 0.0,
                 "dtype": models.dtype},
         measured={"date": datetime.date.today().isoformat(), "specc": specc.__version__, "command": command,

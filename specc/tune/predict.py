@@ -205,18 +205,20 @@ def merge_buckets(kappas: Dict[int, int]) -> Dict[int, int]:
 
 
 def choose(pred: Predictor, concurrency: Sequence[int], exclude: Sequence[str] = (),
-           measured: Optional[Dict[Tuple[Optional[str], int, int], float]] = None) -> Choice:
+           measured: Optional[Dict[Tuple[Optional[str], int, int], float]] = None,
+           scale: Optional[Dict[int, float]] = None) -> Choice:
     """The plan: per drafter its best κ at each bucket (:func:`bucket_sizes`); the drafter whose
     worst ratio over ``concurrency`` (its throughput / the best of every configuration and plain
     decoding there) is highest, ties to the higher mean ratio. ``exclude``: drafters not to pick.
-    ``measured``: ``{(candidate, κ, C): tok/s}`` from side-by-side runs, used in place of the
-    prediction where present."""
+    ``measured``: ``{(candidate, κ, C): tok/s}`` from side-by-side runs (brought to batch C), used in
+    place of the prediction where present; ``scale``: ``{C: factor}`` applied to the predictions at C
+    (the measured over predicted throughput of the runs at C), so measured and predicted compare."""
     sizes = bucket_sizes(concurrency)
 
     def value(name: Optional[str], k: int, c: int) -> float:
         if measured and (name, k, c) in measured:
             return measured[(name, k, c)]
-        return pred.tok_s(Config(name, k), c)
+        return pred.tok_s(Config(name, k), c) * (scale or {}).get(c, 1.0)
 
     per: Dict[str, Dict[int, Tuple[int, float]]] = {}
     for name in pred.candidates:

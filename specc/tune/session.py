@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from specc.errors import SpeccError
 
 MEASURE_SHARE = 0.55
-CONFIRM_SHARE = 0.93
+CONFIRM_SHARE = 0.9
 MISS = 0.15
 
 
@@ -100,13 +100,33 @@ class Session:
         os.replace(tmp, path)
         return cost.load_cost_table(str(path)), str(path), f"profiled now ({path})"
 
+    def promise(self, cand) -> float:
+        """How promising a drafter looks before measuring: the §6.2 batch-1 speedup E / (1 + passes·c) at
+        its best κ, with E from its shipped acceptance record (on the shipped prompts) and c from
+        :func:`specc.sizing.draft_cost_ratio`; +inf without a record (unknown: measured first)."""
+        from specc import acceptance, methods, sizing
+
+        found = acceptance.find(cand.plan)
+        if found.entry is None:
+            return float("inf")
+        c, _ = sizing.draft_cost_ratio(cand.plan)
+        m = cand.plan.method
+        par = methods.is_parallel(m.name, m.parallel_drafting)
+        return max(found.entry.expected_tokens(k) / (1.0 + methods.proposal_passes(m.name, k, int(m.topk or 1), par,
+                                                                                   m.tree_choices) * c)
+                   for k in cand.kappas)
+
     def measure_all(self, models, prompt_ids, sample) -> Tuple[Dict[str, Any], Any]:
-        """Measure plain decoding's costs, then every candidate, within the measuring share."""
-        from specc.tune.measure import Measurement, run_sampled
+        """Measure plain decoding's costs, then the candidates in order of :meth:`promise`, within the
+        measuring share: each gets an equal part of what is left; a candidate whose acceptance was
+        measured on exactly these prompts (:func:`specc.tune.measure.reusable_entry`) only has its
+        step costs timed; when the time left would not cover one prefill and a step, the remaining
+        candidates are left out (and said to be)."""
+        from specc.tune.measure import Measurement, measure, reusable_entry, run_sampled
 
         args = self.args
         end = self.deadline(MEASURE_SHARE)
-        names = list(self.cands)
+        names = sorted(self.cands, key=lambda n: -self.promise(self.cands[n]))
         results: Dict[str, Any] = {}
         bar = self.bar(len(names) + 1, "specc tune: measuring")
         try:
@@ -119,26 +139,39 @@ class Session:
                                                       deadline=time.monotonic() + share, tolerance=0.0, min_requests=2)
             plain = Measurement(name="plain", entry=None, samples=samples, seconds=time.monotonic() - t0,
                                 stop_reason=reason, requests=len(per), decode_tok_s=tok_s)
-            plain.prefill_s = rt.metrics.stage_time_s.get("prefill", 0.0) / max(1, len(per))
+            plain.prefill_s = rt.metrics.stage_time_s.get("prefill", 0.0) / max(1, min(len(per), args.measure_batch))
+            # the least a candidate costs: the first prefill of a batch and a few steps
+            step_s = (sum(x.wall_ms for x in samples) / len(samples) / 1e3) if samples else 1.0
+            least = plain.prefill_s * min(args.measure_batch, len(prompt_ids)) + 4 * step_s
             bar.update(1)
-            from specc.tune.measure import measure
-
             for i, name in enumerate(names):
                 cand = self.cands[name]
-                share = max(5.0, (end - time.monotonic()) / (len(names) - i))
-                bar.set_description(f"specc tune: measuring {name}")
+                left = end - time.monotonic()
+                if left < least:
+                    skipped = names[i:]
+                    self.notes.append(f"not measured (the measuring share of the budget was spent; each needs about "
+                                      f"{least:.0f} s here): {', '.join(skipped)} — left out of the choice")
+                    for n in skipped:
+                        del self.cands[n]
+                    break
+                share = max(least, left / (len(names) - i))
+                reuse = reusable_entry(cand, self.records, args.max_new_tokens)
+                bar.set_description(f"specc tune: measuring {name}" + (" (costs)" if reuse else ""))
 
                 def progress(done, tau, half, bar=bar):
                     bar.set_postfix_str(f"{done} req, τ {tau:.3f} ± {half:.3f}")
 
-                m = measure(models, cand, prompt_ids, sample, self.source, batch_size=args.measure_batch,
-                            max_new_tokens=args.max_new_tokens, seconds=share, tolerance=args.tolerance,
-                            min_requests=min(len(prompt_ids), max(6, 2 * args.measure_batch)),
-                            command=self.command, on_request=progress)
+                m = measure(models, cand, prompt_ids, self.records, self.source, sample=sample,
+                            batch_size=args.measure_batch, max_new_tokens=args.max_new_tokens, seconds=share,
+                            tolerance=args.tolerance, min_requests=min(len(prompt_ids), max(6, 2 * args.measure_batch)),
+                            command=self.command, on_request=progress, reuse=reuse)
                 results[name] = m
                 bar.update(1)
         finally:
             bar.close()
+        if not results:
+            raise SpeccError(f"--budget-min {self.args.budget_min:g}: no drafter could be measured in the time "
+                             f"(each needs about {least:.0f} s on this machine now); give a larger budget")
         return results, plain
 
     def predictor(self, table, measurements, plain):
@@ -259,8 +292,8 @@ class Session:
                  f"prediction over C={self.conc}: {choice.scores[choice.candidate]:.3f}); load factor λ = {pred.load:.2f}")
         results, configs, plan_label = self.confirm(models, pred, choice, prompt_ids)
         self.plan_buckets, self.plan_candidate = dict(choice.buckets), choice.candidate
-        measured = self._measured_values(results, configs, choice, plan_label)
-        final = choose(pred, self.conc, measured=measured)
+        measured, scale = self._measured_values(pred, results, configs, choice, plan_label)
+        final = choose(pred, self.conc, measured=measured, scale=scale)
         if final.candidate != choice.candidate or final.buckets != choice.buckets:
             self.notes.append(f"the confirming runs changed the choice: {choice.candidate} {choice.buckets} -> "
                               f"{final.candidate} {final.buckets} (measured throughput replaces the prediction "
@@ -271,17 +304,34 @@ class Session:
             print(f"wrote {f}")
         return 0
 
-    def _measured_values(self, results, configs, choice, plan_label) -> Dict[Tuple[Optional[str], int, int], float]:
+    def _measured_values(self, pred, results, configs, choice, plan_label):
+        """What the confirming runs measured, for the second choice: ``({(candidate, κ, C): tok/s},
+        {C: factor})``. A run's throughput is brought from its mean batch to C with the model's own
+        batch dependence (× prediction at C / prediction at the mean batch); the factor at C is the
+        median of measured over predicted at the runs' mean batches, applied to what was not run."""
+        import statistics
+
+        from specc.lower import route_slot
+        from specc.tune.predict import Config
+
         out: Dict[Tuple[Optional[str], int, int], float] = {}
+        ratios: Dict[int, List[float]] = {}
         for (label, c), r in results.items():
             cfg = configs.get(label)
             if label == plan_label:
                 ks = [k for k, n in r.kappa_steps.items() if n]
-                if len(ks) == 1:
-                    out[(choice.candidate, ks[0], c)] = r.decode_tok_s
-            elif cfg is not None:
-                out[(cfg.candidate, cfg.num_steps, c)] = r.decode_tok_s
-        return out
+                if len(ks) != 1:
+                    k = choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(r.mean_batch))))]
+                    ratios.setdefault(c, []).append(r.decode_tok_s / max(1e-9, pred.tok_s(Config(choice.candidate, k),
+                                                                                           r.mean_batch)))
+                    continue
+                cfg = Config(choice.candidate, ks[0])
+            if cfg is None or r.mean_batch <= 0:
+                continue
+            at_b = max(1e-9, pred.tok_s(cfg, r.mean_batch))
+            ratios.setdefault(c, []).append(r.decode_tok_s / at_b)
+            out[(cfg.candidate, cfg.num_steps, c)] = r.decode_tok_s * pred.tok_s(cfg, c) / at_b
+        return out, {c: statistics.median(v) for c, v in ratios.items() if v}
 
     # ------------------------------------------------------------------ emit
     def emit(self, pred, choice, final, measurements, plain, results, configs, plan_label, table_ref, how) -> List[str]:
@@ -445,7 +495,7 @@ class Session:
             res = Result(label=name, concurrency=self.args.measure_batch, decode_tok_s=m.decode_tok_s,
                          output_tok_s=0.0, tau=m.entry.tau, mean_batch=b, steps=n, decode_s=0.0,
                          stage_ms_per_step=stages, kappa_steps={cfg.num_steps: n})
-            add(f"measure {name} κ={cfg.num_steps}", self.args.measure_batch, b, bd["tok_s"], m.decode_tok_s,
+            add(f"measure {name} κ={cfg.num_steps} (fit)", self.args.measure_batch, b, bd["tok_s"], m.decode_tok_s,
                 bd["expected_tokens"], m.entry.tau, None, bd, res)
         for (label, c), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0] != "plain", kv[0][0])):
             cfg = configs.get(label)
