@@ -459,3 +459,29 @@ def test_run_takes_a_plan_file(tiny, tmp_path, monkeypatch, capsys):
     assert len(arts) == 1 and arts[0].name.startswith("tiny_ngram-")
     rc, out, err = run_cli(capsys, *argv)
     assert rc == 0 and "reused ngram.yaml -> " in err and len(list((tmp_path / "artifacts").iterdir())) == 1
+
+
+def test_measuring_runs_ramp_the_batch_and_stop_by_rule(tiny):
+    """The step samples span batch sizes (1, 2, then the full batch) so the cost fits have a slope; a
+    cost-only run stops after its steps; a deadline in the past stops after the first decode step."""
+    import time as _time
+
+    from specc.plan.load import load_plan
+    from specc.rules import resolve
+    from specc.runtime.prompts import read_prompts
+    from specc.tune.measure import Models, encode, run_sampled
+    from specc.tune.session import plain_plan
+
+    plan = resolve(load_plan(str(tiny / "ngram.yaml")).plan, "specc")[0]
+    models = Models({"path": plan.target.path, "format": "hf"}, max_model_len=120)
+    ids = encode(read_prompts(tiny / "prompts.txt"), models.tokenizer)
+    rt = models.runtime(plain_plan(plan, [4]))
+    per, samples, reason, tok_s = run_sampled(rt, ids, batch_size=4, max_new_tokens=8, deadline=_time.monotonic() + 60,
+                                              tolerance=0.0, min_requests=2, ramp=(1, 2), ramp_steps=2, max_steps=7)
+    rows = [s.rows for s in samples]
+    assert rows[:2] == [1, 1] and 2 in rows and 4 in rows and len(samples) == 7 and "7 decode steps" in reason
+    assert all(s.wall_ms >= s.stage_ms["verify"] > 0 for s in samples) and tok_s > 0
+    assert all(p["num_steps"] > 0 for p in per)  # live requests were cancelled, their steps kept
+    per, samples, reason, _ = run_sampled(rt, ids, batch_size=4, max_new_tokens=8, deadline=_time.monotonic() - 1,
+                                          tolerance=0.0, min_requests=2)
+    assert len(samples) == 1 and "time share spent" in reason

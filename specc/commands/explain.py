@@ -637,7 +637,8 @@ def print_one(args: argparse.Namespace, ctx) -> int:
           f"schedule {plan.schedule.kind}, as {ctx['engine']} runs it")
     for line in notes:
         print(f"  {line}")
-    alpha_text = f"α: {ctx['alpha_source']}" if ctx["assumed"] else f"α = {ctx['alpha']:.3f} ({ctx['alpha_source']})"
+    unused = ctx["assumed"] or str(ctx["alpha_source"]).startswith("n/a")
+    alpha_text = f"α: {ctx['alpha_source']}" if unused else f"α = {ctx['alpha']:.3f} ({ctx['alpha_source']})"
     print(f"{alpha_text}; c = {p0.c:.4f} ({p0.c_source}); "
           f"hardware {p0.hardware}: T* = {p0.saturation_tokens:.1f} tokens")
     if ctx["alpha_note"]:

@@ -161,12 +161,16 @@ def _tau_half_width(per_request: Sequence[Dict[str, Any]]) -> Tuple[float, float
 
 def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, max_new_tokens: int,
                 deadline: float, tolerance: float, min_requests: int, max_steps: Optional[int] = None,
+                ramp: Sequence[int] = (1, 2, 4), ramp_steps: int = 2,
                 on_request: Optional[Callable[[int, float, float], None]] = None) -> Tuple[List[Dict[str, Any]], List[StepSample], str, float]:
     """Decode ``prompt_ids`` in order with at most ``batch_size`` in flight until the stop rule (module
     docstring) holds. ``deadline``: ``time.monotonic()`` value after which no request is started and
     the live ones are cancelled. ``tolerance``: relative half-width of τ's 95 % interval; 0 never
     stops early. ``max_steps``: stop after this many decode steps (a run that measures costs only).
-    ``on_request(done, τ, half_width)`` after each finished request (progress bars).
+    ``ramp``: the run starts with ``ramp[0]`` requests in flight and rises through ``ramp`` to
+    ``batch_size``, ``ramp_steps`` decode steps at each level, so the step samples span batch sizes
+    (the stage-cost fits need more than one). ``on_request(done, τ, half_width)`` after each finished
+    request (progress bars).
 
     Returns ``(per-request counters, step samples, stop reason, decode tokens/s)``; the counters are
     ``RequestCounters.as_dict()`` plus ``num_emitted`` and ``num_output_tokens``."""
@@ -189,8 +193,15 @@ def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, ma
         c = out.counters
         done.append(dict(c.as_dict(), num_emitted=c.num_emitted, num_output_tokens=len(out.token_ids)))
 
-    for _ in range(min(batch_size, len(queue))):
-        submit_next()
+    levels = [int(x) for x in ramp if 0 < int(x) < batch_size] + [int(batch_size)]
+    level = 0
+
+    def fill() -> None:
+        while queue and runtime.num_running + runtime.num_waiting < levels[level]:
+            submit_next()
+
+    fill()
+    at_level = 0
     stopping = False
     t0 = time.perf_counter()
     n_out = 0
@@ -206,6 +217,10 @@ def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, ma
             k = runtime.metrics.trace[-1][2]
             samples.append(StepSample(rows=rows, num_steps=int(k), wall_ms=wall,
                                       stage_ms={s: (after[s] - before[s]) * 1e3 for s in DECODE_STAGES}))
+            at_level += 1
+            if level < len(levels) - 1 and at_level >= ramp_steps and not stopping:
+                level, at_level = level + 1, 0
+                fill()
         for ev in events:
             if ev.output is None:
                 continue
@@ -217,8 +232,8 @@ def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, ma
             if not stopping:
                 if tolerance > 0 and len(done) >= min_requests and half <= tolerance * tau:
                     stopping, reason = True, f"τ known to ±{half:.3f} (95% CI) after {len(done)} requests"
-            if not stopping and queue:
-                submit_next()
+            if not stopping:
+                fill()
         if not stopping and time.monotonic() >= deadline and len(samples) > 0:
             stopping, reason = True, f"time share spent after {len(done)} finished requests"
         if not stopping and max_steps is not None and len(samples) >= max_steps:
@@ -238,7 +253,7 @@ def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, ma
 def measure(models: Models, candidate, prompt_ids: Sequence[List[int]], records: Sequence[Any], source: str, *,
             batch_size: int, max_new_tokens: int, seconds: float, tolerance: float, min_requests: int,
             command: str = "", on_request=None, sample: Optional[Sequence[Any]] = None, reuse=None,
-            cost_steps: int = 8) -> Measurement:
+            cost_steps: int = 10) -> Measurement:
     """Measure ``candidate`` (see the module docstring) within ``seconds`` (wall time from now, model
     loading included). ``records``: every prompt in file order (the record's prompt hash);
     ``sample``: the records behind ``prompt_ids``, in that order (default ``records``). ``reuse``: an

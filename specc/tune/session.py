@@ -399,10 +399,8 @@ class Session:
         files.append(str(rep))
         self._print_report(rows, notes)
         predicted_lines = {"plain": {c: pred.tok_s(Config(None, 0), c) for c in self.conc}}
-        for name in self.cands:
-            predicted_lines[f"{name} (best κ per C)"] = {c: final.per_drafter[name][c][1] if name != final.candidate
-                                                         else pred.tok_s(Config(name, final.per_drafter[name][c][0]), c)
-                                                         for c in self.conc}
+        for name in self.cands:  # each drafter's predicted bucket schedule
+            predicted_lines[f"{name} (best κ per C)"] = {c: choice.per_drafter[name][c][1] for c in self.conc}
         measured_lines: Dict[str, Dict[int, float]] = {}
         for (label, c), r in results.items():
             measured_lines.setdefault(label, {})[c] = r.decode_tok_s
