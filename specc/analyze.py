@@ -44,14 +44,16 @@ def graph_stats(g: nx.DiGraph) -> Dict[str, Optional[int]]:
 
 
 def analyze(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = None,
-            hardware: Optional[str] = None) -> Analysis:
+            hardware: Optional[str] = None, acceptance=None) -> Analysis:
     """Cost inputs, lowering, one stage graph and one prediction per candidate state.
 
-    Args: ``alpha`` / ``c`` / ``hardware`` override the plan's (``--alpha``, ``--c``, ``--hardware``).
+    Args: ``alpha`` / ``c`` / ``hardware`` override the plan's (``--alpha``, ``--c``, ``--hardware``);
+        ``acceptance`` (a :class:`specc.acceptance.Entry`, ``--acceptance RECORD.json``) replaces the
+        drafter's own record.
     Raises:
         PlanError: a plan that cannot be lowered or sized (bad α, unknown hardware profile, ...).
     """
-    inputs = sizing.cost_inputs(plan, alpha=alpha, c=c, hardware=hardware)
+    inputs = sizing.cost_inputs(plan, alpha=alpha, c=c, hardware=hardware, acceptance=acceptance)
     low = lower_plan(plan, inputs)
     graphs, predictions = {}, {}
     for s in low.states:

@@ -340,9 +340,41 @@ def batch_step_time(batch: int, num_steps: int, model: BatchModel, parallel: boo
 
 
 def batch_throughput(batch: int, num_steps: int, alpha: float, model: BatchModel,
-                     parallel: bool = False) -> float:
-    """Tokens/s at ``batch`` requests: batch · E(α, κ) / step seconds (second seed, ``throughput``)."""
-    return batch * expected_tokens(alpha, num_steps) / batch_step_time(batch, num_steps, model, parallel)
+                     parallel: bool = False, expected: Optional[float] = None) -> float:
+    """Tokens/s at ``batch`` requests: batch · E / step seconds (second seed, ``throughput``), with
+    E = E(α, κ), or ``expected`` when given (a measured E, e.g. from per-position rates)."""
+    e = expected_tokens(alpha, num_steps) if expected is None else float(expected)
+    return batch * e / batch_step_time(batch, num_steps, model, parallel)
+
+
+def expected_tokens_from_rates(rates: Sequence[float], num_steps: int, tail_alpha: float = 0.0) -> float:
+    """E at κ = ``num_steps`` from measured per-position rates: 1 + Σ_{i<κ} r_i, where r_i is vLLM's
+    accepted-at-position-i count over verify steps (so at the measured κ, E is the run's τ). Past the
+    measured positions each further one keeps the last rate times ``tail_alpha`` per step (the
+    geometric tail of §6.2's E(α, κ) = Σ α^i). With r_i = α^(i+1) this is exactly E(α, κ)."""
+    if num_steps <= 0:
+        return 1.0
+    rs = [float(r) for r in rates[:num_steps]]
+    last = float(rates[-1]) if len(rates) else 0.0
+    for j in range(1, num_steps - len(rs) + 1):
+        rs.append(last * tail_alpha ** j)
+    return 1.0 + sum(rs)
+
+
+def decode_step_ms(batch: int, verify_tokens: float, verify_ms: Callable[[int], float], draft_passes: int,
+                   draft_pass_ms: float, extend_ms: float = 0.0, other_ms: float = 0.0) -> float:
+    """Milliseconds of one continuous-batching decode step at ``batch`` requests: ``draft_passes``
+    draft passes of ``draft_pass_ms`` each, one verify over ``verify_tokens`` target tokens (the
+    profiled table's ``verify_ms``: forward + accept), the drafter's extend (``extend_ms``) and the
+    step's host work (``other_ms``: emit, commit, scheduling). The second seed's step = draft +
+    verify(tokens), with the two terms its profiled table leaves out added as measured."""
+    tokens = max(1, int(round(verify_tokens)))
+    return draft_passes * draft_pass_ms + verify_ms(tokens) + extend_ms + other_ms
+
+
+def decode_throughput(batch: float, expected: float, step_ms: float) -> float:
+    """Decode tokens/s = batch · E / step seconds (second seed, ``throughput``)."""
+    return batch * expected / step_ms * 1e3 if step_ms > 0 else 0.0
 
 
 def best_num_steps(batch: int, alpha: float, model: BatchModel, parallel: bool = False,
@@ -830,11 +862,20 @@ def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
     The passes charged come from the method table (:func:`specc.methods.proposal_passes`,
     :func:`specc.methods.extend_passes`), c each; with per-module costs (``inputs.c_modules``,
     multi-layer EAGLE) the step charges Σ c_i over its κ modules (:func:`step_cost_modules`).
+    When ``inputs.acceptance`` holds the drafter's measured record (:class:`specc.acceptance.Entry`), E of
+    a chain or block state is :func:`expected_tokens_from_rates` over its per-position rates, and a
+    tree state of the measured shape takes the measured τ; other states use E(α, κ).
     """
     from specc import methods
 
     a, c_val, t_star = inputs.alpha, inputs.c, inputs.saturation_tokens
     e = state_expected_tokens(state, a)
+    measured = getattr(inputs, "acceptance", None)
+    if measured is not None and state.num_steps > 0 and (
+            (measured.shape == "tree") == (state.kind == "tree")
+            and (state.kind != "tree" or (measured.num_steps, measured.num_draft_tokens)
+                 == (state.num_steps, state.num_draft_tokens))):
+        e = measured.expected_tokens(state.num_steps)  # the record's per-position rates (its τ for a tree)
     p = methods.proposal_passes(state.method, state.num_steps, state.topk, state.parallel, state.tree_choices)
     x = methods.extend_passes(state.method)
     modules = getattr(inputs, "c_modules", None)
@@ -855,7 +896,7 @@ def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
     model = getattr(inputs, "batch_model", None)
     if model is not None and state.kind in ("plain", "chain", "parallel"):
         # a profiled cost table: the second seed's throughput model at the bucket (measured step times)
-        speedup_b = (batch_throughput(bsz, state.num_steps, a, model, state.parallel)
+        speedup_b = (batch_throughput(bsz, state.num_steps, a, model, state.parallel, expected=e)
                      / batch_throughput(bsz, 0, a, model, state.parallel))
     return Prediction(
         state=state.name, kind=state.kind, batch_size=bsz, num_steps=state.num_steps,

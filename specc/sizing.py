@@ -18,23 +18,42 @@ from specc import cost, methods
 from specc.errors import PlanError
 from specc.plan.schema import Plan
 
-# Default per-position acceptance when the plan gives none: §6.2's configuration (zoo seed line 38).
+# The per-position acceptance the cost model falls back on when nothing measured or given applies:
+# §6.2's configuration (zoo seed line 38). It is a placeholder, never a prediction: its source starts
+# with NO_ACCEPTANCE and `specc explain` then prints the α each state needs instead of a speedup.
 DEFAULT_ALPHA = 0.70
+NO_ACCEPTANCE = "none"
 
 
-def plan_alpha(plan: Plan, override: Optional[float] = None) -> Tuple[float, str]:
-    """The α the cost model assumes, and where it came from: ``override`` (``--alpha``), else
-    ``schedule.alpha`` (e.g. measured by ``specc run --json``), else the plan's synthetic acceptance (``verify.synthetic.acceptance_rates`` — unconditional, so
-    E = 1 + Σ r_i — or ``acceptance_length`` = E, each inverted through E(α, κ)), else
-    :data:`DEFAULT_ALPHA` (§6.2)."""
+def alpha_is_assumed(source: str) -> bool:
+    """True when an α source (:func:`plan_alpha`) says nothing measured or given applies, so α is
+    :data:`DEFAULT_ALPHA`'s placeholder."""
+    return str(source).startswith(NO_ACCEPTANCE)
+
+
+def plan_acceptance(plan: Plan, override: Optional[float] = None):
+    """The α the cost model uses, where it came from, and the drafter's acceptance record entry
+    (:class:`specc.acceptance.Entry`, or None), in this order:
+
+    1. ``override`` (``--alpha``);
+    2. ``schedule.alpha`` (e.g. written by ``specc tune``);
+    3. the plan's synthetic acceptance (``verify.synthetic.acceptance_rates`` — unconditional, so
+       E = 1 + Σ r_i — or ``acceptance_length`` = E, each inverted through E(α, κ));
+    4. the drafter's acceptance record (:func:`specc.acceptance.find`: measured on held-out prompts;
+       its per-position rates give E at each κ, its fitted α the tail; a record whose drafter was
+       retrained since is used and its source says STALE);
+    5. none: :data:`DEFAULT_ALPHA` as a placeholder, the source starting with :data:`NO_ACCEPTANCE`
+       and saying which record is missing.
+
+    Returns ``(alpha, source, entry)``. Raises PlanError for α outside [0, 1]."""
     if override is not None:
         if not 0.0 <= override <= 1.0:
             raise PlanError(f"--alpha must lie in [0, 1], got {override}")
-        return float(override), "--alpha"
+        return float(override), "--alpha", None
     if plan.schedule.alpha is not None:
         if not 0.0 <= float(plan.schedule.alpha) <= 1.0:
             raise PlanError(f"schedule.alpha must lie in [0, 1] (a per-position acceptance), got {plan.schedule.alpha}")
-        return float(plan.schedule.alpha), "schedule.alpha"
+        return float(plan.schedule.alpha), "schedule.alpha", None
     syn = plan.verify.synthetic
     if syn.acceptance_rates:
         # vLLM's rates are unconditional: r_i = P(first i+1 drafts accepted), so E = 1 + Σ r_i
@@ -42,7 +61,7 @@ def plan_alpha(plan: Plan, override: Optional[float] = None) -> Tuple[float, str
         rates = [min(max(float(r), 0.0), 1.0) for r in syn.acceptance_rates]
         e = 1.0 + sum(rates)
         return cost.alpha_for_expected_tokens(min(e, len(rates) + 1.0), len(rates)), (
-            f"verify.synthetic.acceptance_rates (E = {e:.3f} over {len(rates)} positions)")
+            f"verify.synthetic.acceptance_rates (E = {e:.3f} over {len(rates)} positions)"), None
     if syn.acceptance_length is not None:
         from specc.lower import base_num_steps
 
@@ -50,8 +69,25 @@ def plan_alpha(plan: Plan, override: Optional[float] = None) -> Tuple[float, str
         k = max(k, 1)
         e = min(max(float(syn.acceptance_length), 1.0), k + 1.0)
         return cost.alpha_for_expected_tokens(e, k), (
-            f"verify.synthetic.acceptance_length = {syn.acceptance_length} inverted at κ = {k}")
-    return DEFAULT_ALPHA, "default (§6.2's α = 0.70)"
+            f"verify.synthetic.acceptance_length = {syn.acceptance_length} inverted at κ = {k}"), None
+    if not methods.get(plan.method.name).drafts:
+        return DEFAULT_ALPHA, "n/a: plain decoding drafts nothing", None
+    from specc import acceptance
+
+    found = acceptance.find(plan)
+    if found.entry is not None:
+        src = found.entry.describe
+        if found.stale:
+            src = f"{src}; {found.reason}"
+        return found.entry.alpha, src, found.entry
+    return DEFAULT_ALPHA, (f"{NO_ACCEPTANCE}: {found.reason}; measure it (`specc tune PROMPTS`, or `specc run "
+                           f"--json` and --acceptance), or pass --alpha"), None
+
+
+def plan_alpha(plan: Plan, override: Optional[float] = None) -> Tuple[float, str]:
+    """``(α, source)`` of :func:`plan_acceptance`."""
+    a, src, _ = plan_acceptance(plan, override)
+    return a, src
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -516,6 +552,8 @@ class CostInputs:
         c_modules: multi-layer EAGLE's c_i per module (:func:`module_costs`; None otherwise): a step
             costs Σ c_i over its κ modules.
         draft_kv_bytes_saved_per_token: frozen-KV MTP's saving (:func:`frozen_kv_bytes_saved_per_token`).
+        acceptance: the drafter's measured acceptance (:class:`specc.acceptance.Entry`) when α came
+            from its record: E per state from its per-position rates (:func:`specc.cost.predict`).
     """
 
     alpha: float
@@ -530,22 +568,27 @@ class CostInputs:
     batch_model: Optional[cost.BatchModel] = None
     c_modules: Optional[Tuple[float, ...]] = None
     draft_kv_bytes_saved_per_token: Optional[int] = None
+    acceptance: Optional[object] = None
 
 
 def cost_inputs(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = None,
-                hardware: Optional[str] = None) -> CostInputs:
+                hardware: Optional[str] = None, acceptance=None) -> CostInputs:
     """Collect :class:`CostInputs` for ``plan``.
 
     Args:
         alpha: override of α (``--alpha``); c: override of c (``--c``); hardware: override of the
-            hardware profile (``--hardware``; default :func:`default_hardware`).
+            hardware profile (``--hardware``; default :func:`default_hardware`); acceptance: a measured
+            :class:`specc.acceptance.Entry` to use instead of the drafter's own record.
     Raises:
         PlanError: α outside [0, 1], a negative or non-finite c, an unknown hardware profile, an
             unreadable cost table.
     """
     import math
 
-    a, a_src = plan_alpha(plan, alpha)
+    if acceptance is not None and alpha is None:
+        a, a_src, entry = acceptance.alpha, acceptance.describe, acceptance
+    else:
+        a, a_src, entry = plan_acceptance(plan, alpha)
     if c is not None:
         c_val, c_src = float(c), "--c"
         if not (math.isfinite(c_val) and c_val >= 0):
@@ -566,4 +609,4 @@ def cost_inputs(plan: Plan, alpha: Optional[float] = None, c: Optional[float] = 
                       bytes_per_param=bpp, saturation_tokens=cost.saturation_tokens(hw, bpp),
                       draft_kv_bytes_per_token=draft_kv_bytes_per_token(plan), draft_hidden_size=hidden,
                       batch_model=model, c_modules=modules,
-                      draft_kv_bytes_saved_per_token=frozen_kv_bytes_saved_per_token(plan))
+                      draft_kv_bytes_saved_per_token=frozen_kv_bytes_saved_per_token(plan), acceptance=entry)

@@ -19,7 +19,10 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from specc.runtime.args import positive_int, thread_count
 
-    parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory")
+    parser.add_argument("artifact", metavar="PLAN|ARTIFACT",
+                        help="a compiled artifact directory, or a plan (file or preset name) compiled on the fly "
+                             "into the cache as `specc run PLAN` does")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides of the plan")
     parser.add_argument("--prompts", metavar="FILE", default=None,
                         help="prompts file, - = stdin (default: shipped set)")
     parser.add_argument("--limit", type=positive_int, default=12, metavar="N",
@@ -52,10 +55,14 @@ def run(args) -> int:
         from specc.models.llama import configure_cpu_threads
 
         configure_cpu_threads(args.threads)
+    from specc.commands.compile import artifact_for
+
     records = select(read_prompts(args.prompts or shipped_prompts_path(), progress=True), args.limit,
                      args.category)
     if not records:
         raise PromptError(f"no prompts left after --category {args.category}")
+    args.artifact = str(artifact_for(args.artifact, args.overrides,
+                                     say=None if args.json else (lambda m: print(m, file=sys.stderr))))
     runtime, art = load_runtime(args.artifact, device=args.device)
     print(f"loaded: {runtime.load_report()}", file=sys.stderr)
     if concurrency:

@@ -58,6 +58,56 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cache_dir() -> Path:
+    """Where ``specc run PLAN`` compiles plans: ``$SPECC_CACHE_DIR/artifacts`` (default
+    ``~/.cache/specc/artifacts``). An artifact's directory name carries the hash of its content, so
+    the cache is keyed by it: an unchanged plan is compiled once."""
+    import os
+
+    return Path(os.environ.get("SPECC_CACHE_DIR") or Path.home() / ".cache" / "specc") / "artifacts"
+
+
+def is_artifact(source: str) -> bool:
+    """True when ``source`` is a compiled artifact directory (it holds ``manifest.json``)."""
+    p = Path(str(source))
+    return p.is_dir() and (p / "manifest.json").is_file()
+
+
+def artifact_for(source: str, overrides=(), say=None) -> Path:
+    """The artifact to run for ``source``: itself when it is an artifact directory, else the plan it
+    names (a file or a preset, with ``overrides``) compiled on the fly into :func:`cache_dir`
+    (``specc.codegen.compile_plan``: checked against the ``specc`` profile, written atomically; an
+    identical artifact already there is reused). ``say`` gets one line about what happened.
+
+    Raises:
+        SpeccError: overrides given with an artifact directory; PlanError: a plan that does not load
+            or that the ``specc`` profile refuses (every error listed).
+    """
+    from specc import codegen
+    from specc.errors import SpeccError
+    from specc.plan.load import load_plan
+
+    if is_artifact(source):
+        if overrides:
+            raise SpeccError(f"{source} is a compiled artifact; overrides ({' '.join(overrides)}) apply to plans: "
+                             f"pass the plan (file or preset name) instead")
+        return Path(source)
+    loaded = load_plan(str(source), list(overrides))
+    plan = loaded.plan
+    codegen.check_identifier(plan.name, "plan name (the plan's `name` key)")
+    out = cache_dir()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpeccError(f"cannot create the artifact cache {out} ({exc.strerror or exc}); set SPECC_CACHE_DIR "
+                         f"to a writable folder") from None
+    result = codegen.compile_plan(plan, out)
+    if say is not None:
+        verb = "reused" if result.status == "unchanged" else "compiled"
+        say(f"{verb} {loaded.path.name if hasattr(loaded.path, 'name') else source} -> {result.path}")
+    return result.path
+
+
 def _states(path: Path) -> list:
     import json
 

@@ -1,4 +1,11 @@
-"""``specc explain PLAN [OVERRIDE ...]``: the plan's candidate states, what each costs and yields.
+"""``specc explain PLAN [PLAN ...] [OVERRIDE ...]``: the plan's candidate states, what each costs and yields;
+several plans side by side.
+
+α comes from ``--alpha``, ``--acceptance`` (a ``specc run --json`` output or an acceptance record),
+``schedule.alpha``, the plan's synthetic acceptance, or the drafter's acceptance record
+(:mod:`specc.acceptance`), and the header says which. With none of them no α is assumed: the table
+gives each state's α to pay (the α at which it ties plain decoding, at batch 1 and at its bucket)
+instead of E and the speedups, and the JSON has ``alpha: null`` and ``alpha_to_pay`` per state.
 
 Per state: bucket, κ, verify width, draft and target forward passes per step, target tokens per step,
 predicted E and speedup at α, speedup at the bucket's batch, break-even batch, draft KV bytes per
@@ -29,19 +36,22 @@ from specc.errors import SpeccError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The plan arguments of ``specc check`` plus explain's own options."""
-    parser.add_argument("plan", metavar="PLAN", help="plan YAML file or preset name (conf/plan/<name>.yaml)")
-    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
-                        help="Hydra overrides: group=option or dotted.key=value")
+    parser.add_argument("plan", metavar="PLAN", help="plan YAML file or preset name (conf/plan/<name>.yaml); "
+                        "several plans are printed side by side")
+    parser.add_argument("overrides", nargs="*", metavar="PLAN|OVERRIDE",
+                        help="more plans, and Hydra overrides (group=option or dotted.key=value) applied to every plan")
     parser.add_argument("--engine", choices=("specc", "sglang", "vllm"), default=None,
                         help="explain the plan as this engine runs it (default: the plan's `engine` key); "
                              "its rules are checked first, as `specc check` does")
     alpha = parser.add_mutually_exclusive_group()
     alpha.add_argument("--alpha", type=float, default=None,
-                       help="per-position acceptance α for the predictions (default: the plan's "
-                            "verify.synthetic acceptance, else §6.2's 0.70, which is not a measurement)")
+                       help="per-position acceptance α for the predictions (default: schedule.alpha, the plan's "
+                            "verify.synthetic acceptance, else the drafter's acceptance record; without any, "
+                            "no α is assumed and the α each state needs is printed)")
     alpha.add_argument("--acceptance", metavar="RUN.json", default=None,
-                       help="predict from the acceptance measured by `specc run ARTIFACT --json` (its "
-                            "output file: per-position accepted counts of the summary line)")
+                       help="predict from measured acceptance: the output of `specc run ... --json` (per-position "
+                            "accepted counts of its summary line) or an acceptance record (`specc tune`'s "
+                            "PLAN.acceptance.json, a drafter's acceptance.json)")
     parser.add_argument("--c", dest="draft_cost", type=float, default=None,
                         help="draft cost ratio c = t_draft/t_target (default: from the checkpoints, "
                              "else the method's default)")
@@ -121,7 +131,17 @@ def validate_outputs(args: argparse.Namespace) -> None:
     if a is not None and not math.isfinite(a):
         raise SpeccError(f"--alpha must lie in [0, 1], got {a}")
     if getattr(args, "acceptance", None):
-        args.measured = read_acceptance(args.acceptance)
+        from specc.acceptance import AcceptanceError, is_record_file, read_record
+        from specc.io import RUN_JSON_LIMIT, read_bounded
+
+        text = str(read_bounded(args.acceptance, RUN_JSON_LIMIT, "--acceptance file"))
+        if is_record_file(text):
+            try:
+                args.record_entries = read_record(args.acceptance)
+            except AcceptanceError as exc:
+                raise SpeccError(f"--acceptance {exc}") from None
+        else:
+            args.measured = read_acceptance(args.acceptance)
     if getattr(args, "plot", None):
         path = Path(args.plot)
         ext = path.suffix.lower().lstrip(".")
@@ -246,14 +266,14 @@ def plot(path: str, plan, preds, title: str) -> None:
 
 
 def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = None,
-            hardware: Optional[str] = None) -> dict:
+            hardware: Optional[str] = None, acceptance=None) -> dict:
     """Lower, graph, validate and predict every state of ``plan`` (:func:`specc.analyze.analyze`).
     Returns a dict with ``inputs`` (:class:`specc.sizing.CostInputs`), ``lowering``
     (:class:`specc.lower.Lowering`), ``predictions`` (list of :class:`specc.cost.Prediction`),
     ``graphs`` (state name → DiGraph) and ``issues`` (state name → list of GraphIssue)."""
     from specc import analyze, graph
 
-    res = analyze.analyze(plan, alpha=alpha, c=draft_cost, hardware=hardware)
+    res = analyze.analyze(plan, alpha=alpha, c=draft_cost, hardware=hardware, acceptance=acceptance)
     low = res.lowering
     preds = [res.predictions[s.name] for s in low.states]
     issues = {name: graph.validate_graph(g) for name, g in res.graphs.items()}
@@ -466,41 +486,188 @@ def _pass_notes(plan, preds, inputs) -> List[str]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def split_plans(args: argparse.Namespace) -> Tuple[List[str], List[str]]:
+    """The plans and the overrides among the positional words: an override has ``=`` (``key=value``,
+    ``group=option``), a plan does not (a file or a preset name)."""
+    words = [str(w) for w in (args.overrides or ())]
+    return [args.plan] + [w for w in words if "=" not in w], [w for w in words if "=" in w]
+
+
+def alpha_to_pay(state, inputs, stats, at_batch: bool) -> Optional[float]:
+    """The per-position α at which ``state`` ties plain decoding — at batch 1 (§6.2's speedup) or at its
+    bucket (``speedup@B``) — by bisection over α (the speedups grow with α); +inf when even α = 1 does
+    not pay, 0.0 when α = 0 already does, None for a plain state (κ = 0)."""
     from dataclasses import replace
 
-    from specc import graph
+    from specc import cost
+
+    base = replace(inputs, acceptance=None)
+
+    def speed(a: float) -> float:
+        p = cost.predict(state, replace(base, alpha=a), stats)
+        return p.speedup_at_batch if at_batch else p.speedup
+
+    if state.num_steps == 0:
+        return None  # plain decoding: nothing to pay for
+    if speed(1.0) < 1.0:
+        return math.inf
+    if speed(0.0) >= 1.0:
+        return 0.0
+    return cost.bisect_increasing(speed, 1.0, iterations=30)
+
+
+def _fmt_alpha(a: Optional[float]) -> str:
+    if a is None:
+        return "–"
+    return "never" if math.isinf(a) else f"{a:.2f}"
+
+
+ASSUMED_COLUMNS = ("state", "B", "κ", "W", "draft fwd", "extend fwd", "target fwd", "target tok", "α to pay",
+                   "α to pay@B", "draft KV/tok", "graphs", "graph mem")
+
+
+def assumed_rows(preds, pays) -> List[List[str]]:
+    """Rows of :data:`ASSUMED_COLUMNS`: without a measured or given α, each state's α to break even
+    (``pays``: state → (at batch 1, at its bucket)) replaces E and the speedups."""
+    rows = []
+    for p, full in zip(preds, table_rows(preds)):
+        a1, ab = pays[p.state]
+        rows.append(full[:8] + [_fmt_alpha(a1), _fmt_alpha(ab)] + full[12:])
+    return rows
+
+
+def match_record(entries, plan, path: str):
+    """The entry of an acceptance record file (``--acceptance RECORD.json``) measured for ``plan``'s
+    target, drafter and proposals. Raises SpeccError naming ``--acceptance`` and the entries it has."""
+    from specc.acceptance import proposal_key
+
+    key = proposal_key(plan)
+    draft = str(plan.draft.path) if plan.draft is not None and plan.draft.path else None
+    for e in entries:
+        if e.key == key and e.draft == draft and e.target == str(plan.target.path):
+            return e
+    have = "; ".join(f"{e.key} (draft {e.draft})" for e in entries) or "none"
+    raise SpeccError(f"--acceptance {path}: no entry for this plan's drafter and proposals ({key}, draft {draft}); "
+                     f"the record has: {have}")
+
+
+def analyze_one(args: argparse.Namespace, source: str, overrides: List[str]):
+    """Load, resolve, refuse (rule errors) and explain one plan. Returns ``(rc, context)``: rc 1 and
+    None when the plan has rule errors for its engine (printed as ``check`` prints them)."""
+    from dataclasses import replace
+
     from specc.plan.load import load_plan
     from specc.rules import resolve
+    from specc import sizing
 
-    validate_outputs(args)
-    loaded = load_plan(args.plan, list(args.overrides or ()))
+    loaded = load_plan(source, overrides)
     engine = args.engine or loaded.plan.engine
     resolved, violations = resolve(loaded.plan, engine)
     planning = planning_only(loaded.plan, violations)
     if any(v.severity == "error" and v not in planning for v in violations):
-        return refuse_rule_errors(args, engine)
+        sub = argparse.Namespace(**vars(args))
+        sub.plan, sub.overrides = source, overrides
+        return refuse_rule_errors(sub, engine), None
     plan = resolved  # as the engine runs it: filled defaults and fallbacks applied, as check reports
     measured: Optional[MeasuredAcceptance] = getattr(args, "measured", None)
+    record = getattr(args, "record_entries", None)
+    entry = match_record(record, plan, args.acceptance) if record is not None else None
     alpha = measured.alpha if measured is not None else args.alpha
-    res = explain(plan, alpha, args.draft_cost, args.hardware)
-    low, preds, issues = res["lowering"], res["predictions"], res["issues"]
+    res = explain(plan, alpha, args.draft_cost, args.hardware, entry)
+    preds = res["predictions"]
     alpha_used, alpha_source = res["inputs"].alpha, res["inputs"].alpha_source
     if measured is not None:
         alpha_source = measured.source
         preds = [replace(p, alpha_source=measured.source) for p in preds]
     if not preds:
         raise SpeccError(f"plan {plan.name!r} lowers to no candidate state")
+    assumed = sizing.alpha_is_assumed(alpha_source)
     alpha_note = None
-    if alpha_source.startswith("default"):
-        alpha_note = (f"α = {alpha_used:.2f} is §6.2's textbook value, not a measurement of this drafter: the "
-                      f"speedups are illustrative. Measure it (`specc run ARTIFACT --json > run.jsonl`) and "
-                      f"pass --acceptance run.jsonl, or --alpha")
+    if assumed:
+        alpha_note = (f"no α was measured or given for this drafter, so none is assumed: the table gives the α each "
+                      f"state needs to beat plain decoding (at batch 1, and at its bucket) instead of a speedup. "
+                      f"Measure it: `specc tune PROMPTS` (or `specc run PLAN --json > run.jsonl` and --acceptance "
+                      f"run.jsonl), or pass --alpha")
     elif measured is not None and any(p.num_steps > len(measured.rates) for p in preds):
         alpha_note = (f"states with κ > {len(measured.rates)} (the measured run's κ) extrapolate the fitted α "
                       f"to positions that run never drafted")
+    elif res["inputs"].acceptance is not None and any(
+            p.num_steps > res["inputs"].acceptance.num_steps for p in preds):
+        alpha_note = (f"states with κ > {res['inputs'].acceptance.num_steps} (the record's κ) extrapolate the last "
+                      f"measured rate with the fitted α")
+    pays = {}
+    if assumed:
+        from specc.analyze import graph_stats
+
+        for st in res["lowering"].states:
+            stats = graph_stats(res["graphs"][st.name])
+            pays[st.name] = (alpha_to_pay(st, res["inputs"], stats, False), alpha_to_pay(st, res["inputs"], stats, True))
+    ctx = dict(loaded=loaded, engine=engine, plan=plan, violations=violations, planning=planning, res=res,
+               preds=preds, alpha=alpha_used, alpha_source=alpha_source, alpha_note=alpha_note, assumed=assumed,
+               measured=measured, pays=pays)
+    return 0, ctx
+
+
+def context_json(args: argparse.Namespace, ctx) -> dict:
+    """The ``--format json`` object of one explained plan. Without a measured or given α, ``alpha``
+    and every state's E and speedups are null and ``alpha_to_pay`` / ``alpha_to_pay_at_batch`` say
+    what α each state needs."""
+    plan, low, preds, issues = ctx["plan"], ctx["res"]["lowering"], ctx["preds"], ctx["res"]["issues"]
+    measured, p0 = ctx["measured"], ctx["preds"][0]
+    states = []
+    for p in preds:
+        d = dict(p.as_dict(), graph_issues=[str(i) for i in issues[p.state]])
+        if ctx["assumed"]:
+            a1, ab = ctx["pays"][p.state]
+            d.update(alpha=None, expected_tokens=None, speedup=None, speedup_at_batch=None, break_even_batch=None,
+                     s_infinity=None, alpha_to_pay=a1, alpha_to_pay_at_batch=ab)
+        states.append(d)
+    entry = ctx["res"]["inputs"].acceptance
+    return {
+        "plan": plan.name, "path": str(ctx["loaded"].path), "engine": ctx["engine"], "method": plan.method.name,
+        "schedule": plan.schedule.kind, "alpha": None if ctx["assumed"] else ctx["alpha"],
+        "alpha_source": ctx["alpha_source"], "alpha_assumed": ctx["assumed"],
+        "alpha_measured": measured is not None or entry is not None, "alpha_note": ctx["alpha_note"],
+        "measured_acceptance": ({"path": measured.path, "artifact": measured.artifact,
+                                 "rates_per_step": list(measured.rates), "tau": measured.tau,
+                                 "num_steps": measured.num_steps, "num_drafts": measured.num_drafts}
+                                if measured is not None else
+                                {"path": entry.path, "rates_per_step": list(entry.rates), "tau": entry.tau,
+                                 "tau_ci95": list(entry.tau_ci95), "num_steps": entry.num_steps,
+                                 "requests": entry.counters.get("num_requests"), "prompts": entry.prompts}
+                                if entry is not None else None),
+        "c": p0.c, "c_source": p0.c_source, "hardware": p0.hardware,
+        "saturation_tokens": p0.saturation_tokens, "capture_sizes": list(low.capture_sizes),
+        "buckets": {str(k): list(v) for k, v in low.buckets.items()},
+        "reasons": {str(k): v for k, v in low.reasons.items()}, "notes": list(low.notes),
+        "violations": [v.to_json() for v in ctx["violations"]],
+        "speedup_columns": " ".join(_legend(preds, ctx["res"]["inputs"])),
+        "states": states, "plot": args.plot,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    validate_outputs(args)
+    plans, overrides = split_plans(args)
+    if len(plans) > 1:
+        if args.plot or args.graphs:
+            raise SpeccError("--plot and --graphs take one plan; explain the plans one by one to draw them")
+        return run_side_by_side(args, plans, overrides)
+    rc, ctx = analyze_one(args, plans[0], overrides)
+    if ctx is None:
+        return rc
+    return print_one(args, ctx)
+
+
+def print_one(args: argparse.Namespace, ctx) -> int:
+    """Write the graphs and plot, and print one explained plan (table or JSON)."""
+    from specc import graph
+
+    plan, res, preds, loaded = ctx["plan"], ctx["res"], ctx["preds"], ctx["loaded"]
+    low, issues = res["lowering"], res["issues"]
     bad = {k: v for k, v in issues.items() if v}
-    deployment = deployment_lines(plan, engine, low.states, preds, res["inputs"], args.hardware)
+    deployment = deployment_lines(plan, ctx["engine"], low.states, preds, res["inputs"], args.hardware)
+    refusal = deployment.refusal if deployment is not None else None
     if args.graphs:
         out = Path(args.graphs)
         try:
@@ -512,80 +679,76 @@ def run(args: argparse.Namespace) -> int:
             raise SpeccError(f"--graphs {out}: cannot write the stage graphs ({exc.strerror or exc}); "
                              f"give a writable directory") from None
     if args.plot:
-        plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}")
+        plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}"
+             + (" (α = 0.70 placeholder: no acceptance record)" if ctx["assumed"] else ""))
     p0 = preds[0]
     from specc import methods
 
+    measured = ctx["measured"]
     by_width = measured_width_speedups(preds, measured, res["inputs"], methods.get(plan.method.name).lookup)
-    notes = [_violation_line(v, loaded.where) for v in violations if v not in planning]
+    notes = [_violation_line(v, loaded.where) for v in ctx["violations"] if v not in ctx["planning"]]
     notes += [f"note: {_violation_line(v, loaded.where)} — schedule.kind=auto is a planning mode: the "
               f"buckets below are what to write into schedule.buckets (kind adaptive or batch_buckets) "
-              f"to run it" for v in planning]
+              f"to run it" for v in ctx["planning"]]
     if args.format == "json":
-        data = {
-            "plan": plan.name, "path": str(loaded.path), "engine": engine, "method": plan.method.name,
-            "schedule": plan.schedule.kind, "alpha": alpha_used, "alpha_source": alpha_source,
-            "alpha_measured": measured is not None, "alpha_note": alpha_note,
-            "measured_acceptance": None if measured is None else {
-                "path": measured.path, "artifact": measured.artifact, "rates_per_step": list(measured.rates),
-                "tau": measured.tau, "num_steps": measured.num_steps, "num_drafts": measured.num_drafts,
-                "drafts_per_step": measured.drafts_per_step, "speedup_at_batch_measured_width": by_width},
-            "c": p0.c, "c_source": p0.c_source, "hardware": p0.hardware,
-            "saturation_tokens": p0.saturation_tokens, "capture_sizes": list(low.capture_sizes),
-            "buckets": {str(k): list(v) for k, v in low.buckets.items()},
-            "reasons": {str(k): v for k, v in low.reasons.items()}, "notes": list(low.notes),
-            "violations": [v.to_json() for v in violations],
-            "speedup_columns": " ".join(_legend(preds, res["inputs"])),
-            "states": [dict(p.as_dict(), graph_issues=[str(i) for i in issues[p.state]]) for p in preds],
-            "plot": args.plot,
-            "deployment": deployment_json(deployment),
-            "refusal": deployment.refusal if deployment is not None else None,
-        }
+        data = context_json(args, ctx)
+        if measured is not None:
+            data["measured_acceptance"].update(drafts_per_step=measured.drafts_per_step,
+                                               speedup_at_batch_measured_width=by_width)
+        data.update(deployment=deployment_json(deployment), refusal=refusal)
         print(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
-    else:
-        print(f"plan {plan.name} ({loaded.path}): method {plan.method.name}, verify {plan.verify.rule}, "
-              f"schedule {plan.schedule.kind}, as {engine} runs it")
-        for line in notes:
-            print(f"  {line}")
-        print(f"α = {alpha_used:.3f} ({alpha_source}); c = {p0.c:.4f} ({p0.c_source}); "
-              f"hardware {p0.hardware}: T* = {p0.saturation_tokens:.1f} tokens")
-        if alpha_note:
-            print(f"  note: {alpha_note}")
-        print(f"captured batch sizes: {list(low.capture_sizes)}")
-        from specc.lower import route_slot
+        return 1 if bad or refusal else 0
+    print(f"plan {plan.name} ({loaded.path}): method {plan.method.name}, verify {plan.verify.rule}, "
+          f"schedule {plan.schedule.kind}, as {ctx['engine']} runs it")
+    for line in notes:
+        print(f"  {line}")
+    unused = ctx["assumed"] or str(ctx["alpha_source"]).startswith("n/a")
+    alpha_text = f"α: {ctx['alpha_source']}" if unused else f"α = {ctx['alpha']:.3f} ({ctx['alpha_source']})"
+    print(f"{alpha_text}; c = {p0.c:.4f} ({p0.c_source}); "
+          f"hardware {p0.hardware}: T* = {p0.saturation_tokens:.1f} tokens")
+    if ctx["alpha_note"]:
+        print(f"  note: {ctx['alpha_note']}")
+    print(f"captured batch sizes: {list(low.capture_sizes)}")
+    from specc.lower import route_slot
 
-        keys = sorted(low.buckets)
-        used = {route_slot(keys, b) for b in low.capture_sizes}
-        for key in keys:
-            unused = "" if key in used else "  (no captured batch size routes here)"
-            print(f"  bucket {key}: κ ∈ {list(low.buckets[key])}  — {low.reasons.get(key, '')}{unused}")
-        for note in low.notes:
-            print(f"  note: {note}")
-        if any(p.draft_kv_bytes_per_token is None for p in preds):
-            print(f"  note: draft KV/tok n/a: no readable config.json for draft.path = "
-                  f"{plan.draft.path if plan.draft else None!r}")
-        for line in _pass_notes(plan, preds, res["inputs"]):
-            print(f"  note: {line}")
+    keys = sorted(low.buckets)
+    used = {route_slot(keys, b) for b in low.capture_sizes}
+    for key in keys:
+        unused = "" if key in used else "  (no captured batch size routes here)"
+        print(f"  bucket {key}: κ ∈ {list(low.buckets[key])}  — {low.reasons.get(key, '')}{unused}")
+    for note in low.notes:
+        print(f"  note: {note}")
+    if any(p.draft_kv_bytes_per_token is None for p in preds):
+        print(f"  note: draft KV/tok n/a: no readable config.json for draft.path = "
+              f"{plan.draft.path if plan.draft else None!r}")
+    for line in _pass_notes(plan, preds, res["inputs"]):
+        print(f"  note: {line}")
+    print()
+    if ctx["assumed"]:
+        print(format_table(assumed_rows(preds, ctx["pays"]), ASSUMED_COLUMNS))
         print()
+        print("α to pay: the per-position acceptance at which the state ties plain decoding at batch 1 (§6.2's "
+              "E(α, κ) = 1 + draft cost); α to pay@B: the same at the bucket's batch B (the speedup@B model); "
+              "never: no α ≤ 1 pays")
+    else:
         print(format_table(table_rows(preds)))
         print()
         for line in _legend(preds, res["inputs"]):
             print(line)
-        if by_width:
-            print(f"measured width ({plan.method.name} drafts only what its match gives; the run verified "
-                  f"{measured.drafts_per_step:.2f} drafts per request and step, τ = {measured.tau:.2f}): speedup@B = "
-                  + ", ".join(f"{k} {v:.2f}x" for k, v in by_width.items()))
-        print(f"{len(preds)} states; stage graphs: "
-              + ("all valid" if not bad else f"{len(bad)} INVALID"))
-        for name, found in bad.items():
-            for i in found:
-                print(f"  {name}: {i}")
-        if args.plot:
-            print(f"plot written to {args.plot}")
-        print()
-        for line in deployment_text(deployment, plan):
-            print(line)
-    refusal = deployment.refusal if deployment is not None else None
+    if by_width:
+        print(f"measured width ({plan.method.name} drafts only what its match gives; the run verified "
+              f"{measured.drafts_per_step:.2f} drafts per request and step, τ = {measured.tau:.2f}): speedup@B = "
+              + ", ".join(f"{k} {v:.2f}x" for k, v in by_width.items()))
+    print(f"{len(preds)} states; stage graphs: "
+          + ("all valid" if not bad else f"{len(bad)} INVALID"))
+    for name, found in bad.items():
+        for i in found:
+            print(f"  {name}: {i}")
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    print()
+    for line in deployment_text(deployment, plan):
+        print(line)
     if refusal:
         print(f"specc explain: error: {refusal}", file=sys.stderr)
     return 1 if bad or refusal else 0
@@ -673,3 +836,61 @@ def deployment_json(rep) -> Optional[dict]:
                           "prefix_line": st.prefix.line if st.prefix else None}
                    for name, st in rep.states.items()},
     }
+
+
+def run_side_by_side(args: argparse.Namespace, plans: List[str], overrides: List[str]) -> int:
+    """Explain several plans and print them side by side: per plan its method, schedule and α (with
+    its source), then per captured batch size the state the plan runs there with the best predicted
+    ``speedup@B`` (its κ and that speedup; without a measured or given α, the α it needs)."""
+    from specc.lower import route_slot
+
+    ctxs, rc = [], 0
+    for src in plans:
+        r, ctx = analyze_one(args, src, overrides)
+        rc = max(rc, r)
+        if ctx is not None:
+            ctxs.append(ctx)
+    if not ctxs:
+        return rc or 1
+    if args.format == "json":
+        print(json.dumps(_json_safe({"plans": [context_json(args, c) for c in ctxs]}), indent=2, ensure_ascii=False))
+        return rc
+    sizes = sorted({b for c in ctxs for b in c["res"]["lowering"].capture_sizes})
+
+    def at(ctx, b: int) -> str:
+        low = ctx["res"]["lowering"]
+        if b not in low.capture_sizes:
+            return "–"
+        bucket = route_slot(sorted(low.buckets), b) if low.buckets else None
+        ks = list(low.buckets[bucket]) if bucket is not None else None
+        here = [p for p in ctx["preds"] if p.batch_size == b and (ks is None or p.num_steps in ks)]
+        if not here:
+            return "–"
+        if ctx["assumed"]:
+            pays = {p.state: ctx["pays"][p.state][1] for p in here if p.num_steps > 0}
+            if not pays:
+                return "κ=0"
+            p = min((q for q in here if q.state in pays), key=lambda q: (pays[q.state], q.num_steps))
+            need = pays[p.state]
+            return f"κ={p.num_steps} never pays" if math.isinf(need) else f"κ={p.num_steps} needs α≥{need:.2f}"
+        p = max(here, key=lambda q: (q.speedup_at_batch, -q.num_steps))
+        return f"κ={p.num_steps} {p.speedup_at_batch:.2f}x"
+
+    header = ["", *[c["plan"].name for c in ctxs]]
+    rows = [["engine", *[c["engine"] for c in ctxs]],
+            ["method", *[c["plan"].method.name for c in ctxs]],
+            ["draft", *[Path(str(c["plan"].draft.path)).name if c["plan"].draft is not None and c["plan"].draft.path
+                        else "–" for c in ctxs]],
+            ["schedule", *[c["plan"].schedule.kind for c in ctxs]],
+            ["α", *["none" if c["assumed"] else f"{c['alpha']:.3f}" for c in ctxs]],
+            ["hardware", *[c["preds"][0].hardware for c in ctxs]]]
+    rows += [[f"B={b}", *[at(c, b) for c in ctxs]] for b in sizes]
+    print(f"{len(ctxs)} plans side by side; per batch size: the κ each plan runs there with the best predicted "
+          f"speedup@B (over plain decoding at that batch)")
+    print(format_table(rows, header))
+    print()
+    for c in ctxs:
+        print(f"{c['plan'].name}: α from {c['alpha_source']}")
+        if c["alpha_note"] and c["assumed"]:
+            print(f"  note: {c['alpha_note']}")
+    return rc

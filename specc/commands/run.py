@@ -1,4 +1,7 @@
-"""``specc run ARTIFACT``: decode prompts with a compiled artifact, printing outputs and metrics.
+"""``specc run PLAN|ARTIFACT [OVERRIDES]``: decode prompts with a compiled artifact, printing outputs and
+metrics. A plan (a file or a preset name, with overrides) is compiled on the fly into the artifact cache
+(``specc.commands.compile.artifact_for``: ``~/.cache/specc/artifacts/<plan>-<hash>``, reused while the
+plan and specc are unchanged).
 
 Inputs: ``--prompt TEXT``, ``--prompts FILE`` (JSONL with ``prompt``/``messages`` per line, or plain
 text with one prompt per line; ``-`` reads stdin), or prompts piped/redirected into stdin (same
@@ -28,7 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from specc.runtime.args import (non_negative_float, non_negative_int, positive_int, seed_int, thread_count,
                                     unit_interval)
 
-    parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
+    parser.add_argument("artifact", metavar="PLAN|ARTIFACT",
+                        help="a plan (YAML file or preset name: compiled on the fly into the cache) or a compiled "
+                             "artifact directory (from specc compile)")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra overrides of the plan: group=option or dotted.key=value")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--prompt", metavar="TEXT", help="one prompt (the chat template is applied)")
     src.add_argument("--prompts", metavar="FILE", help="JSONL (prompt or messages per line) or plain text file; "
@@ -178,7 +185,11 @@ def run(args) -> int:
         from specc.models.llama import configure_cpu_threads
 
         configure_cpu_threads(args.threads)
+    from specc.commands.compile import artifact_for
+
     records = _records(args)
+    args.artifact = str(artifact_for(args.artifact, args.overrides,
+                                     say=None if args.json else (lambda m: print(m, file=sys.stderr))))
     art = load_artifact(args.artifact)
     check_batch_size(args.batch_size, art)
     runtime, art = load_runtime(args.artifact, device=args.device, artifact=art)

@@ -192,7 +192,8 @@ class Runtime:
     def new_metrics(self) -> SpecMetrics:
         """Empty run metrics whose ``num_accepted_tokens_per_pos`` has one zero per draft position
         (κ_max entries), as vLLM's ``SpecDecodingStats`` (`vllm/v1/spec_decode/metrics.py`)."""
-        return SpecMetrics(num_accepted_tokens_per_pos=[0] * self.k_max, draft_kv_bytes=self.draft_kv_bytes)
+        return SpecMetrics(num_accepted_tokens_per_pos=[0] * self.k_max, num_draft_tokens_per_pos=[0] * self.k_max,
+                           draft_kv_bytes=self.draft_kv_bytes)
 
     # ------------------------------------------------------------------ routing
     def route(self, num_rows: int, num_requests: Optional[int] = None) -> SpecRuntimeState:

@@ -28,6 +28,7 @@ class SpecMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: List[int] = field(default_factory=list)
+    num_draft_tokens_per_pos: List[int] = field(default_factory=list)
     num_steps: int = 0
     num_emitted: int = 0
     num_requests: int = 0
@@ -99,6 +100,11 @@ class SpecMetrics:
             self.num_accepted_tokens_per_pos.extend([0] * (len(per) - len(self.num_accepted_tokens_per_pos)))
         for i, n in enumerate(per):
             self.num_accepted_tokens_per_pos[i] += n
+        drafted = counters.num_draft_tokens_per_pos
+        if len(self.num_draft_tokens_per_pos) < len(drafted):
+            self.num_draft_tokens_per_pos.extend([0] * (len(drafted) - len(self.num_draft_tokens_per_pos)))
+        for i, n in enumerate(drafted):
+            self.num_draft_tokens_per_pos[i] += n
 
     @property
     def tau(self) -> float:
@@ -161,6 +167,7 @@ class SpecMetrics:
             "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "num_draft_tokens_per_pos": list(self.num_draft_tokens_per_pos),
             "num_steps": self.num_steps, "tau": round(self.tau, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_per_pos": [round(a, 4) for a in self.acceptance_per_pos],

@@ -121,7 +121,8 @@ def _cpu_name() -> str:
 @torch.inference_mode()
 def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, verify_rule: str = "greedy",
                   context: int = 256, repeats: int = 5, max_tokens: Optional[int] = None,
-                  on_progress: Optional[Callable[[str], None]] = None, seed: int = 0) -> Dict[str, Any]:
+                  on_progress: Optional[Callable[[str], None]] = None, seed: int = 0,
+                  sizes: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """Measure the cost table (see the module docstring) on the target's device.
 
     Args:
@@ -131,6 +132,8 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
         context: history tokens per request before the measured step.
         max_tokens: the largest token count profiled (default ``max_batch * max_width``).
         on_progress: called once per round of the verify sizes and once per draft size (a progress bar).
+        sizes: verified token counts to profile (default :func:`token_grid` up to ``max_tokens``); a
+            coarser grid profiles faster (``specc tune`` on a device without a table).
     Returns:
         The table's measured part: ``verify_ms``, ``forward_ms``, ``accept_ms``, ``draft_ms`` (str keys).
     Raises:
@@ -156,7 +159,8 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
     out: Dict[str, Dict[str, float]] = {"verify_ms": {}, "forward_ms": {}, "accept_ms": {}, "draft_ms": {}}
     eager = dev.type == "cpu"
     cases = []  # (n, forward, accept) per profiled size
-    for n in token_grid(top):
+    grid = sorted({int(n) for n in sizes if 1 <= int(n) <= top}) if sizes else token_grid(top)
+    for n in grid:
         rows = min(n, max_batch)
         w = math.ceil(n / rows)
         counts = torch.full((rows,), n // rows, dtype=torch.int64, device=dev)

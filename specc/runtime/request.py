@@ -69,6 +69,9 @@ class RequestCounters:
         (length κ, zeros included, like vLLM's counter) when built by :meth:`for_steps`.
     num_steps: decode (verify) steps the request took part in; τ = emitted / num_steps.
     num_emitted: tokens emitted by those steps (accepted + bonus; before EOS/stop truncation).
+    num_draft_tokens_per_pos: verify steps that verified a draft at each draft position (a lookup
+        drafter may propose fewer than κ, or none): with ``num_steps``, the draft tokens a step
+        verifies at a smaller κ (``specc tune``'s cost of a lookup drafter). No vLLM counterpart.
     """
 
     num_drafts: int = 0
@@ -77,12 +80,13 @@ class RequestCounters:
     num_accepted_tokens_per_pos: List[int] = field(default_factory=list)
     num_steps: int = 0
     num_emitted: int = 0
+    num_draft_tokens_per_pos: List[int] = field(default_factory=list)
 
     @classmethod
     def for_steps(cls, num_steps: int) -> "RequestCounters":
         """Zeroed counters for a runtime whose deepest state drafts ``num_steps`` (κ) tokens:
-        ``num_accepted_tokens_per_pos`` is ``[0] * κ``."""
-        return cls(num_accepted_tokens_per_pos=[0] * int(num_steps))
+        ``num_accepted_tokens_per_pos`` and ``num_draft_tokens_per_pos`` are ``[0] * κ``."""
+        return cls(num_accepted_tokens_per_pos=[0] * int(num_steps), num_draft_tokens_per_pos=[0] * int(num_steps))
 
     def observe(self, num_draft: int, num_accepted: int) -> None:
         """Record one verify step with ``num_draft`` valid drafts of which ``num_accepted`` passed."""
@@ -96,6 +100,10 @@ class RequestCounters:
                 self.num_accepted_tokens_per_pos.extend([0] * (num_accepted - len(self.num_accepted_tokens_per_pos)))
             for i in range(num_accepted):
                 self.num_accepted_tokens_per_pos[i] += 1
+            if len(self.num_draft_tokens_per_pos) < num_draft:
+                self.num_draft_tokens_per_pos.extend([0] * (num_draft - len(self.num_draft_tokens_per_pos)))
+            for i in range(num_draft):
+                self.num_draft_tokens_per_pos[i] += 1
 
     @property
     def tau(self) -> float:
@@ -107,6 +115,7 @@ class RequestCounters:
             "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "num_draft_tokens_per_pos": list(self.num_draft_tokens_per_pos),
             "num_steps": self.num_steps, "tau": round(self.tau, 4),
         }
 

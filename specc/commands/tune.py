@@ -1,0 +1,202 @@
+"""``specc tune PROMPTS``: which plan is fastest for these prompts on this device.
+
+1. **Measure** — each candidate drafter that fits the target (:mod:`specc.tune.candidates`; every
+   shipped one by default) decodes a sample of the prompts; acceptance per draft position and the
+   drafter's stage costs are recorded, each run stopping when τ's 95 % interval is within
+   ``--tolerance`` or its share of ``--budget-min`` is spent (:mod:`specc.tune.measure`). Plain
+   decoding runs briefly too (the baseline's host costs).
+2. **Predict** — every (drafter, κ or tree) at every concurrency with the cost model and the device's
+   cost table (``--cost-table``; else a shipped or cached table profiled on this CPU model with this
+   many threads; else one is profiled now and cached): :mod:`specc.tune.predict`.
+3. **Confirm** — the chosen bucket plan, the top ``--confirm-top`` static configurations at each
+   concurrency and plain decoding run side by side through the concurrency benchmark
+   (:mod:`specc.tune.confirm`); a prediction more than 15 % off is reported with its cause.
+4. **Emit** — the plan, its SGLang / vLLM settings, its acceptance record, a report and a plot
+   (:mod:`specc.tune.emit`).
+
+Bad input — no prompts, an unreadable prompt file, a method that does not fit the target, a budget of
+0 — is refused before any model loads, naming the option (exit 2).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from specc.errors import SpeccError
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from specc.runtime.args import positive_int
+
+    parser.add_argument("prompts", metavar="PROMPTS",
+                        help="the workload: JSONL (prompt or messages per line) or plain text (one prompt per "
+                             "line); - = stdin")
+    parser.add_argument("--target", default=None, metavar="T",
+                        help="target model: a conf/target option or a model path (default smollm2_135m)")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--methods", default=None, metavar="M[,M...]",
+                     help="only these methods' shipped drafters (default: every shipped drafter)")
+    who.add_argument("--plans", nargs="+", default=None, metavar="PLAN",
+                     help="candidate plans (files or preset names) instead of the shipped presets")
+    parser.add_argument("--concurrency", default="1,4,16,64", metavar="C[,C...]",
+                        help="concurrencies to plan for (default 1,4,16,64)")
+    parser.add_argument("--budget-min", type=float, default=10.0, metavar="M",
+                        help="wall-clock minutes for the whole tune, loading included (default 10)")
+    parser.add_argument("--engine", choices=("specc", "sglang", "vllm"), default="specc",
+                        help="engine the plan is for: sglang / vllm keep the drafters that engine runs "
+                             "(the measurements always run on specc's runtime)")
+    parser.add_argument("--out", default="tuned.yaml", metavar="PLAN.yaml",
+                        help="the plan to write; its settings, record, report and plot go next to it")
+    parser.add_argument("--cost-table", default=None, metavar="FILE",
+                        help="this device's cost table (`specc profile`); default: a shipped or cached table "
+                             "for this CPU and thread count, else profiled now")
+    parser.add_argument("--schedule", choices=("batch_buckets", "adaptive"), default="batch_buckets",
+                        help="the emitted schedule: one κ per batch bucket, or SGLang's controller with "
+                             "the κ candidates predicted within 3%% of the best per bucket")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=48, metavar="N")
+    parser.add_argument("--tolerance", type=float, default=0.03, metavar="R",
+                        help="stop measuring a drafter when τ's 95%% interval is within ±R·τ (default 0.03)")
+    parser.add_argument("--measure-batch", type=positive_int, default=8, metavar="B",
+                        help="requests decoded together while measuring (default 8)")
+    parser.add_argument("--max-steps", type=positive_int, default=4, metavar="K",
+                        help="κ measured for chains and lookups at least (block drafters keep their block)")
+    parser.add_argument("--confirm-top", type=int, default=2, metavar="N",
+                        help="static configurations confirmed per concurrency besides the plan and plain (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                        help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _fail(option: str, message: str) -> SpeccError:
+    return SpeccError(f"{option}: {message}")
+
+
+def validate(args) -> Tuple[list, List[int], Path]:
+    """Check every option before anything loads. Returns ``(prompt records, concurrencies, out path)``.
+    Raises SpeccError naming the option."""
+    from specc.errors import PromptError
+    from specc.runtime.prompts import read_prompts
+
+    if not (isinstance(args.budget_min, float) and math.isfinite(args.budget_min) and args.budget_min > 0):
+        raise _fail("--budget-min", f"must be a number of minutes > 0, got {args.budget_min}")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise _fail("--tolerance", f"must be >= 0 (0: never stop early), got {args.tolerance}")
+    if args.confirm_top < 0:
+        raise _fail("--confirm-top", f"must be >= 0, got {args.confirm_top}")
+    try:
+        conc = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
+    except ValueError:
+        conc = []
+    if not conc or any(c < 1 or c > 4096 for c in conc):
+        raise _fail("--concurrency", f"{args.concurrency!r}: give integers in 1..4096 separated by commas, e.g. 1,4,16,64")
+    conc = sorted(set(conc))
+    try:
+        records = read_prompts(args.prompts)
+    except PromptError as exc:
+        raise _fail("PROMPTS", str(exc)) from None
+    if not records:
+        raise _fail("PROMPTS", f"{args.prompts}: no prompts")
+    out = Path(args.out)
+    if out.suffix not in (".yaml", ".yml"):
+        raise _fail("--out", f"{out}: the plan file must end in .yaml")
+    if out.exists() and not out.is_file():
+        raise _fail("--out", f"{out}: exists and is not a regular file")
+    if not out.parent.is_dir():
+        raise _fail("--out", f"{out}: the folder {out.parent} does not exist; create it first")
+    if not os.access(out.parent, os.W_OK):
+        raise _fail("--out", f"{out}: the folder {out.parent} is not writable")
+    if args.cost_table is not None:
+        from specc import cost
+        from specc.errors import PlanError
+
+        try:
+            cost.load_cost_table(args.cost_table)
+        except PlanError as exc:
+            raise _fail("--cost-table", str(exc).replace("schedule.cost_table: ", "")) from None
+    return records, conc, out
+
+
+def _sample(records: list, seed: int = 0) -> list:
+    """The prompts in measuring order: round-robin over categories (so an early stop still covers
+    them), each category shuffled with a fixed seed."""
+    import random
+
+    rng = random.Random(seed)
+    by_cat: Dict[str, list] = {}
+    for r in records:
+        by_cat.setdefault(r.category or "-", []).append(r)
+    for v in by_cat.values():
+        rng.shuffle(v)
+    out = []
+    queues = list(by_cat.values())
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def table_dirs() -> List[Path]:
+    """Where device cost tables are looked for: the shipped ones, then specc's cache."""
+    cache = Path(os.environ.get("SPECC_CACHE_DIR") or Path.home() / ".cache" / "specc") / "cost_tables"
+    return [Path(__file__).resolve().parent.parent / "data" / "cost_tables", cache]
+
+
+def find_table(target_path: str, threads: int, device: str = "cpu") -> Optional[str]:
+    """A cost table profiled for ``target_path`` on this CPU model with ``threads`` threads (shipped
+    or cached), or None. A table names its plan; the plan's target must be ``target_path``."""
+    from specc.plan.load import load_plan
+
+    name = _cpu_name()
+    for d in table_dirs():
+        for f in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                data = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if data.get("device") != device or data.get("device_name") != name or data.get("threads") != threads:
+                continue
+            tpath = data.get("target")
+            if tpath is None and data.get("plan"):
+                try:
+                    tpath = load_plan(str(data["plan"])).plan.target.path
+                except SpeccError:
+                    continue
+            if tpath == target_path:
+                return str(f)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    t_start = time.monotonic()
+    records, conc, out = validate(args)
+    from specc.tune.candidates import DEFAULT_TARGET, discover, target_path
+
+    methods_list = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    if args.methods is not None and not methods_list:
+        raise _fail("--methods", "give method names separated by commas, e.g. ngram,eagle3")
+    target = args.target or DEFAULT_TARGET
+    cands, left_out = discover(target, methods_list, args.plans, args.engine, args.max_steps)
+    tname, tpath = target_path(target)
+    budget = 60.0 * args.budget_min
+    from specc.tune.session import Session
+
+    session = Session(args, records, conc, out, cands, left_out, tname, tpath, t_start, budget)
+    return session.run()

@@ -1,0 +1,260 @@
+"""Predict decode throughput for every (drafter, κ or tree) at every batch size, and choose the plan.
+
+The model is the one the rest of specc uses (:mod:`specc.cost`), the second seed's throughput
+(``shared/seeds/block-drafts-and-load-aware-verification.txt``, "The higher the load": tokens/s =
+B · E / step time) with
+
+* **E** from the measured acceptance (:meth:`specc.acceptance.Entry.expected_tokens`: 1 + Σ_{i<κ} r_i,
+  §6.2's E(α, κ) with per-position rates; a tree's measured τ), :func:`specc.cost.expected_tokens_from_rates`;
+* **step time** (:func:`specc.cost.decode_step_ms`) = the profiled cost table's verify time over the
+  step's target tokens, B · (1 + drafts per request) (vLLM's ``build_table`` lookup,
+  :meth:`specc.cost.CostTable.step_ms`), times the load factor λ (the verify time the measuring runs saw
+  over what the table says for the same tokens: the machine's load now against when it was profiled),
+  plus the drafter's draft passes, its extend pass and the step's host work, each a linear fit
+  a + b·B to the per-step stage times the measuring runs recorded (:func:`fit_stage_costs`; a draft
+  pass scaled by the passes κ needs, :func:`specc.methods.proposal_passes`).
+
+The plan (:func:`choose`): per drafter, the κ that maximises predicted throughput at each batch bucket
+(κ = 0 keeps the drafter's extend pass); the drafter whose bucket schedule has the best worst case over
+the asked concurrencies, throughput over the best any configuration reaches there (plain decoding
+included). Torch-free.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from specc import cost, methods
+
+
+@dataclass(frozen=True)
+class Linear:
+    """ms = a + b · rows, fitted to step samples (a, b ≥ 0)."""
+
+    a: float = 0.0
+    b: float = 0.0
+
+    def __call__(self, rows: float) -> float:
+        return self.a + self.b * rows
+
+
+def fit_linear(xs: Sequence[float], ys: Sequence[float]) -> Linear:
+    """Least-squares a + b·x with a, b ≥ 0 (a negative intercept refits through the origin, a negative
+    slope fits a constant). Empty input → zero cost."""
+    if not xs:
+        return Linear()
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 1e-12:  # one batch size only: proportional to rows
+        return Linear(0.0, my / mx if mx > 0 else 0.0)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    a = my - b * mx
+    if b < 0:
+        return Linear(max(0.0, my), 0.0)
+    if a < 0:
+        return Linear(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return Linear(a, b)
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """A drafter's measured per-step costs (ms) by live rows: ``draft`` at the measured κ, ``extend``,
+    ``other`` (host work: commit, emit, scheduling), and ``load`` λ: the measured verify + accept time
+    over the cost table's for the same tokens (median over steps)."""
+
+    draft: Linear = Linear()
+    extend: Linear = Linear()
+    other: Linear = Linear()
+    load: float = 1.0
+    samples: int = 0
+
+
+def fit_stage_costs(samples: Sequence, table: cost.CostTable, drafts_per_step: float) -> StageCosts:
+    """Fit :class:`StageCosts` to a measuring run's step samples (:class:`specc.tune.measure.StepSample`).
+    ``drafts_per_step``: draft tokens verified per request and step at the run's κ (the verify's
+    tokens are rows · (1 + that))."""
+    rows = [float(s.rows) for s in samples if s.rows > 0]
+    ss = [s for s in samples if s.rows > 0]
+    if not ss:
+        return StageCosts()
+    draft = fit_linear(rows, [s.stage_ms.get("draft", 0.0) for s in ss])
+    extend = fit_linear(rows, [s.stage_ms.get("extend", 0.0) for s in ss])
+    known = ("draft", "verify", "accept", "extend")
+    other = fit_linear(rows, [max(0.0, s.wall_ms - sum(s.stage_ms.get(k, 0.0) for k in known)) for s in ss])
+    ratios = []
+    for s in ss:
+        tokens = max(1, int(round(s.rows * (1.0 + (drafts_per_step if s.num_steps > 0 else 0.0)))))
+        ratios.append((s.stage_ms.get("verify", 0.0) + s.stage_ms.get("accept", 0.0)) / table.step_ms(tokens))
+    return StageCosts(draft=draft, extend=extend, other=other, load=statistics.median(ratios), samples=len(ss))
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: ``candidate`` name (None: plain decoding) at κ = ``num_steps``."""
+
+    candidate: Optional[str]
+    num_steps: int
+
+    @property
+    def label(self) -> str:
+        if self.candidate is None:
+            return "plain"
+        return f"{self.candidate} κ={self.num_steps}"
+
+
+@dataclass
+class Predictor:
+    """Predicted decode tokens/s of configurations (module docstring). ``candidates``: name →
+    :class:`specc.tune.candidates.Candidate`; ``entries``: name → acceptance entry; ``costs``: name →
+    :class:`StageCosts` (``None`` key: plain decoding's run); ``load``: λ used for every prediction."""
+
+    table: cost.CostTable
+    candidates: Dict[str, object]
+    entries: Dict[str, object]
+    costs: Dict[Optional[str], StageCosts]
+    load: float = 1.0
+
+    def breakdown(self, config: Config, batch: float) -> Dict[str, float]:
+        """The predicted step of ``config`` at ``batch`` live requests: E, verify tokens, and ms per
+        term (``verify``, ``draft``, ``extend``, ``other``, ``step``) and ``tok_s``."""
+        b = max(1e-9, float(batch))
+        if config.candidate is None:
+            c = self.costs.get(None) or StageCosts()
+            e, d, draft, extend = 1.0, 0.0, 0.0, 0.0
+        else:
+            cand = self.candidates[config.candidate]
+            entry = self.entries[config.candidate]
+            c = self.costs.get(config.candidate) or StageCosts()
+            k = config.num_steps
+            e = entry.expected_tokens(k)
+            d = entry.drafts_per_step(k)
+            m = cand.plan.method
+            parallel = methods.is_parallel(m.name, m.parallel_drafting)
+            passes = methods.proposal_passes(m.name, k, int(m.topk or 1), parallel, m.tree_choices)
+            passes_meas = methods.proposal_passes(m.name, cand.measure_steps, int(m.topk or 1), parallel,
+                                                  m.tree_choices)
+            if k == 0:
+                draft = 0.0
+            elif passes_meas:
+                draft = c.draft(b) * passes / passes_meas
+            else:  # a lookup: host work per row, whatever κ
+                draft = c.draft(b)
+            extend = c.extend(b)
+        tokens = b * (1.0 + d)
+        verify = self.load * self.table.step_ms(max(1, int(round(tokens))))
+        other = c.other(b)
+        step = cost.decode_step_ms(int(round(b)), tokens, lambda n: verify, 1, draft, extend, other)
+        return {"expected_tokens": e, "verify_tokens": tokens, "verify_ms": verify, "draft_ms": draft,
+                "extend_ms": extend, "other_ms": other, "step_ms": step,
+                "tok_s": cost.decode_throughput(b, e, step)}
+
+    def tok_s(self, config: Config, batch: float) -> float:
+        return self.breakdown(config, batch)["tok_s"]
+
+    def configs(self, name: str) -> List[Config]:
+        """Every static configuration of candidate ``name``: each κ it covers."""
+        return [Config(name, k) for k in self.candidates[name].kappas]
+
+    def all_configs(self) -> List[Config]:
+        out = [Config(None, 0)]
+        for name in self.candidates:
+            out += self.configs(name)
+        return out
+
+    def best_kappa(self, name: str, batch: float) -> Tuple[int, float]:
+        """The κ (0 included: the drafter idle, its extend still paid) with the highest predicted
+        throughput at ``batch``; ties to the smaller κ."""
+        ks = [0] + list(self.candidates[name].kappas)
+        best = max(ks, key=lambda k: (self.tok_s(Config(name, k), batch), -k))
+        return best, self.tok_s(Config(name, best), batch)
+
+
+@dataclass
+class Choice:
+    """The chosen drafter, its κ per bucket, its predicted throughput per concurrency, and each
+    drafter's score (worst ratio over the concurrencies, throughput over the best predicted there)."""
+
+    candidate: str
+    buckets: Dict[int, int]
+    predicted: Dict[int, float]
+    best: Dict[int, Tuple[str, float]]
+    scores: Dict[str, float] = field(default_factory=dict)
+    per_drafter: Dict[str, Dict[int, Tuple[int, float]]] = field(default_factory=dict)
+
+
+def bucket_sizes(concurrency: Sequence[int]) -> List[int]:
+    """Batch buckets the plan captures: powers of two up to the largest concurrency, and each
+    concurrency asked."""
+    top = max(concurrency)
+    sizes = {1 << i for i in range(0, int(math.log2(top)) + 1)} | set(int(c) for c in concurrency)
+    return sorted(s for s in sizes if s <= top)
+
+
+def merge_buckets(kappas: Dict[int, int]) -> Dict[int, int]:
+    """Drop buckets that repeat the κ of the one below (floor lookup keeps them)."""
+    out: Dict[int, int] = {}
+    prev = None
+    for b in sorted(kappas):
+        if kappas[b] != prev:
+            out[b] = kappas[b]
+            prev = kappas[b]
+    return out
+
+
+def choose(pred: Predictor, concurrency: Sequence[int], exclude: Sequence[str] = (),
+           measured: Optional[Dict[Tuple[Optional[str], int, int], float]] = None,
+           scale: Optional[Dict[int, float]] = None) -> Choice:
+    """The plan: per drafter its best κ at each bucket (:func:`bucket_sizes`); the drafter whose
+    worst ratio over ``concurrency`` (its throughput / the best of every configuration and plain
+    decoding there) is highest, ties to the higher mean ratio. ``exclude``: drafters not to pick.
+    ``measured``: ``{(candidate, κ, C): tok/s}`` from side-by-side runs (brought to batch C), used in
+    place of the prediction where present; ``scale``: ``{C: factor}`` applied to the predictions at C
+    (the measured over predicted throughput of the runs at C), so measured and predicted compare."""
+    sizes = bucket_sizes(concurrency)
+
+    def value(name: Optional[str], k: int, c: int) -> float:
+        if measured and (name, k, c) in measured:
+            return measured[(name, k, c)]
+        return pred.tok_s(Config(name, k), c) * (scale or {}).get(c, 1.0)
+
+    per: Dict[str, Dict[int, Tuple[int, float]]] = {}
+    for name in pred.candidates:
+        per[name] = {}
+        for b in sizes:
+            ks = [0] + list(pred.candidates[name].kappas)
+            k = max(ks, key=lambda kk: (value(name, kk, b), -kk))
+            per[name][b] = (k, value(name, k, b))
+    best: Dict[int, Tuple[str, float]] = {}
+    for c in concurrency:
+        options = [("plain", value(None, 0, c))]
+        for name in pred.candidates:
+            for k in pred.candidates[name].kappas:
+                options.append((Config(name, k).label, value(name, k, c)))
+            options.append((f"{name} buckets", per[name][c][1]))
+        best[c] = max(options, key=lambda o: o[1])
+    scores: Dict[str, float] = {}
+    means: Dict[str, float] = {}
+    for name in pred.candidates:
+        ratios = [per[name][c][1] / best[c][1] for c in concurrency]
+        scores[name] = min(ratios)
+        means[name] = sum(ratios) / len(ratios)
+    pick = max((n for n in pred.candidates if n not in exclude), key=lambda n: (scores[n], means[n]))
+    return Choice(candidate=pick, buckets=merge_buckets({b: per[pick][b][0] for b in sizes}),
+                  predicted={c: per[pick][c][1] for c in concurrency}, best=best, scores=scores, per_drafter=per)
+
+
+def top_configs(pred: Predictor, batch: int, n: int) -> List[Config]:
+    """The ``n`` static drafter configurations with the highest predicted throughput at ``batch``."""
+    cfgs = [c for c in pred.all_configs() if c.candidate is not None]
+    return sorted(cfgs, key=lambda c: -pred.tok_s(c, batch))[:n]
+
+
+def adaptive_candidates(pred: Predictor, name: str, batch: int, within: float = 0.03) -> List[int]:
+    """κ candidates of an adaptive bucket: every κ predicted within ``within`` of the best at ``batch``."""
+    ks = [0] + list(pred.candidates[name].kappas)
+    vals = {k: pred.tok_s(Config(name, k), batch) for k in ks}
+    top = max(vals.values())
+    return sorted(k for k, v in vals.items() if v >= (1 - within) * top)

@@ -1,0 +1,557 @@
+"""One ``specc tune`` run: the four steps (:mod:`specc.tune`) under one wall-clock budget, with progress
+bars, and the report. ``specc.commands.tune`` validates the options and builds it."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from specc.errors import SpeccError
+
+MEASURE_SHARE = 0.55
+CONFIRM_SHARE = 0.9
+MISS = 0.15
+
+
+def plain_plan(base, capture):
+    """Plain decoding (κ = 0, no drafter) of ``base``'s target with ``capture`` batch sizes."""
+    from specc.plan.schema import MethodConfig, ScheduleConfig, VerifyConfig
+    from specc.rules import resolve
+
+    p = dataclasses.replace(base, name="plain", method=MethodConfig(name="none", num_steps=0), draft=None,
+                            verify=VerifyConfig(rule="greedy"),
+                            schedule=ScheduleConfig(kind="static", capture_batch_sizes=list(capture)),
+                            runtime=dataclasses.replace(base.runtime, max_batch_size=int(max(capture))))
+    return resolve(p, "specc")[0]
+
+
+class Session:
+    """State of one tune run (see :mod:`specc.commands.tune`)."""
+
+    def __init__(self, args, records, concurrency, out: Path, candidates, left_out, target_name: str,
+                 target_path: str, t_start: float, budget_s: float) -> None:
+        self.args, self.records, self.conc, self.out = args, records, list(concurrency), out
+        self.cands = {c.name: c for c in candidates}
+        self.left_out = list(left_out)
+        self.tname, self.tpath = target_name, target_path
+        self.t_start, self.budget = t_start, budget_s
+        self.notes: List[str] = []
+        self.log_lines: List[str] = []
+
+    # ------------------------------------------------------------------ helpers
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t_start
+
+    def deadline(self, share: float) -> float:
+        return self.t_start + share * self.budget
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def bar(self, total: int, desc: str):
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, disable=self.args.no_progress,
+                    dynamic_ncols=True)
+
+    # ------------------------------------------------------------------ steps
+    def cost_table(self, threads: int):
+        """The cost table: ``--cost-table``, else a shipped or cached one for this CPU, else profiled
+        now (and cached). Returns ``(CostTable, path for plans, how)``."""
+        from specc import cost
+        from specc.commands.tune import find_table
+
+        if self.args.cost_table:
+            return cost.load_cost_table(self.args.cost_table), self.args.cost_table, "given (--cost-table)"
+        found = find_table(self.tpath, threads)
+        if found:
+            shipped = Path(found).resolve().parent == (Path(__file__).resolve().parent.parent / "data" / "cost_tables")
+            ref = f"pkg://specc/data/cost_tables/{Path(found).name}" if shipped else found
+            return cost.load_cost_table(found), ref, f"{'shipped' if shipped else 'cached'} table for this CPU ({found})"
+        return None, None, ""
+
+    def profile_table(self, models, threads: int, max_width: int):
+        """Profile this device now (a coarse grid, 2 repeats) and cache it; returns ``(CostTable, path, how)``."""
+        import os
+
+        from specc import cost
+        from specc.commands.tune import _cpu_name, table_dirs
+        from specc.runtime.profile import cost_table, profile_costs
+
+        top = max(self.conc) * max_width
+        sizes = list(range(1, 17)) + [24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, top]
+        bar = self.bar(3, "specc tune: profiling this device")
+        try:
+            m = profile_costs(models.target, None, max_batch=max(self.conc), max_width=max_width, context=128,
+                              repeats=2, max_tokens=top, sizes=sizes, on_progress=lambda _: bar.update(1))
+        finally:
+            bar.close()
+        table = cost_table(m, device=models.device, plan="", method="", context=128, repeats=2, threads=threads)
+        table["target"] = self.tpath
+        d = table_dirs()[1]
+        d.mkdir(parents=True, exist_ok=True)
+        safe = "".join(ch if ch.isalnum() else "_" for ch in _cpu_name())[:40]
+        path = d / f"{Path(self.tpath).stem.replace('.', '_')}-{safe}-{threads}t.json"
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+        return cost.load_cost_table(str(path)), str(path), f"profiled now ({path})"
+
+    def promise(self, cand) -> float:
+        """How promising a drafter looks before measuring: the §6.2 batch-1 speedup E / (1 + passes·c) at
+        its best κ, with E from its shipped acceptance record (on the shipped prompts) and c from
+        :func:`specc.sizing.draft_cost_ratio`; +inf without a record (unknown: measured first)."""
+        from specc import acceptance, methods, sizing
+
+        found = acceptance.find(cand.plan)
+        if found.entry is None:
+            return float("inf")
+        c, _ = sizing.draft_cost_ratio(cand.plan)
+        m = cand.plan.method
+        par = methods.is_parallel(m.name, m.parallel_drafting)
+        return max(found.entry.expected_tokens(k) / (1.0 + methods.proposal_passes(m.name, k, int(m.topk or 1), par,
+                                                                                   m.tree_choices) * c)
+                   for k in cand.kappas)
+
+    def measure_all(self, models, prompt_ids, sample) -> Tuple[Dict[str, Any], Any]:
+        """Measure plain decoding's costs, then the candidates in order of :meth:`promise`, within the
+        measuring share: each gets an equal part of what is left; a candidate whose acceptance was
+        measured on exactly these prompts (:func:`specc.tune.measure.reusable_entry`) only has its
+        step costs timed; when the time left would not cover one prefill and a step, the remaining
+        candidates are left out (and said to be)."""
+        from specc.tune.measure import Measurement, measure, reusable_entry, run_sampled
+
+        args = self.args
+        end = self.deadline(MEASURE_SHARE)
+        names = sorted(self.cands, key=lambda n: -self.promise(self.cands[n]))
+        results: Dict[str, Any] = {}
+        bar = self.bar(len(names) + 1, "specc tune: measuring")
+        try:
+            base = next(iter(self.cands.values())).plan
+            share = max(5.0, (end - time.monotonic()) / (2 * len(names) + 1))
+            t0 = time.monotonic()
+            rt = models.runtime(plain_plan(base, [args.measure_batch]))
+            per, samples, reason, tok_s = run_sampled(rt, prompt_ids, batch_size=args.measure_batch,
+                                                      max_new_tokens=args.max_new_tokens,
+                                                      deadline=time.monotonic() + share, tolerance=0.0, min_requests=2)
+            plain = Measurement(name="plain", entry=None, samples=samples, seconds=time.monotonic() - t0,
+                                stop_reason=reason, requests=len(per), decode_tok_s=tok_s)
+            plain.prefill_s = rt.metrics.stage_time_s.get("prefill", 0.0) / max(1, min(len(per), args.measure_batch))
+            # the least a candidate costs: the first prefill of a batch and a few steps
+            step_s = (sum(x.wall_ms for x in samples) / len(samples) / 1e3) if samples else 1.0
+            least = plain.prefill_s * min(args.measure_batch, len(prompt_ids)) + 4 * step_s
+            bar.update(1)
+            for i, name in enumerate(names):
+                cand = self.cands[name]
+                left = end - time.monotonic()
+                if left < least:
+                    skipped = names[i:]
+                    self.notes.append(f"not measured (the measuring share of the budget was spent; each needs about "
+                                      f"{least:.0f} s here): {', '.join(skipped)} — left out of the choice")
+                    for n in skipped:
+                        del self.cands[n]
+                    break
+                share = max(least, left / (len(names) - i))
+                reuse = reusable_entry(cand, self.records, args.max_new_tokens)
+                bar.set_description(f"specc tune: measuring {name}" + (" (costs)" if reuse else ""))
+
+                def progress(done, tau, half, bar=bar):
+                    bar.set_postfix_str(f"{done} req, τ {tau:.3f} ± {half:.3f}")
+
+                m = measure(models, cand, prompt_ids, self.records, self.source, sample=sample,
+                            batch_size=args.measure_batch, max_new_tokens=args.max_new_tokens, seconds=share,
+                            tolerance=args.tolerance, min_requests=min(len(prompt_ids), max(6, 2 * args.measure_batch)),
+                            command=self.command, on_request=progress, reuse=reuse)
+                results[name] = m
+                bar.update(1)
+        finally:
+            bar.close()
+        if not results:
+            raise SpeccError(f"--budget-min {self.args.budget_min:g}: no drafter could be measured in the time "
+                             f"(each needs about {least:.0f} s on this machine now); give a larger budget")
+        return results, plain
+
+    def predictor(self, table, measurements, plain):
+        import statistics
+
+        from specc.tune.predict import Predictor, fit_stage_costs
+
+        costs = {None: fit_stage_costs(plain.samples, table, 0.0)}
+        entries = {}
+        for name, m in measurements.items():
+            entries[name] = m.entry
+            costs[name] = fit_stage_costs(m.samples, table, m.entry.drafts_per_step(self.cands[name].measure_steps))
+        loads = [c.load for c in costs.values() if c.samples]
+        load = statistics.median(loads) if loads else 1.0
+        return Predictor(table=table, candidates=dict(self.cands), entries=entries, costs=costs, load=load)
+
+    def confirm(self, models, pred, choice, prompt_ids):
+        """The chosen plan, the top static configurations and plain decoding, side by side per
+        concurrency, within the confirming share. Returns ``({(label, C): Result}, {label: Config})``."""
+        from specc.tune.confirm import Entry, side_by_side
+        from specc.tune.predict import Config, bucket_sizes, top_configs
+
+        args = self.args
+        win = self.cands[choice.candidate]
+        sizes = bucket_sizes(self.conc)
+        base = win.plan
+        plan_label = f"tuned plan ({win.name})"
+        plan_entry = Entry(plan_label, win, lambda c: win.variant(0, kind="batch_buckets", buckets=choice.buckets,
+                                                               capture=sizes, name="tuned"))
+        plain_entry = Entry("plain", None, lambda c: plain_plan(base, [c]), Config(None, 0))
+        end = self.deadline(CONFIRM_SHARE)
+        per_c = {}
+        for c in self.conc:
+            statics = []
+            for cfg in top_configs(pred, c, args.confirm_top + 1):
+                if cfg.candidate == win.name and cfg.num_steps == choice.per_drafter[win.name][c][0]:
+                    continue  # the plan runs it already
+                cand = self.cands[cfg.candidate]
+                statics.append(Entry(cfg.label, cand, (lambda cc, cand=cand, k=cfg.num_steps: cand.variant(k, capture=[cc])), cfg))
+            per_c[c] = [plain_entry, plan_entry] + statics[: args.confirm_top]
+        # size the runs to the time left: per run n requests of max_new tokens at the predicted rate
+        prefill = getattr(self, "prefill_per_request", 0.2)
+
+        def run_seconds(e, c, n) -> float:
+            cfg = e.config or Config(win.name, choice.per_drafter[win.name][c][0])
+            rate = max(1e-3, pred.tok_s(cfg, c))
+            return n * (args.max_new_tokens - 1) / rate + n * prefill + 1.0
+
+        def estimate(per_slot: int, minimum: int, top: int) -> float:
+            return sum(run_seconds(e, c, max(minimum, per_slot * c)) for c, entries in per_c.items()
+                       for e in entries[: 2 + top])
+
+        per_slot, minimum, top = 2, 4, args.confirm_top
+        left = end - time.monotonic()
+        while estimate(per_slot, minimum, top) > left and (top > 0 or per_slot > 1 or minimum > 2):
+            if top > 0:
+                top -= 1
+            elif per_slot > 1:
+                per_slot = 1
+            else:
+                minimum = 2
+        if (top, per_slot, minimum) != (args.confirm_top, 2, 4):
+            self.notes.append(f"confirmation trimmed to the time left ({left:.0f} s): {top} static configuration(s) "
+                              f"per concurrency, {per_slot} request(s) per slot, at least {minimum}")
+        results: Dict[Tuple[str, int], Any] = {}
+        configs: Dict[str, Any] = {}
+        total_runs = sum(len(v[: 2 + top]) for v in per_c.values())
+        bar = self.bar(total_runs, "specc tune: confirming")
+        try:
+            for c, entries in per_c.items():
+                entries = entries[: 2 + top]
+                for e in entries:
+                    configs[e.label] = e.config
+                res, notes = side_by_side(models, entries, [c], prompt_ids, max_new_tokens=args.max_new_tokens,
+                                          per_slot=per_slot, minimum=minimum, rounds=1, deadline=end,
+                                          estimate=run_seconds, on_run=lambda label, cc, rnd: (bar.set_postfix_str(f"C={cc} {label}"),
+                                                                         bar.update(1)))
+                results.update(res)
+                self.notes += notes
+        finally:
+            bar.close()
+        return results, configs, plan_label
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        from specc.models.llama import configure_cpu_threads, default_cpu_threads
+        from specc.tune.measure import Models, encode
+        from specc.tune.predict import choose
+
+        args = self.args
+        if args.threads is not None:
+            configure_cpu_threads(args.threads)
+        threads = args.threads or default_cpu_threads()
+        self.source = str(args.prompts)
+        self.command = "specc tune " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "specc tune"
+        table, table_ref, how = self.cost_table(threads)
+        first = next(iter(self.cands.values())).plan
+        dtype = (table.choice or {}).get("dtype", "float32") if table is not None else "float32"
+        self.say(f"specc tune: {len(self.records)} prompts from {self.source}; target {self.tname}; "
+                 f"{len(self.cands)} candidate drafter(s): {', '.join(self.cands)}; concurrency {self.conc}; "
+                 f"budget {args.budget_min:g} min")
+        models = Models({"path": first.target.path, "format": first.target.format}, dtype=dtype,
+                        max_model_len=first.target.max_model_len or 2048)
+        sample = _sample_records(self.records)
+        prompt_ids = encode(sample, models.tokenizer)
+        longest = max(len(p) for p in prompt_ids)
+        models.max_model_len = min(int(first.target.max_model_len or 2048), longest + args.max_new_tokens + 8)
+        if table is None:
+            widest = max(c.measure_steps for c in self.cands.values()) + 1
+            widest = max(widest, max(int(c.plan.method.num_draft_tokens or 0) for c in self.cands.values()))
+            table, table_ref, how = self.profile_table(models, threads, widest)
+        self.say(f"cost table: {how}")
+        measurements, plain = self.measure_all(models, prompt_ids, sample)
+        self.prefill_per_request = getattr(plain, "prefill_s", 0.2)
+        pred = self.predictor(table, measurements, plain)
+        choice = choose(pred, self.conc)
+        self.say(f"predicted: {choice.candidate} with κ per bucket {choice.buckets} (worst ratio to the best "
+                 f"prediction over C={self.conc}: {choice.scores[choice.candidate]:.3f}); load factor λ = {pred.load:.2f}")
+        results, configs, plan_label = self.confirm(models, pred, choice, prompt_ids)
+        self.plan_buckets, self.plan_candidate = dict(choice.buckets), choice.candidate
+        measured, scale = self._measured_values(pred, results, configs, choice, plan_label)
+        final = choose(pred, self.conc, measured=measured, scale=scale)
+        if final.candidate != choice.candidate or final.buckets != choice.buckets:
+            self.notes.append(f"the confirming runs changed the choice: {choice.candidate} {choice.buckets} -> "
+                              f"{final.candidate} {final.buckets} (measured throughput replaces the prediction "
+                              f"where it was run)")
+        files = self.emit(pred, choice, final, measurements, plain, results, configs, plan_label, table_ref, how)
+        self.say(f"done in {self.elapsed() / 60:.1f} min (budget {args.budget_min:g} min)")
+        for f in files:
+            print(f"wrote {f}")
+        return 0
+
+    def _measured_values(self, pred, results, configs, choice, plan_label):
+        """What the confirming runs measured, for the second choice: ``({(candidate, κ, C): tok/s},
+        {C: factor})``. A run's throughput is brought from its mean batch to C with the model's own
+        batch dependence (× prediction at C / prediction at the mean batch); the factor at C is the
+        median of measured over predicted at the runs' mean batches, applied to what was not run."""
+        import statistics
+
+        from specc.lower import route_slot
+        from specc.tune.predict import Config
+
+        out: Dict[Tuple[Optional[str], int, int], float] = {}
+        ratios: Dict[int, List[float]] = {}
+        for (label, c), r in results.items():
+            cfg = configs.get(label)
+            if label == plan_label:
+                ks = [k for k, n in r.kappa_steps.items() if n]
+                if len(ks) != 1:
+                    k = choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(r.mean_batch))))]
+                    ratios.setdefault(c, []).append(r.decode_tok_s / max(1e-9, pred.tok_s(Config(choice.candidate, k),
+                                                                                           r.mean_batch)))
+                    continue
+                cfg = Config(choice.candidate, ks[0])
+            if cfg is None or r.mean_batch <= 0:
+                continue
+            at_b = max(1e-9, pred.tok_s(cfg, r.mean_batch))
+            ratios.setdefault(c, []).append(r.decode_tok_s / at_b)
+            out[(cfg.candidate, cfg.num_steps, c)] = r.decode_tok_s * pred.tok_s(cfg, c) / at_b
+        return out, {c: statistics.median(v) for c, v in ratios.items() if v}
+
+    # ------------------------------------------------------------------ emit
+    def emit(self, pred, choice, final, measurements, plain, results, configs, plan_label, table_ref, how) -> List[str]:
+        from specc import acceptance
+        from specc.tune import emit
+        from specc.tune.confirm import explain_miss
+        from specc.tune.predict import Config, adaptive_candidates, bucket_sizes
+
+        args = self.args
+        out = self.out
+        stem = out.with_suffix("")
+        win = self.cands[final.candidate]
+        sizes = bucket_sizes(self.conc)
+        entry = measurements[final.candidate].entry
+        files: List[str] = []
+        # the acceptance record: every drafter measured on these prompts
+        rec_path = Path(f"{stem}.acceptance.json")
+        acceptance.write_record(rec_path, [m.entry for m in measurements.values()], merge=False)
+        files.append(str(rec_path))
+        if args.schedule == "adaptive" or args.engine == "sglang":
+            buckets = {b: adaptive_candidates(pred, win.name, b) for b in final.buckets}
+            kind = "adaptive"
+        else:
+            buckets = {b: [k] for b, k in final.buckets.items()}
+            kind = "batch_buckets"
+        header = [f"Written by `specc tune` ({time.strftime('%Y-%m-%d')}): {len(self.records)} prompts from {self.source},",
+                  f"concurrency {self.conc}, target {self.tname}. κ per batch bucket from the predictions over the",
+                  f"acceptance measured on those prompts ({rec_path.name}: {entry.describe.split(': ', 1)[1][:90]}...).",
+                  f"Per-position detail: specc explain {out.name} --acceptance {rec_path.name}",
+                  f"Cost table: {how}."]
+        doc = emit.plan_document(win, buckets, kind=kind, engine=args.engine, name=_identifier(out.stem),
+                                 alpha=entry.alpha, cost_table=table_ref, capture=sizes)
+        text = emit.dump_plan(doc, header)
+        emit._atomic_write(out, text)
+        _, errors = emit.check_loads(out, args.engine)
+        if errors:
+            self.notes.append(f"{out}: {args.engine} rules report " + "; ".join(f"[{v.rule}] {v.message}" for v in errors))
+        files.append(str(out))
+        # engine settings
+        launch = [f"# Launch settings of {out.name} (`specc export`), written by specc tune", ""]
+        vllm_plan = out
+        ok_v, text_v = emit.export_text(vllm_plan, "vllm")
+        launch.append(text_v)
+        sg_path = Path(f"{stem}.sglang.yaml")
+        sg_doc = self._sglang_document(pred, win, final, entry, table_ref, sizes, out)
+        emit._atomic_write(sg_path, emit.dump_plan(sg_doc, header[:1] + [f"SGLang variant of {out.name} (SGLang has no batch_buckets)."]))
+        files.append(str(sg_path))
+        ok_s, text_s = emit.export_text(sg_path, "sglang", Path(f"{stem}.sglang_adaptive.json"))
+        launch.append(text_s)
+        if Path(f"{stem}.sglang_adaptive.json").exists():
+            files.append(f"{stem}.sglang_adaptive.json")
+        launch_path = Path(f"{stem}.launch.sh")
+        emit._atomic_write(launch_path, "\n".join(launch))
+        files.append(str(launch_path))
+        self.exports = {"vllm": ok_v, "sglang": ok_s}
+        # the report
+        rows, data_rows, misses = self._report_rows(pred, measurements, plain, results, configs, plan_label, final,
+                                                    explain_miss)
+        notes = self._report_notes(pred, choice, final, measurements, how, misses)
+        md = emit.report_markdown(f"specc tune: {len(self.records)} prompts, target {self.tname}",
+                                  ["run", "C", "mean batch", "predicted tok/s", "measured tok/s", "error", "τ pred / meas",
+                                   "exact", "note"], rows, notes)
+        rep = Path(f"{stem}.report.md")
+        emit._atomic_write(rep, md)
+        files.append(str(rep))
+        self._print_report(rows, notes)
+        predicted_lines = {"plain": {c: pred.tok_s(Config(None, 0), c) for c in self.conc}}
+        for name in self.cands:  # each drafter's predicted bucket schedule
+            predicted_lines[f"{name} (best κ per C)"] = {c: choice.per_drafter[name][c][1] for c in self.conc}
+        measured_lines: Dict[str, Dict[int, float]] = {}
+        for (label, c), r in results.items():
+            measured_lines.setdefault(label, {})[c] = r.decode_tok_s
+        for label, cfg in configs.items():
+            if cfg is not None and label not in predicted_lines:
+                predicted_lines[label] = {c: pred.tok_s(cfg, c) for c in self.conc if (label, c) in results}
+        predicted_lines[plan_label] = {c: choice.predicted[c] for c in self.conc}
+        png = Path(f"{stem}.png")
+        emit.plot(png, self.conc, predicted_lines, measured_lines,
+                  f"specc tune: decode tok/s by concurrency ({self.tname}, {Path(self.source).name})", highlight=plan_label)
+        files.append(str(png))
+        data = {"target": self.tpath, "prompts": self.source, "concurrency": self.conc, "budget_min": args.budget_min,
+                "seconds": round(self.elapsed(), 1), "cost_table": how, "load_factor": pred.load,
+                "choice": {"candidate": final.candidate, "buckets": final.buckets, "scores": final.scores,
+                           "predicted_first": {"candidate": choice.candidate, "buckets": choice.buckets}},
+                "candidates": {n: {"source": c.source, "also": list(c.also), "shape": c.shape, "kappas": list(c.kappas),
+                                   "acceptance": measurements[n].entry.as_json(),
+                                   "measure": {"seconds": round(measurements[n].seconds, 1),
+                                               "stop": measurements[n].stop_reason,
+                                               "requests": measurements[n].requests},
+                                   "costs": dataclasses.asdict(pred.costs[n])}
+                               for n, c in self.cands.items()},
+                "predicted": {f"{cfg.label}": {c: pred.tok_s(cfg, c) for c in self.conc} for cfg in pred.all_configs()},
+                "runs": data_rows, "exports": self.exports, "notes": notes, "left_out": self.left_out}
+        js = Path(f"{stem}.json")
+        emit._atomic_write(js, json.dumps(data, indent=1, default=str) + "\n")
+        files.append(str(js))
+        return files
+
+    def _sglang_document(self, pred, win, final, entry, table_ref, sizes, out):
+        """The SGLang variant: its adaptive controller with the κ predicted within 3 % of the best per
+        bucket as candidates; where SGLang's rules say it falls back to a static schedule for this
+        method, the static κ whose worst ratio over the concurrencies is best."""
+        import tempfile
+
+        from specc.plan.load import load_plan
+        from specc.rules import check
+        from specc.tune import emit
+        from specc.tune.predict import Config, adaptive_candidates
+
+        name = _identifier(out.stem) + "_sglang"
+        buckets = {b: adaptive_candidates(pred, win.name, b) for b in final.buckets}
+        doc = emit.plan_document(win, buckets, kind="adaptive", engine="sglang", name=name, alpha=entry.alpha,
+                                 cost_table=None, capture=sizes)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=str(out.parent), delete=False) as fh:
+            fh.write(emit.dump_plan(doc, []))
+        try:
+            plan = load_plan(fh.name).plan
+        finally:
+            Path(fh.name).unlink(missing_ok=True)
+        falls = [v for v in check(plan, "sglang") if v.severity == "fallback" and "schedule.kind" in v.keys]
+        if not falls:
+            return doc
+        best = {c: max(pred.tok_s(cfg, c) for cfg in pred.all_configs()) for c in self.conc}
+        k = max(win.kappas, key=lambda kk: min(pred.tok_s(Config(win.name, kk), c) / best[c] for c in self.conc))
+        self.notes.append(f"SGLang falls back to a static schedule for {win.method} ([{falls[0].rule}]): its settings "
+                          f"use the static κ = {k}, the best worst case over the concurrencies")
+        return emit.plan_document(win, {1: [k]}, kind="static", engine="sglang", name=name, alpha=entry.alpha,
+                                  cost_table=None, capture=sizes)
+
+    def _report_rows(self, pred, measurements, plain, results, configs, plan_label, final, explain_miss):
+        from specc.tune.predict import Config
+
+        rows, data, misses = [], [], []
+
+        def add(run, c, batch, predicted, meas, tau_pred, tau_meas, exact, breakdown, result=None):
+            err = (predicted - meas) / meas if meas else float("nan")
+            note = ""
+            if meas and abs(err) > MISS and breakdown is not None and result is not None:
+                note = "MISS: " + explain_miss(breakdown, result)
+                misses.append(f"{run} at C={c}: predicted {predicted:.1f}, measured {meas:.1f} tok/s ({err:+.0%}); {note[6:]}")
+            rows.append([run, c, f"{batch:.1f}", f"{predicted:.1f}", f"{meas:.1f}", f"{err:+.1%}",
+                         f"{tau_pred:.3f} / {tau_meas:.3f}", {True: "yes", False: "NO", None: "-"}[exact], note])
+            data.append({"run": run, "concurrency": c, "mean_batch": batch, "predicted_tok_s": predicted,
+                         "measured_tok_s": meas, "error": err, "tau_predicted": tau_pred, "tau_measured": tau_meas,
+                         "exact": exact, "note": note})
+
+        from specc.tune.confirm import Result
+        from specc.tune.measure import DECODE_STAGES
+
+        for name, m in measurements.items():
+            if not m.samples:
+                continue
+            n = len(m.samples)
+            b = sum(s.rows for s in m.samples) / n
+            cfg = Config(name, self.cands[name].measure_steps)
+            bd = dict(pred.breakdown(cfg, b), batch=b)
+            stages = {st: sum(s.stage_ms.get(st, 0.0) for s in m.samples) / n for st in DECODE_STAGES}
+            stages["step"] = sum(s.wall_ms for s in m.samples) / n
+            res = Result(label=name, concurrency=self.args.measure_batch, decode_tok_s=m.decode_tok_s,
+                         output_tok_s=0.0, tau=m.entry.tau, mean_batch=b, steps=n, decode_s=0.0,
+                         stage_ms_per_step=stages, kappa_steps={cfg.num_steps: n})
+            add(f"measure {name} κ={cfg.num_steps} (fit)", self.args.measure_batch, b, bd["tok_s"], m.decode_tok_s,
+                bd["expected_tokens"], m.entry.tau, None, bd, res)
+        for (label, c), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0] != "plain", kv[0][0])):
+            cfg = configs.get(label)
+            if label == plan_label:
+                from specc.lower import route_slot
+
+                k = self.plan_buckets[route_slot(sorted(self.plan_buckets), max(1, int(round(r.mean_batch))))]
+                cfg = Config(self.plan_candidate, k)
+            bd = dict(pred.breakdown(cfg, r.mean_batch), batch=r.mean_batch)
+            add(label, c, r.mean_batch, bd["tok_s"], r.decode_tok_s, bd["expected_tokens"], r.tau, r.exact, bd, r)
+        self.misses = misses
+        return rows, data, misses
+
+    def _report_notes(self, pred, choice, final, measurements, how, misses) -> List[str]:
+        notes = [f"cost table: {how}; load factor λ = {pred.load:.2f} (measured verify time / the table's, "
+                 f"median over the measuring runs' steps)"]
+        for name, m in measurements.items():
+            e = m.entry
+            notes.append(f"{name}: τ {e.tau:.3f} (95% CI {e.tau_ci95[0]:.3f}–{e.tau_ci95[1]:.3f}) at κ={e.num_steps}, "
+                         f"{m.requests} requests in {m.seconds:.0f} s ({m.stop_reason}); per position "
+                         f"[{', '.join(f'{r:.3f}' for r in e.rates)}]")
+        notes.append("choice: " + ", ".join(f"{n} {s:.3f}" for n, s in sorted(final.scores.items(), key=lambda kv: -kv[1]))
+                     + " (worst ratio over the concurrencies of each drafter's bucket schedule to the best there)")
+        notes.append(f"plan: {final.candidate}, κ per batch bucket {final.buckets}")
+        notes.append(f"exports: SGLang {'accepted' if self.exports.get('sglang') else 'REFUSED'}, vLLM "
+                     f"{'accepted' if self.exports.get('vllm') else 'REFUSED'} by their rules (see the launch file)")
+        notes += self.notes
+        if misses:
+            notes.append(f"{len(misses)} prediction(s) off by more than {MISS:.0%}:")
+            notes += [f"  {m}" for m in misses]
+        else:
+            notes.append(f"every prediction within {MISS:.0%} of the measurement")
+        if self.left_out:
+            notes.append("not candidates: " + "; ".join(self.left_out))
+        return notes
+
+    def _print_report(self, rows, notes) -> None:
+        header = ["run", "C", "batch", "predicted", "measured", "error", "τ pred/meas", "exact"]
+        table = [header] + [[str(x) for x in r[:8]] for r in rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        print("predicted against measured decode tokens/s:")
+        for i, r in enumerate(table):
+            print("  " + "  ".join(v.ljust(w) if j == 0 else v.rjust(w) for j, (v, w) in enumerate(zip(r, widths))))
+            if i == 0:
+                print("  " + "  ".join("-" * w for w in widths))
+        for r in rows:
+            if r[8]:
+                print(f"  {r[0]} at C={r[1]}: {r[8]}")
+        for n in notes:
+            print(n)
+
+
+def _identifier(text: str) -> str:
+    out = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in text)
+    return out if out and not out[0].isdigit() else f"plan_{out}"
+
+
+def _sample_records(records):
+    from specc.commands.tune import _sample
+
+    return _sample(records)

@@ -1,0 +1,487 @@
+"""`specc tune`: bad input named by option before any model loads; candidates from the method table and the
+presets (a new method row is picked up as is); the cost model's predictions and the choice; the emitted
+plan and its engine settings pass the engines' rules; and one whole run on a tiny model."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specc import acceptance, cost
+from specc.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
+V = 64
+
+
+def run_cli(capsys, *argv):
+    capsys.readouterr()
+    rc = cli_main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _proc(*argv, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-c", "import sys; from specc.cli import main; rc = main(sys.argv[1:]); "
+                           "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH'); sys.exit(rc)", *map(str, argv)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+
+@pytest.fixture()
+def prompts(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "Say hello."}\n')
+    return p
+
+
+@pytest.mark.parametrize("case, argv, words", [
+    ("no prompts", ["EMPTY"], ["PROMPTS", "no prompts"]),
+    ("missing file", ["/nonexistent/prompts.jsonl"], ["PROMPTS", "/nonexistent/prompts.jsonl"]),
+    ("directory", ["DIR"], ["PROMPTS"]),
+    ("budget 0", ["OK", "--budget-min", "0"], ["--budget-min", "> 0"]),
+    ("budget nan", ["OK", "--budget-min", "nan"], ["--budget-min"]),
+    ("budget negative", ["OK", "--budget-min", "-3"], ["--budget-min"]),
+    ("concurrency", ["OK", "--concurrency", "1,x"], ["--concurrency"]),
+    ("out folder", ["OK", "--out", "/nonexistent/dir/plan.yaml"], ["--out", "does not exist"]),
+    ("out suffix", ["OK", "--out", "OUTDIR/plan.txt"], ["--out", ".yaml"]),
+    ("cost table", ["OK", "--cost-table", "/nonexistent/table.json"], ["--cost-table", "file not found"]),
+    ("unknown method", ["OK", "--methods", "egale3"], ["--methods", "egale3", "did you mean", "eagle3"]),
+    ("method not run here", ["OK", "--methods", "mtp"], ["--methods mtp", "does not fit --target smollm2_135m",
+                                                         "runtime does not run"]),
+    ("method with no drafter", ["OK", "--methods", "suffix"], ["--methods suffix", "does not fit"]),
+    ("engine refuses", ["OK", "--methods", "medusa", "--engine", "vllm"], ["--methods medusa", "--engine vllm"]),
+    ("unknown target", ["OK", "--target", "llama99"], ["--target", "llama99"]),
+    ("plan for another target", ["OK", "--plans", "vllm_pard"], ["--plans vllm_pard", "--target"]),
+])
+def test_bad_input_names_the_option(capsys, tmp_path, prompts, case, argv, words):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    (tmp_path / "d").mkdir()
+    subst = {"EMPTY": empty, "DIR": tmp_path / "d", "OK": prompts, "OUTDIR/plan.txt": tmp_path / "plan.txt"}
+    args = [subst.get(a, a) for a in argv]
+    if "--out" not in argv:
+        args += ["--out", tmp_path / "tuned.yaml"]
+    rc, out, err = run_cli(capsys, "tune", *args)
+    assert rc == 2, (case, out, err)
+    assert err.startswith("specc tune: error: ") and "Traceback" not in err
+    for w in words:
+        assert w in err, (case, err)
+    assert not list(tmp_path.glob("tuned*")), "nothing is written for bad input"
+
+
+def test_bad_input_is_refused_before_torch_loads(tmp_path):
+    res = _proc("tune", tmp_path / "missing.jsonl", "--out", tmp_path / "t.yaml")
+    assert res.returncode == 2 and "PROMPTS" in res.stderr
+    assert res.stdout.strip().endswith("NO-TORCH")
+    res = _proc("tune", ROOT / "specc/data/prompts.jsonl", "--budget-min", "0", "--out", tmp_path / "t.yaml")
+    assert res.returncode == 2 and "--budget-min" in res.stderr and res.stdout.strip().endswith("NO-TORCH")
+
+
+def test_missing_prompts_argument_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["tune"])
+    assert exc.value.code == 2 and "PROMPTS" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ candidates
+
+
+def test_every_shipped_drafter_is_a_candidate():
+    from specc.tune.candidates import discover
+
+    cands, notes = discover()
+    by = {c.name: c for c in cands}
+    drafters = {Path(str(c.plan.draft.path)).name for c in cands if c.plan.draft is not None and c.plan.draft.path}
+    shipped = {p.name for p in (ROOT / "specc/assets/drafters").iterdir() if p.is_dir()}
+    assert shipped <= drafters, shipped - drafters
+    assert "smollm2_ngram" in by and {"smollm2_adaptive", "smollm2_budget"} <= set(by["smollm2_ngram"].also)
+    assert by["smollm2_eagle3_tree"].shape == "tree" and by["smollm2_eagle3_tree"].kappas == (4,)
+    assert by["smollm2_dflash"].shape == "parallel" and by["smollm2_dflash"].kappas == tuple(range(1, 8))
+    assert by["smollm2_eagle3"].kappas == (1, 2, 3, 4)  # measured at κ = 4 at least
+    assert any("smollm2_serve" in n for n in notes) and any("smollm2_plain" in n for n in notes)
+    # every variant the predictions cover is one the runtime's rules accept
+    for c in cands:
+        for k in c.kappas:
+            assert c.variant(k, capture=[4]).method.num_steps == k
+
+
+def test_a_new_method_row_with_a_preset_is_picked_up(tmp_path, monkeypatch):
+    """One drafter module, one row of the method table, one preset: tune measures it unchanged."""
+    import dataclasses
+    import shutil
+
+    from specc import methods
+    from specc.tune.candidates import discover
+
+    from specc.plan import load as plan_load
+
+    row = dataclasses.replace(methods.METHODS["ngram"], name="ngram_twin", summary="a test twin of ngram")
+    monkeypatch.setitem(methods.METHODS, "ngram_twin", row)  # the method table's row
+    monkeypatch.setitem(plan_load.CHOICES, "method.name", plan_load.CHOICES["method.name"] + ("ngram_twin",))
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    (conf / "method" / "ngram_twin.yaml").write_text("name: ngram_twin\nnum_steps: 3\n")
+    text = (conf / "plan" / "smollm2_ngram.yaml").read_text()
+    (conf / "plan" / "smollm2_ngram_twin.yaml").write_text(
+        text.replace("/method: ngram", "/method: ngram_twin").replace("name: smollm2_ngram", "name: smollm2_ngram_twin"))
+    monkeypatch.setenv("SPECC_CONF_DIR", str(conf))
+    cands, _ = discover(method_names=["ngram_twin"])
+    assert [c.method for c in cands] == ["ngram_twin"] and cands[0].name == "smollm2_ngram_twin"
+
+
+# ------------------------------------------------------------------------------------------------ predictions
+
+
+def _table(tmp_path):
+    t = tmp_path / "table.json"
+    # flat to 4 tokens, then linear (a CPU-like table): speculation pays at batch 1, not at 16
+    t.write_text(json.dumps({"format": "specc-cost-table/1", "device": "cpu",
+                             "verify_ms": {str(n): 30.0 * max(1.0, n / 4) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)}}))
+    return cost.load_cost_table(str(t))
+
+
+def _entry(rates, k, drafts=None, shape="chain"):
+    steps = 1000
+    per = [int(round(r * steps)) for r in rates]
+    return acceptance.Entry(target="t", draft=None, key={"method": "ngram"}, shape=shape, num_steps=k, topk=1,
+                            num_draft_tokens=k + 1,
+                            counters={"num_steps": steps, "num_accepted_tokens_per_pos": per,
+                                      "num_draft_tokens_per_pos": [int(d * steps) for d in (drafts or [1.0] * k)]},
+                            rates=tuple(p / steps for p in per), rates_ci95=tuple((r, r) for r in rates),
+                            tau=1 + sum(per) / steps, tau_ci95=(1, 1),
+                            alpha=cost.alpha_for_expected_tokens(1 + sum(per) / steps, k))
+
+
+def test_expected_tokens_from_rates_is_e_of_alpha_for_geometric_rates():
+    for a in (0.2, 0.5, 0.8):
+        rates = [a ** (i + 1) for i in range(6)]
+        for k in range(7):
+            assert cost.expected_tokens_from_rates(rates, k) == pytest.approx(cost.expected_tokens(a, k))
+        # past the measured positions the tail continues geometrically
+        assert cost.expected_tokens_from_rates(rates[:3], 6, a) == pytest.approx(cost.expected_tokens(a, 6))
+
+
+def test_fit_linear_is_least_squares_and_non_negative():
+    from specc.tune.predict import fit_linear
+
+    f = fit_linear([1, 2, 4, 8], [3 + 2 * x for x in (1, 2, 4, 8)])
+    assert (f.a, f.b) == pytest.approx((3.0, 2.0))
+    assert fit_linear([4, 4], [8, 8])(8) == pytest.approx(16.0)  # one batch size: proportional
+    assert fit_linear([1, 8], [10, 2]).b == 0.0  # never a negative slope
+    assert fit_linear([], [])(5) == 0.0
+
+
+def test_choice_follows_the_measured_acceptance(tmp_path):
+    """A good drafter wins at batch 1 with a deep κ and drops to κ = 0 where the verify saturates; the
+    plan's κ per bucket comes from the measurement, not a default."""
+    from types import SimpleNamespace
+
+    from specc.tune.predict import Config, Predictor, StageCosts, choose, Linear
+
+    table = _table(tmp_path)
+    cand = lambda name, ks: SimpleNamespace(name=name, kappas=ks, measure_steps=max(ks), shape="chain",  # noqa: E731
+                                            plan=SimpleNamespace(method=SimpleNamespace(
+                                                name="ngram", parallel_drafting=False, topk=1, tree_choices=None)))
+    good = _entry([0.8, 0.64, 0.51, 0.41], 4)
+    poor = _entry([0.1, 0.01, 0.0, 0.0], 4)
+    costs = {None: StageCosts(), "good": StageCosts(draft=Linear(0.1, 0.05)), "poor": StageCosts(draft=Linear(0.1, 0.05))}
+    pred = Predictor(table=table, candidates={"good": cand("good", (1, 2, 3, 4)), "poor": cand("poor", (1, 2, 3, 4))},
+                     entries={"good": good, "poor": poor}, costs=costs)
+    ch = choose(pred, [1, 4, 16, 64])
+    assert ch.candidate == "good"
+    assert ch.buckets[1] == 3  # 4 tokens verify at the one-token price: κ = 3 fills them
+    assert ch.buckets[max(ch.buckets)] == 0  # compute-bound: nothing pays
+    # the prediction is the seed's throughput B·E / step with the measured E
+    bd = pred.breakdown(Config("good", 3), 1)
+    assert bd["expected_tokens"] == pytest.approx(1 + 0.8 + 0.64 + 0.51)
+    assert bd["tok_s"] == pytest.approx(1 * bd["expected_tokens"] / bd["step_ms"] * 1e3)
+    assert bd["verify_ms"] == pytest.approx(table.step_ms(4))
+    # measured throughput overrides a prediction where a run measured it
+    worse = {("good", ch.buckets[1], 1): 1.0}
+    assert choose(pred, [1, 4, 16, 64], measured=worse).buckets[1] != ch.buckets[1]
+
+
+def test_lookup_drafts_fewer_tokens_than_kappa(tmp_path):
+    """An n-gram drafter proposes at a position only when it matches: its verify carries the measured
+    drafts per step, not κ."""
+    e = _entry([0.2, 0.1], 2, drafts=[0.5, 0.3])
+    assert e.drafts_per_step(2) == pytest.approx(0.8) and e.drafts_per_step(1) == pytest.approx(0.5)
+    assert e.expected_tokens(2) == pytest.approx(1.3)
+
+
+# ------------------------------------------------------------------------------------------------ acceptance
+
+
+def test_ratio_ci_is_the_cluster_ratio_estimator():
+    a, n = [3, 5, 0, 4], [10, 12, 8, 10]
+    r, lo, hi = acceptance.ratio_ci(a, n)
+    assert r == pytest.approx(12 / 40)
+    var = 4 / 3 * sum((x - r * y) ** 2 for x, y in zip(a, n)) / 40 ** 2
+    assert (hi - lo) / 2 == pytest.approx(acceptance.Z95 * math.sqrt(var))
+    assert acceptance.ratio_ci([1], [5])[2] == math.inf
+
+
+def test_every_shipped_drafter_has_a_current_record():
+    from specc.tune.candidates import discover
+
+    for c in discover()[0]:
+        found = acceptance.find(c.plan)
+        assert found.entry is not None, found.reason
+        assert not found.stale, found.reason
+        e = found.entry
+        assert e.prompts["source"] == "specc/data/prompts.jsonl" and "held_out" in e.prompts
+        assert e.counters["num_requests"] >= 30 and 1.0 <= e.tau_ci95[0] <= e.tau <= e.tau_ci95[1]
+        assert e.measured["command"].startswith("python tools/acceptance_records.py")
+
+
+def test_record_round_trip_and_stale_detection(tmp_path, monkeypatch):
+    from specc.plan.load import load_plan
+    from specc.rules import resolve
+
+    plan = resolve(load_plan("smollm2_eagle3").plan, "specc")[0]
+    found = acceptance.find(plan)
+    path = acceptance.write_record(tmp_path / "acceptance.json", [found.entry])
+    again = acceptance.read_record(path)[0]
+    assert again.rates == found.entry.rates and again.key == found.entry.key and again.tau == pytest.approx(found.entry.tau)
+    monkeypatch.setattr(acceptance, "drafter_fingerprint", lambda p: "0" * 64)
+    stale = acceptance.find(plan)
+    assert stale.stale and "STALE" in stale.reason and acceptance.REGENERATE in stale.reason
+    (tmp_path / "bad.json").write_text('{"format": "specc-acceptance/1", "entries": [{"counters": {"num_steps": 4, '
+                                       '"num_accepted_tokens_per_pos": [1, 3]}}]}')
+    with pytest.raises(acceptance.AcceptanceError, match="must not grow"):
+        acceptance.read_record(tmp_path / "bad.json")
+
+
+def test_record_paths():
+    from specc.plan.load import load_plan
+
+    assert acceptance.record_path(load_plan("smollm2_ngram").plan) == acceptance.DATA_DIR / "ngram.json"
+    assert acceptance.record_path(load_plan("smollm2_draft_model").plan) == \
+        acceptance.DATA_DIR / "smollm2_135m_shallow.json"  # built at install: not committed in its folder
+    assert acceptance.record_path(load_plan("smollm2_eagle3").plan).name == "acceptance.json"
+
+
+# ------------------------------------------------------------------------------------------------ explain
+
+
+def test_explain_uses_the_record_and_says_so(capsys):
+    rc, out, _ = run_cli(capsys, "explain", "smollm2_eagle3", "--format", "json")
+    data = json.loads(out)
+    assert rc == 0 and data["alpha_measured"] and data["alpha_source"].startswith("acceptance record ")
+    entry = acceptance.find(__import__("specc.rules", fromlist=["resolve"]).resolve(
+        __import__("specc.plan.load", fromlist=["load_plan"]).load_plan("smollm2_eagle3").plan, "specc")[0]).entry
+    s = {x["num_steps"]: x for x in data["states"]}
+    assert s[3]["expected_tokens"] == pytest.approx(entry.expected_tokens(3))
+    rc, out, _ = run_cli(capsys, "explain", "smollm2_ngram", "--hardware", "cpu")
+    assert rc == 0 and "acceptance record specc/data/acceptance/ngram.json" in out
+    assert "2.77x" not in out  # the old headline from α = 0.70
+
+
+def test_explain_without_a_record_assumes_nothing(capsys):
+    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu")
+    header = next(ln for ln in out.splitlines() if ln.startswith("state "))
+    assert rc == 0 and "α: none: no acceptance record" in out and "α to pay" in header and "speedup" not in header
+    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu", "--format", "json")
+    data = json.loads(out)
+    assert data["alpha"] is None and data["alpha_assumed"] is True
+    chain = [s for s in data["states"] if s["num_steps"] > 0]
+    assert all(s["speedup"] is None and s["expected_tokens"] is None for s in data["states"])
+    assert all(0.0 <= s["alpha_to_pay"] <= 1.0 for s in chain if s["alpha_to_pay"] is not None)
+    b1 = {s["num_steps"]: s for s in chain if s["batch_size"] == 1}
+    # at α_to_pay the §6.2 speedup is 1: E(α, κ) = 1 + κc
+    k = 3
+    assert cost.expected_tokens(b1[k]["alpha_to_pay"], k) == pytest.approx(1 + k * data["c"], rel=1e-3)
+
+
+def test_explain_prints_several_plans_side_by_side(capsys):
+    rc, out, _ = run_cli(capsys, "explain", "smollm2_ngram", "smollm2_eagle3", "sglang_eagle3_adaptive",
+                         "--hardware", "cpu")
+    assert rc == 0 and "3 plans side by side" in out
+    header = out.splitlines()[1]
+    assert header.split() == ["smollm2_ngram", "smollm2_eagle3", "sglang_eagle3_adaptive"]
+    assert any(ln.startswith("B=1 ") for ln in out.splitlines())
+    assert "needs α≥" in out  # the plan without a record
+    rc, out, _ = run_cli(capsys, "explain", "smollm2_ngram", "smollm2_eagle3", "method.num_steps=2", "--format", "json")
+    plans = json.loads(out)["plans"]
+    assert [p["plan"] for p in plans] == ["smollm2_ngram", "smollm2_eagle3"]
+    assert all({s["num_steps"] for s in p["states"]} == {2} for p in plans)  # the override applies to both
+
+
+def test_explain_reads_a_record_file_as_acceptance(capsys, tmp_path):
+    from specc.plan.load import load_plan
+    from specc.rules import resolve
+
+    plan = resolve(load_plan("smollm2_eagle3").plan, "specc")[0]
+    entry = acceptance.find(plan).entry
+    import dataclasses
+
+    rates = (0.5, 0.25, 0.125, 0.0625)
+    steps = 1000
+    fake = dataclasses.replace(entry, counters=dict(entry.counters, num_steps=steps,
+                                                    num_accepted_tokens_per_pos=[int(r * steps) for r in rates]))
+    path = acceptance.write_record(tmp_path / "rec.json", [fake])
+    rc, out, err = run_cli(capsys, "explain", "smollm2_eagle3", "--acceptance", path, "--format", "json")
+    assert rc == 0, err
+    s = {x["num_steps"]: x for x in json.loads(out)["states"]}
+    assert s[3]["expected_tokens"] == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    rc, _, err = run_cli(capsys, "explain", "smollm2_ngram", "--acceptance", path)
+    assert rc == 2 and "--acceptance" in err and "no entry for this plan" in err
+
+
+# ------------------------------------------------------------------------------------------------ emit
+
+
+@pytest.mark.parametrize("name", ["smollm2_ngram", "smollm2_eagle3", "smollm2_dflash", "smollm2_draft_model",
+                                  "smollm2_eagle3_tree"])
+def test_emitted_plans_pass_the_engines_rules(tmp_path, name):
+    """The tuned plan loads back, compiles for specc, and its vLLM / SGLang settings pass those engines'
+    own rules as `specc export` checks them (a tree has no vLLM equivalent: the refusal is written)."""
+    from specc.tune import emit
+    from specc.tune.candidates import discover
+    from specc import codegen
+
+    cand = next(c for c in discover()[0] if c.name == name)
+    k = max(cand.kappas)
+    buckets = {1: [k], 4: [1 if cand.shape != "tree" else k], 16: [0]}
+    doc = emit.plan_document(cand, buckets, kind="batch_buckets", engine="specc", name="tuned", alpha=0.3,
+                             cost_table="pkg://specc/data/cost_tables/smollm2_135m_cpu.json", capture=[1, 2, 4, 8, 16])
+    out = tmp_path / "tuned.yaml"
+    out.write_text(emit.dump_plan(doc, ["test"]))
+    plan, errors = emit.check_loads(out, "specc")
+    assert errors == [] and plan.schedule.kind == "batch_buckets" and plan.schedule.buckets[1].candidates == [k]
+    assert codegen.compile_plan(plan, tmp_path / "art").path.is_dir()
+    ok, text = emit.export_text(out, "vllm")
+    assert ok == (cand.shape != "tree"), text
+    if ok:
+        assert "num_speculative_tokens_per_batch_size" in text and text.strip().splitlines()[-1].startswith("vllm serve")
+        assert subprocess.run([sys.executable, "-m", "specc.cli", "export", str(out), "--engine", "vllm"],
+                              capture_output=True, text=True, cwd=ROOT).returncode == 0
+    sg = dict(doc, engine="sglang", schedule={"kind": "adaptive", "capture_batch_sizes": [1, 2, 4, 8, 16],
+                                              "buckets": {b: {"candidates": v} for b, v in buckets.items()}})
+    sg_path = tmp_path / "tuned.sglang.yaml"
+    sg_path.write_text(emit.dump_plan(sg, []))
+    ok, text = emit.export_text(sg_path, "sglang", tmp_path / "adaptive.json")
+    assert ok, text
+    assert text.strip().splitlines()[-1].startswith("python -m sglang.launch_server")
+
+
+# ------------------------------------------------------------------------------------------------ run PLAN
+
+
+def test_run_compiles_a_plan_into_the_cache(tmp_path, monkeypatch):
+    from specc.commands.compile import artifact_for, cache_dir
+    from specc.errors import SpeccError
+
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path))
+    said = []
+    first = artifact_for("smollm2_ngram", ["method.num_steps=2"], say=said.append)
+    assert first.parent == cache_dir() == tmp_path / "artifacts" and (first / "manifest.json").is_file()
+    again = artifact_for("smollm2_ngram", ["method.num_steps=2"], say=said.append)
+    assert again == first and said[0].startswith("compiled") and said[1].startswith("reused")
+    assert artifact_for("smollm2_ngram", ["method.num_steps=3"]) != first  # keyed by the content's hash
+    assert artifact_for(str(first)) == first
+    with pytest.raises(SpeccError, match="overrides"):
+        artifact_for(str(first), ["method.num_steps=3"])
+
+
+# ------------------------------------------------------------------------------------------------ a whole run
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import torch
+
+    from specc.runtime.testing import perturbed_copy, tiny_llama
+    from test_runtime_artifact import _write_checkpoint
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("tiny")
+    target = tiny_llama(seed=0, vocab_size=V)
+    _write_checkpoint(target, root / "target")
+    _write_checkpoint(perturbed_copy(target, noise=0.02, seed=1), root / "draft")
+    tgt = f"target: {{path: {root / 'target'}, format: hf, vocab_size: {V}, max_model_len: 128}}\n"
+    (root / "ngram.yaml").write_text("defaults:\n  - /method: ngram\n  - /verify: greedy\n  - _self_\nname: tiny_ngram\n"
+                                     "engine: specc\n" + tgt + "method: {num_steps: 3, ngram: {min: 1, max: 2}}\n")
+    (root / "draft.yaml").write_text("defaults:\n  - /method: draft_model\n  - /verify: greedy\n  - _self_\n"
+                                     "name: tiny_draft\nengine: specc\n" + tgt +
+                                     f"draft: {{path: {root / 'draft'}, format: hf, vocab_size: {V}, max_model_len: 128}}\n"
+                                     "method: {num_steps: 2}\n")
+    lines = [" ".join(f"w{(i * 7 + j) % 40 + 4}" for j in range(12)) for i in range(10)]
+    (root / "prompts.txt").write_text("\n".join(f"{ln} {ln}" for ln in lines) + "\n")
+    return root
+
+
+def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
+    """Measure, predict (a cost table profiled on the spot: none exists for this model), confirm,
+    emit: the plan, its engine settings and record, a report with predicted against measured, a plot."""
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "tuned.yaml"
+    rc, stdout, err = run_cli(capsys, "tune", tiny / "prompts.txt", "--plans", tiny / "ngram.yaml", tiny / "draft.yaml",
+                              "--target", tiny / "target", "--concurrency", "1,4", "--budget-min", "1.5",
+                              "--max-new-tokens", "12", "--measure-batch", "4", "--out", out, "--no-progress")
+    assert rc == 0, err
+    for suffix in (".yaml", ".sglang.yaml", ".launch.sh", ".acceptance.json", ".report.md", ".png", ".json"):
+        assert Path(f"{tmp_path / 'tuned'}{suffix}").is_file(), suffix
+    assert "profiled now" in err and list((tmp_path / "cache" / "cost_tables").glob("*.json"))
+    data = json.loads((tmp_path / "tuned.json").read_text())
+    assert data["seconds"] <= 1.5 * 60 * 1.1
+    assert set(data["candidates"]) == {"ngram", "draft"}
+    assert data["choice"]["candidate"] in ("ngram", "draft")
+    runs = [r for r in data["runs"] if not r["run"].startswith("measure")]
+    assert {r["run"] for r in runs} >= {"plain"} and all(r["exact"] for r in runs)
+    assert "predicted against measured" in stdout
+    from specc.plan.load import load_plan
+
+    plan = load_plan(str(out)).plan
+    assert plan.schedule.kind == "batch_buckets" and plan.schedule.alpha is not None
+    entries = acceptance.read_record(tmp_path / "tuned.acceptance.json")
+    assert {e.key["method"] for e in entries} == {"ngram", "draft_model"}
+
+
+def test_run_takes_a_plan_file(tiny, tmp_path, monkeypatch, capsys):
+    """`specc run PLAN`: compiled on the fly into the cache, then run (a second run reuses it)."""
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path))
+    argv = ["run", tiny / "ngram.yaml", "--prompts", tiny / "prompts.txt", "--limit", "2", "--max-new-tokens", "4",
+            "--no-progress"]
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 0, err
+    assert "compiled ngram.yaml -> " in err and "=== metrics" in out
+    arts = list((tmp_path / "artifacts").iterdir())
+    assert len(arts) == 1 and arts[0].name.startswith("tiny_ngram-")
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 0 and "reused ngram.yaml -> " in err and len(list((tmp_path / "artifacts").iterdir())) == 1
+
+
+def test_measuring_runs_ramp_the_batch_and_stop_by_rule(tiny):
+    """The step samples span batch sizes (1, 2, then the full batch) so the cost fits have a slope; a
+    cost-only run stops after its steps; a deadline in the past stops after the first decode step."""
+    import time as _time
+
+    from specc.plan.load import load_plan
+    from specc.rules import resolve
+    from specc.runtime.prompts import read_prompts
+    from specc.tune.measure import Models, encode, run_sampled
+    from specc.tune.session import plain_plan
+
+    plan = resolve(load_plan(str(tiny / "ngram.yaml")).plan, "specc")[0]
+    models = Models({"path": plan.target.path, "format": "hf"}, max_model_len=120)
+    ids = encode(read_prompts(tiny / "prompts.txt"), models.tokenizer)
+    rt = models.runtime(plain_plan(plan, [4]))
+    per, samples, reason, tok_s = run_sampled(rt, ids, batch_size=4, max_new_tokens=8, deadline=_time.monotonic() + 60,
+                                              tolerance=0.0, min_requests=2, ramp=(1, 2), ramp_steps=2, max_steps=7)
+    rows = [s.rows for s in samples]
+    assert rows[:2] == [1, 1] and 2 in rows and 4 in rows and len(samples) == 7 and "7 decode steps" in reason
+    assert all(s.wall_ms >= s.stage_ms["verify"] > 0 for s in samples) and tok_s > 0
+    assert all(p["num_steps"] > 0 for p in per)  # live requests were cancelled, their steps kept
+    per, samples, reason, _ = run_sampled(rt, ids, batch_size=4, max_new_tokens=8, deadline=_time.monotonic() - 1,
+                                          tolerance=0.0, min_requests=2)
+    assert len(samples) == 1 and "time share spent" in reason

@@ -1,0 +1,152 @@
+#!/usr/bin/env python
+"""Does `specc tune` pick well, fast? Run it, then run every candidate side by side and compare.
+
+1. ``specc tune PROMPTS`` in a fresh process, timed against its budget (``--budget-min``).
+2. The exhaustive side-by-side run: at each concurrency, plain decoding, every shipped drafter at
+   every κ in ``--kappas`` that it covers (a tree at its own shape), and the plan tune emitted, through
+   the runtime's concurrency benchmark (:func:`specc.tune.confirm.side_by_side`: the same requests for
+   all, continuous batching, each configuration once per round, rounds in alternating order, best
+   round kept; every greedy output compared with plain decoding's).
+3. Per concurrency: the tuned plan's decode tokens/s against the best configuration's; the goal is
+   ≥ 0.95×.
+
+    OMP_NUM_THREADS=1 python tools/bench_tune.py --out docs/bench_tune.json
+
+Prints the table (Markdown, for the README) and writes the JSON (every configuration at every
+concurrency, tune's wall time, the CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", default=None, help="prompts file (default: the shipped set)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--budget-min", type=float, default=10.0, help="tune's budget")
+    ap.add_argument("--kappas", type=int, nargs="+", default=[1, 2, 4], help="κ of every drafter run side by side")
+    ap.add_argument("--high-from", type=int, default=None,
+                    help="from this concurrency up, run only --high-kappas (bounds the run where wide verifies are slow)")
+    ap.add_argument("--high-kappas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--per-slot", type=int, default=1, help="requests per concurrency slot")
+    ap.add_argument("--minimum", type=int, default=4, help="requests per run at least")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds per concurrency (best kept)")
+    ap.add_argument("--tuned", default="/tmp/specc_bench_tune/tuned.yaml", help="where tune writes its plan")
+    ap.add_argument("--skip-tune", action="store_true", help="reuse the plan at --tuned (and its JSON) instead")
+    ap.add_argument("--out", default=None, help="JSON results")
+    args = ap.parse_args(argv)
+
+    from specc.runtime.prompts import read_prompts, shipped_prompts_path
+
+    prompts = args.prompts or str(shipped_prompts_path())
+    tuned = Path(args.tuned)
+    tuned.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if not args.skip_tune:
+        cmd = [sys.executable, "-m", "specc.cli", "tune", prompts, "--out", str(tuned), "--budget-min",
+               str(args.budget_min), "--concurrency", ",".join(map(str, args.concurrency)), "--no-progress"]
+        print("$ " + " ".join(cmd[1:]), flush=True)
+        res = subprocess.run(cmd, cwd=ROOT)
+        if res.returncode != 0:
+            print(f"specc tune failed (exit {res.returncode})", file=sys.stderr)
+            return 1
+    tune_s = time.perf_counter() - t0 if not args.skip_tune else json.loads(tuned.with_suffix(".json").read_text())["seconds"]
+    tune_data = json.loads(tuned.with_suffix(".json").read_text())
+    budget = tune_data.get("budget_min", args.budget_min)
+    print(f"specc tune took {tune_s / 60:.1f} min (budget {budget:g} min)", flush=True)
+
+    from specc.commands.tune import _sample
+    from specc.plan.load import load_plan
+    from specc.rules import resolve
+    from specc.tune.candidates import discover, identity
+    from specc.tune.confirm import Entry, side_by_side
+    from specc.tune.measure import Models, encode
+    from specc.tune.session import plain_plan
+
+    cands, _ = discover()
+    plan = resolve(load_plan(str(tuned)).plan, "specc")[0]
+    win = next((c for c in cands if identity(c.plan) == identity(plan)), None)
+    if win is None:
+        print(f"{tuned}: its drafter is none of the shipped candidates", file=sys.stderr)
+        return 1
+    base = cands[0].plan
+    models = Models({"path": base.target.path, "format": base.target.format}, max_model_len=base.target.max_model_len)
+    sample = _sample(read_prompts(prompts))
+    ids = encode(sample, models.tokenizer)
+    models.max_model_len = max(len(p) for p in ids) + args.max_new_tokens + 8
+    entries = [Entry("plain", None, lambda c: plain_plan(base, [c])),
+               Entry(f"tuned ({win.name})", win, lambda c: plan)]
+    for c in cands:
+        ks = c.kappas if c.shape == "tree" else [k for k in c.kappas if k in args.kappas]
+        for k in ks:
+            entries.append(Entry(f"{c.name} κ={k}", c, (lambda cc, c=c, k=k: c.variant(k, capture=[cc]))))
+    print(f"{len(entries)} configurations x concurrency {args.concurrency}, {args.rounds} round(s), "
+          f"{args.max_new_tokens} new tokens, max({args.minimum}, {args.per_slot}·C) requests", flush=True)
+    t1 = time.perf_counter()
+
+    def progress(label, c, rnd):
+        print(f"[{time.perf_counter() - t1:7.0f}s] C={c} round {rnd + 1}: {label}", flush=True)
+
+    results, notes = {}, []
+    for c in args.concurrency:
+        here = entries
+        if args.high_from is not None and c >= args.high_from:
+            here = [e for e in entries if e.candidate is None or e.label.startswith("tuned") or e.candidate.shape == "tree"
+                    or int(e.label.rsplit("=", 1)[1]) in args.high_kappas]
+        res, nts = side_by_side(models, here, [c], ids, max_new_tokens=args.max_new_tokens, per_slot=args.per_slot,
+                                minimum=args.minimum, rounds=args.rounds, on_run=progress)
+        results.update(res)
+        notes += nts
+    bench_s = time.perf_counter() - t1
+    from specc.runtime.profile import _cpu_name
+    import torch
+
+    rows, goals = [], []
+    for c in args.concurrency:
+        tuned_r = results[(entries[1].label, c)]
+        best_label, best = max(((e.label, results[(e.label, c)]) for e in entries
+                                if e.label != entries[1].label and (e.label, c) in results),
+                               key=lambda kv: kv[1].decode_tok_s)
+        ratio = tuned_r.decode_tok_s / best.decode_tok_s
+        plain_r = results[("plain", c)]
+        goals.append(ratio >= 0.95)
+        k_used = ",".join(f"κ{k}:{n}" for k, n in sorted(tuned_r.kappa_steps.items()))
+        rows.append([c, f"{plain_r.decode_tok_s:.1f}", f"{best_label}", f"{best.decode_tok_s:.1f}",
+                     f"{tuned_r.decode_tok_s:.1f} ({k_used})", f"{ratio:.2f}", "yes" if ratio >= 0.95 else "NO"])
+    print()
+    print(f"| C | plain tok/s | best configuration | its tok/s | tuned plan tok/s (steps per κ) | tuned / best | ≥ 0.95 |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r) + " |")
+    inexact = [(l, c) for (l, c), r in results.items() if r.exact is False]
+    print(f"\ntune: {tune_s / 60:.1f} min (budget {budget:g}); plan {tune_data['choice']['candidate']} "
+          f"buckets {tune_data['choice']['buckets']}; exhaustive run {bench_s / 60:.1f} min; "
+          f"{sum(goals)}/{len(goals)} concurrencies at >= 0.95x the best; greedy outputs identical to plain: "
+          + ("all" if not inexact else f"NOT {inexact}"))
+    for n in notes:
+        print(n)
+    if args.out:
+        data = {"cpu": _cpu_name(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
+                "tune_seconds": tune_s, "budget_min": args.budget_min, "bench_seconds": bench_s,
+                "tuned": {"plan": str(tuned), "choice": tune_data["choice"], "report": tune_data.get("runs")},
+                "settings": vars(args),
+                "results": {f"{l} @C={c}": {"decode_tok_s": r.decode_tok_s, "tau": r.tau, "mean_batch": r.mean_batch,
+                                            "exact": r.exact, "kappa_steps": r.kappa_steps, "rounds": r.rounds}
+                            for (l, c), r in results.items()},
+                "table": rows, "goals_met": sum(goals), "goals": len(goals)}
+        Path(args.out).write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return 0 if all(goals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
