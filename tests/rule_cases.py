@@ -422,7 +422,6 @@ CASES = {
     # ---------------- specc ----------------
     # compile uses the name as a directory and module name (specc/codegen.py check_identifier).
     "specc.S-NAME": (S_E3, {"name": "my-plan"}, {"name": "my_plan"}, "error"),
-    "specc.S-METHOD": (S_E3, {"method.name": "suffix"}, {"method.name": "eagle3"}, "error"),
     # MTP without draft.path reads the target's NEXTN layers (SGLang EG6); SmolLM2's GGUF ships none
     "specc.S-MTP-DRAFT": (S_MTP, {"draft": None}, {"draft": {"path": MTP1, "format": "hf"}}, "error"),
     # vLLM: "num_speculative_tokens must be divisible by n_predict" (a κ of 3 over 2 layers)

@@ -263,14 +263,16 @@ def test_readme_plan_is_explained_as_the_engine_runs_it(capsys, tmp_path, monkey
 # 6. numbers that mislead: α's origin, measured acceptance, decode tok/s, the two speedup columns
 
 
-def test_prediction_says_alpha_is_not_measured(capsys):
-    rc, out, _ = run_cli(capsys, "explain", "smollm2_eagle3")
-    assert rc == 0 and "not a measurement of this drafter" in out and "--acceptance" in out
-    rc, out, _ = run_cli(capsys, "explain", "smollm2_eagle3", "--format", "json")
+def test_prediction_says_where_alpha_comes_from(capsys):
+    rc, out, _ = run_cli(capsys, "explain", "smollm2_eagle3")  # the head's shipped acceptance record
+    assert rc == 0 and "acceptance.json" in out
+    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu")  # no record: none assumed
+    assert rc == 0 and "no α was measured or given" in out and "--acceptance" in out
+    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu", "--format", "json")
     data = json.loads(out)
-    assert data["alpha_measured"] is False and "not a measurement" in data["alpha_note"]
+    assert data["alpha_measured"] is False and data["alpha"] is None and "no α was measured" in data["alpha_note"]
     rc, out, _ = run_cli(capsys, "explain", "smollm2_eagle3", "--alpha", "0.3")
-    assert rc == 0 and "not a measurement" not in out and "(--alpha)" in out
+    assert rc == 0 and "(--alpha)" in out
 
 
 def _run_json(capsys, art, tmp_path, *extra):
@@ -363,7 +365,7 @@ def test_bench_prints_decode_and_end_to_end_rates(ngram_art, capsys, tmp_path):
 
 
 def test_speedup_columns_are_explained_where_they_differ_at_batch_1(capsys):
-    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu")
+    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu", "--alpha", "0.7")
     assert rc == 0
     rows = {ln.split()[0]: ln.split() for ln in out.splitlines()
             if ln.startswith("b1_") and len(ln.split()) >= 15}  # the prediction table, not the deployment one
@@ -372,7 +374,8 @@ def test_speedup_columns_are_explained_where_they_differ_at_batch_1(capsys):
     legend = next(ln for ln in out.splitlines() if "at batch 1 they differ" in ln)
     assert all(name in legend for name in differ) and "T*" in legend
     assert "speedup: §6.2's E / (1 + draft cost)" in out and "speedup@B: at the bucket's batch B" in out
-    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu", "--format", "json")
+    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--hardware", "cpu", "--alpha", "0.7",
+                         "--format", "json")
     assert "max(1, n / T*)" in json.loads(out)["speedup_columns"]
 
 

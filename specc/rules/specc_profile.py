@@ -168,10 +168,10 @@ _DRAFT_EXAMPLE = {"draft_model": "smollm2_135m_shallow", "eagle": "smollm2_135m_
                   "mtp": "smollm2_135m_mtp", "multi_layer_eagle": "smollm2_135m_multi_layer_eagle",
                   "frozen_kv_mtp": "smollm2_135m_frozen_kv_mtp"}
 #: adaptive schedules refuse multi-layer EAGLE (SGLang: MultiLayerEagleWorkerV2 has no adaptive support)
-ML_ADAPTIVE = ("sglang adaptive_spec_params.py:72-76 (the zoo seed's citation; :85-89 at 0.5.23, AD5); "
-               "specc/drafters/multi_layer_eagle.py")
+ML_ADAPTIVE = ("specc/drafters/multi_layer_eagle.py (SGLang adaptive_spec_params.py:72-76, the zoo seed's "
+               "citation; :85-89 at 0.5.23, AD5)")
 #: vLLM: "num_speculative_tokens must be divisible by n_predict" (vllm-0.33.0.md §3 row 25)
-MTP_N_PREDICT = "vllm config/speculative.py:1604-1612 (vllm-0.33.0.md §3 row 25); specc/drafters/mtp.py"
+MTP_N_PREDICT = "specc/drafters/mtp.py (vLLM config/speculative.py:1604-1612, vllm-0.33.0.md §3 row 25)"
 
 
 def _nextn_layers(cfg) -> Optional[int]:
@@ -347,9 +347,6 @@ RULES = (
       "name={p.name!r} is not a valid identifier, and specc compile uses it as the artifact directory and a "
       "Python module name; use letters, digits and underscores only, starting with a letter or underscore "
       "(e.g. name: my_plan)", CODEGEN_NAMES),
-    R("S-METHOD", "error", ("method.name",), lambda p: p.method.name not in SUPPORTED,
-      "method.name={p.method.name} is not supported by the specc runtime yet (it runs "
-      + ", ".join(SUPPORTED) + "); target sglang or vllm (engine=sglang|vllm)", RT),
     R("S-K0", "error", ("method.name", "method.num_steps"),
       lambda p: p.method.name == "none" and gt(p.method.num_steps, 0),
       "method.name=none is plain decoding (κ = 0) but method.num_steps={p.method.num_steps}; set num_steps 0 "
