@@ -43,6 +43,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="rounds per concurrency (best kept)")
     ap.add_argument("--tuned", default="/tmp/specc_bench_tune/tuned.yaml", help="where tune writes its plan")
     ap.add_argument("--skip-tune", action="store_true", help="reuse the plan at --tuned (and its JSON) instead")
+    ap.add_argument("--drafters", nargs="+", default=None, metavar="PRESET",
+                    help="run only these candidates (preset names) beside plain and the tuned plan; the left-out "
+                         "candidates are named in the output (default: every candidate)")
     ap.add_argument("--out", default=None, help="JSON results")
     args = ap.parse_args(argv)
 
@@ -86,7 +89,17 @@ def main(argv=None) -> int:
     models.max_model_len = max(len(p) for p in ids) + args.max_new_tokens + 8
     entries = [Entry("plain", None, lambda c: plain_plan(base, [c])),
                Entry(f"tuned ({win.name})", win, lambda c: plan)]
+    if args.drafters:
+        unknown = sorted(set(args.drafters) - {c.name for c in cands})
+        if unknown:
+            print(f"--drafters {' '.join(unknown)}: not a candidate (candidates: {', '.join(c.name for c in cands)})",
+                  file=sys.stderr)
+            return 2
+        left = [c.name for c in cands if c.name not in args.drafters]
+        print(f"exhaustive run restricted by --drafters; left out: {', '.join(left) or 'none'}", flush=True)
     for c in cands:
+        if args.drafters and c.name not in args.drafters:
+            continue
         ks = c.kappas if c.shape == "tree" else [k for k in c.kappas if k in args.kappas]
         for k in ks:
             entries.append(Entry(f"{c.name} κ={k}", c, (lambda cc, c=c, k=k: c.variant(k, capture=[cc]))))
@@ -143,6 +156,7 @@ def main(argv=None) -> int:
                 "results": {f"{l} @C={c}": {"decode_tok_s": r.decode_tok_s, "tau": r.tau, "mean_batch": r.mean_batch,
                                             "exact": r.exact, "kappa_steps": r.kappa_steps, "rounds": r.rounds}
                             for (l, c), r in results.items()},
+                "left_out": [c.name for c in cands if args.drafters and c.name not in args.drafters],
                 "table": rows, "goals_met": sum(goals), "goals": len(goals)}
         Path(args.out).write_text(json.dumps(data, indent=1, default=str) + "\n")
     return 0 if all(goals) else 1
