@@ -61,7 +61,7 @@ def _rel(path) -> str:
 
 
 def main(argv=None) -> None:
-    from specc.commands.train import command_line as _command
+    from specc.train.provenance import command_line as _command
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category (10 = all 60)")
