@@ -553,6 +553,9 @@ CASES = {
     "specc.S-TRT": (S_E3, {"runtime.compile_backend": "tensorrt"}, {"runtime.compile_backend": "eager"}, "error"),
     "specc.S-CPU-DTYPE": (S_E3, {"runtime.device": "cpu", "runtime.dtype": "bfloat16"}, {"runtime.dtype": "float32"},
                           "warning"),
+    "specc.S-CPU-HALF-INDUCTOR": (S_E3, {"runtime.device": "cpu", "runtime.dtype": "bfloat16",
+                                         "runtime.compile_backend": "inductor"},
+                                  {"runtime.compile_backend": "eager"}, "warning"),
     "specc.S-TRITON-CPU": (S_E3, {"runtime.device": "cpu", "runtime.kernel_backend": "triton"},
                            {"runtime.kernel_backend": "torch"}, "warning"),
 }

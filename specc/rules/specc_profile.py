@@ -795,6 +795,14 @@ RULES = (
     R("S-CPU-DTYPE", "warning", ("runtime.dtype", "runtime.device", "schedule.cost_table"),
       _half_not_measured_faster, "{why}", "specc/runtime/profile.py (settings, choice)",
       message_args=lambda p: {"why": _dtype_message(p)}),
+    R("S-CPU-HALF-INDUCTOR", "warning", ("runtime.dtype", "runtime.compile_backend", "runtime.device"),
+      lambda p: p.runtime.device == "cpu" and p.runtime.dtype in ("bfloat16", "float16")
+      and p.runtime.compile_backend == "inductor",
+      "runtime.dtype={p.runtime.dtype} with runtime.compile_backend=inductor on the CPU: inductor's half-precision "
+      "kernels are not row-invariant, so a verify over W tokens can round a row differently from the 1-token step "
+      "and speculative greedy output can differ from plain greedy (measured by tools/bench_backends.py: 8 of 36 "
+      "prompt runs differed, docs/bench_backends.json); use compile_backend=eager with {p.runtime.dtype}, or "
+      "dtype=float32 with inductor", "tools/bench_backends.py (docs/bench_backends.json)"),
     R("S-TRITON-CPU", "warning", ("runtime.kernel_backend", "runtime.device"),
       lambda p: p.runtime.device == "cpu" and p.runtime.kernel_backend == "triton",
       "runtime.kernel_backend=triton on CPU runs under TRITON_INTERPRET=1 (very slow); use torch or auto",

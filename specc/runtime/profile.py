@@ -285,15 +285,24 @@ def choose(settings: Dict[str, Dict[str, Any]], cpu: Optional[Dict[str, Any]] = 
     of float32's, and how its forward grows from 1 verified token to the widest profiled, up to 16:
     a flat curve is what makes speculation pay), and names oneDNN's bf16 matmul kernel and ISA line
     when ``cpu`` (:func:`specc.device.cpu_facts`) is given. Raises ValueError when no setting has
-    ``state_ms``."""
+    ``state_ms``. A half-precision inductor setting is never chosen while another was timed (its
+    kernels are not row-invariant: exactness first)."""
     means = {k: statistics.mean(v["state_ms"].values()) for k, v in settings.items() if v.get("state_ms")}
     if not means:
         raise ValueError("choose: no setting has state_ms")
-    best = min(means, key=means.get)
+    # inductor's half-precision CPU kernels are not row-invariant: a W-token verify can round a row
+    # differently from the 1-token step, and speculative greedy output then differs from plain greedy
+    # (tools/bench_backends.py); such a setting is timed and ranked but never chosen
+    inexact = [k for k in means if k.split("/")[0] in ("bfloat16", "float16") and k.endswith("/inductor")]
+    eligible = [k for k in means if k not in inexact] or list(means)
+    best = min(eligible, key=means.get)
     dtype, backend = best.split("/")
     shapes = ", ".join(next(v["state_ms"] for v in settings.values() if v.get("state_ms")))
     ranking = ", ".join(f"{k} {m:.1f} ms" for k, m in sorted(means.items(), key=lambda kv: kv[1]))
     notes = [f"lowest mean forward over the plan's state shapes (B x W: {shapes}): {ranking}"]
+    if inexact and eligible != list(means):
+        notes.append(f"{', '.join(sorted(inexact))} not eligible: inductor's half-precision kernels are not "
+                     f"row-invariant on the CPU, so speculative greedy output can differ from plain greedy")
     by_dtype: Dict[str, float] = {}
     for k, m in means.items():
         d = k.split("/")[0]
