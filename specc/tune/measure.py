@@ -72,16 +72,23 @@ class Models:
         self._drafters: Dict[str, Any] = {}
 
     def drafter(self, candidate) -> Any:
-        """The candidate's drafter (built once through the method table's factory)."""
+        """The candidate's drafter through the method table's factory: a model drafter is built once and
+        shared; a lookup drafter (n-gram, suffix decoding) is built anew for every call, because it is
+        cheap to build and may keep state across requests (suffix decoding's global tree of earlier
+        outputs): no run drafts from the outputs of another configuration's run over the same prompts."""
         from specc import codegen, methods
         from specc.analyze import lower_plan
 
-        if candidate.name not in self._drafters:
+        def build():
             plan = candidate.plan
             spec = codegen.runtime_section(plan, lower_plan(plan).schedule.as_dict(), candidate.measure_steps)
-            self._drafters[candidate.name] = methods.build_drafter(
-                plan.method.name, spec, self.target, self.tokenizer, self.device,
-                max_seq_len=self.target.config.max_model_len)
+            return methods.build_drafter(plan.method.name, spec, self.target, self.tokenizer, self.device,
+                                         max_seq_len=self.target.config.max_model_len)
+
+        if methods.get(candidate.plan.method.name).lookup:
+            return build()
+        if candidate.name not in self._drafters:
+            self._drafters[candidate.name] = build()
         return self._drafters[candidate.name]
 
     def runtime(self, plan, candidate=None, cost_table: Optional[dict] = None):
