@@ -176,3 +176,73 @@ def test_frozen_unroll_is_the_assistant_over_the_targets_cache():
             hidden = model(toks[p + k + 1].view(1, 1), hidden, torch.tensor([[p]]),
                            attn.k_cache[:1, :, : p + 1], attn.v_cache[:1, :, : p + 1])
             assert torch.allclose(hidden[0, 0], outs[k][0, 0], atol=5e-2, rtol=5e-2), k  # fp16 training features
+
+
+# ------------------------------------------------------------------------------- warm start
+class _Sample:
+    """The two things ``warm_start`` reads of a validation SeqSet: ``feats`` keys and ``seq(i)``."""
+
+    def __init__(self, seqs):
+        self.seqs = seqs
+        self.feats = seqs[0][1]
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def seq(self, i):
+        toks, feats = self.seqs[i]
+        return toks, None, feats
+
+
+@pytest.mark.parametrize("kind,layers", [("mtp", 1), ("multi_layer_eagle", 3)])
+def test_warm_start_from_an_eagle_head_keeps_its_predictions(tmp_path, kind, layers):
+    """Every MTP layer warm-started from an EAGLE (v1) head holds the head's block, and its step-0 argmax
+    agrees with the head's on most positions (chance is 1/V; the mapping differs from the head only by the norms' scale
+    estimates; the head's fc bias is zeroed here, as the mapping drops it)."""
+    from specc.models.eagle_loader import load_eagle_head, save_eagle_head
+    from specc.models.mtp import MTPModel
+    from test_eagle_support import random_head
+    from mtp_family_support import mtp_config
+
+    target = tiny_target(seed=5)
+    head = random_head("eagle", target, seed=3)
+    with torch.no_grad():
+        head.fc.bias.zero_()
+    save_eagle_head(head, tmp_path / "eagle", target_config=target.config)
+    head = load_eagle_head(tmp_path / "eagle", target.config, target.embed, target.lm_head)  # fp16 round trip
+    seqs = [_sequence(target, n=24, seed=s) for s in range(4)]
+    model = MTPModel(mtp_config(target, kind, layers), target.embed, target.lm_head, lambda: target.output.weight)
+    facts = K.get(kind).warm_start(model, target, {"warm_start": str(tmp_path / "eagle")}, _Sample(seqs))
+    assert set(facts["warm_start"]["scales"]) == {"embedding", "hidden", "x", "head_output"}
+    L = target.config.num_layers
+    agree, total = 0, 0
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            torch.testing.assert_close(layer.self_attn.q_proj.weight, head.layer.self_attn.q_proj.weight.float())
+            torch.testing.assert_close(layer.mlp.down_proj.weight, head.layer.mlp.down_proj.weight.float())
+            for toks, feats in seqs:
+                n = feats[L].shape[0]
+                pos = torch.arange(n)[None]
+                want = head.draft_logits(head(toks[None, 1:], feats[L][None], pos)).argmax(-1)
+                got = model.draft_logits(model(toks[None, 1:], feats[L][None], pos, layer=i)).argmax(-1)
+                agree += int((want == got).sum())
+                total += n
+    assert agree / total >= 0.6, agree / total  # chance: 1 / 96
+
+
+def test_warm_start_refuses_a_head_of_another_kind(tmp_path):
+    from specc.errors import SpeccError
+    from specc.models.eagle_loader import save_eagle_head
+    from specc.models.mtp import MTPModel
+    from test_eagle_support import random_head
+    from mtp_family_support import mtp_config
+
+    target = tiny_target(seed=5)
+    save_eagle_head(random_head("eagle3", target, seed=3, draft_vocab=48), tmp_path / "e3", target_config=target.config)
+    model = MTPModel(mtp_config(target, "mtp", 1), target.embed, target.lm_head, lambda: target.output.weight)
+    with pytest.raises(SpeccError, match="options.warm_start"):
+        K.get("mtp").warm_start(model, target, {"warm_start": str(tmp_path / "e3")}, _Sample([_sequence(target)]))
+    with pytest.raises(SpeccError, match="options.warm_start"):
+        K.get("mtp").check_options({"warm_start": 3}, "r.yaml")
+    with pytest.raises(SpeccError, match="unknown option"):
+        K.get("frozen_kv_mtp").check_options({"warm_start": "x"}, "r.yaml")

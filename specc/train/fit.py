@@ -181,6 +181,7 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
     else:
         labels = FE.label_seqset(tokens, train_idx)
         model, info = kind.build(target, options, labels, list(range(len(train_idx))))
+        info.update(kind.warm_start(model, target, options, val))
     model.to(device).train()
     if isinstance(getattr(model, "train_state", None), dict):  # the kind's training tensors live with the model
         model.train_state = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in model.train_state.items()}

@@ -70,6 +70,12 @@ class DrafterKind:
         """Read a checkpoint written by :meth:`save` (or published by others in the same layout)."""
         raise NotImplementedError
 
+    def warm_start(self, model, target, options: dict, sample) -> dict:
+        """Initialise a freshly built ``model`` from another trained drafter when the options name one
+        (``sample``: a :class:`specc.train.data.SeqSet` with features, for scale estimates, or None).
+        Returns facts for the card. Default: nothing to do, ``{}``."""
+        return {}
+
     def check_options(self, options: dict, source: str) -> dict:
         """``options`` with defaults filled in; ``SpeccError`` naming an unknown key."""
         unknown = sorted(set(options) - set(self.options))

@@ -147,7 +147,9 @@ class _MTPFamily(DrafterKind):
                                   "null (the full shared head) or an integer >= 1"),
                   "prompt_labels": (lambda v: isinstance(v, bool), "true or false"),
                   "intermediate_size": (lambda v: v is None or (isinstance(v, int) and v >= 1),
-                                        "null (the target's) or an integer >= 1")}
+                                        "null (the target's) or an integer >= 1"),
+                  "warm_start": (lambda v: v is None or (isinstance(v, str) and bool(v)),
+                                 "null or the path of an EAGLE (v1) head directory (pkg:// allowed)")}
         for k, (ok, what) in checks.items():
             if k in out and not ok(out[k]):
                 raise SpeccError(f"{source}: options.{k}={out[k]!r} for drafter kind {self.name!r} must be {what}")
@@ -155,6 +157,78 @@ class _MTPFamily(DrafterKind):
 
     def layers(self, target_config, options):
         return (target_config.num_layers,)  # the final-norm output
+
+    @torch.no_grad()
+    def warm_start(self, model, target, options, sample, rows: int = 2048) -> dict:
+        """Copy an EAGLE (v1) head into every MTP layer of ``model`` (``options.warm_start``: its directory).
+
+        Both read the target's final-norm hidden ``f`` and the next token's embedding ``e`` and run one
+        Llama decoder block; they differ in the norms (our mapping, not a published recipe):
+
+            EAGLE:  x = fc([e; f]) + b            h = x + attn(x)             logits = head(g)
+            MTP:    x = eh_proj([enorm(e); hnorm(f)])   y = x + attn(input_layernorm(x))
+                    logits = head(shared_head.norm(y))
+
+        ``eh_proj = fc.weight`` with ``enorm``/``hnorm``/``input_layernorm`` set to the mean RMS of
+        ``e``/``f``/``x`` over ``sample`` (so each norm returns its input at the typical scale) and
+        ``shared_head.norm`` to the mean RMS of the head's output ``g`` (argmax is unchanged by it). The
+        attention, MLP and post-attention norm are copied as they are; ``fc``'s bias has no place
+        (``eh_proj`` has none) and is dropped. Returns the scales and the dropped bias's RMS for the card.
+
+        Raises ``SpeccError`` when the head is not an EAGLE (v1) head of this target's shape, or no
+        sample sequences are given.
+        """
+        path = options.get("warm_start")
+        if not path:
+            return {}
+        from specc.models.eagle_loader import load_eagle_head
+        from specc.models.resolve import resolve_model_path
+        from specc.errors import CheckpointError
+
+        try:
+            head = load_eagle_head(resolve_model_path(path), target.config, target.embed, target.lm_head,
+                                   expect_kind="eagle")
+        except CheckpointError as exc:
+            raise SpeccError(f"options.warm_start={path!r}: {exc}") from None
+        if head.cfg.intermediate_size != model.cfg.intermediate_size or head.cfg.hidden_size != model.cfg.hidden_size:
+            raise SpeccError(f"options.warm_start={path!r}: the head's sizes (hidden {head.cfg.hidden_size}, "
+                             f"intermediate {head.cfg.intermediate_size}) differ from the MTP layer's "
+                             f"({model.cfg.hidden_size}, {model.cfg.intermediate_size}); set options.intermediate_size")
+        if sample is None or len(sample) == 0:
+            raise SpeccError("options.warm_start needs validation sequences for its scale estimates; set val_every")
+        layer_key = max(sample.feats)
+        toks, feats, n = [], [], 0
+        for i in range(len(sample)):
+            t, _, f = sample.seq(i)
+            toks.append(t[1:]), feats.append(f[layer_key].float())
+            n += feats[-1].shape[0]
+            if n >= rows:
+                break
+        e = torch.cat([target.embed(t).float() for t in toks])[:rows]  # [N, H]
+        f = torch.cat(feats)[:rows]  # [N, H]
+        rms = lambda x: float(x.pow(2).mean(-1).sqrt().mean())  # noqa: E731
+        x = F.linear(torch.cat([e, f], -1), head.fc.weight.float(), head.fc.bias)  # [N, H]
+        g = torch.cat([head(t[None], fe[None].float(), torch.arange(fe.shape[0])[None])[0]
+                       for t, fe in zip(toks[:4], feats[:4])])
+        scales = {"embedding": rms(e), "hidden": rms(f), "x": rms(x), "head_output": rms(g)}
+        src = head.layer
+        for layer in model.layers:
+            layer.eh_proj.weight.copy_(head.fc.weight.float())
+            layer.enorm.weight.fill_(scales["embedding"])
+            layer.hnorm.weight.fill_(scales["hidden"])
+            layer.input_layernorm.weight.fill_(scales["x"])
+            layer.shared_head.norm.weight.fill_(scales["head_output"])
+            layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight.float())
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(layer.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight.float())
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(layer.mlp, name).weight.copy_(getattr(src.mlp, name).weight.float())
+        bias = 0.0 if head.fc.bias is None else float(head.fc.bias.float().pow(2).mean().sqrt())
+        print(f"[fit] warm start from the EAGLE head {path}: RMS of embedding {scales['embedding']:.3f}, "
+              f"hidden {scales['hidden']:.3f}, x {scales['x']:.3f}, head output {scales['head_output']:.3f}; "
+              f"dropped fc bias RMS {bias:.4f}", flush=True)
+        return {"warm_start": {"from": str(path), "scales": {k: round(v, 4) for k, v in scales.items()},
+                               "dropped_fc_bias_rms": round(bias, 5)}}
 
     def unroll_steps(self, options):
         return int(options.get("ttt_steps") or options.get("num_modules"))
@@ -300,7 +374,8 @@ class MTPKind(_MTPFamily):
     name = "mtp"
     title = "MTP (DeepSeek-style NEXTN layer)"
     options = {"ttt_steps": 3, "step_decay": 0.8, "draft_vocab": 8192, "intermediate_size": None,
-               "prompt_labels": False}
+               "prompt_labels": False,
+               "warm_start": None}
 
     def build(self, target, options, data, idx):
         from specc.models.mtp import MTPModel
@@ -334,7 +409,8 @@ class MultiLayerEagleKind(_MTPFamily):
     name = "multi_layer_eagle"
     title = "Multi-layer EAGLE (one MTP module per draft step)"
     options = {"num_modules": 3, "step_decay": 0.8, "draft_vocab": 8192, "intermediate_size": None,
-               "prompt_labels": False}
+               "prompt_labels": False,
+               "warm_start": None}
 
     def build(self, target, options, data, idx):
         from specc.models.multi_layer_eagle import MultiLayerEagleModel
