@@ -148,12 +148,21 @@ def _resolve(path: str) -> Optional[Path]:
     return Path(path).expanduser()
 
 
-def record_path(plan) -> Path:
-    """Where the acceptance record of ``plan``'s drafter lives (see the module docstring)."""
-    from specc import checkpoints, methods
+def _names_drafter_weights(plan) -> bool:
+    """Whether ``plan`` drafts with weights of its own at ``draft.path``: a method that needs a draft
+    checkpoint, or one whose target may ship the drafter (MTP) when the plan names a separate one."""
+    from specc import methods
 
     method = methods.get(plan.method.name)
-    if method.needs_draft_checkpoint and plan.draft is not None and plan.draft.path:
+    has_path = plan.draft is not None and bool(plan.draft.path)
+    return has_path and (method.needs_draft_checkpoint or method.target_ships_draft)
+
+
+def record_path(plan) -> Path:
+    """Where the acceptance record of ``plan``'s drafter lives (see the module docstring)."""
+    from specc import checkpoints
+
+    if _names_drafter_weights(plan):
         name = Path(str(plan.draft.path).rstrip("/")).name
         if name in checkpoints.BUILT_AT_INSTALL:
             return DATA_DIR / f"{name}.json"
@@ -180,9 +189,7 @@ def drafter_fingerprint(plan) -> Optional[str]:
     the names and the bytes), or None for methods without a drafter checkpoint or when it is not on
     disk. A retrained drafter gets another fingerprint, so its old record reads as stale. Cached by
     (path, size, mtime)."""
-    from specc import methods
-
-    if not methods.get(plan.method.name).needs_draft_checkpoint or plan.draft is None or not plan.draft.path:
+    if not _names_drafter_weights(plan):
         return None
     local = _resolve(str(plan.draft.path))
     if local is None or not local.exists():

@@ -55,10 +55,8 @@ def prompts(tmp_path):
     ("out suffix", ["OK", "--out", "OUTDIR/plan.txt"], ["--out", ".yaml"]),
     ("cost table", ["OK", "--cost-table", "/nonexistent/table.json"], ["--cost-table", "file not found"]),
     ("unknown method", ["OK", "--methods", "egale3"], ["--methods", "egale3", "did you mean", "eagle3"]),
-    ("method with no drafter", ["OK", "--methods", "mtp"], ["--methods mtp", "does not fit --target smollm2_135m",
-                                                            "no shipped drafter or preset uses it"]),
-    ("method with no drafter (multi-layer)", ["OK", "--methods", "multi_layer_eagle"],
-     ["--methods multi_layer_eagle", "does not fit"]),
+    ("method with no drafter", ["OK", "--methods", "custom"], ["--methods custom", "does not fit --target smollm2_135m",
+                                                                "no shipped drafter or preset uses it"]),
     ("engine refuses", ["OK", "--methods", "medusa", "--engine", "vllm"], ["--methods medusa", "--engine vllm"]),
     ("unknown target", ["OK", "--target", "llama99"], ["--target", "llama99"]),
     ("plan for another target", ["OK", "--plans", "vllm_pard"], ["--plans vllm_pard", "--target"]),
@@ -108,6 +106,7 @@ def test_every_shipped_drafter_is_a_candidate():
     assert by["smollm2_eagle3_tree"].shape == "tree" and by["smollm2_eagle3_tree"].kappas == (4,)
     assert by["smollm2_dflash"].shape == "parallel" and by["smollm2_dflash"].kappas == tuple(range(1, 8))
     assert by["smollm2_eagle3"].kappas == (1, 2, 3, 4)  # measured at κ = 4 at least
+    assert by["smollm2_multi_layer_eagle"].kappas == (1, 2, 3)  # one module per step, three shipped
     assert any("smollm2_serve" in n for n in notes) and any("smollm2_plain" in n for n in notes)
     # every variant the predictions cover is one the runtime's rules accept
     for c in cands:
@@ -269,6 +268,14 @@ def test_record_paths():
     assert acceptance.record_path(load_plan("smollm2_draft_model").plan) == \
         acceptance.DATA_DIR / "smollm2_135m_shallow.json"  # built at install: not committed in its folder
     assert acceptance.record_path(load_plan("smollm2_eagle3").plan).name == "acceptance.json"
+    # MTP layers may ship inside the target; a plan that names a separate head keeps the record by that head
+    mtp = load_plan("smollm2_mtp").plan
+    assert acceptance.record_path(mtp) == ROOT / "specc/assets/drafters/smollm2_135m_mtp/acceptance.json"
+    assert acceptance.drafter_fingerprint(mtp) is not None
+    import dataclasses
+    inside = dataclasses.replace(mtp, draft=None)
+    assert acceptance.record_path(inside) == acceptance.DATA_DIR / "mtp.json"
+    assert acceptance.drafter_fingerprint(inside) is None
 
 
 # ------------------------------------------------------------------------------------------------ explain

@@ -148,9 +148,14 @@ def _candidate(name: str, source: str, loaded_plan, max_steps: int) -> Candidate
         measure = k if resolved.method.block_size is not None else max(k, max_steps)
         kappas = tuple(range(1, measure + 1))
     c = Candidate(name=name, source=source, plan=resolved, shape=shape, measure_steps=measure, kappas=kappas)
-    if measure != k:
-        c = dataclasses.replace(c, plan=c.variant(measure))
-    return c
+    # measure at the largest κ the runtime accepts (a multi-layer head has one module per step: specc.S-ML-MODULES)
+    while measure > k:
+        try:
+            return dataclasses.replace(c, plan=c.variant(measure), measure_steps=measure,
+                                       kappas=tuple(range(1, measure + 1)))
+        except TuneError:
+            measure -= 1
+    return dataclasses.replace(c, measure_steps=k, kappas=kappas[:k] if shape != "tree" else kappas)
 
 
 def identity(plan) -> str:
