@@ -1,5 +1,4 @@
-"""The plans smollm2_mtp, smollm2_multi_layer_eagle (conf/train/plans/ until their heads ship) and the
-shipped preset smollm2_frozen_kv_mtp on the real
+"""The shipped presets smollm2_mtp, smollm2_multi_layer_eagle and smollm2_frozen_kv_mtp on the real
 target, SmolLM2-135M-Instruct, through their compiled artifacts (``specc compile`` then the loader,
 as ``specc run`` does): greedy output equals plain greedy decoding token for token on shipped prompts
 at batch 1 and batch 4, drafts are accepted, the passes per step are the method's, and frozen-KV MTP
@@ -49,8 +48,7 @@ def test_preset_gives_plain_greedy_text_at_batch_1_and_4(method, plain_outputs, 
         pytest.skip(f"no shipped head smollm2_135m_{method} (specc train fit smollm2_135m_{method})")
     ids, ref = plain_outputs
     preset = ASSETS.parents[2] / "conf" / "plan" / f"smollm2_{method}.yaml"
-    source = preset if preset.is_file() else ASSETS.parents[2] / "conf" / "train" / "plans" / preset.name
-    art = compile_plan(load_plan(str(source)).plan, tmp_path)
+    art = compile_plan(load_plan(str(preset)).plan, tmp_path)
     rt, _ = load_runtime(art.path, device="cpu")
     for b in (1, 4):
         rt.metrics = rt.new_metrics()
