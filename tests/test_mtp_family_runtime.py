@@ -245,6 +245,29 @@ def test_loaders_refuse_what_does_not_fit(tmp_path):
         load_assistant(tmp_path / "m", target)
 
 
+def test_a_head_past_the_shard_size_is_written_in_shards_and_read_back(tmp_path):
+    """Whole modules per shard with Hugging Face's index; the loader reads the same tensors back."""
+    import json
+
+    from specc.models.multi_layer_eagle import load_multi_layer_eagle
+    from specc.models.mtp import save_mtp
+
+    target = tiny_target(seed=9)
+    model = random_model("multi_layer_eagle", target, draft_vocab=40, seed=5)
+    save_mtp(model, tmp_path, dtype=torch.float32, target_config=target.config, max_shard_bytes=1)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert not (tmp_path / "model.safetensors").exists() and len(set(index["weight_map"].values())) == 3
+    L = target.config.num_layers
+    for i in range(3):  # a module never straddles two shards
+        assert len({f for k, f in index["weight_map"].items() if k.startswith(f"model.layers.{L + i}.")}) == 1
+    back = load_multi_layer_eagle(tmp_path, target)
+    sd0, sd1 = model.state_dict(), back.state_dict()
+    assert set(sd0) == set(sd1) and all(torch.equal(sd0[k], sd1[k]) for k in sd0)
+    save_mtp(model, tmp_path, dtype=torch.float32, target_config=target.config)  # small enough: one file again
+    assert (tmp_path / "model.safetensors").is_file() and not list(tmp_path.glob("model-*"))
+    assert not (tmp_path / "model.safetensors.index.json").exists()
+
+
 @pytest.mark.parametrize("b", [1, 4])
 def test_mtp_dynamic_trees_equal_plain_greedy(b):
     """MTP drafts EAGLE-2 style dynamic trees (SGLang's NEXTN with topk > 1) through the EAGLE drafter's

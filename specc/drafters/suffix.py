@@ -557,7 +557,7 @@ class FrequencyCalibration:
         """Posterior mean acceptance of a draft of kind ``key`` and frequency ``freq``, in [0, 1]."""
         return (self.accepts.get(key, 0.0) + self.PRIOR * self.base(key, freq)) / (self.trials.get(key, 0.0) + self.PRIOR)
 
-    def observe(self, key: Tuple, accepted: bool, freq: float = 1.0) -> None:
+    def observe(self, key: Tuple, accepted: bool, freq: float) -> None:
         """One verify outcome of a draft of kind ``key`` whose frequency was ``freq``."""
         pool = key[:2]
         self.trials[key] = self.trials.get(key, 0.0) + 1.0
@@ -647,13 +647,15 @@ class SuffixDrafter(Drafter):
             n, a = min(int(valid[r]), len(keys)), int(accepted[r])
             if path_nodes is None:
                 for i in range(min(a + 1, n)):
-                    self.calibration.observe(keys[i][0], i < a, keys[i][1])
+                    key, f = keys[i]
+                    self.calibration.observe(key, i < a, f)
                 continue
             on_path = {j - 1 for j in path_nodes[r][1:a + 1]}  # tree node j + 1 = draft j
             tested = on_path | {-1}
             for j in range(n):
                 if parents[j] in tested:
-                    self.calibration.observe(keys[j][0], j in on_path, keys[j][1])
+                    key, f = keys[j]
+                    self.calibration.observe(key, j in on_path, f)
 
     def release(self, row: int) -> None:
         """Row ``row``'s request finished (or was cancelled): its output joins the global tree."""

@@ -72,10 +72,16 @@ def _detect_kind(cfg: dict, keys, source: str) -> str:
 
 
 def read_weights(directory: pathlib.Path) -> Dict[str, torch.Tensor]:
-    """The head's tensors from ``model.safetensors`` or ``pytorch_model.bin`` in ``directory``.
+    """The head's tensors from ``model.safetensors``, the shards named by
+    ``model.safetensors.index.json`` (Hugging Face's sharded layout), or ``pytorch_model.bin`` in
+    ``directory``.
 
-    Raises ``CheckpointError`` if neither exists or the file cannot be read."""
+    Raises ``CheckpointError`` if none exists or a file cannot be read."""
     directory = pathlib.Path(directory)
+    from specc.models.hf_loader import INDEX_NAME, read_safetensors, safetensors_files
+
+    if not (directory / WEIGHT_FILES[0]).is_file() and (directory / INDEX_NAME).is_file():
+        return read_safetensors(safetensors_files(directory))
     for name in WEIGHT_FILES:
         path = directory / name
         if not path.is_file():

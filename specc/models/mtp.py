@@ -272,7 +272,7 @@ def parse_mtp_config(cfg: dict, target_config, kind: str, source: str) -> MTPCon
 
 
 def load_mtp(path, target, kind: str, model_cls=None):
-    """Read an MTP checkpoint directory (``config.json`` + ``model.safetensors``) into ``model_cls``
+    """Read an MTP checkpoint directory (``config.json`` + ``model.safetensors`` or its shards) into ``model_cls``
     (default :class:`MTPModel`) bound to ``target`` (a :class:`specc.models.llama.LlamaModel`).
 
     Raises ``CheckpointError``: missing/unreadable files, a head for another target, missing or
@@ -343,10 +343,42 @@ def config_dict(cfg: MTPConfig, target_config=None, dtype: str = "float16") -> D
     return d
 
 
-def save_mtp(model: MTPModel, directory, dtype: torch.dtype = torch.float16, target_config=None) -> pathlib.Path:
-    """Write ``model`` in the published layout: ``config.json`` + ``model.safetensors`` (float
-    tensors in ``dtype``; ``d2t`` int64 and ``t2d`` bool for a draft vocabulary). Returns the directory."""
+SHARD_BYTES = 16 * 2**20  # a module per shard at SmolLM2's size; keeps each file small enough to commit
+
+
+def _write_shards(tensors: Dict[str, torch.Tensor], directory: pathlib.Path, groups, max_bytes: int) -> None:
+    """``tensors`` as ``model.safetensors``, or, past ``max_bytes``, as shards of whole ``groups``
+    (name prefixes; tensors of no group go to the first shard) with the index Hugging Face writes."""
     from safetensors.torch import save_file
+
+    size = lambda names: sum(tensors[n].numel() * tensors[n].element_size() for n in names)
+    for stale in list(directory.glob("model*.safetensors")) + [directory / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
+    if size(tensors) <= max_bytes:
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return
+    shards = [[n for n in tensors if not any(n.startswith(g) for g in groups)]]
+    for j, g in enumerate(groups):
+        names = [n for n in tensors if n.startswith(g)]
+        if j > 0 and size(shards[-1] + names) > max_bytes:
+            shards.append([])
+        shards[-1] += names
+    weight_map = {}
+    for i, names in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: tensors[n] for n in names}, str(directory / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in names})
+    (directory / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": size(tensors)}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def save_mtp(model: MTPModel, directory, dtype: torch.dtype = torch.float16, target_config=None,
+             max_shard_bytes: int = SHARD_BYTES) -> pathlib.Path:
+    """Write ``model`` in the published layout: ``config.json`` + ``model.safetensors`` (float
+    tensors in ``dtype``; ``d2t`` int64 and ``t2d`` bool for a draft vocabulary). Past
+    ``max_shard_bytes`` (bytes) the layers go to Hugging Face's sharded layout instead, whole layers
+    per shard: ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``
+    (``weight_map``: tensor name → shard file), which :func:`load_mtp` reads back. Returns the directory."""
 
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -360,7 +392,8 @@ def save_mtp(model: MTPModel, directory, dtype: torch.dtype = torch.float16, tar
         t2d[ids] = True
         out["d2t"] = model.d2t.detach().cpu().long().contiguous()
         out["t2d"] = t2d
-    save_file(out, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    _write_shards(out, directory, [f"model.layers.{cfg.first_layer + i}." for i in range(cfg.num_layers)],
+                  max_shard_bytes)
     (directory / "config.json").write_text(json.dumps(config_dict(cfg, target_config, str(dtype).replace(
         "torch.", "")), indent=2) + "\n")
     return directory

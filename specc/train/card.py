@@ -79,13 +79,16 @@ def render(out: pathlib.Path) -> pathlib.Path:
     plot_curve(rec, out / "training_curve.png")
     dr = rec["data_recipe"]
     card = _load(repo_root() / dr["prompt_dir"] / "card.json") or {}
-    size = sum(f.stat().st_size for f in out.glob("model.*"))
+    weights = [f for f in out.glob("model*") if f.suffix in (".safetensors", ".bin")]
+    size = sum(f.stat().st_size for f in weights)
+    files = ("`model.safetensors.index.json` and its shards" if (out / "model.safetensors.index.json").is_file()
+             else "`model.safetensors`")
     L: List[str] = []
     L.append(f"# {out.name}: {rec['title']} drafter for `{dr['target']}`")
     L.append("")
     L.append(f"Trained on this machine by `specc train` from the recipe `{rec['recipe_file']}` (data: "
              f"`{rec['data_recipe_file']}`). Layout: the published {rec['title']} layout (`config.json` + "
-             f"`model.safetensors`, fp16), {rec['params']:,} parameters, {size / 2 ** 20:.1f} MB. Target layers read: "
+             f"{files}, fp16), {rec['params']:,} parameters, {size / 2 ** 20:.1f} MB. Target layers read: "
              f"{rec['layers']}" + (" (final-norm output computed from the last)" if rec["kind"] == "eagle" else "") + ".")
     if cfg.get("draft_vocab_size"):
         L.append(f"Draft vocabulary: {cfg['draft_vocab_size']} tokens (`d2t`/`t2d`), the most frequent answer labels "

@@ -155,7 +155,7 @@ def _candidate(name: str, source: str, loaded_plan, max_steps: int) -> Candidate
                                        kappas=tuple(range(1, measure + 1)))
         except TuneError:
             measure -= 1
-    return dataclasses.replace(c, measure_steps=k, kappas=kappas[:k] if shape != "tree" else kappas)
+    return dataclasses.replace(c, measure_steps=k, kappas=kappas[:k])  # a tree's kappas are (k,) already
 
 
 def identity(plan) -> str:
