@@ -396,3 +396,29 @@ def test_vllm_export_and_import_carry_the_suffix_keys():
                                        '"suffix_decoding_max_tree_depth": "deep"}'])
     assert any("suffix_decoding_min_token_prob=1.5" in e and "[0, 1]" in e for e in bad.errors), bad.errors
     assert any("suffix_decoding_max_tree_depth='deep'" in e for e in bad.errors), bad.errors
+
+
+def test_replay_bound_counts_the_steps_the_runtime_takes(target, reference):
+    """tools/bench_suffix_bound.py replays greedy acceptance without the target: on the runtime's own
+    greedy outputs it must take exactly as many decode steps as the runtime did (local tree only)."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_suffix_bound", pathlib.Path(__file__).resolve().parent.parent / "tools" / "bench_suffix_bound.py")
+    bound = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bound)
+    lim = SpecLimits(5, 5, 1, 1.0, 0.1)
+    local = lambda tree, hist: [speculate(tree, hist[-16:], lim, own_tail=True).tokens]  # noqa: E731
+    plan = Plan(method=MethodConfig(name="suffix", num_steps=5), runtime=RuntimeConfig(max_batch_size=1))
+    taus = []
+    for prompt, out in zip(PROMPTS, reference):
+        rt = runtime_for_plan(plan, target, SuffixDrafter(max_tree_depth=24, max_cached_requests=0))
+        got = rt.generate([Request(prompt_ids=prompt, params=SamplingParams(max_new_tokens=len(out)))], batch_size=1)
+        assert got[0].token_ids == out
+        rep = bound.replay([(list(prompt), out)], local, len(out), lambda n: 1.0)
+        assert rep["steps"] == rt.metrics.num_steps, (prompt, rep, rt.metrics.num_steps)
+        assert rep["tau"] == pytest.approx((len(out) - 1) / rt.metrics.num_steps)
+        taus.append(rep["tau"])
+    assert max(taus) > 1.2  # drafts were accepted: the replay is compared on real speculation
+    assert bound.accepted([1, 2, 3], [1, 2, 4]) == 2 and bound.accepted([], [1]) == 0
