@@ -401,3 +401,22 @@ def test_specc_train_stages_end_to_end_on_smollm2(tmp_path, monkeypatch):
     md = (head / "TRAINING.md").read_text()
     assert "specc train distill" in md and "## Draft vocabulary" in md and "chitchat-dataset" in md
     assert main(["train", "fit", "nope"]) == 2  # an unknown recipe: a clear error, exit 2
+
+
+def test_recorded_commands_carry_no_machine_paths(monkeypatch, tmp_path):
+    """training.json and the cards record the command with repository paths relative, home as ``~``
+    and any other absolute directory cut to its last component."""
+    import sys
+
+    from specc.train.provenance import REPO, command_line, portable
+
+    home = pathlib.Path.home()
+    assert portable(str(REPO / "specc" / "assets" / "x")) == "specc/assets/x"
+    assert portable(str(home / ".cache" / "specc" / "fits")) == "~/.cache/specc/fits"
+    assert portable("eagle3:before=/scratch/run7/old_head") == "eagle3:before=.../old_head"
+    assert portable("--out") == "--out" and portable("a=b") == "a=b" and portable("fits/x") == "fits/x"
+    monkeypatch.setattr(sys, "argv", ["specc", "train", "fit", "r", "--out", "/scratch/run7/fits", "--init-from",
+                                      str(REPO / "specc" / "assets" / "h"), "--cache", str(home / "c d")])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert command_line() == "specc train fit r --out .../fits --init-from specc/assets/h --cache ~/'c d'"

@@ -51,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specc.cost import load_cost_table  # noqa: E402
+from specc.cost import load_cost_table, select_verify_budget  # noqa: E402
 from specc.drafters.ngram import ngram_lookup  # noqa: E402
 from specc.drafters.suffix import FrequencyCalibration, SpecLimits, SuffixCache, SuffixTree, speculate  # noqa: E402
 
@@ -111,7 +111,7 @@ def replay(held: Sequence[Tuple[List[int], List[int]]], drafter: Drafter, max_ne
             local.extend(0, new)
             t += len(new)
     return {"tau": tokens / steps, "drafted_per_step": drafted / steps, "steps": steps,
-            "tok_s": 1e3 * tokens / ms, "tok_per_flat_step": tokens / steps}
+            "tok_s": 1e3 * tokens / ms}
 
 
 class CalibratedBudget:
@@ -124,26 +124,22 @@ class CalibratedBudget:
         self.keys: List[Tuple] = []
 
     def _scored(self, d):
-        keys, surv, s = [], [], 1.0
+        """``(keys, conditional confidences, expected accepted length)`` of a chain draft."""
+        keys, cond = [], []
         for j, p in enumerate(d.probs):
-            f = p / (d.probs[j - 1] if j else 1.0)
+            f = p / (d.probs[j - 1] if j else 1.0)  # the token's frequency given the chain before it
             k = self.cal.key(d.source, j, d.match_len, f)
-            s *= self.cal.confidence(k, f)
             keys.append((k, f))
-            surv.append(s)
-        return keys, surv
+            cond.append(self.cal.confidence(k, f))
+        return keys, cond, float(np.cumprod(cond).sum()) if cond else 0.0
 
     def __call__(self, local: SuffixTree, hist: List[int]) -> List[List[int]]:
         ctx = hist[-24:]
         cands = [speculate(local, ctx, self.lim, own_tail=True, source="local")]
         if self.glob.num_tokens:
             cands.append(speculate(self.glob, ctx, self.lim, source="global"))
-        d, keys, surv = max(((c,) + self._scored(c) for c in cands), key=lambda x: sum(x[2]))
-        best, b_star, gain = 1.0 / self.step_ms(1), 0, 1.0
-        for b, sv in enumerate(surv, 1):
-            gain += sv
-            if gain / self.step_ms(1 + b) > best:
-                best, b_star = gain / self.step_ms(1 + b), b
+        d, keys, cond, _ = max(((c,) + self._scored(c) for c in cands), key=lambda x: x[3])
+        b_star = select_verify_budget([cond], lambda n: self.step_ms(n) / 1e3).budget if cond else 0
         self.keys = keys[:b_star]
         return [d.tokens[:b_star]]
 
@@ -222,13 +218,9 @@ def main(argv=None) -> int:
             used += len(a)
         glob = cache.global_tree
 
-        def suffix(local, hist):
-            ctx = hist[-24:]
-            d = speculate(local, ctx, lim, own_tail=True, source="local")
-            g = speculate(glob, ctx, lim, source="global") if glob.num_tokens else d
-            return [(g if g.score > d.score else d).tokens]
-
         def variant(**change):
+            """The preset's drafting (the local or global draft of higher score, ties to the local one)
+            with ``change`` applied to its limits."""
             v = dataclasses.replace(lim, **change)
             return lambda local, hist: [max((speculate(local, hist[-24:], v, own_tail=True, source="local"),
                                              speculate(glob, hist[-24:], v, source="global")),
@@ -236,7 +228,7 @@ def main(argv=None) -> int:
 
         configs = {
             "ngram": lambda local, hist: [ngram(hist)],
-            "suffix": suffix,
+            "suffix": variant(),
             "suffix κ=4": variant(max_tokens=4, max_depth=4),
             "suffix min_token_prob 0.3": variant(min_prob=0.3),
             "suffix max_spec_factor 2": variant(factor=2.0),

@@ -351,8 +351,10 @@ def _write_shards(tensors: Dict[str, torch.Tensor], directory: pathlib.Path, gro
     (name prefixes; tensors of no group go to the first shard) with the index Hugging Face writes."""
     from safetensors.torch import save_file
 
+    from specc.models.hf_loader import INDEX_NAME
+
     size = lambda names: sum(tensors[n].numel() * tensors[n].element_size() for n in names)
-    for stale in list(directory.glob("model*.safetensors")) + [directory / "model.safetensors.index.json"]:
+    for stale in list(directory.glob("model*.safetensors")) + [directory / INDEX_NAME]:
         stale.unlink(missing_ok=True)
     if size(tensors) <= max_bytes:
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
@@ -368,7 +370,7 @@ def _write_shards(tensors: Dict[str, torch.Tensor], directory: pathlib.Path, gro
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file({n: tensors[n] for n in names}, str(directory / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in names})
-    (directory / "model.safetensors.index.json").write_text(json.dumps(
+    (directory / INDEX_NAME).write_text(json.dumps(
         {"metadata": {"total_size": size(tensors)}, "weight_map": weight_map}, indent=2) + "\n")
 
 

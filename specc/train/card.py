@@ -81,8 +81,9 @@ def render(out: pathlib.Path) -> pathlib.Path:
     card = _load(repo_root() / dr["prompt_dir"] / "card.json") or {}
     weights = [f for f in out.glob("model*") if f.suffix in (".safetensors", ".bin")]
     size = sum(f.stat().st_size for f in weights)
-    files = ("`model.safetensors.index.json` and its shards" if (out / "model.safetensors.index.json").is_file()
-             else "`model.safetensors`")
+    from specc.models.hf_loader import INDEX_NAME
+
+    files = f"`{INDEX_NAME}` and its shards" if (out / INDEX_NAME).is_file() else "`model.safetensors`"
     L: List[str] = []
     L.append(f"# {out.name}: {rec['title']} drafter for `{dr['target']}`")
     L.append("")
