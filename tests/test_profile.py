@@ -36,6 +36,22 @@ def test_profile_of_a_tiny_model_loads_as_a_cost_table(tmp_path):
     assert loaded.step_ms(12) >= loaded.step_ms(1) > 0 and loaded.draft_pass_ms(4) is not None
 
 
+def test_state_shapes_interleaved_without_a_prefill():
+    """specc tune's spot check: every (B, W) shape timed round-robin over an unfilled cache, a median
+    per shape; the rounds are reported; a shape past the cache is refused."""
+    from specc.runtime.profile import time_state_shapes
+
+    torch.set_num_threads(1)
+    target = tiny_llama(seed=0, vocab_size=64, num_layers=1, max_model_len=64)
+    rounds = []
+    ms = time_state_shapes(target, [(1, 1), (1, 3), (4, 2)], context=16, repeats=3, fill=False, interleave=True,
+                           on_progress=rounds.append)
+    assert set(ms) == {"1x1", "1x3", "4x2"} and all(v > 0 for v in ms.values())
+    assert rounds == [f"round {r} of 3" for r in range(4)]  # one warm-up round, three timed
+    with pytest.raises(ValueError, match="max_model_len"):
+        time_state_shapes(target, [(1, 8)], context=60, repeats=1, fill=False, interleave=True)
+
+
 def test_profile_refuses_an_unwritable_out_before_loading(tmp_path, capsys):
     rc = cli_main(["profile", "smollm2_ngram", "--out", str(tmp_path / "no_such_dir" / "t.json")])
     assert rc == 2

@@ -210,6 +210,49 @@ def test_choice_follows_the_measured_acceptance(tmp_path):
     assert choose(pred, [1, 4, 16, 64], measured=worse).buckets[1] != ch.buckets[1]
 
 
+def test_verify_grid_interpolates_by_rows_and_width():
+    """The spot grid reads R requests x W tokens: linear in width (end slope beyond the widest), linear
+    in rows between measured R, proportional to rows beyond the largest."""
+    from specc.tune.predict import VerifyGrid
+
+    g = VerifyGrid({(1, 1): 10.0, (1, 3): 20.0, (4, 1): 30.0, (4, 3): 60.0})
+    assert g(1, 1) == pytest.approx(10.0)
+    assert g(1, 2) == pytest.approx(15.0)
+    assert g(1, 5) == pytest.approx(30.0)  # past the widest: the last slope
+    assert g(4, 8) == pytest.approx(45.0)  # 4 rows of width 2
+    assert g(2, 4) == pytest.approx(15.0 + (45.0 - 15.0) / 3)  # between 1 and 4 rows, width 2
+    assert g(8, 8) == pytest.approx(60.0)  # past the largest R: proportional to rows
+    assert g(0.5, 0.5) == pytest.approx(10.0)
+
+
+def test_a_table_whose_shape_changed_is_replaced_by_the_spot_grid(tmp_path):
+    """One factor over every shape is load (λ scales the table); a factor that varies by shape is not,
+    and the predictions then use the grid — the C = 1 κ choice follows the slope measured now."""
+    from types import SimpleNamespace
+
+    from specc.tune.predict import Predictor, StageCosts, VerifyGrid, choose, table_fits
+
+    table = _table(tmp_path)  # flat to 4 tokens
+    shapes = [(r, w) for r in (1, 4, 16, 64) for w in (1, 2, 3, 4, 6, 9)]
+    scaled = VerifyGrid({(r, w): 1.6 * table.step_ms(r * w) for r, w in shapes})
+    fits, lo, hi = table_fits(scaled, table, 0.15)
+    assert fits and lo == pytest.approx(1.6) and hi == pytest.approx(1.6)
+    # the same machine now grows 12 ms per verified token from one token: flat no more
+    steep = VerifyGrid({(r, w): 30.0 + 12.0 * (r * w - 1) for r, w in shapes})
+    assert not table_fits(steep, table, 0.15)[0]
+    cand = SimpleNamespace(name="d", kappas=(1, 2, 3, 4, 6, 8), measure_steps=8, shape="chain",
+                           plan=SimpleNamespace(method=SimpleNamespace(name="ngram", parallel_drafting=False, topk=1,
+                                                                       tree_choices=None)))
+    entry = _entry([0.5, 0.3, 0.1, 0.05, 0.03, 0.02, 0.01, 0.01], 8)
+    kw = dict(table=table, candidates={"d": cand}, entries={"d": entry}, costs={None: StageCosts(), "d": StageCosts()})
+    on_table = choose(Predictor(**kw), [1])
+    on_grid = choose(Predictor(grid=steep, **kw), [1])
+    assert on_table.buckets[1] == 3  # the flat table fills its free tokens
+    assert on_grid.buckets[1] < on_table.buckets[1]  # each token costs now: a shorter draft wins
+    assert Predictor(grid=steep, **kw).breakdown(SimpleNamespace(candidate=None, num_steps=0), 4)["verify_ms"] == \
+        pytest.approx(steep(4, 4))
+
+
 def test_lookup_drafts_fewer_tokens_than_kappa(tmp_path):
     """An n-gram drafter proposes at a position only when it matches: its verify carries the measured
     drafts per step, not κ."""
@@ -382,6 +425,55 @@ def test_emitted_plans_pass_the_engines_rules(tmp_path, name):
     assert text.strip().splitlines()[-1].startswith("python -m sglang.launch_server")
 
 
+def test_an_engine_that_refuses_the_choice_gets_the_best_drafter_it_runs(tmp_path):
+    """SGLang has no suffix decoding and vLLM no trees: each engine's settings use the best drafter by
+    the same choice among those its rules accept, and the report says why."""
+    from types import SimpleNamespace
+
+    from specc.tune.candidates import discover
+    from specc.tune.predict import Predictor, StageCosts, choose
+    from specc.tune.session import Session
+
+    cands = {c.name: c for c in discover()[0] if c.name in ("smollm2_suffix", "smollm2_ngram", "smollm2_eagle3_tree")}
+    entries = {"smollm2_suffix": _entry([0.6, 0.4, 0.2, 0.1], 4), "smollm2_ngram": _entry([0.3, 0.1, 0.05, 0.0], 4),
+               "smollm2_eagle3_tree": _entry([0.5, 0.3, 0.1, 0.05], 4)}
+    pred = Predictor(table=_table(tmp_path), candidates=cands, entries=entries,
+                     costs={n: StageCosts() for n in [None, *cands]})
+    final = choose(pred, [1, 4])
+    assert final.candidate == "smollm2_suffix"
+    session = SimpleNamespace(cands=cands, conc=[1, 4], notes=[])
+    sg, why = Session._engine_choice(session, pred, final, "sglang")
+    assert sg.candidate == choose(pred, [1, 4], exclude=["smollm2_suffix"]).candidate
+    assert f"SGLang refuses smollm2_suffix ([sglang.N5]): its settings use {sg.candidate}" in why
+    vl, why = Session._engine_choice(session, pred, final, "vllm")
+    assert vl is final and why == ""  # vLLM runs suffix decoding
+    assert len(session.notes) == 1 and session.notes[0].startswith("SGLang refuses")
+    # a choice vLLM refuses (a tree) falls to the best chain vLLM runs
+    tree_first = choose(pred, [1, 4], exclude=["smollm2_suffix", "smollm2_ngram"])
+    vl, why = Session._engine_choice(session, pred, tree_first, "vllm")
+    assert tree_first.candidate == "smollm2_eagle3_tree" and vl.candidate != "smollm2_eagle3_tree"
+    assert "vLLM refuses smollm2_eagle3_tree ([vllm.T1])" in why
+    # vLLM runs suffix decoding with one κ at every batch size (Model Runner V1): a static plan, exported
+    real = Session.__new__(Session)
+    real.cands, real.conc, real.notes = cands, [1, 4], []
+    out = tmp_path / "tuned.yaml"
+    entries_m = {n: SimpleNamespace(entry=e) for n, e in entries.items()}
+    path, why = real._vllm_plan(pred, final, entries_m, None, [1, 2, 4], out, ["test"])
+    assert path == tmp_path / "tuned.vllm.yaml" and "[vllm.R65]" in why and real.notes == [why]
+    from specc.plan.load import load_plan
+    from specc.tune import emit
+
+    plan = load_plan(str(path)).plan
+    assert plan.method.name == "suffix" and plan.schedule.kind == "static"
+    assert plan.method.num_steps == real._static_kappa(pred, cands["smollm2_suffix"])[0]
+    ok, text = emit.export_text(path, "vllm")
+    assert ok and '"method":"suffix"' in text and "num_speculative_tokens_per_batch_size" not in text, text
+    # n-gram runs per-batch-size κ on vLLM: the plan itself is exported
+    ngram_first = choose(pred, [1, 4], exclude=["smollm2_suffix", "smollm2_eagle3_tree"])
+    assert real._vllm_plan(pred, ngram_first, entries_m, None, [1, 2, 4], out, ["test"]) == (out, "")
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["table.json"]  # the earlier variant removed, no temp left
+
+
 # ------------------------------------------------------------------------------------------------ run PLAN
 
 
@@ -447,6 +539,10 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
     runs = [r for r in data["runs"] if not r["run"].startswith("measure")]
     assert {r["run"] for r in runs} >= {"plain"} and all(r["exact"] for r in runs)
     assert "predicted against measured" in stdout
+    # the table was checked against the forward timed now at the shapes the predictions use
+    spot = [n for n in data["notes"] if n.startswith("cost table spot-checked at")]
+    assert len(spot) == 1 and "R in [1, 4]" in spot[0]
+    assert (data["verify_grid"] is None) == ("the table's shape fits" in spot[0])
     from specc.plan.load import load_plan
 
     plan = load_plan(str(out)).plan

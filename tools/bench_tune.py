@@ -10,7 +10,12 @@
 3. Per concurrency: the tuned plan's decode tokens/s against the best configuration's; the goal is
    ≥ 0.95×.
 
-    OMP_NUM_THREADS=1 python tools/bench_tune.py --out docs/bench_tune.json
+    OMP_NUM_THREADS=1 python tools/bench_tune.py --kappas 2 4 --rounds 3 --high-from 16 --high-kappas 2 \
+        --requests 1:8 4:16 16:32 64:64 --out docs/bench_tune.json
+
+(``--requests``: runs of several seconds at every concurrency, so that identical work measures within
+a few per cent on a shared machine; ``--high-from``: only κ = 2 beside plain and the trees from C = 16,
+where wider verifies measured slower in every earlier run.)
 
 Prints the table (Markdown, for the README) and writes the JSON (every configuration at every
 concurrency, tune's wall time, the CPU).
@@ -40,6 +45,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--per-slot", type=int, default=1, help="requests per concurrency slot")
     ap.add_argument("--minimum", type=int, default=4, help="requests per run at least")
+    ap.add_argument("--requests", nargs="+", default=[], metavar="C:N",
+                    help="requests per run at concurrency C (in place of --per-slot/--minimum there): long enough "
+                         "runs that noise on a shared machine stays under the 5%% the goal allows, e.g. 1:8 4:16 16:32")
     ap.add_argument("--rounds", type=int, default=1, help="rounds per concurrency (best kept)")
     ap.add_argument("--tuned", default="/tmp/specc_bench_tune/tuned.yaml", help="where tune writes its plan")
     ap.add_argument("--skip-tune", action="store_true", help="reuse the plan at --tuned (and its JSON) instead")
@@ -48,6 +56,13 @@ def main(argv=None) -> int:
                          "candidates are named in the output (default: every candidate)")
     ap.add_argument("--out", default=None, help="JSON results")
     args = ap.parse_args(argv)
+
+    requests = {}
+    for item in args.requests:
+        c, sep, n = item.partition(":")
+        if not sep or not c.isdigit() or not n.isdigit() or int(n) < 1:
+            ap.error(f"--requests {item}: expected C:N with positive integers, e.g. 4:16")
+        requests[int(c)] = int(n)
 
     from specc.runtime.prompts import read_prompts, shipped_prompts_path
 
@@ -103,8 +118,10 @@ def main(argv=None) -> int:
         ks = c.kappas if c.shape == "tree" else [k for k in c.kappas if k in args.kappas]
         for k in ks:
             entries.append(Entry(f"{c.name} κ={k}", c, (lambda cc, c=c, k=k: c.variant(k, capture=[cc]))))
+    sized = ", ".join(f"{n} at C={c}" for c, n in sorted(requests.items()))
     print(f"{len(entries)} configurations x concurrency {args.concurrency}, {args.rounds} round(s), "
-          f"{args.max_new_tokens} new tokens, max({args.minimum}, {args.per_slot}·C) requests", flush=True)
+          f"{args.max_new_tokens} new tokens, max({args.minimum}, {args.per_slot}·C) requests"
+          + (f" ({sized}, at least C)" if sized else ""), flush=True)
     t1 = time.perf_counter()
 
     def progress(label, c, rnd):
@@ -116,8 +133,9 @@ def main(argv=None) -> int:
         if args.high_from is not None and c >= args.high_from:
             here = [e for e in entries if e.candidate is None or e.label.startswith("tuned") or e.candidate.shape == "tree"
                     or int(e.label.rsplit("=", 1)[1]) in args.high_kappas]
-        res, nts = side_by_side(models, here, [c], ids, max_new_tokens=args.max_new_tokens, per_slot=args.per_slot,
-                                minimum=args.minimum, rounds=args.rounds, on_run=progress)
+        per_slot, minimum = (1, requests[c]) if c in requests else (args.per_slot, args.minimum)
+        res, nts = side_by_side(models, here, [c], ids, max_new_tokens=args.max_new_tokens, per_slot=per_slot,
+                                minimum=minimum, rounds=args.rounds, on_run=progress)
         results.update(res)
         notes += nts
     bench_s = time.perf_counter() - t1

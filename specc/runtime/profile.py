@@ -237,13 +237,19 @@ def cost_table(measured: Dict[str, Any], *, device: torch.device, plan: str, met
 
 @torch.inference_mode()
 def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 256, repeats: int = 5,
-                      compiled: bool = False, seed: int = 0,
+                      compiled: bool = False, seed: int = 0, fill: bool = True, interleave: bool = False,
                       on_progress: Optional[Callable[[str], None]] = None) -> Dict[str, float]:
     """The target forward at each candidate state's shape ``(B, W)`` (B requests, W verify tokens each,
     after ``context`` cached tokens): ``{"BxW": median ms}``. ``compiled``: the forward is
     ``torch.compile``d for that shape (inductor, no dynamic dimensions, ``freezing``), as
     ``runtime.compile_backend: inductor`` runs a state's verify program; the compile itself is not
-    timed (it happens once, at load)."""
+    timed (it happens once, at load). ``fill=False`` skips the prefill of the ``context`` history (the
+    attention then reads zero K/V: the same work, so the same time, without a B x context prefill —
+    what ``specc tune``'s spot check of the cost table uses). ``interleave``: every shape once per
+    round, one warm-up round then ``repeats`` rounds, median per shape (as :func:`profile_costs`
+    does: a burst of load from other jobs falls on all shapes alike, not on one); otherwise each shape's
+    warm-up and repeats run back to back. Raises ValueError when ``context`` + the widest W does not fit
+    the target's ``max_model_len``."""
     dev = target.norm.weight.device
     V = target.config.vocab_size
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
@@ -251,10 +257,12 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
     top_b = max(b for b, _ in shapes)
     top_w = max(w for _, w in shapes)
     target.setup_cache(top_b, context + top_w + 2)
-    history = torch.randint(0, V, (top_b, context), generator=gen).to(dev)
-    target.forward(history, torch.arange(context, device=dev).expand(top_b, context).contiguous(),
-                   logits_at=torch.full((top_b, 1), context - 1, device=dev))
+    if fill:
+        history = torch.randint(0, V, (top_b, context), generator=gen).to(dev)
+        target.forward(history, torch.arange(context, device=dev).expand(top_b, context).contiguous(),
+                       logits_at=torch.full((top_b, 1), context - 1, device=dev))
     out: Dict[str, float] = {}
+    calls = []  # (key, call) per shape, timed round-robin when interleaved
     for b, w in shapes:
         ids = torch.randint(0, V, (b, w), generator=gen).to(dev)
         pos = (context + torch.arange(w, device=dev)).expand(b, w).contiguous()
@@ -272,9 +280,22 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
             call = (lambda fn=fn, ids=ids, pos=pos: fn(ids, pos))
         else:
             call = (lambda ids=ids, pos=pos: target.forward(ids, pos, pos, None))
+        if interleave:
+            calls.append((f"{b}x{w}", call))
+            continue
         out[f"{b}x{w}"] = round(_median_ms(call, repeats, sync), 4)
         if on_progress:
             on_progress(f"{b}x{w}")
+    if calls:
+        times: Dict[str, List[float]] = {key: [] for key, _ in calls}
+        for rnd in range(max(1, repeats) + 1):
+            for key, call in calls:
+                t = _time_once(call, sync)
+                if rnd > 0:
+                    times[key].append(t)
+            if on_progress:
+                on_progress(f"round {rnd} of {repeats}")
+        out = {key: round(statistics.median(ts), 4) for key, ts in times.items()}
     return out
 
 

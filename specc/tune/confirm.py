@@ -130,7 +130,8 @@ def explain_miss(pred_breakdown: Dict[str, float], result: Result) -> str:
     m = result.stage_ms_per_step
     step = max(1e-9, m.get("step", 0.0))
     pairs = (("verify", m.get("verify", 0.0) + m.get("accept", 0.0), pred_breakdown["verify_ms"],
-              "the target verify (cost table × load factor; load on the machine changed, or the table does not fit)"),
+              "the target verify (cost table or spot-timed shapes, × load factor λ measured at the measuring batch; "
+              "the machine's load changed since, or λ does not carry to this batch)"),
              ("draft", m.get("draft", 0.0), pred_breakdown["draft_ms"], "the draft passes"),
              ("extend", m.get("extend", 0.0), pred_breakdown["extend_ms"], "the drafter's extend pass"),
              ("other", max(0.0, step - sum(m.get(s, 0.0) for s in ("verify", "accept", "draft", "extend"))),

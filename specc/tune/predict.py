@@ -6,10 +6,12 @@ B · E / step time) with
 
 * **E** from the measured acceptance (:meth:`specc.acceptance.Entry.expected_tokens`: 1 + Σ_{i<κ} r_i,
   §6.2's E(α, κ) with per-position rates; a tree's measured τ), :func:`specc.cost.expected_tokens_from_rates`;
-* **step time** (:func:`specc.cost.decode_step_ms`) = the profiled cost table's verify time over the
-  step's target tokens, B · (1 + drafts per request) (vLLM's ``build_table`` lookup,
-  :meth:`specc.cost.CostTable.step_ms`), times the load factor λ (the verify time the measuring runs saw
-  over what the table says for the same tokens: the machine's load now against when it was profiled),
+* **step time** (:func:`specc.cost.decode_step_ms`) = the verify time of the step's B requests and
+  B · (1 + drafts per request) target tokens — the profiled cost table's (vLLM's ``build_table`` lookup,
+  :meth:`specc.cost.CostTable.step_ms`), or, when a spot check shows the table's shape no longer fits
+  this machine, the forward timed now at B requests x W tokens (:class:`VerifyGrid`, :func:`table_fits`)
+  — times the load factor λ (the verify time the measuring runs saw over that base for the same
+  steps: the machine's load now against when the base was timed),
   plus the drafter's draft passes, its extend pass and the step's host work, each a linear fit
   a + b·B to the per-step stage times the measuring runs recorded (:func:`fit_stage_costs`; a draft
   pass scaled by the passes κ needs, :func:`specc.methods.proposal_passes`).
@@ -24,9 +26,11 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from specc import cost, methods
+
+VerifyMs = Callable[[float, float], float]  # (requests, verified target tokens) -> ms
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,70 @@ def fit_linear(xs: Sequence[float], ys: Sequence[float]) -> Linear:
     return Linear(a, b)
 
 
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear y(x) through sorted ``xs``; beyond either end the end segment's slope (a single
+    point: constant). Never negative."""
+    if len(xs) == 1:
+        return max(0.0, ys[0])
+    i = 1
+    while i < len(xs) - 1 and x > xs[i]:
+        i += 1
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class VerifyGrid:
+    """The target forward timed on the spot (:func:`specc.runtime.profile.time_state_shapes`) at
+    shapes ``(R, W)``: R requests verifying W tokens each; ``ms[(R, W)]`` in milliseconds. Called as
+    ``grid(rows, tokens)``: linear in the width ``tokens / rows`` at each measured R (the end slope
+    beyond the widest), linear in rows between measured R, proportional to rows beyond the largest
+    (smaller than the smallest: the smallest's time). The layout matters on the CPU: one request of
+    W tokens and W one-token requests do not cost the same, which one token count cannot say."""
+
+    ms: Dict[Tuple[int, int], float]
+
+    def rows(self) -> List[int]:
+        return sorted({r for r, _ in self.ms})
+
+    def _at(self, r: int, width: float) -> float:
+        ws = sorted(w for rr, w in self.ms if rr == r)
+        return _interp(ws, [self.ms[(r, w)] for w in ws], width)
+
+    def __call__(self, rows: float, tokens: float) -> float:
+        rows = max(1.0, float(rows))
+        width = max(1.0, float(tokens) / rows)
+        rs = self.rows()
+        if rows <= rs[0]:
+            return self._at(rs[0], width)
+        if rows >= rs[-1]:
+            return self._at(rs[-1], width) * rows / rs[-1]
+        hi = next(r for r in rs if r >= rows)
+        lo = max(r for r in rs if r < rows)
+        y0, y1 = self._at(lo, width), self._at(hi, width)
+        return y0 + (y1 - y0) * (rows - lo) / (hi - lo)
+
+
+def table_fits(grid: VerifyGrid, table: cost.CostTable, tolerance: float) -> Tuple[bool, float, float]:
+    """Whether the cost table's shape fits the spot timings: the ratio spot / table over every measured
+    shape (R x W against the table's R·W tokens) varies by at most ``1 + tolerance`` (a common factor is
+    the load, which λ covers; a varying one is a shape λ cannot fix). Returns ``(fits, lowest ratio,
+    highest ratio)``."""
+    ratios = [ms / max(1e-9, table.step_ms(r * w)) for (r, w), ms in grid.ms.items()]
+    lo, hi = min(ratios), max(ratios)
+    return hi <= (1.0 + tolerance) * lo, lo, hi
+
+
+def table_verify(table: cost.CostTable) -> VerifyMs:
+    """The cost table as a :data:`VerifyMs`: the time of the step's token count, whatever the rows."""
+    return lambda rows, tokens: table.step_ms(max(1, int(round(tokens))))
+
+
 @dataclass(frozen=True)
 class StageCosts:
     """A drafter's measured per-step costs (ms) by live rows: ``draft`` at the measured κ, ``extend``,
     ``other`` (host work: commit, emit, scheduling), and ``load`` λ: the measured verify + accept time
-    over the cost table's for the same tokens (median over steps)."""
+    over the verify base's (the cost table or the spot grid) for the same steps (median over steps)."""
 
     draft: Linear = Linear()
     extend: Linear = Linear()
@@ -72,10 +135,11 @@ class StageCosts:
     samples: int = 0
 
 
-def fit_stage_costs(samples: Sequence, table: cost.CostTable, drafts_per_step: float) -> StageCosts:
+def fit_stage_costs(samples: Sequence, verify: VerifyMs, drafts_per_step: float) -> StageCosts:
     """Fit :class:`StageCosts` to a measuring run's step samples (:class:`specc.tune.measure.StepSample`).
-    ``drafts_per_step``: draft tokens verified per request and step at the run's κ (the verify's
-    tokens are rows · (1 + that))."""
+    ``verify``: the base verify time by (requests, tokens) (:func:`table_verify` or a
+    :class:`VerifyGrid`); ``drafts_per_step``: draft tokens verified per request and step at the run's
+    κ (the verify's tokens are rows · (1 + that))."""
     rows = [float(s.rows) for s in samples if s.rows > 0]
     ss = [s for s in samples if s.rows > 0]
     if not ss:
@@ -86,8 +150,8 @@ def fit_stage_costs(samples: Sequence, table: cost.CostTable, drafts_per_step: f
     other = fit_linear(rows, [max(0.0, s.wall_ms - sum(s.stage_ms.get(k, 0.0) for k in known)) for s in ss])
     ratios = []
     for s in ss:
-        tokens = max(1, int(round(s.rows * (1.0 + (drafts_per_step if s.num_steps > 0 else 0.0)))))
-        ratios.append((s.stage_ms.get("verify", 0.0) + s.stage_ms.get("accept", 0.0)) / table.step_ms(tokens))
+        tokens = max(1.0, s.rows * (1.0 + (drafts_per_step if s.num_steps > 0 else 0.0)))
+        ratios.append((s.stage_ms.get("verify", 0.0) + s.stage_ms.get("accept", 0.0)) / max(1e-9, verify(s.rows, tokens)))
     return StageCosts(draft=draft, extend=extend, other=other, load=statistics.median(ratios), samples=len(ss))
 
 
@@ -109,13 +173,21 @@ class Config:
 class Predictor:
     """Predicted decode tokens/s of configurations (module docstring). ``candidates``: name →
     :class:`specc.tune.candidates.Candidate`; ``entries``: name → acceptance entry; ``costs``: name →
-    :class:`StageCosts` (``None`` key: plain decoding's run); ``load``: λ used for every prediction."""
+    :class:`StageCosts` (``None`` key: plain decoding's run); ``load``: λ used for every prediction;
+    ``grid``: the spot-timed verify (:class:`VerifyGrid`) used in place of the table's, or None."""
 
     table: cost.CostTable
     candidates: Dict[str, object]
     entries: Dict[str, object]
     costs: Dict[Optional[str], StageCosts]
     load: float = 1.0
+    grid: Optional[VerifyGrid] = None
+
+    def base_verify_ms(self, rows: float, tokens: float) -> float:
+        """The verify base before λ: the spot grid where one is used, else the cost table."""
+        if self.grid is not None:
+            return self.grid(rows, tokens)
+        return table_verify(self.table)(rows, tokens)
 
     def breakdown(self, config: Config, batch: float) -> Dict[str, float]:
         """The predicted step of ``config`` at ``batch`` live requests: E, verify tokens, and ms per
@@ -144,7 +216,7 @@ class Predictor:
                 draft = c.draft(b)
             extend = c.extend(b)
         tokens = b * (1.0 + d)
-        verify = self.load * self.table.step_ms(max(1, int(round(tokens))))
+        verify = self.load * self.base_verify_ms(b, tokens)
         other = c.other(b)
         step = cost.decode_step_ms(int(round(b)), tokens, lambda n: verify, 1, draft, extend, other)
         return {"expected_tokens": e, "verify_tokens": tokens, "verify_ms": verify, "draft_ms": draft,

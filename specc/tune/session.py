@@ -14,6 +14,7 @@ from specc.errors import SpeccError
 MEASURE_SHARE = 0.55
 CONFIRM_SHARE = 0.9
 MISS = 0.15
+SPOT_REPEATS = 3  # timed rounds over the verify shapes in the spot check (after one warm-up round)
 
 
 def plain_plan(base, capture):
@@ -174,19 +175,63 @@ class Session:
                              f"(each needs about {least:.0f} s on this machine now); give a larger budget")
         return results, plain
 
-    def predictor(self, table, measurements, plain):
+    def spot_check(self, models, table, measurements, prompt_ids):
+        """Time the target forward now at the shapes the predictions use — R requests x W tokens for R
+        in the concurrencies (and 1 and the measuring batch), W from 1 to the widest verify any measured
+        configuration makes — and compare with the cost table (:func:`specc.tune.predict.table_fits`).
+        Returns the :class:`specc.tune.predict.VerifyGrid` when the table's shape does not fit (the
+        predictions then use the grid), else None; either way the comparison goes into the report."""
+        import math
+
+        from specc.runtime.profile import time_state_shapes
+        from specc.tune.predict import VerifyGrid, table_fits
+
+        widest = 1
+        for name, m in measurements.items():
+            for k in self.cands[name].kappas:
+                widest = max(widest, math.ceil(1.0 + m.entry.drafts_per_step(k) - 1e-9))
+        rows = sorted(set(self.conc) | {1, self.args.measure_batch})
+        shapes = []
+        for r in rows:  # a finer width grid where a request's verify is small, a coarser one for wide batches
+            steps = (1, 2, 3, 4, 6) if r <= 8 else (1, 2, 4)
+            shapes += [(r, w) for w in sorted({w for w in steps if w <= widest} | {widest})]
+        widths = sorted({w for _, w in shapes})
+        mean_prompt = sum(len(p) for p in prompt_ids) / max(1, len(prompt_ids))
+        context = int(mean_prompt + self.args.max_new_tokens / 2)
+        t0 = time.monotonic()
+        bar = self.bar(SPOT_REPEATS + 1, "specc tune: timing the verify shapes")
+        try:
+            ms = time_state_shapes(models.target, shapes, context=context, repeats=SPOT_REPEATS, fill=False,
+                                   interleave=True, on_progress=lambda _: bar.update(1))
+        finally:
+            bar.close()
+        grid = VerifyGrid({(r, w): ms[f"{r}x{w}"] for r, w in shapes})
+        fits, lo, hi = table_fits(grid, table, MISS)
+        span = f"{len(shapes)} shapes (R x W, R in {rows}, W in {widths}, {context}-token context) in {time.monotonic() - t0:.0f} s"
+        if fits:
+            self.notes.append(f"cost table spot-checked at {span}: the forward timed now is {lo:.2f}-{hi:.2f}x the "
+                              f"table's, one factor within {MISS:.0%}: the table's shape fits and λ scales it")
+            return None
+        self.notes.append(f"cost table spot-checked at {span}: the forward timed now is {lo:.2f}-{hi:.2f}x the "
+                          f"table's, a spread no single load factor covers (the machine or its load changed since "
+                          f"the table was profiled): the predictions use the shapes timed now, scaled by λ; "
+                          f"`specc profile` refreshes the table")
+        return grid
+
+    def predictor(self, table, measurements, plain, grid=None):
         import statistics
 
-        from specc.tune.predict import Predictor, fit_stage_costs
+        from specc.tune.predict import Predictor, fit_stage_costs, table_verify
 
-        costs = {None: fit_stage_costs(plain.samples, table, 0.0)}
+        base = grid if grid is not None else table_verify(table)
+        costs = {None: fit_stage_costs(plain.samples, base, 0.0)}
         entries = {}
         for name, m in measurements.items():
             entries[name] = m.entry
-            costs[name] = fit_stage_costs(m.samples, table, m.entry.drafts_per_step(self.cands[name].measure_steps))
+            costs[name] = fit_stage_costs(m.samples, base, m.entry.drafts_per_step(self.cands[name].measure_steps))
         loads = [c.load for c in costs.values() if c.samples]
         load = statistics.median(loads) if loads else 1.0
-        return Predictor(table=table, candidates=dict(self.cands), entries=entries, costs=costs, load=load)
+        return Predictor(table=table, candidates=dict(self.cands), entries=entries, costs=costs, load=load, grid=grid)
 
     def confirm(self, models, pred, choice, prompt_ids):
         """The chosen plan, the top static configurations and plain decoding, side by side per
@@ -286,13 +331,15 @@ class Session:
         self.say(f"cost table: {how}")
         measurements, plain = self.measure_all(models, prompt_ids, sample)
         self.prefill_per_request = getattr(plain, "prefill_s", 0.2)
-        pred = self.predictor(table, measurements, plain)
+        grid = self.spot_check(models, table, measurements, prompt_ids)
+        pred = self.predictor(table, measurements, plain, grid)
         choice = choose(pred, self.conc)
         self.say(f"predicted: {choice.candidate} with κ per bucket {choice.buckets} (worst ratio to the best "
                  f"prediction over C={self.conc}: {choice.scores[choice.candidate]:.3f}); load factor λ = {pred.load:.2f}")
         results, configs, plan_label = self.confirm(models, pred, choice, prompt_ids)
         self.plan_buckets, self.plan_candidate = dict(choice.buckets), choice.candidate
         measured, scale = self._measured_values(pred, results, configs, choice, plan_label)
+        self.measured_values = (measured, scale)
         final = choose(pred, self.conc, measured=measured, scale=scale)
         if final.candidate != choice.candidate or final.buckets != choice.buckets:
             self.notes.append(f"the confirming runs changed the choice: {choice.candidate} {choice.buckets} -> "
@@ -370,14 +417,20 @@ class Session:
         if errors:
             self.notes.append(f"{out}: {args.engine} rules report " + "; ".join(f"[{v.rule}] {v.message}" for v in errors))
         files.append(str(out))
-        # engine settings
+        # engine settings: the chosen drafter where the engine runs it, else the best one it runs
         launch = [f"# Launch settings of {out.name} (`specc export`), written by specc tune", ""]
-        vllm_plan = out
+        vllm_plan, _ = self._vllm_plan(pred, final, measurements, table_ref, sizes, out, header)
+        if vllm_plan != out:
+            files.append(str(vllm_plan))
         ok_v, text_v = emit.export_text(vllm_plan, "vllm")
         launch.append(text_v)
         sg_path = Path(f"{stem}.sglang.yaml")
-        sg_doc = self._sglang_document(pred, win, final, entry, table_ref, sizes, out)
-        emit._atomic_write(sg_path, emit.dump_plan(sg_doc, header[:1] + [f"SGLang variant of {out.name} (SGLang has no batch_buckets)."]))
+        s_final, s_why = self._engine_choice(pred, final, "sglang")
+        s_win = self.cands[s_final.candidate]
+        sg_doc = self._sglang_document(pred, s_win, s_final, measurements[s_win.name].entry, table_ref, sizes, out)
+        why = f" {s_why}." if s_final.candidate != final.candidate else ""
+        emit._atomic_write(sg_path, emit.dump_plan(sg_doc, header[:1] + [f"SGLang variant of {out.name} (SGLang has no "
+                                                                          f"batch_buckets).{why}"]))
         files.append(str(sg_path))
         ok_s, text_s = emit.export_text(sg_path, "sglang", Path(f"{stem}.sglang_adaptive.json"))
         launch.append(text_s)
@@ -414,6 +467,8 @@ class Session:
         files.append(str(png))
         data = {"target": self.tpath, "prompts": self.source, "concurrency": self.conc, "budget_min": args.budget_min,
                 "seconds": round(self.elapsed(), 1), "cost_table": how, "load_factor": pred.load,
+                "verify_grid": ({f"{r}x{w}": v for (r, w), v in sorted(pred.grid.ms.items())}
+                                if pred.grid is not None else None),
                 "choice": {"candidate": final.candidate, "buckets": final.buckets, "scores": final.scores,
                            "predicted_first": {"candidate": choice.candidate, "buckets": choice.buckets}},
                 "candidates": {n: {"source": c.source, "also": list(c.also), "shape": c.shape, "kappas": list(c.kappas),
@@ -430,6 +485,34 @@ class Session:
         files.append(str(js))
         return files
 
+    def _engine_choice(self, pred, final, engine: str):
+        """The choice whose settings tune writes for ``engine``: ``final`` when the engine's rules accept
+        its drafter, else the same choice (:func:`specc.tune.predict.choose`, with what the confirming
+        runs measured) among the drafters the engine accepts. Returns ``(Choice, why)``; ``why`` names
+        the refusal (and goes into the report). When the engine accepts none, ``final`` (its export then
+        shows the refusal)."""
+        from specc.rules import check
+        from specc.tune.predict import choose
+
+        def refusal(cand):
+            return next((v for v in check(cand.plan, engine)
+                         if v.severity == "error" and not v.rule.startswith("checkpoint.")), None)
+
+        first = refusal(self.cands[final.candidate])
+        if first is None:
+            return final, ""
+        refused = [n for n, c in self.cands.items() if refusal(c) is not None]
+        if len(refused) == len(self.cands):
+            return final, ""
+        measured, scale = getattr(self, "measured_values", (None, None))
+        alt = choose(pred, self.conc, exclude=refused, measured=measured, scale=scale)
+        label = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+        why = (f"{label} refuses {final.candidate} ([{first.rule}]): its settings use {alt.candidate} with κ per "
+               f"bucket {alt.buckets}, the best by the same choice among the drafters {label} runs "
+               f"(worst ratio {alt.scores[alt.candidate]:.3f} against {final.scores[final.candidate]:.3f})")
+        self.notes.append(why)
+        return alt, why
+
     def _sglang_document(self, pred, win, final, entry, table_ref, sizes, out):
         """The SGLang variant: its adaptive controller with the κ predicted within 3 % of the best per
         bucket as candidates; where SGLang's rules say it falls back to a static schedule for this
@@ -439,7 +522,7 @@ class Session:
         from specc.plan.load import load_plan
         from specc.rules import check
         from specc.tune import emit
-        from specc.tune.predict import Config, adaptive_candidates
+        from specc.tune.predict import adaptive_candidates
 
         name = _identifier(out.stem) + "_sglang"
         buckets = {b: adaptive_candidates(pred, win.name, b) for b in final.buckets}
@@ -454,12 +537,67 @@ class Session:
         falls = [v for v in check(plan, "sglang") if v.severity == "fallback" and "schedule.kind" in v.keys]
         if not falls:
             return doc
-        best = {c: max(pred.tok_s(cfg, c) for cfg in pred.all_configs()) for c in self.conc}
-        k = max(win.kappas, key=lambda kk: min(pred.tok_s(Config(win.name, kk), c) / best[c] for c in self.conc))
+        k, worst = self._static_kappa(pred, win)
         self.notes.append(f"SGLang falls back to a static schedule for {win.method} ([{falls[0].rule}]): its settings "
-                          f"use the static κ = {k}, the best worst case over the concurrencies")
+                          f"use the static κ = {k}, the best worst case over the concurrencies ({worst:.2f}x the best "
+                          f"predicted there)")
         return emit.plan_document(win, {1: [k]}, kind="static", engine="sglang", name=name, alpha=entry.alpha,
                                   cost_table=None, capture=sizes)
+
+    def _static_kappa(self, pred, win):
+        """For an engine that runs one κ at every batch size: the κ ≥ 1 of ``win`` whose worst ratio
+        over the concurrencies (predicted throughput / the best any configuration reaches there) is
+        highest. Returns ``(κ, that ratio)``."""
+        from specc.tune.predict import Config
+
+        best = {c: max(pred.tok_s(cfg, c) for cfg in pred.all_configs()) for c in self.conc}
+
+        def worst(kk):
+            return min(pred.tok_s(Config(win.name, kk), c) / best[c] for c in self.conc)
+
+        k = max(win.kappas, key=worst)
+        return k, worst(k)
+
+    def _vllm_plan(self, pred, final, measurements, table_ref, sizes, out, header) -> Tuple[Path, str]:
+        """The plan whose vLLM settings tune writes: ``out`` when vLLM runs its drafter with per-batch-size
+        κ; else ``PLAN.vllm.yaml`` — the best drafter vLLM accepts (:meth:`_engine_choice`), and a
+        static κ (:meth:`_static_kappa`) where vLLM's rules say it falls back to one for that method
+        (Model Runner V1 has no per-batch-size κ for some methods). Returns ``(path, why)``; ``why`` is
+        empty for ``out`` (a ``PLAN.vllm.yaml`` an earlier run left is then removed)."""
+        import tempfile
+
+        from specc.plan.load import load_plan
+        from specc.rules import check
+        from specc.tune import emit
+
+        choice, why = self._engine_choice(pred, final, "vllm")
+        v_win = self.cands[choice.candidate]
+        alpha = measurements[v_win.name].entry.alpha
+        name = _identifier(out.stem) + "_vllm"
+        path = Path(f"{out.with_suffix('')}.vllm.yaml")
+        doc = emit.plan_document(v_win, {b: [k] for b, k in choice.buckets.items()}, kind="batch_buckets",
+                                 engine="vllm", name=name, alpha=alpha, cost_table=table_ref, capture=sizes)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=str(out.parent), delete=False) as fh:
+            fh.write(emit.dump_plan(doc, []))
+        try:
+            falls = [v for v in check(load_plan(fh.name).plan, "vllm")
+                     if v.severity == "fallback" and "schedule.kind" in v.keys]
+        finally:
+            Path(fh.name).unlink(missing_ok=True)
+        if falls:
+            k, worst = self._static_kappa(pred, v_win)
+            fall = (f"vLLM falls back to a static κ for {v_win.method} ([{falls[0].rule}]): its settings use the "
+                    f"static κ = {k}, the best worst case over the concurrencies ({worst:.2f}x the best predicted "
+                    f"there)")
+            self.notes.append(fall)
+            why = f"{why}; {fall}" if why else fall
+            doc = emit.plan_document(v_win, {1: [k]}, kind="static", engine="vllm", name=name, alpha=alpha,
+                                     cost_table=table_ref, capture=sizes)
+        elif not why:
+            path.unlink(missing_ok=True)  # a variant an earlier run wrote next to --out no longer applies
+            return out, ""
+        emit._atomic_write(path, emit.dump_plan(doc, header[:1] + [f"vLLM variant of {out.name}: {why}."]))
+        return path, why
 
     def _report_rows(self, pred, measurements, plain, results, configs, plan_label, final, explain_miss):
         from specc.tune.predict import Config
@@ -508,7 +646,8 @@ class Session:
         return rows, data, misses
 
     def _report_notes(self, pred, choice, final, measurements, how, misses) -> List[str]:
-        notes = [f"cost table: {how}; load factor λ = {pred.load:.2f} (measured verify time / the table's, "
+        base = "the verify shapes timed now" if pred.grid is not None else "the table's"
+        notes = [f"cost table: {how}; load factor λ = {pred.load:.2f} (measured verify time / {base}, "
                  f"median over the measuring runs' steps)"]
         for name, m in measurements.items():
             e = m.entry
