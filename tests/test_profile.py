@@ -43,11 +43,17 @@ def test_state_shapes_interleaved_without_a_prefill():
 
     torch.set_num_threads(1)
     target = tiny_llama(seed=0, vocab_size=64, num_layers=1, max_model_len=64)
-    rounds = []
+    rounds, calls = [], []
+    forward = target.forward
+    target.forward = lambda ids, *a, **k: (calls.append(tuple(ids.shape)), forward(ids, *a, **k))[1]
     ms = time_state_shapes(target, [(1, 1), (1, 3), (4, 2)], context=16, repeats=3, fill=False, interleave=True,
                            on_progress=rounds.append)
     assert set(ms) == {"1x1", "1x3", "4x2"} and all(v > 0 for v in ms.values())
     assert rounds == [f"round {r} of 3" for r in range(4)]  # one warm-up round, three timed
+    assert calls == [(1, 1), (1, 3), (4, 2)] * 4  # round-robin, and no (4, 16) history prefill
+    calls.clear()
+    time_state_shapes(target, [(1, 1), (1, 3)], context=16, repeats=2)
+    assert calls == [(1, 16), (1, 1), (1, 1), (1, 1), (1, 3), (1, 3), (1, 3)]  # filled, then back to back
     with pytest.raises(ValueError, match="max_model_len"):
         time_state_shapes(target, [(1, 8)], context=60, repeats=1, fill=False, interleave=True)
 

@@ -223,6 +223,15 @@ def test_verify_grid_interpolates_by_rows_and_width():
     assert g(2, 4) == pytest.approx(15.0 + (45.0 - 15.0) / 3)  # between 1 and 4 rows, width 2
     assert g(8, 8) == pytest.approx(60.0)  # past the largest R: proportional to rows
     assert g(0.5, 0.5) == pytest.approx(10.0)
+    # a wider verify never costs less: timing noise that says so is pooled (pool-adjacent-violators)
+    noisy = VerifyGrid({(1, 1): 48.7, (1, 2): 59.7, (1, 3): 63.5, (1, 4): 55.2, (1, 6): 73.2})
+    pooled = (59.7 + 63.5 + 55.2) / 3
+    assert [noisy(1, w) for w in (1, 2, 3, 4, 6)] == pytest.approx([48.7, pooled, pooled, pooled, 73.2])
+    assert noisy(1, 8) == pytest.approx(73.2 + 2 * (73.2 - pooled) / 2)
+    flat = VerifyGrid({(1, 1): 10.0, (1, 2): 9.0})
+    assert flat(1, 12) == pytest.approx(9.5) and flat(1, 1.5) == pytest.approx(9.5)
+    with pytest.raises(ValueError, match="at least one"):
+        VerifyGrid({})
 
 
 def test_a_table_whose_shape_changed_is_replaced_by_the_spot_grid(tmp_path):
@@ -458,10 +467,14 @@ def test_an_engine_that_refuses_the_choice_gets_the_best_drafter_it_runs(tmp_pat
     real.cands, real.conc, real.notes = cands, [1, 4], []
     out = tmp_path / "tuned.yaml"
     entries_m = {n: SimpleNamespace(entry=e) for n, e in entries.items()}
+    from specc.tune import emit
+
+    out.write_text(emit.dump_plan(emit.plan_document(cands["smollm2_suffix"], {b: [k] for b, k in final.buckets.items()},
+                                                     kind="batch_buckets", engine="specc", name="tuned", alpha=0.3,
+                                                     cost_table=None, capture=[1, 2, 4]), []))
     path, why = real._vllm_plan(pred, final, entries_m, None, [1, 2, 4], out, ["test"])
     assert path == tmp_path / "tuned.vllm.yaml" and "[vllm.R65]" in why and real.notes == [why]
     from specc.plan.load import load_plan
-    from specc.tune import emit
 
     plan = load_plan(str(path)).plan
     assert plan.method.name == "suffix" and plan.schedule.kind == "static"
@@ -470,8 +483,22 @@ def test_an_engine_that_refuses_the_choice_gets_the_best_drafter_it_runs(tmp_pat
     assert ok and '"method":"suffix"' in text and "num_speculative_tokens_per_batch_size" not in text, text
     # n-gram runs per-batch-size κ on vLLM: the plan itself is exported
     ngram_first = choose(pred, [1, 4], exclude=["smollm2_suffix", "smollm2_eagle3_tree"])
+    ngram = cands["smollm2_ngram"]
+    buckets = {b: [k] for b, k in ngram_first.buckets.items()}
+    out.write_text(emit.dump_plan(emit.plan_document(ngram, buckets, kind="batch_buckets", engine="specc",
+                                                     name="tuned", alpha=0.3, cost_table=None, capture=[1, 2, 4]), []))
     assert real._vllm_plan(pred, ngram_first, entries_m, None, [1, 2, 4], out, ["test"]) == (out, "")
-    assert sorted(f.name for f in tmp_path.iterdir()) == ["table.json"]  # the earlier variant removed, no temp left
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["table.json", "tuned.yaml"]  # the old variant removed
+    # an adaptive plan (--schedule adaptive): vLLM has no adaptive controller, so a batch_buckets variant
+    out.write_text(emit.dump_plan(emit.plan_document(ngram, buckets, kind="adaptive", engine="specc", name="tuned",
+                                                     alpha=0.3, cost_table=None, capture=[1, 2, 4]), []))
+    assert not emit.export_text(out, "vllm")[0]
+    path, why = real._vllm_plan(pred, ngram_first, entries_m, None, [1, 2, 4], out, ["test"])
+    assert path == tmp_path / "tuned.vllm.yaml" and why.startswith("vLLM refuses tuned.yaml as written")
+    assert load_plan(str(path)).plan.schedule.kind == "batch_buckets"
+    ok, text = emit.export_text(path, "vllm")
+    assert ok and "num_speculative_tokens_per_batch_size" in text, text
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["table.json", "tuned.vllm.yaml", "tuned.yaml"]  # no temp
 
 
 # ------------------------------------------------------------------------------------------------ run PLAN
@@ -541,7 +568,7 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
     assert "predicted against measured" in stdout
     # the table was checked against the forward timed now at the shapes the predictions use
     spot = [n for n in data["notes"] if n.startswith("cost table spot-checked at")]
-    assert len(spot) == 1 and "R in [1, 4]" in spot[0]
+    assert len(spot) == 1 and "R [1, 4] x W [1, 2, 3" in spot[0]
     assert (data["verify_grid"] is None) == ("the table's shape fits" in spot[0])
     from specc.plan.load import load_plan
 

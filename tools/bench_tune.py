@@ -60,8 +60,10 @@ def main(argv=None) -> int:
     requests = {}
     for item in args.requests:
         c, sep, n = item.partition(":")
-        if not sep or not c.isdigit() or not n.isdigit() or int(n) < 1:
+        if not sep or not c.isdigit() or not n.isdigit() or int(n) < 1 or int(c) < 1:
             ap.error(f"--requests {item}: expected C:N with positive integers, e.g. 4:16")
+        if int(c) not in args.concurrency:
+            ap.error(f"--requests {item}: {c} is not one of --concurrency {' '.join(map(str, args.concurrency))}")
         requests[int(c)] = int(n)
 
     from specc.runtime.prompts import read_prompts, shipped_prompts_path

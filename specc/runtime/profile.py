@@ -246,7 +246,7 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
     timed (it happens once, at load). ``fill=False`` skips the prefill of the ``context`` history (the
     attention then reads zero K/V: the same work, so the same time, without a B x context prefill —
     what ``specc tune``'s spot check of the cost table uses). ``interleave``: every shape once per
-    round, one warm-up round then ``repeats`` rounds, median per shape (as :func:`profile_costs`
+    round, one warm-up round then ``repeats`` rounds (at least one), median per shape (as :func:`profile_costs`
     does: a burst of load from other jobs falls on all shapes alike, not on one); otherwise each shape's
     warm-up and repeats run back to back. Raises ValueError when ``context`` + the widest W does not fit
     the target's ``max_model_len``."""
@@ -288,13 +288,14 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
             on_progress(f"{b}x{w}")
     if calls:
         times: Dict[str, List[float]] = {key: [] for key, _ in calls}
-        for rnd in range(max(1, repeats) + 1):
+        rounds = max(1, repeats)
+        for rnd in range(rounds + 1):
             for key, call in calls:
                 t = _time_once(call, sync)
                 if rnd > 0:
                     times[key].append(t)
             if on_progress:
-                on_progress(f"round {rnd} of {repeats}")
+                on_progress(f"round {rnd} of {rounds}")
         out = {key: round(statistics.median(ts), 4) for key, ts in times.items()}
     return out
 

@@ -64,10 +64,14 @@ def fit_linear(xs: Sequence[float], ys: Sequence[float]) -> Linear:
 
 
 def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise-linear y(x) through sorted ``xs``; beyond either end the end segment's slope (a single
-    point: constant). Never negative."""
+    """Piecewise-linear y(x) through sorted ``xs``; before the first point the first segment's line,
+    past the last the last segment's slope if it rises (a falling end — noise — holds the last value;
+    a single point: constant). Never negative."""
     if len(xs) == 1:
         return max(0.0, ys[0])
+    if x > xs[-1]:
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        return max(0.0, ys[-1] + slope * (x - xs[-1]))
     i = 1
     while i < len(xs) - 1 and x > xs[i]:
         i += 1
@@ -75,23 +79,46 @@ def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
+def non_decreasing(ys: Sequence[float]) -> List[float]:
+    """The least-squares non-decreasing fit to ``ys`` (pool-adjacent-violators: each run of values that
+    falls is replaced by its mean). A verify of more tokens never costs less than one of fewer; timing
+    noise that says otherwise would make a deeper draft look free."""
+    blocks: List[List[float]] = []  # [sum, count]
+    for y in ys:
+        blocks.append([float(y), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, n = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += n
+    out: List[float] = []
+    for total, n in blocks:
+        out += [total / n] * int(n)
+    return out
+
+
 @dataclass(frozen=True)
 class VerifyGrid:
     """The target forward timed on the spot (:func:`specc.runtime.profile.time_state_shapes`) at
     shapes ``(R, W)``: R requests verifying W tokens each; ``ms[(R, W)]`` in milliseconds. Called as
-    ``grid(rows, tokens)``: linear in the width ``tokens / rows`` at each measured R (the end slope
-    beyond the widest), linear in rows between measured R, proportional to rows beyond the largest
+    ``grid(rows, tokens)``: linear in the width ``tokens / rows`` at each measured R through the
+    times made non-decreasing in W (:func:`non_decreasing`; the end slope beyond the widest), linear in rows between measured R, proportional to rows beyond the largest
     (smaller than the smallest: the smallest's time). The layout matters on the CPU: one request of
-    W tokens and W one-token requests do not cost the same, which one token count cannot say."""
+    W tokens and W one-token requests do not cost the same, which one token count cannot say.
+    ``rows`` and ``tokens`` may be fractional (a run's mean batch). Raises ValueError when ``ms`` is
+    empty or holds a non-positive R or W."""
 
     ms: Dict[Tuple[int, int], float]
+
+    def __post_init__(self) -> None:
+        if not self.ms or any(int(r) < 1 or int(w) < 1 for r, w in self.ms):
+            raise ValueError(f"VerifyGrid needs at least one (R, W) shape with R, W >= 1, got {sorted(self.ms)}")
 
     def rows(self) -> List[int]:
         return sorted({r for r, _ in self.ms})
 
     def _at(self, r: int, width: float) -> float:
         ws = sorted(w for rr, w in self.ms if rr == r)
-        return _interp(ws, [self.ms[(r, w)] for w in ws], width)
+        return _interp(ws, non_decreasing([self.ms[(r, w)] for w in ws]), width)
 
     def __call__(self, rows: float, tokens: float) -> float:
         rows = max(1.0, float(rows))
@@ -111,7 +138,9 @@ def table_fits(grid: VerifyGrid, table: cost.CostTable, tolerance: float) -> Tup
     """Whether the cost table's shape fits the spot timings: the ratio spot / table over every measured
     shape (R x W against the table's R·W tokens) varies by at most ``1 + tolerance`` (a common factor is
     the load, which λ covers; a varying one is a shape λ cannot fix). Returns ``(fits, lowest ratio,
-    highest ratio)``."""
+    highest ratio)``. The table holds its token counts' verify (forward and accept) in its own layout
+    (n tokens as ``min(n, max_batch)`` requests, :mod:`specc.runtime.profile`), the grid the forward at
+    R x W: layout and the accept kernel are part of what it checks."""
     ratios = [ms / max(1e-9, table.step_ms(r * w)) for (r, w), ms in grid.ms.items()]
     lo, hi = min(ratios), max(ratios)
     return hi <= (1.0 + tolerance) * lo, lo, hi

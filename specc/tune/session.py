@@ -15,6 +15,7 @@ MEASURE_SHARE = 0.55
 CONFIRM_SHARE = 0.9
 MISS = 0.15
 SPOT_REPEATS = 3  # timed rounds over the verify shapes in the spot check (after one warm-up round)
+SPOT_MIN_S = 20.0  # the spot check may take a tenth of the budget, and at least this many seconds
 
 
 def plain_plan(base, capture):
@@ -175,27 +176,47 @@ class Session:
                              f"(each needs about {least:.0f} s on this machine now); give a larger budget")
         return results, plain
 
-    def spot_check(self, models, table, measurements, prompt_ids):
+    def spot_check(self, models, table, measurements, prompt_ids, plain):
         """Time the target forward now at the shapes the predictions use — R requests x W tokens for R
         in the concurrencies (and 1 and the measuring batch), W from 1 to the widest verify any measured
         configuration makes — and compare with the cost table (:func:`specc.tune.predict.table_fits`).
-        Returns the :class:`specc.tune.predict.VerifyGrid` when the table's shape does not fit (the
-        predictions then use the grid), else None; either way the comparison goes into the report."""
+        Bounded: the time it would take (estimated from plain decoding's measured steps, linear in the
+        tokens) must fit a tenth of the budget (at least ``SPOT_MIN_S``); the largest R are dropped
+        until it does (R = 1 and the measuring batch stay), else the check is skipped. Returns the
+        :class:`specc.tune.predict.VerifyGrid` when the table's shape does not fit (the predictions
+        then use the grid), else None; either way the report says what was done."""
         import math
 
         from specc.runtime.profile import time_state_shapes
-        from specc.tune.predict import VerifyGrid, table_fits
+        from specc.tune.predict import VerifyGrid, fit_linear, table_fits
 
         widest = 1
         for name, m in measurements.items():
             for k in self.cands[name].kappas:
                 widest = max(widest, math.ceil(1.0 + m.entry.drafts_per_step(k) - 1e-9))
-        rows = sorted(set(self.conc) | {1, self.args.measure_batch})
-        shapes = []
-        for r in rows:  # a finer width grid where a request's verify is small, a coarser one for wide batches
+        keep = {1, self.args.measure_batch}
+        rows = sorted(set(self.conc) | keep)
+
+        def widths(r):  # a finer width grid where a request's verify is small, a coarser one for wide batches
             steps = (1, 2, 3, 4, 6) if r <= 8 else (1, 2, 4)
-            shapes += [(r, w) for w in sorted({w for w in steps if w <= widest} | {widest})]
-        widths = sorted({w for _, w in shapes})
+            return sorted({w for w in steps if w <= widest} | {widest})
+
+        per_token = fit_linear([float(x.rows) for x in plain.samples], [x.wall_ms for x in plain.samples])
+        allowance = max(SPOT_MIN_S, 0.1 * self.budget)
+
+        def estimate(rs) -> float:
+            return (SPOT_REPEATS + 1) * sum(per_token(r * w) for r in rs for w in widths(r)) / 1e3
+
+        dropped = []
+        while estimate(rows) > allowance and any(r not in keep for r in rows):
+            dropped.append(max(r for r in rows if r not in keep))
+            rows.remove(dropped[-1])
+        if estimate(rows) > allowance:
+            self.notes.append(f"cost table not spot-checked: timing even R = {rows} would take about "
+                              f"{estimate(rows):.0f} s, more than {allowance:.0f} s of the budget; the predictions "
+                              f"use the table x λ")
+            return None
+        shapes = [(r, w) for r in rows for w in widths(r)]
         mean_prompt = sum(len(p) for p in prompt_ids) / max(1, len(prompt_ids))
         context = int(mean_prompt + self.args.max_new_tokens / 2)
         t0 = time.monotonic()
@@ -207,14 +228,21 @@ class Session:
             bar.close()
         grid = VerifyGrid({(r, w): ms[f"{r}x{w}"] for r, w in shapes})
         fits, lo, hi = table_fits(grid, table, MISS)
-        span = f"{len(shapes)} shapes (R x W, R in {rows}, W in {widths}, {context}-token context) in {time.monotonic() - t0:.0f} s"
+        groups: Dict[Tuple[int, ...], List[int]] = {}
+        for r in rows:
+            groups.setdefault(tuple(widths(r)), []).append(r)
+        layout = "; ".join(f"R {rs} x W {list(ws)}" for ws, rs in groups.items())
+        span = (f"{len(shapes)} shapes ({layout}; {context}-token context) in {time.monotonic() - t0:.0f} s"
+                + (f"; R {sorted(dropped)} not timed (the check's share of the budget), read from the largest "
+                   f"timed R" if dropped else ""))
         if fits:
             self.notes.append(f"cost table spot-checked at {span}: the forward timed now is {lo:.2f}-{hi:.2f}x the "
                               f"table's, one factor within {MISS:.0%}: the table's shape fits and λ scales it")
             return None
         self.notes.append(f"cost table spot-checked at {span}: the forward timed now is {lo:.2f}-{hi:.2f}x the "
-                          f"table's, a spread no single load factor covers (the machine or its load changed since "
-                          f"the table was profiled): the predictions use the shapes timed now, scaled by λ; "
+                          f"table's verify, a spread no single load factor covers (the machine, its load, or the "
+                          f"layout the table was profiled in — n tokens as min(n, its batch) requests — differ "
+                          f"from these shapes now): the predictions use the shapes timed now, scaled by λ; "
                           f"`specc profile` refreshes the table")
         return grid
 
@@ -331,7 +359,7 @@ class Session:
         self.say(f"cost table: {how}")
         measurements, plain = self.measure_all(models, prompt_ids, sample)
         self.prefill_per_request = getattr(plain, "prefill_s", 0.2)
-        grid = self.spot_check(models, table, measurements, prompt_ids)
+        grid = self.spot_check(models, table, measurements, prompt_ids, plain)
         pred = self.predictor(table, measurements, plain, grid)
         choice = choose(pred, self.conc)
         self.say(f"predicted: {choice.candidate} with κ per bucket {choice.buckets} (worst ratio to the best "
@@ -517,10 +545,6 @@ class Session:
         """The SGLang variant: its adaptive controller with the κ predicted within 3 % of the best per
         bucket as candidates; where SGLang's rules say it falls back to a static schedule for this
         method, the static κ whose worst ratio over the concurrencies is best."""
-        import tempfile
-
-        from specc.plan.load import load_plan
-        from specc.rules import check
         from specc.tune import emit
         from specc.tune.predict import adaptive_candidates
 
@@ -528,13 +552,7 @@ class Session:
         buckets = {b: adaptive_candidates(pred, win.name, b) for b in final.buckets}
         doc = emit.plan_document(win, buckets, kind="adaptive", engine="sglang", name=name, alpha=entry.alpha,
                                  cost_table=None, capture=sizes)
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=str(out.parent), delete=False) as fh:
-            fh.write(emit.dump_plan(doc, []))
-        try:
-            plan = load_plan(fh.name).plan
-        finally:
-            Path(fh.name).unlink(missing_ok=True)
-        falls = [v for v in check(plan, "sglang") if v.severity == "fallback" and "schedule.kind" in v.keys]
+        _, falls = _engine_verdict(doc, "sglang", out.parent)
         if not falls:
             return doc
         k, worst = self._static_kappa(pred, win)
@@ -559,31 +577,32 @@ class Session:
         return k, worst(k)
 
     def _vllm_plan(self, pred, final, measurements, table_ref, sizes, out, header) -> Tuple[Path, str]:
-        """The plan whose vLLM settings tune writes: ``out`` when vLLM runs its drafter with per-batch-size
-        κ; else ``PLAN.vllm.yaml`` — the best drafter vLLM accepts (:meth:`_engine_choice`), and a
-        static κ (:meth:`_static_kappa`) where vLLM's rules say it falls back to one for that method
-        (Model Runner V1 has no per-batch-size κ for some methods). Returns ``(path, why)``; ``why`` is
-        empty for ``out`` (a ``PLAN.vllm.yaml`` an earlier run left is then removed)."""
-        import tempfile
-
+        """The plan whose vLLM settings tune writes: ``out`` when vLLM's rules accept it as written, with
+        no fallback of its schedule; else ``PLAN.vllm.yaml`` — the best drafter vLLM accepts
+        (:meth:`_engine_choice`) with κ per batch bucket, or a static κ (:meth:`_static_kappa`) where
+        vLLM's rules say it falls back to one for that method (Model Runner V1 has no per-batch-size κ
+        for some methods). ``out`` may be refused as written when it carries an adaptive schedule
+        (``--schedule adaptive``, ``--engine sglang``). Returns ``(path, why)``; ``why`` is empty for
+        ``out`` (a ``PLAN.vllm.yaml`` an earlier run left is then removed)."""
         from specc.plan.load import load_plan
-        from specc.rules import check
         from specc.tune import emit
 
+        path = Path(f"{out.with_suffix('')}.vllm.yaml")
         choice, why = self._engine_choice(pred, final, "vllm")
+        if choice is final:
+            errors, falls = _engine_verdict(load_plan(str(out)).plan, "vllm")
+            if not errors and not falls:
+                path.unlink(missing_ok=True)  # a variant an earlier run wrote next to --out no longer applies
+                return out, ""
+            if errors:
+                why = (f"vLLM refuses {out.name} as written ([{errors[0].rule}]): its settings use κ per batch "
+                       f"bucket {choice.buckets}")
         v_win = self.cands[choice.candidate]
         alpha = measurements[v_win.name].entry.alpha
         name = _identifier(out.stem) + "_vllm"
-        path = Path(f"{out.with_suffix('')}.vllm.yaml")
         doc = emit.plan_document(v_win, {b: [k] for b, k in choice.buckets.items()}, kind="batch_buckets",
                                  engine="vllm", name=name, alpha=alpha, cost_table=table_ref, capture=sizes)
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=str(out.parent), delete=False) as fh:
-            fh.write(emit.dump_plan(doc, []))
-        try:
-            falls = [v for v in check(load_plan(fh.name).plan, "vllm")
-                     if v.severity == "fallback" and "schedule.kind" in v.keys]
-        finally:
-            Path(fh.name).unlink(missing_ok=True)
+        _, falls = _engine_verdict(doc, "vllm", out.parent)
         if falls:
             k, worst = self._static_kappa(pred, v_win)
             fall = (f"vLLM falls back to a static κ for {v_win.method} ([{falls[0].rule}]): its settings use the "
@@ -593,9 +612,8 @@ class Session:
             why = f"{why}; {fall}" if why else fall
             doc = emit.plan_document(v_win, {1: [k]}, kind="static", engine="vllm", name=name, alpha=alpha,
                                      cost_table=table_ref, capture=sizes)
-        elif not why:
-            path.unlink(missing_ok=True)  # a variant an earlier run wrote next to --out no longer applies
-            return out, ""
+        elif why and choice is final:
+            self.notes.append(why)
         emit._atomic_write(path, emit.dump_plan(doc, header[:1] + [f"vLLM variant of {out.name}: {why}."]))
         return path, why
 
@@ -683,6 +701,34 @@ class Session:
                 print(f"  {r[0]} at C={r[1]}: {r[8]}")
         for n in notes:
             print(n)
+
+
+def _engine_verdict(doc_or_plan, engine: str, where: Optional[Path] = None):
+    """``engine``'s rules on a plan document (a mapping, loaded through a temporary file in ``where``)
+    or a loaded plan: ``(errors, schedule fallbacks)`` — errors other than the checkpoint rules (they
+    depend on the launching machine), and fallbacks that replace ``schedule.kind``. The temporary file
+    is removed whatever happens."""
+    import os
+    import tempfile
+
+    from specc.plan.load import load_plan
+    from specc.rules import check
+    from specc.tune import emit
+
+    plan = doc_or_plan
+    if isinstance(doc_or_plan, dict):
+        text = emit.dump_plan(doc_or_plan, [])
+        fd, name = tempfile.mkstemp(suffix=".yaml", dir=str(where) if where else None)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            plan = load_plan(name).plan
+        finally:
+            Path(name).unlink(missing_ok=True)
+    violations = check(plan, engine)
+    errors = [v for v in violations if v.severity == "error" and not v.rule.startswith("checkpoint.")]
+    falls = [v for v in violations if v.severity == "fallback" and "schedule.kind" in v.keys]
+    return errors, falls
 
 
 def _identifier(text: str) -> str:
