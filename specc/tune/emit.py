@@ -92,11 +92,35 @@ def check_loads(path: Path, engine: str) -> Tuple[Any, List[Any]]:
     other than the checkpoint rules, which depend on the machine that launches). Raises PlanError
     when it does not load."""
     from specc.plan.load import load_plan
-    from specc.rules import check
 
     plan = load_plan(str(path)).plan
-    errors = [v for v in check(plan, engine) if v.severity == "error" and not v.rule.startswith("checkpoint.")]
-    return plan, errors
+    return plan, verdict(plan, engine)[0]
+
+
+def verdict(plan_or_doc: Any, engine: str, where: Optional[Path] = None) -> Tuple[List[Any], List[Any]]:
+    """``engine``'s rules on a loaded plan or a plan document (a mapping, loaded through a temporary
+    file in ``where``, removed whatever happens): ``(errors, schedule fallbacks)`` — errors other than
+    the checkpoint rules (they depend on the machine that launches), and fallbacks that replace
+    ``schedule.kind``. Raises PlanError when a document does not load."""
+    import tempfile
+
+    from specc.plan.load import load_plan
+    from specc.rules import check
+
+    plan = plan_or_doc
+    if isinstance(plan_or_doc, dict):
+        text = dump_plan(plan_or_doc, [])
+        fd, name = tempfile.mkstemp(suffix=".yaml", dir=str(where) if where else None)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            plan = load_plan(name).plan
+        finally:
+            Path(name).unlink(missing_ok=True)
+    violations = check(plan, engine)
+    errors = [v for v in violations if v.severity == "error" and not v.rule.startswith("checkpoint.")]
+    falls = [v for v in violations if v.severity == "fallback" and "schedule.kind" in v.keys]
+    return errors, falls
 
 
 def export_text(path: Path, engine: str, adaptive_path: Optional[Path] = None) -> Tuple[bool, str]:

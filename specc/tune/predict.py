@@ -101,8 +101,9 @@ class VerifyGrid:
     """The target forward timed on the spot (:func:`specc.runtime.profile.time_state_shapes`) at
     shapes ``(R, W)``: R requests verifying W tokens each; ``ms[(R, W)]`` in milliseconds. Called as
     ``grid(rows, tokens)``: linear in the width ``tokens / rows`` at each measured R through the
-    times made non-decreasing in W (:func:`non_decreasing`; the end slope beyond the widest), linear in rows between measured R, proportional to rows beyond the largest
-    (smaller than the smallest: the smallest's time). The layout matters on the CPU: one request of
+    times made non-decreasing in W (:func:`non_decreasing`; the end slope beyond the widest), linear
+    in rows between measured R, proportional to rows beyond the largest (smaller than the smallest:
+    the smallest's time). The layout matters on the CPU: one request of
     W tokens and W one-token requests do not cost the same, which one token count cannot say.
     ``rows`` and ``tokens`` may be fractional (a run's mean batch). Raises ValueError when ``ms`` is
     empty or holds a non-positive R or W."""
@@ -114,6 +115,7 @@ class VerifyGrid:
             raise ValueError(f"VerifyGrid needs at least one (R, W) shape with R, W >= 1, got {sorted(self.ms)}")
 
     def rows(self) -> List[int]:
+        """The timed request counts R, ascending."""
         return sorted({r for r, _ in self.ms})
 
     def _at(self, r: int, width: float) -> float:
@@ -214,9 +216,7 @@ class Predictor:
 
     def base_verify_ms(self, rows: float, tokens: float) -> float:
         """The verify base before λ: the spot grid where one is used, else the cost table."""
-        if self.grid is not None:
-            return self.grid(rows, tokens)
-        return table_verify(self.table)(rows, tokens)
+        return (self.grid or table_verify(self.table))(rows, tokens)
 
     def breakdown(self, config: Config, batch: float) -> Dict[str, float]:
         """The predicted step of ``config`` at ``batch`` live requests: E, verify tokens, and ms per

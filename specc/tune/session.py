@@ -519,12 +519,11 @@ class Session:
         runs measured) among the drafters the engine accepts. Returns ``(Choice, why)``; ``why`` names
         the refusal (and goes into the report). When the engine accepts none, ``final`` (its export then
         shows the refusal)."""
-        from specc.rules import check
+        from specc.tune import emit
         from specc.tune.predict import choose
 
         def refusal(cand):
-            return next((v for v in check(cand.plan, engine)
-                         if v.severity == "error" and not v.rule.startswith("checkpoint.")), None)
+            return next(iter(emit.verdict(cand.plan, engine)[0]), None)
 
         first = refusal(self.cands[final.candidate])
         if first is None:
@@ -552,15 +551,22 @@ class Session:
         buckets = {b: adaptive_candidates(pred, win.name, b) for b in final.buckets}
         doc = emit.plan_document(win, buckets, kind="adaptive", engine="sglang", name=name, alpha=entry.alpha,
                                  cost_table=None, capture=sizes)
-        _, falls = _engine_verdict(doc, "sglang", out.parent)
+        _, falls = emit.verdict(doc, "sglang", out.parent)
         if not falls:
             return doc
-        k, worst = self._static_kappa(pred, win)
-        self.notes.append(f"SGLang falls back to a static schedule for {win.method} ([{falls[0].rule}]): its settings "
-                          f"use the static κ = {k}, the best worst case over the concurrencies ({worst:.2f}x the best "
-                          f"predicted there)")
+        k, _ = self._static_fallback(pred, win, f"SGLang falls back to a static schedule for {win.method} "
+                                               f"([{falls[0].rule}])")
         return emit.plan_document(win, {1: [k]}, kind="static", engine="sglang", name=name, alpha=entry.alpha,
                                   cost_table=None, capture=sizes)
+
+    def _static_fallback(self, pred, win, cause: str) -> Tuple[int, str]:
+        """For an engine that falls back to one κ at every batch size (``cause`` says which and by which
+        rule): :meth:`_static_kappa`, and the report's note on it (appended). Returns ``(κ, note)``."""
+        k, worst = self._static_kappa(pred, win)
+        note = (f"{cause}: its settings use the static κ = {k}, the best worst case over the concurrencies "
+                f"({worst:.2f}x the best predicted there)")
+        self.notes.append(note)
+        return k, note
 
     def _static_kappa(self, pred, win):
         """For an engine that runs one κ at every batch size: the κ ≥ 1 of ``win`` whose worst ratio
@@ -590,7 +596,7 @@ class Session:
         path = Path(f"{out.with_suffix('')}.vllm.yaml")
         choice, why = self._engine_choice(pred, final, "vllm")
         if choice is final:
-            errors, falls = _engine_verdict(load_plan(str(out)).plan, "vllm")
+            errors, falls = emit.verdict(load_plan(str(out)).plan, "vllm")
             if not errors and not falls:
                 path.unlink(missing_ok=True)  # a variant an earlier run wrote next to --out no longer applies
                 return out, ""
@@ -602,13 +608,10 @@ class Session:
         name = _identifier(out.stem) + "_vllm"
         doc = emit.plan_document(v_win, {b: [k] for b, k in choice.buckets.items()}, kind="batch_buckets",
                                  engine="vllm", name=name, alpha=alpha, cost_table=table_ref, capture=sizes)
-        _, falls = _engine_verdict(doc, "vllm", out.parent)
+        _, falls = emit.verdict(doc, "vllm", out.parent)
         if falls:
-            k, worst = self._static_kappa(pred, v_win)
-            fall = (f"vLLM falls back to a static κ for {v_win.method} ([{falls[0].rule}]): its settings use the "
-                    f"static κ = {k}, the best worst case over the concurrencies ({worst:.2f}x the best predicted "
-                    f"there)")
-            self.notes.append(fall)
+            k, fall = self._static_fallback(pred, v_win, f"vLLM falls back to a static κ for {v_win.method} "
+                                                         f"([{falls[0].rule}])")
             why = f"{why}; {fall}" if why else fall
             doc = emit.plan_document(v_win, {1: [k]}, kind="static", engine="vllm", name=name, alpha=alpha,
                                      cost_table=table_ref, capture=sizes)
@@ -701,34 +704,6 @@ class Session:
                 print(f"  {r[0]} at C={r[1]}: {r[8]}")
         for n in notes:
             print(n)
-
-
-def _engine_verdict(doc_or_plan, engine: str, where: Optional[Path] = None):
-    """``engine``'s rules on a plan document (a mapping, loaded through a temporary file in ``where``)
-    or a loaded plan: ``(errors, schedule fallbacks)`` — errors other than the checkpoint rules (they
-    depend on the launching machine), and fallbacks that replace ``schedule.kind``. The temporary file
-    is removed whatever happens."""
-    import os
-    import tempfile
-
-    from specc.plan.load import load_plan
-    from specc.rules import check
-    from specc.tune import emit
-
-    plan = doc_or_plan
-    if isinstance(doc_or_plan, dict):
-        text = emit.dump_plan(doc_or_plan, [])
-        fd, name = tempfile.mkstemp(suffix=".yaml", dir=str(where) if where else None)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            plan = load_plan(name).plan
-        finally:
-            Path(name).unlink(missing_ok=True)
-    violations = check(plan, engine)
-    errors = [v for v in violations if v.severity == "error" and not v.rule.startswith("checkpoint.")]
-    falls = [v for v in violations if v.severity == "fallback" and "schedule.kind" in v.keys]
-    return errors, falls
 
 
 def _identifier(text: str) -> str:
