@@ -262,6 +262,134 @@ def test_a_table_whose_shape_changed_is_replaced_by_the_spot_grid(tmp_path):
         pytest.approx(steep(4, 4))
 
 
+def test_a_deeper_kappa_must_pay_by_the_margin(tmp_path):
+    """Per bucket the shallowest κ within KAPPA_MARGIN of the fastest: a near tie (timing noise) keeps
+    the shallower draft, κ = 0 included; a clear gain still takes the deeper one."""
+    from specc.tune.predict import KAPPA_MARGIN, shallowest_within
+
+    vals = {0: 100.0, 1: 100.5, 2: 101.0, 7: 102.9}
+    assert shallowest_within(list(vals), vals.get) == 0  # 2.9 % over plain: within the margin
+    vals[7] = 101.0 * (1 + KAPPA_MARGIN) * 1.01
+    assert shallowest_within(list(vals), vals.get) == 7
+    vals[2] = vals[7] * 0.99
+    assert shallowest_within(list(vals), vals.get) == 2  # within the margin of κ = 7: the shallower
+    assert shallowest_within([0, 3], {0: 1.0, 3: 1.0}.get) == 0
+
+
+def test_the_confirming_runs_demote_a_bucket_that_lost(tmp_path):
+    """The tuned plan's run counts as its bucket's κ when that κ ran most of its steps: a bucket whose
+    run measured below plain decoding drops to κ = 0; a bucket no run measured takes the measured over
+    predicted factor of the nearest concurrency run."""
+    from types import SimpleNamespace
+
+    from specc.tune.confirm import Result
+    from specc.tune.predict import Config, Predictor, StageCosts, choose
+    from specc.tune.session import measured_values
+
+    table = _table(tmp_path)
+    cand = SimpleNamespace(name="good", kappas=(1, 2, 3, 4), measure_steps=4, shape="chain",
+                           plan=SimpleNamespace(method=SimpleNamespace(name="ngram", parallel_drafting=False, topk=1,
+                                                                       tree_choices=None)))
+    pred = Predictor(table=table, candidates={"good": cand}, entries={"good": _entry([0.8, 0.64, 0.51, 0.41], 4)},
+                     costs={None: StageCosts(), "good": StageCosts()})
+    ch = choose(pred, [1, 2])
+    k2 = ch.buckets[max(b for b in ch.buckets if b <= 2)]
+    assert k2 > 0  # 2 rows x 2 tokens verify at the one-token price
+
+    def result(label, tok_s, steps):
+        return Result(label=label, concurrency=2, decode_tok_s=tok_s, output_tok_s=tok_s, tau=1.0, mean_batch=2.0,
+                      steps=sum(steps.values()), decode_s=1.0, stage_ms_per_step={}, kappa_steps=steps)
+
+    plain_at_2 = pred.tok_s(Config(None, 0), 2)
+    results = {("plain", 2): result("plain", plain_at_2, {0: 100}),
+               ("tuned", 2): result("tuned", 0.8 * plain_at_2, {k2: 90, 4: 10})}
+    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, ch, "tuned")
+    assert measured[("good", k2, 2)] == pytest.approx(0.8 * plain_at_2)
+    after = choose(pred, [1, 2], measured=measured, scale=scale)
+    assert after.per_drafter["good"][2][0] != k2  # the measured loss replaces the prediction
+    # a mixed run (no κ ran most steps) only informs the factor
+    results[("tuned", 2)] = result("tuned", 0.8 * plain_at_2, {k2: 50, 4: 50})
+    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, ch, "tuned")
+    assert ("good", k2, 2) not in measured and 2 in scale
+    # a bucket not run takes the factor of the nearest concurrency run (log2; a tie to the smaller)
+    scaled = choose(pred, [1, 8], scale={1: 1.0, 8: 0.5})
+    for b, f in ((1, 1.0), (2, 1.0), (4, 0.5), (8, 0.5)):
+        k, v = scaled.per_drafter["good"][b]
+        assert v == pytest.approx(pred.tok_s(Config("good", k), b) * f)
+
+
+def test_suspect_spot_timings_are_flagged_for_a_second_pass():
+    """A shape slower than a wider one of the same R, or a one-token shape off the measuring runs'
+    ratio, is timed again together with its R's other widths; a clean grid has no suspects."""
+    from specc.tune.predict import suspect_shapes
+
+    clean = {(1, 1): 37.0, (1, 2): 37.5, (1, 4): 44.0, (4, 1): 47.0, (4, 2): 75.0, (4, 4): 106.0}
+    observed = {1: 40.0, 2: 48.0, 4: 50.0}
+    assert suspect_shapes(clean, observed) == []
+    bumped = {**clean, (4, 1): 90.0}  # slower than 4 x 2: a burst of load
+    assert suspect_shapes(bumped) == [(4, 1), (4, 2), (4, 4)]
+    # monotone in W but 1.65x the one-token verify plain decoding's run saw at 4 rows (0.93x at 1 and 2)
+    assert suspect_shapes({**clean, (2, 1): 44.6, (4, 1): 77.6}, observed) == [(4, 1), (4, 2), (4, 4)]
+    off = {**clean, (2, 1): 70.0, (2, 2): 80.0}  # monotone, but 1.46x what plain decoding saw at 2 rows
+    assert suspect_shapes(off, observed) == [(2, 1), (2, 2)]
+    assert suspect_shapes(off, {1: 40.0}) == []  # too few rows observed to judge a ratio
+
+
+def test_suspect_shapes_are_timed_again_and_the_lower_time_kept(monkeypatch):
+    """The spot check's second pass: a suspect shape timed again keeps the lower median; a pass that
+    changes nothing ends the retiming (the shape really costs that); the report says which changed."""
+    from types import SimpleNamespace
+
+    import specc.runtime.profile as profile
+    from specc.tune.predict import Linear
+    from specc.tune.session import retime_suspects
+
+    calls = []
+    now = {"4x1": 48.0, "4x2": 74.0, "4x4": 104.0}
+
+    def fake(target, shapes, **kw):
+        calls.append(sorted(shapes))
+        return {f"{r}x{w}": now[f"{r}x{w}"] for r, w in shapes}
+
+    monkeypatch.setattr(profile, "time_state_shapes", fake)
+    samples = [SimpleNamespace(rows=r, stage_ms={"verify": v, "accept": 0.0}) for r, v in ((1, 40.0), (2, 48.0), (4, 50.0))
+               for _ in range(3)]
+    timed = {(1, 1): 37.0, (1, 2): 37.5, (2, 1): 44.6, (2, 2): 50.0, (4, 1): 77.6, (4, 2): 75.0, (4, 4): 106.0}
+    said = retime_suspects(None, timed, samples, 100, 60.0, Linear(10.0, 5.0))
+    assert calls == [[(4, 1), (4, 2), (4, 4)]]  # clean after one pass
+    assert timed[(4, 1)] == 48.0 and timed[(4, 2)] == 74.0 and timed[(2, 1)] == 44.6
+    assert "4x1 78->48 ms" in said and "4x2" not in said
+    # a shape that stays slow is timed once more only if the pass changed something
+    calls.clear()
+    now["4x1"] = 90.0
+    timed = {(4, 1): 90.0, (4, 2): 75.0, (4, 4): 106.0}
+    said = retime_suspects(None, timed, [], 100, 60.0, Linear(10.0, 5.0))
+    assert len(calls) == 1 and "none changed" in said and timed[(4, 1)] == 90.0
+    # no time left: nothing timed, and the report says so
+    calls.clear()
+    assert "not timed again" in retime_suspects(None, timed, [], 100, 0.1, Linear(10.0, 5.0)) and not calls
+
+
+def test_load_factor_by_live_rows(tmp_path):
+    """λ per live-row count where the measuring run saw enough steps, linear between, held beyond; one
+    factor where no row count has enough."""
+    from types import SimpleNamespace
+
+    from specc.tune.predict import LOAD_MIN_SAMPLES, Config, Predictor, StageCosts, fit_stage_costs
+
+    table = _table(tmp_path)
+    base = lambda rows, tokens: 10.0 * rows  # noqa: E731
+    steps = [SimpleNamespace(rows=r, num_steps=0, wall_ms=f * 10.0 * r, stage_ms={"verify": f * 10.0 * r})
+             for r, f in ((1, 0.8), (8, 1.2)) for _ in range(LOAD_MIN_SAMPLES)] + \
+            [SimpleNamespace(rows=4, num_steps=0, wall_ms=50.0, stage_ms={"verify": 50.0})]  # too few at 4 rows
+    costs = fit_stage_costs(steps, base, 0.0)
+    assert costs.load_by_rows == pytest.approx({1: 0.8, 8: 1.2})
+    pred = Predictor(table=table, candidates={}, entries={}, costs={None: costs}, load=1.0, load_rows=costs.load_by_rows)
+    assert [pred.load_at(b) for b in (1, 4.5, 8, 64)] == pytest.approx([0.8, 1.0, 1.2, 1.2])
+    assert pred.breakdown(Config(None, 0), 1)["verify_ms"] == pytest.approx(0.8 * table.step_ms(1))
+    assert Predictor(table=table, candidates={}, entries={}, costs={}, load=1.3).load_at(1) == 1.3
+
+
 def test_lookup_drafts_fewer_tokens_than_kappa(tmp_path):
     """An n-gram drafter proposes at a position only when it matches: its verify carries the measured
     drafts per step, not κ."""

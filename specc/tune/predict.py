@@ -16,8 +16,8 @@ B · E / step time) with
   a + b·B to the per-step stage times the measuring runs recorded (:func:`fit_stage_costs`; a draft
   pass scaled by the passes κ needs, :func:`specc.methods.proposal_passes`).
 
-The plan (:func:`choose`): per drafter, the κ that maximises predicted throughput at each batch bucket
-(κ = 0 keeps the drafter's extend pass); the drafter whose bucket schedule has the best worst case over
+The plan (:func:`choose`): per drafter, at each batch bucket the shallowest κ predicted within
+:data:`KAPPA_MARGIN` of the fastest (κ = 0 keeps the drafter's extend pass); the drafter whose bucket schedule has the best worst case over
 the asked concurrencies, throughput over the best any configuration reaches there (plain decoding
 included). Torch-free.
 """
@@ -79,6 +79,15 @@ def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
+def _interp_flat(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear y(x) through sorted ``xs``, held at the end values outside them."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    return _interp(xs, ys, x)
+
+
 def non_decreasing(ys: Sequence[float]) -> List[float]:
     """The least-squares non-decreasing fit to ``ys`` (pool-adjacent-violators: each run of values that
     falls is replaced by its mean). A verify of more tokens never costs less than one of fewer; timing
@@ -136,6 +145,30 @@ class VerifyGrid:
         return y0 + (y1 - y0) * (rows - lo) / (hi - lo)
 
 
+def suspect_shapes(ms: Dict[Tuple[int, int], float], observed: Optional[Dict[int, float]] = None,
+                   tolerance: float = 0.1) -> List[Tuple[int, int]]:
+    """Spot timings to time again: a shape ``(R, W)`` that took longer than a wider shape of the same
+    R by more than ``tolerance`` (a verify of more tokens does not cost less: a burst of load fell on
+    it), and a one-token shape ``(R, 1)`` whose ratio to ``observed[R]`` — the one-token verify the
+    measuring runs saw at R live requests, ms — is off the median ratio over the R both have by more
+    than twice ``tolerance``. Each suspect comes with the other widths of its R (so the retimed row
+    is compared within one pass). ``ms``: ``{(R, W): ms}``. Returns the shapes, sorted."""
+    out = set()
+    rows = sorted({r for r, _ in ms})
+    for r in rows:
+        ws = sorted(w for rr, w in ms if rr == r)
+        for i, w in enumerate(ws):
+            if any(ms[(r, w)] > (1.0 + tolerance) * ms[(r, v)] for v in ws[i + 1:]):
+                out.update((r, v) for v in ws)
+    ratios = {r: ms[(r, 1)] / observed[r] for r in rows if (r, 1) in ms and observed and observed.get(r, 0) > 0}
+    if len(ratios) >= 3:
+        mid = statistics.median(ratios.values())
+        for r, q in ratios.items():
+            if abs(q / mid - 1.0) > 2 * tolerance:
+                out.update((r, w) for rr, w in ms if rr == r)
+    return sorted(out)
+
+
 def table_fits(grid: VerifyGrid, table: cost.CostTable, tolerance: float) -> Tuple[bool, float, float]:
     """Whether the cost table's shape fits the spot timings: the ratio spot / table over every measured
     shape (R x W against the table's R·W tokens) varies by at most ``1 + tolerance`` (a common factor is
@@ -157,13 +190,19 @@ def table_verify(table: cost.CostTable) -> VerifyMs:
 class StageCosts:
     """A drafter's measured per-step costs (ms) by live rows: ``draft`` at the measured κ, ``extend``,
     ``other`` (host work: commit, emit, scheduling), and ``load`` λ: the measured verify + accept time
-    over the verify base's (the cost table or the spot grid) for the same steps (median over steps)."""
+    over the verify base's (the cost table or the spot grid) for the same steps (median over steps);
+    ``load_by_rows``: the same median per live-row count that has at least ``LOAD_MIN_SAMPLES`` steps."""
 
     draft: Linear = Linear()
     extend: Linear = Linear()
     other: Linear = Linear()
     load: float = 1.0
     samples: int = 0
+    load_by_rows: Dict[int, float] = field(default_factory=dict)
+
+
+#: steps a live-row count needs in a measuring run before it gets its own load factor
+LOAD_MIN_SAMPLES = 5
 
 
 def fit_stage_costs(samples: Sequence, verify: VerifyMs, drafts_per_step: float) -> StageCosts:
@@ -179,11 +218,14 @@ def fit_stage_costs(samples: Sequence, verify: VerifyMs, drafts_per_step: float)
     extend = fit_linear(rows, [s.stage_ms.get("extend", 0.0) for s in ss])
     known = ("draft", "verify", "accept", "extend")
     other = fit_linear(rows, [max(0.0, s.wall_ms - sum(s.stage_ms.get(k, 0.0) for k in known)) for s in ss])
-    ratios = []
+    ratios: Dict[int, List[float]] = {}
     for s in ss:
         tokens = max(1.0, s.rows * (1.0 + (drafts_per_step if s.num_steps > 0 else 0.0)))
-        ratios.append((s.stage_ms.get("verify", 0.0) + s.stage_ms.get("accept", 0.0)) / max(1e-9, verify(s.rows, tokens)))
-    return StageCosts(draft=draft, extend=extend, other=other, load=statistics.median(ratios), samples=len(ss))
+        ratios.setdefault(int(s.rows), []).append(
+            (s.stage_ms.get("verify", 0.0) + s.stage_ms.get("accept", 0.0)) / max(1e-9, verify(s.rows, tokens)))
+    by_rows = {r: statistics.median(v) for r, v in ratios.items() if len(v) >= LOAD_MIN_SAMPLES}
+    return StageCosts(draft=draft, extend=extend, other=other, samples=len(ss), load_by_rows=by_rows,
+                      load=statistics.median([x for v in ratios.values() for x in v]))
 
 
 @dataclass(frozen=True)
@@ -205,7 +247,9 @@ class Predictor:
     """Predicted decode tokens/s of configurations (module docstring). ``candidates``: name →
     :class:`specc.tune.candidates.Candidate`; ``entries``: name → acceptance entry; ``costs``: name →
     :class:`StageCosts` (``None`` key: plain decoding's run); ``load``: λ used for every prediction;
-    ``grid``: the spot-timed verify (:class:`VerifyGrid`) used in place of the table's, or None."""
+    ``grid``: the spot-timed verify (:class:`VerifyGrid`) used in place of the table's, or None;
+    ``load_rows``: λ per live-row count where the measuring runs saw enough steps at it
+    (:meth:`load_at`), empty to use ``load`` everywhere."""
 
     table: cost.CostTable
     candidates: Dict[str, object]
@@ -213,6 +257,17 @@ class Predictor:
     costs: Dict[Optional[str], StageCosts]
     load: float = 1.0
     grid: Optional[VerifyGrid] = None
+    load_rows: Dict[int, float] = field(default_factory=dict)
+
+    def load_at(self, rows: float) -> float:
+        """λ at ``rows`` live requests: linear between the row counts of ``load_rows``, the nearest
+        one's beyond them (the measuring runs see at most the measuring batch), ``load`` without any.
+        The runtime's verify at one request need not be the bare forward's times the λ of eight: the
+        per-row ratio carries what the single factor cannot."""
+        if not self.load_rows:
+            return self.load
+        rs = sorted(self.load_rows)
+        return _interp_flat(rs, [self.load_rows[r] for r in rs], float(rows))
 
     def base_verify_ms(self, rows: float, tokens: float) -> float:
         """The verify base before λ: the spot grid where one is used, else the cost table."""
@@ -245,7 +300,7 @@ class Predictor:
                 draft = c.draft(b)
             extend = c.extend(b)
         tokens = b * (1.0 + d)
-        verify = self.load * self.base_verify_ms(b, tokens)
+        verify = self.load_at(b) * self.base_verify_ms(b, tokens)
         other = c.other(b)
         step = cost.decode_step_ms(int(round(b)), tokens, lambda n: verify, 1, draft, extend, other)
         return {"expected_tokens": e, "verify_tokens": tokens, "verify_ms": verify, "draft_ms": draft,
@@ -264,13 +319,6 @@ class Predictor:
         for name in self.candidates:
             out += self.configs(name)
         return out
-
-    def best_kappa(self, name: str, batch: float) -> Tuple[int, float]:
-        """The κ (0 included: the drafter idle, its extend still paid) with the highest predicted
-        throughput at ``batch``; ties to the smaller κ."""
-        ks = [0] + list(self.candidates[name].kappas)
-        best = max(ks, key=lambda k: (self.tok_s(Config(name, k), batch), -k))
-        return best, self.tok_s(Config(name, best), batch)
 
 
 @dataclass
@@ -305,28 +353,48 @@ def merge_buckets(kappas: Dict[int, int]) -> Dict[int, int]:
     return out
 
 
+#: a deeper κ must be predicted this much faster than a shallower one to be chosen (κ = 0 included)
+KAPPA_MARGIN = 0.03
+
+
+def shallowest_within(kappas: Sequence[int], value: Callable[[int], float], margin: float = KAPPA_MARGIN) -> int:
+    """The smallest κ whose ``value`` (tokens/s) is within ``margin`` of the best: a deeper draft must
+    pay by more than the predictions' noise. The deeper the draft, the more its payoff rests on
+    acceptance far down the chain and on the verify slope, the two least certain terms; a near tie
+    decided by timing noise swung a bucket between κ = 0 and κ = 7 from one run to the next."""
+    vals = {k: value(k) for k in kappas}
+    top = max(vals.values())
+    return min(k for k, v in vals.items() if v >= top / (1.0 + margin))
+
+
 def choose(pred: Predictor, concurrency: Sequence[int], exclude: Sequence[str] = (),
            measured: Optional[Dict[Tuple[Optional[str], int, int], float]] = None,
            scale: Optional[Dict[int, float]] = None) -> Choice:
-    """The plan: per drafter its best κ at each bucket (:func:`bucket_sizes`); the drafter whose
+    """The plan: per drafter its best κ at each bucket (:func:`bucket_sizes`; the shallowest within
+    :data:`KAPPA_MARGIN` of the best, :func:`shallowest_within`); the drafter whose
     worst ratio over ``concurrency`` (its throughput / the best of every configuration and plain
     decoding there) is highest, ties to the higher mean ratio. ``exclude``: drafters not to pick.
     ``measured``: ``{(candidate, κ, C): tok/s}`` from side-by-side runs (brought to batch C), used in
     place of the prediction where present; ``scale``: ``{C: factor}`` applied to the predictions at C
-    (the measured over predicted throughput of the runs at C), so measured and predicted compare."""
+    (the measured over predicted throughput of the runs at C), so measured and predicted compare; a
+    bucket that was not run takes the factor of the concurrency nearest it (in log2)."""
     sizes = bucket_sizes(concurrency)
+
+    def factor(c: int) -> float:  # a bucket not run takes the factor of the nearest concurrency run
+        if not scale:
+            return 1.0
+        return scale[min(scale, key=lambda s: (abs(math.log2(s) - math.log2(max(1, c))), s))]
 
     def value(name: Optional[str], k: int, c: int) -> float:
         if measured and (name, k, c) in measured:
             return measured[(name, k, c)]
-        return pred.tok_s(Config(name, k), c) * (scale or {}).get(c, 1.0)
+        return pred.tok_s(Config(name, k), c) * factor(c)
 
     per: Dict[str, Dict[int, Tuple[int, float]]] = {}
     for name in pred.candidates:
         per[name] = {}
         for b in sizes:
-            ks = [0] + list(pred.candidates[name].kappas)
-            k = max(ks, key=lambda kk: (value(name, kk, b), -kk))
+            k = shallowest_within([0] + list(pred.candidates[name].kappas), lambda kk: value(name, kk, b))
             per[name][b] = (k, value(name, k, b))
     best: Dict[int, Tuple[str, float]] = {}
     for c in concurrency:

@@ -14,7 +14,10 @@ from specc.errors import SpeccError
 MEASURE_SHARE = 0.55
 CONFIRM_SHARE = 0.9
 MISS = 0.15
+PLAN_RUN_SHARE = 0.75  # the tuned plan's confirming run counts as one κ's when that κ ran this share of its steps
 SPOT_REPEATS = 3  # timed rounds over the verify shapes in the spot check (after one warm-up round)
+SPOT_RETIMES = 2  # passes over suspect shapes (specc.tune.predict.suspect_shapes), the lower median kept
+SPOT_TOLERANCE = 0.1  # how far a spot timing may be off its neighbours before it is timed again
 SPOT_MIN_S = 20.0  # the spot check may take a tenth of the budget, and at least this many seconds
 
 
@@ -182,7 +185,8 @@ class Session:
         configuration makes — and compare with the cost table (:func:`specc.tune.predict.table_fits`).
         Bounded: the time it would take (estimated from plain decoding's measured steps, linear in the
         tokens) must fit a tenth of the budget (at least ``SPOT_MIN_S``); the largest R are dropped
-        until it does (R = 1 and the measuring batch stay), else the check is skipped. Returns the
+        until it does (R = 1 and the measuring batch stay), else the check is skipped. Shapes whose time
+        is off their neighbours' are timed again (:func:`retime_suspects`). Returns the
         :class:`specc.tune.predict.VerifyGrid` when the table's shape does not fit (the predictions
         then use the grid), else None; either way the report says what was done."""
         import math
@@ -226,7 +230,9 @@ class Session:
                                    interleave=True, on_progress=lambda _: bar.update(1))
         finally:
             bar.close()
-        grid = VerifyGrid({(r, w): ms[f"{r}x{w}"] for r, w in shapes})
+        timed = {(r, w): ms[f"{r}x{w}"] for r, w in shapes}
+        retimed = retime_suspects(models.target, timed, plain.samples, context, 0.5 * allowance, per_token)
+        grid = VerifyGrid(timed)
         fits, lo, hi = table_fits(grid, table, MISS)
         groups: Dict[Tuple[int, ...], List[int]] = {}
         for r in rows:
@@ -234,7 +240,7 @@ class Session:
         layout = "; ".join(f"R {rs} x W {list(ws)}" for ws, rs in groups.items())
         span = (f"{len(shapes)} shapes ({layout}; {context}-token context) in {time.monotonic() - t0:.0f} s"
                 + (f"; R {sorted(dropped)} not timed (the check's share of the budget), read from the largest "
-                   f"timed R" if dropped else ""))
+                   f"timed R" if dropped else "") + retimed)
         if fits:
             self.notes.append(f"cost table spot-checked at {span}: the forward timed now is {lo:.2f}-{hi:.2f}x the "
                               f"table's, one factor within {MISS:.0%}: the table's shape fits and λ scales it")
@@ -259,7 +265,13 @@ class Session:
             costs[name] = fit_stage_costs(m.samples, base, m.entry.drafts_per_step(self.cands[name].measure_steps))
         loads = [c.load for c in costs.values() if c.samples]
         load = statistics.median(loads) if loads else 1.0
-        return Predictor(table=table, candidates=dict(self.cands), entries=entries, costs=costs, load=load, grid=grid)
+        per_rows: Dict[int, List[float]] = {}
+        for c in costs.values():
+            for r, v in c.load_by_rows.items():
+                per_rows.setdefault(r, []).append(v)
+        load_rows = {r: statistics.median(v) for r, v in per_rows.items()}
+        return Predictor(table=table, candidates=dict(self.cands), entries=entries, costs=costs, load=load, grid=grid,
+                         load_rows=load_rows)
 
     def confirm(self, models, pred, choice, prompt_ids):
         """The chosen plan, the top static configurations and plain decoding, side by side per
@@ -366,7 +378,7 @@ class Session:
                  f"prediction over C={self.conc}: {choice.scores[choice.candidate]:.3f}); load factor λ = {pred.load:.2f}")
         results, configs, plan_label = self.confirm(models, pred, choice, prompt_ids)
         self.plan_buckets, self.plan_candidate = dict(choice.buckets), choice.candidate
-        measured, scale = self._measured_values(pred, results, configs, choice, plan_label)
+        measured, scale = measured_values(pred, results, configs, choice, plan_label)
         self.measured_values = (measured, scale)
         final = choose(pred, self.conc, measured=measured, scale=scale)
         if final.candidate != choice.candidate or final.buckets != choice.buckets:
@@ -378,35 +390,6 @@ class Session:
         for f in files:
             print(f"wrote {f}")
         return 0
-
-    def _measured_values(self, pred, results, configs, choice, plan_label):
-        """What the confirming runs measured, for the second choice: ``({(candidate, κ, C): tok/s},
-        {C: factor})``. A run's throughput is brought from its mean batch to C with the model's own
-        batch dependence (× prediction at C / prediction at the mean batch); the factor at C is the
-        median of measured over predicted at the runs' mean batches, applied to what was not run."""
-        import statistics
-
-        from specc.lower import route_slot
-        from specc.tune.predict import Config
-
-        out: Dict[Tuple[Optional[str], int, int], float] = {}
-        ratios: Dict[int, List[float]] = {}
-        for (label, c), r in results.items():
-            cfg = configs.get(label)
-            if label == plan_label:
-                ks = [k for k, n in r.kappa_steps.items() if n]
-                if len(ks) != 1:
-                    k = choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(r.mean_batch))))]
-                    ratios.setdefault(c, []).append(r.decode_tok_s / max(1e-9, pred.tok_s(Config(choice.candidate, k),
-                                                                                           r.mean_batch)))
-                    continue
-                cfg = Config(choice.candidate, ks[0])
-            if cfg is None or r.mean_batch <= 0:
-                continue
-            at_b = max(1e-9, pred.tok_s(cfg, r.mean_batch))
-            ratios.setdefault(c, []).append(r.decode_tok_s / at_b)
-            out[(cfg.candidate, cfg.num_steps, c)] = r.decode_tok_s * pred.tok_s(cfg, c) / at_b
-        return out, {c: statistics.median(v) for c, v in ratios.items() if v}
 
     # ------------------------------------------------------------------ emit
     def emit(self, pred, choice, final, measurements, plain, results, configs, plan_label, table_ref, how) -> List[str]:
@@ -495,6 +478,7 @@ class Session:
         files.append(str(png))
         data = {"target": self.tpath, "prompts": self.source, "concurrency": self.conc, "budget_min": args.budget_min,
                 "seconds": round(self.elapsed(), 1), "cost_table": how, "load_factor": pred.load,
+                "load_by_rows": {str(r): v for r, v in sorted(pred.load_rows.items())},
                 "verify_grid": ({f"{r}x{w}": v for (r, w), v in sorted(pred.grid.ms.items())}
                                 if pred.grid is not None else None),
                 "choice": {"candidate": final.candidate, "buckets": final.buckets, "scores": final.scores,
@@ -668,8 +652,10 @@ class Session:
 
     def _report_notes(self, pred, choice, final, measurements, how, misses) -> List[str]:
         base = "the verify shapes timed now" if pred.grid is not None else "the table's"
+        by_rows = ", ".join(f"{r}: {v:.2f}" for r, v in sorted(pred.load_rows.items()))
         notes = [f"cost table: {how}; load factor λ = {pred.load:.2f} (measured verify time / {base}, "
-                 f"median over the measuring runs' steps)"]
+                 f"median over the measuring runs' steps)" + (f"; by live rows {{{by_rows}}}, the one used at each "
+                                                             f"batch (held beyond)" if by_rows else "")]
         for name, m in measurements.items():
             e = m.entry
             notes.append(f"{name}: τ {e.tau:.3f} (95% CI {e.tau_ci95[0]:.3f}–{e.tau_ci95[1]:.3f}) at κ={e.num_steps}, "
@@ -706,6 +692,49 @@ class Session:
             print(n)
 
 
+def retime_suspects(target, timed, samples, context, allowance, per_token) -> str:
+    """Time again the shapes :func:`specc.tune.predict.suspect_shapes` flags in ``timed`` (``{(R, W):
+    ms}``, updated in place with the lower of the two medians: load only ever adds time), checked
+    against the one-token verify plain decoding's measuring run saw at each R; up to
+    ``SPOT_RETIMES`` passes, stopping when nothing is suspect, a pass changed nothing (the shape
+    really costs that) or the next pass would not fit what is left of ``allowance`` seconds (priced
+    at ``per_token(R·W)`` ms per shape and round). ``samples``: plain decoding's measuring steps
+    (:class:`specc.tune.measure.StepSample`). Returns what was done, for the report ("" when nothing
+    was suspect)."""
+    import statistics
+
+    from specc.runtime.profile import time_state_shapes
+    from specc.tune.predict import suspect_shapes
+
+    by_rows: Dict[int, List[float]] = {}
+    for x in samples:
+        by_rows.setdefault(int(x.rows), []).append(x.stage_ms.get("verify", 0.0) + x.stage_ms.get("accept", 0.0))
+    observed = {r: statistics.median(v) for r, v in by_rows.items() if len(v) >= 3}
+    done: List[str] = []
+    for _ in range(SPOT_RETIMES):
+        again = suspect_shapes(timed, observed, SPOT_TOLERANCE)
+        if not again:
+            break
+        need = (SPOT_REPEATS + 1) * sum(per_token(r * w) for r, w in again) / 1e3
+        if need > allowance:
+            done.append(f"{len(again)} suspect shape(s) not timed again (about {need:.0f} s, {allowance:.0f} s left)")
+            break
+        t0 = time.monotonic()
+        ms = time_state_shapes(target, again, context=context, repeats=SPOT_REPEATS, fill=False,
+                               interleave=True)
+        changed = [f"{r}x{w} {timed[(r, w)]:.0f}->{ms[f'{r}x{w}']:.0f} ms" for r, w in again
+                   if ms[f"{r}x{w}"] < timed[(r, w)] / (1.0 + SPOT_TOLERANCE)]
+        for r, w in again:
+            timed[(r, w)] = min(timed[(r, w)], ms[f"{r}x{w}"])
+        allowance -= time.monotonic() - t0
+        done.append(f"timed {len(again)} suspect shape(s) again"
+                    + (f" ({', '.join(changed)})" if changed else " (none changed by more than "
+                       f"{SPOT_TOLERANCE:.0%})"))
+        if not changed:
+            break
+    return "; " + "; ".join(done) if done else ""
+
+
 def _identifier(text: str) -> str:
     out = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in text)
     return out if out and not out[0].isdigit() else f"plan_{out}"
@@ -715,3 +744,37 @@ def _sample_records(records):
     from specc.commands.tune import _sample
 
     return _sample(records)
+
+
+def measured_values(pred, results, configs, choice, plan_label):
+    """What the confirming runs measured, for the second choice: ``({(candidate, κ, C): tok/s},
+    {C: factor})``. The tuned plan's run counts as its bucket's κ when that κ ran at least
+    ``PLAN_RUN_SHARE`` of its steps (the rest: the batch draining at the end), so a bucket whose run
+    lost to plain decoding is demoted; otherwise it only informs the factor. A run's throughput is
+    brought from its mean batch to C with the model's own batch dependence (× prediction at C /
+    prediction at the mean batch); the factor at C is the median of measured over predicted at the
+    runs' mean batches, applied to what was not run."""
+    import statistics
+
+    from specc.lower import route_slot
+    from specc.tune.predict import Config
+
+    out: Dict[Tuple[Optional[str], int, int], float] = {}
+    ratios: Dict[int, List[float]] = {}
+    for (label, c), r in results.items():
+        cfg = configs.get(label)
+        if label == plan_label:
+            total = sum(r.kappa_steps.values())
+            ks = [k for k, n in r.kappa_steps.items() if n >= PLAN_RUN_SHARE * max(1, total)]
+            if len(ks) != 1:
+                k = choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(r.mean_batch))))]
+                ratios.setdefault(c, []).append(r.decode_tok_s / max(1e-9, pred.tok_s(Config(choice.candidate, k),
+                                                                                       r.mean_batch)))
+                continue
+            cfg = Config(choice.candidate, ks[0])
+        if cfg is None or r.mean_batch <= 0:
+            continue
+        at_b = max(1e-9, pred.tok_s(cfg, r.mean_batch))
+        ratios.setdefault(c, []).append(r.decode_tok_s / at_b)
+        out[(cfg.candidate, cfg.num_steps, c)] = r.decode_tok_s * pred.tok_s(cfg, c) / at_b
+    return out, {c: statistics.median(v) for c, v in ratios.items() if v}
