@@ -268,6 +268,22 @@ class Entry:
         d += [self.draft_rates[-1] if self.draft_rates else 1.0] * (num_steps - len(d))
         return float(sum(d))
 
+    def widest_drafts(self, num_steps: int, rows: float) -> float:
+        """The expected widest row's draft tokens over ``rows`` requests verified together at κ =
+        ``num_steps`` — what a ragged verify pads every row to (the eager CPU forward's attention and
+        its ``[B, W, V]`` logits): Σ_{i<κ} 1 − (1 − d_i)^rows, with d_i = ``draft_rates[i]`` the
+        chance a request drafts at position i (a chain drafts a prefix, so E[max] = Σ_i P(max > i)
+        for independent requests; the last measured rate repeated past the measured κ). A chain that
+        always drafts gives κ; a tree its W − 1 nodes."""
+        if num_steps <= 0:
+            return 0.0
+        if self.shape == "tree":
+            return float(self.num_draft_tokens - 1)
+        d = list(self.draft_rates[:num_steps])
+        d += [self.draft_rates[-1] if self.draft_rates else 1.0] * (num_steps - len(d))
+        n = max(1.0, float(rows))
+        return float(sum(1.0 - (1.0 - min(1.0, max(0.0, x))) ** n for x in d))
+
     @property
     def describe(self) -> str:
         """One line: what was measured and where (for α sources and reports)."""

@@ -56,6 +56,14 @@ def test_state_shapes_interleaved_without_a_prefill():
     assert calls == [(1, 16), (1, 1), (1, 1), (1, 1), (1, 3), (1, 3), (1, 3)]  # filled, then back to back
     with pytest.raises(ValueError, match="max_model_len"):
         time_state_shapes(target, [(1, 8)], context=60, repeats=1, fill=False, interleave=True)
+    # a ragged verify: the first n rows at W tokens, the others at one (num_tokens)
+    seen = []
+    target.forward = lambda ids, *a, **k: (seen.append(k.get("num_tokens")), forward(ids, *a, **k))[1]
+    ms = time_state_shapes(target, [(4, 3, 1), (4, 1)], context=16, repeats=1, fill=False, interleave=True)
+    assert set(ms) == {"4x3r1", "4x1"}
+    assert seen[0].tolist() == [3, 1, 1, 1] and seen[1] is None
+    with pytest.raises(ValueError, match="ragged"):
+        time_state_shapes(target, [(4, 3, 1)], context=16, repeats=1, compiled=True)
 
 
 def test_profile_refuses_an_unwritable_out_before_loading(tmp_path, capsys):

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -382,12 +383,41 @@ def test_load_factor_by_live_rows(tmp_path):
     steps = [SimpleNamespace(rows=r, num_steps=0, wall_ms=f * 10.0 * r, stage_ms={"verify": f * 10.0 * r})
              for r, f in ((1, 0.8), (8, 1.2)) for _ in range(LOAD_MIN_SAMPLES)] + \
             [SimpleNamespace(rows=4, num_steps=0, wall_ms=50.0, stage_ms={"verify": 50.0})]  # too few at 4 rows
-    costs = fit_stage_costs(steps, base, 0.0)
+    costs = fit_stage_costs(steps, lambda rows, k: base(rows, rows))
     assert costs.load_by_rows == pytest.approx({1: 0.8, 8: 1.2})
     pred = Predictor(table=table, candidates={}, entries={}, costs={None: costs}, load=1.0, load_rows=costs.load_by_rows)
     assert [pred.load_at(b) for b in (1, 4.5, 8, 64)] == pytest.approx([0.8, 1.0, 1.2, 1.2])
     assert pred.breakdown(Config(None, 0), 1)["verify_ms"] == pytest.approx(0.8 * table.step_ms(1))
     assert Predictor(table=table, candidates={}, entries={}, costs={}, load=1.3).load_at(1) == 1.3
+
+
+def test_a_ragged_verify_pays_for_its_padding(tmp_path):
+    """A lookup's requests draft different lengths; the eager CPU verify pads every row to the widest,
+    so at batch its verify costs the real tokens plus the padded slots at the spot-timed price per
+    slot — a drafter that always drafts κ pads nothing; one request pads nothing."""
+    from specc.tune.predict import Config, Predictor, StageCosts, VerifyGrid, pad_cost, step_verify_ms
+
+    lookup = _entry([0.2, 0.1], 2, drafts=[0.5, 0.3])
+    chain = _entry([0.5, 0.3], 2)
+    assert lookup.widest_drafts(2, 1) == pytest.approx(0.8)  # one request: its own drafts
+    assert lookup.widest_drafts(2, 8) == pytest.approx((1 - 0.5 ** 8) + (1 - 0.7 ** 8))
+    assert chain.widest_drafts(2, 8) == pytest.approx(2.0) and lookup.widest_drafts(0, 8) == 0.0
+    grid = VerifyGrid({(8, 1): 80.0, (8, 2): 120.0, (8, 3): 160.0})
+    # 8 requests, one at 3 tokens: 10 real tokens (80 + 40 * 2 / 8 = 90 ms), 14 padded slots
+    assert pad_cost(grid, 8, 3, 97.0) == pytest.approx(0.5)
+    assert pad_cost(grid, 8, 3, 80.0) == 0.0 and pad_cost(grid, 8, 1, 99.0) == 0.0
+    d, w = lookup.drafts_per_step(2), lookup.widest_drafts(2, 8)
+    assert step_verify_ms(grid, 0.5, lookup, 2, 8) == pytest.approx(grid(8, 8 * (1 + d)) + 0.5 * 8 * (w - d))
+    assert step_verify_ms(grid, 0.5, chain, 2, 8) == pytest.approx(grid(8, 24))
+    assert step_verify_ms(grid, 0.5, None, 0, 8) == pytest.approx(80.0)
+    cand = SimpleNamespace(name="ngram", kappas=(1, 2), measure_steps=2, shape="chain",
+                           plan=SimpleNamespace(method=SimpleNamespace(name="ngram", parallel_drafting=False, topk=1,
+                                                                       tree_choices=None)))
+    kw = dict(table=_table(tmp_path), candidates={"ngram": cand}, entries={"ngram": lookup},
+              costs={None: StageCosts(), "ngram": StageCosts()}, grid=grid)
+    free, padded = Predictor(**kw), Predictor(pad_ms=0.5, **kw)
+    assert padded.breakdown(Config("ngram", 2), 8)["verify_ms"] > free.breakdown(Config("ngram", 2), 8)["verify_ms"]
+    assert padded.breakdown(Config("ngram", 2), 1)["verify_ms"] == pytest.approx(free.breakdown(Config("ngram", 2), 1)["verify_ms"])
 
 
 def test_lookup_drafts_fewer_tokens_than_kappa(tmp_path):

@@ -240,7 +240,9 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
                       compiled: bool = False, seed: int = 0, fill: bool = True, interleave: bool = False,
                       on_progress: Optional[Callable[[str], None]] = None) -> Dict[str, float]:
     """The target forward at each candidate state's shape ``(B, W)`` (B requests, W verify tokens each,
-    after ``context`` cached tokens): ``{"BxW": median ms}``. ``compiled``: the forward is
+    after ``context`` cached tokens): ``{"BxW": median ms}``. A shape ``(B, W, n)`` is a ragged verify
+    (the eager CPU's, ``num_tokens``): its first ``n`` rows verify W tokens, the others one, key
+    ``"BxWrn"`` (not with ``compiled``, whose verify is never ragged). ``compiled``: the forward is
     ``torch.compile``d for that shape (inductor, no dynamic dimensions, ``freezing``), as
     ``runtime.compile_backend: inductor`` runs a state's verify program; the compile itself is not
     timed (it happens once, at load). ``fill=False`` skips the prefill of the ``context`` history (the
@@ -254,8 +256,8 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
     V = target.config.vocab_size
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    top_b = max(b for b, _ in shapes)
-    top_w = max(w for _, w in shapes)
+    top_b = max(shape[0] for shape in shapes)
+    top_w = max(shape[1] for shape in shapes)
     target.setup_cache(top_b, context + top_w + 2)
     if fill:
         history = torch.randint(0, V, (top_b, context), generator=gen).to(dev)
@@ -263,9 +265,18 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
                        logits_at=torch.full((top_b, 1), context - 1, device=dev))
     out: Dict[str, float] = {}
     calls = []  # (key, call) per shape, timed round-robin when interleaved
-    for b, w in shapes:
+    for shape in shapes:
+        b, w = shape[0], shape[1]
+        key = f"{b}x{w}" if len(shape) == 2 else f"{b}x{w}r{shape[2]}"
         ids = torch.randint(0, V, (b, w), generator=gen).to(dev)
         pos = (context + torch.arange(w, device=dev)).expand(b, w).contiguous()
+        ragged = None
+        if len(shape) == 3:  # a ragged verify: the first shape[2] rows at w tokens, the others at one
+            ragged = torch.ones(b, dtype=torch.int64, device=dev)
+            ragged[: shape[2]] = w
+        if compiled and ragged is not None:
+            raise ValueError(f"time_state_shapes: the ragged shape {shape} cannot be timed compiled (a compiled "
+                             f"verify runs every row at the static width)")
         if compiled:
             import torch._inductor.config as inductor_config
 
@@ -279,13 +290,13 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
                 fn(ids, pos)  # compiled here (not timed: it happens once, at load)
             call = (lambda fn=fn, ids=ids, pos=pos: fn(ids, pos))
         else:
-            call = (lambda ids=ids, pos=pos: target.forward(ids, pos, pos, None))
+            call = (lambda ids=ids, pos=pos, ragged=ragged: target.forward(ids, pos, pos, None, num_tokens=ragged))
         if interleave:
-            calls.append((f"{b}x{w}", call))
+            calls.append((key, call))
             continue
-        out[f"{b}x{w}"] = round(_median_ms(call, repeats, sync), 4)
+        out[key] = round(_median_ms(call, repeats, sync), 4)
         if on_progress:
-            on_progress(f"{b}x{w}")
+            on_progress(key)
     if calls:
         times: Dict[str, List[float]] = {key: [] for key, _ in calls}
         rounds = max(1, repeats)

@@ -181,6 +181,18 @@ def table_fits(grid: VerifyGrid, table: cost.CostTable, tolerance: float) -> Tup
     return hi <= (1.0 + tolerance) * lo, lo, hi
 
 
+def pad_cost(grid: VerifyMs, rows: int, width: int, ragged_ms: float) -> float:
+    """ms per padded token slot of a ragged verify: ``ragged_ms``, the forward of ``rows`` requests of
+    which one verifies ``width`` tokens and the others one (:func:`specc.runtime.profile.time_state_shapes`
+    shape ``(rows, width, 1)``), less ``grid``'s time for its ``rows − 1 + width`` real tokens, over
+    the ``(rows − 1)(width − 1)`` slots it pads. Never negative; 0 when nothing is padded."""
+    real = rows - 1 + width
+    slots = rows * width - real
+    if slots <= 0:
+        return 0.0
+    return max(0.0, (ragged_ms - grid(rows, real)) / slots)
+
+
 def table_verify(table: cost.CostTable) -> VerifyMs:
     """The cost table as a :data:`VerifyMs`: the time of the step's token count, whatever the rows."""
     return lambda rows, tokens: table.step_ms(max(1, int(round(tokens))))
@@ -205,11 +217,24 @@ class StageCosts:
 LOAD_MIN_SAMPLES = 5
 
 
-def fit_stage_costs(samples: Sequence, verify: VerifyMs, drafts_per_step: float) -> StageCosts:
+def step_verify_ms(verify: VerifyMs, pad_ms: float, entry, num_steps: int, rows: float) -> float:
+    """The base verify time (before λ) of one step of ``rows`` requests at κ = ``num_steps`` (0 or
+    ``entry`` None: plain decoding): ``verify(rows, rows · (1 + d))`` for the d drafts per request
+    (:meth:`specc.acceptance.Entry.drafts_per_step`) plus ``pad_ms`` per token slot the ragged
+    verify pads — every row to the widest row's drafts (:meth:`specc.acceptance.Entry.widest_drafts`),
+    so ``rows · (widest − d)`` slots. A drafter whose requests draft different lengths (a lookup:
+    n-gram, suffix) pays for the padding at batch; one that always drafts κ pays none."""
+    if entry is None or num_steps <= 0:
+        return verify(rows, max(1.0, rows))
+    d = entry.drafts_per_step(num_steps)
+    pad = max(0.0, entry.widest_drafts(num_steps, rows) - d) * max(1.0, rows) * pad_ms
+    return verify(rows, max(1.0, rows * (1.0 + d))) + pad
+
+
+def fit_stage_costs(samples: Sequence, verify_at: Callable[[float, int], float]) -> StageCosts:
     """Fit :class:`StageCosts` to a measuring run's step samples (:class:`specc.tune.measure.StepSample`).
-    ``verify``: the base verify time by (requests, tokens) (:func:`table_verify` or a
-    :class:`VerifyGrid`); ``drafts_per_step``: draft tokens verified per request and step at the run's
-    κ (the verify's tokens are rows · (1 + that))."""
+    ``verify_at(rows, κ)``: the base verify time (ms) of a step of the run at that many rows and the
+    step's κ (:func:`step_verify_ms` over :func:`table_verify` or a :class:`VerifyGrid`)."""
     rows = [float(s.rows) for s in samples if s.rows > 0]
     ss = [s for s in samples if s.rows > 0]
     if not ss:
@@ -220,9 +245,8 @@ def fit_stage_costs(samples: Sequence, verify: VerifyMs, drafts_per_step: float)
     other = fit_linear(rows, [max(0.0, s.wall_ms - sum(s.stage_ms.get(k, 0.0) for k in known)) for s in ss])
     ratios: Dict[int, List[float]] = {}
     for s in ss:
-        tokens = max(1.0, s.rows * (1.0 + (drafts_per_step if s.num_steps > 0 else 0.0)))
         ratios.setdefault(int(s.rows), []).append(
-            (s.stage_ms.get("verify", 0.0) + s.stage_ms.get("accept", 0.0)) / max(1e-9, verify(s.rows, tokens)))
+            (s.stage_ms.get("verify", 0.0) + s.stage_ms.get("accept", 0.0)) / max(1e-9, verify_at(s.rows, s.num_steps)))
     by_rows = {r: statistics.median(v) for r, v in ratios.items() if len(v) >= LOAD_MIN_SAMPLES}
     return StageCosts(draft=draft, extend=extend, other=other, samples=len(ss), load_by_rows=by_rows,
                       load=statistics.median([x for v in ratios.values() for x in v]))
@@ -249,7 +273,8 @@ class Predictor:
     :class:`StageCosts` (``None`` key: plain decoding's run); ``load``: λ used for every prediction;
     ``grid``: the spot-timed verify (:class:`VerifyGrid`) used in place of the table's, or None;
     ``load_rows``: λ per live-row count where the measuring runs saw enough steps at it
-    (:meth:`load_at`), empty to use ``load`` everywhere."""
+    (:meth:`load_at`), empty to use ``load`` everywhere; ``pad_ms``: the time of one padded token slot
+    of a ragged verify (:func:`step_verify_ms`, :func:`pad_cost`)."""
 
     table: cost.CostTable
     candidates: Dict[str, object]
@@ -258,6 +283,7 @@ class Predictor:
     load: float = 1.0
     grid: Optional[VerifyGrid] = None
     load_rows: Dict[int, float] = field(default_factory=dict)
+    pad_ms: float = 0.0
 
     def load_at(self, rows: float) -> float:
         """λ at ``rows`` live requests: linear between the row counts of ``load_rows``, the nearest
@@ -277,6 +303,7 @@ class Predictor:
         """The predicted step of ``config`` at ``batch`` live requests: E, verify tokens, and ms per
         term (``verify``, ``draft``, ``extend``, ``other``, ``step``) and ``tok_s``."""
         b = max(1e-9, float(batch))
+        entry, k = None, 0
         if config.candidate is None:
             c = self.costs.get(None) or StageCosts()
             e, d, draft, extend = 1.0, 0.0, 0.0, 0.0
@@ -300,7 +327,7 @@ class Predictor:
                 draft = c.draft(b)
             extend = c.extend(b)
         tokens = b * (1.0 + d)
-        verify = self.load_at(b) * self.base_verify_ms(b, tokens)
+        verify = self.load_at(b) * step_verify_ms(self.base_verify_ms, self.pad_ms, entry, k, b)
         other = c.other(b)
         step = cost.decode_step_ms(int(round(b)), tokens, lambda n: verify, 1, draft, extend, other)
         return {"expected_tokens": e, "verify_tokens": tokens, "verify_ms": verify, "draft_ms": draft,

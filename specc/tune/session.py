@@ -18,6 +18,7 @@ PLAN_RUN_SHARE = 0.75  # the tuned plan's confirming run counts as one κ's when
 SPOT_REPEATS = 3  # timed rounds over the verify shapes in the spot check (after one warm-up round)
 SPOT_RETIMES = 2  # passes over suspect shapes (specc.tune.predict.suspect_shapes), the lower median kept
 SPOT_TOLERANCE = 0.1  # how far a spot timing may be off its neighbours before it is timed again
+SPOT_RAGGED_MAX_W = 9  # the widest row of the ragged verify the spot check times (a lookup's κ + 1, at most this)
 SPOT_MIN_S = 20.0  # the spot check may take a tenth of the budget, and at least this many seconds
 
 
@@ -44,6 +45,7 @@ class Session:
         self.tname, self.tpath = target_name, target_path
         self.t_start, self.budget = t_start, budget_s
         self.notes: List[str] = []
+        self.pad_ms = 0.0  # ms per padded token slot of a ragged verify (the spot check times it)
         self.log_lines: List[str] = []
 
     # ------------------------------------------------------------------ helpers
@@ -192,7 +194,7 @@ class Session:
         import math
 
         from specc.runtime.profile import time_state_shapes
-        from specc.tune.predict import VerifyGrid, fit_linear, table_fits
+        from specc.tune.predict import VerifyGrid, fit_linear, pad_cost, table_fits
 
         widest = 1
         for name, m in measurements.items():
@@ -221,18 +223,29 @@ class Session:
                               f"use the table x λ")
             return None
         shapes = [(r, w) for r in rows for w in widths(r)]
+        # a ragged verify (one row at the widest lookup draft, the rest at one token) prices the padding
+        ragged_w = max([1] + [min(SPOT_RAGGED_MAX_W, 1 + max(self.cands[n].kappas)) for n, m in measurements.items()
+                              if m.entry.shape != "tree" and min(m.entry.draft_rates or (1.0,)) < 0.99])
+        r_pad = self.args.measure_batch
+        ragged = [(r_pad, ragged_w, 1)] if ragged_w > 1 and r_pad > 1 and (r_pad, 2) in shapes else []
         mean_prompt = sum(len(p) for p in prompt_ids) / max(1, len(prompt_ids))
         context = int(mean_prompt + self.args.max_new_tokens / 2)
         t0 = time.monotonic()
         bar = self.bar(SPOT_REPEATS + 1, "specc tune: timing the verify shapes")
         try:
-            ms = time_state_shapes(models.target, shapes, context=context, repeats=SPOT_REPEATS, fill=False,
-                                   interleave=True, on_progress=lambda _: bar.update(1))
+            ms = time_state_shapes(models.target, shapes + ragged, context=context, repeats=SPOT_REPEATS,
+                                   fill=False, interleave=True, on_progress=lambda _: bar.update(1))
         finally:
             bar.close()
         timed = {(r, w): ms[f"{r}x{w}"] for r, w in shapes}
         retimed = retime_suspects(models.target, timed, plain.samples, context, 0.5 * allowance, per_token)
         grid = VerifyGrid(timed)
+        if ragged:
+            r, w, _ = ragged[0]
+            self.pad_ms = pad_cost(grid, r, w, ms[f"{r}x{w}r1"])
+            retimed += (f"; a ragged verify ({r} requests, one at {w} tokens) {ms[f'{r}x{w}r1']:.0f} ms against "
+                        f"{grid(r, r - 1 + w):.0f} ms for its real tokens: {self.pad_ms:.2f} ms per padded token slot "
+                        f"(charged to drafters whose requests draft different lengths)")
         fits, lo, hi = table_fits(grid, table, MISS)
         groups: Dict[Tuple[int, ...], List[int]] = {}
         for r in rows:
@@ -255,14 +268,17 @@ class Session:
     def predictor(self, table, measurements, plain, grid=None):
         import statistics
 
-        from specc.tune.predict import Predictor, fit_stage_costs, table_verify
+        from specc.tune.predict import Predictor, fit_stage_costs, step_verify_ms, table_verify
 
         base = grid if grid is not None else table_verify(table)
-        costs = {None: fit_stage_costs(plain.samples, base, 0.0)}
+        pad = self.pad_ms
+        costs = {None: fit_stage_costs(plain.samples, lambda rows, k: step_verify_ms(base, pad, None, 0, rows))}
         entries = {}
         for name, m in measurements.items():
             entries[name] = m.entry
-            costs[name] = fit_stage_costs(m.samples, base, m.entry.drafts_per_step(self.cands[name].measure_steps))
+            ks = self.cands[name].measure_steps
+            costs[name] = fit_stage_costs(m.samples, lambda rows, k, e=m.entry, ks=ks:
+                                          step_verify_ms(base, pad, e, ks if k > 0 else 0, rows))
         loads = [c.load for c in costs.values() if c.samples]
         load = statistics.median(loads) if loads else 1.0
         per_rows: Dict[int, List[float]] = {}
@@ -271,7 +287,7 @@ class Session:
                 per_rows.setdefault(r, []).append(v)
         load_rows = {r: statistics.median(v) for r, v in per_rows.items()}
         return Predictor(table=table, candidates=dict(self.cands), entries=entries, costs=costs, load=load, grid=grid,
-                         load_rows=load_rows)
+                         load_rows=load_rows, pad_ms=pad)
 
     def confirm(self, models, pred, choice, prompt_ids):
         """The chosen plan, the top static configurations and plain decoding, side by side per
