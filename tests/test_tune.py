@@ -279,8 +279,9 @@ def test_a_deeper_kappa_must_pay_by_the_margin(tmp_path):
 
 def test_the_confirming_runs_demote_a_bucket_that_lost(tmp_path):
     """The tuned plan's run counts as its bucket's κ when that κ ran most of its steps: a bucket whose
-    run measured below plain decoding drops to κ = 0; a bucket no run measured takes the measured over
-    predicted factor of the nearest concurrency run."""
+    run measured below plain decoding drops to κ = 0; a run whose batch drained also counts at the
+    bucket its mean batch fell in; each candidate's predictions that were not run take its own
+    measured over predicted factor at the nearest concurrency run."""
     from types import SimpleNamespace
 
     from specc.tune.confirm import Result
@@ -297,26 +298,39 @@ def test_the_confirming_runs_demote_a_bucket_that_lost(tmp_path):
     k2 = ch.buckets[max(b for b in ch.buckets if b <= 2)]
     assert k2 > 0  # 2 rows x 2 tokens verify at the one-token price
 
-    def result(label, tok_s, steps):
-        return Result(label=label, concurrency=2, decode_tok_s=tok_s, output_tok_s=tok_s, tau=1.0, mean_batch=2.0,
+    def result(label, tok_s, steps, batch=2.0, c=2):
+        return Result(label=label, concurrency=c, decode_tok_s=tok_s, output_tok_s=tok_s, tau=1.0, mean_batch=batch,
                       steps=sum(steps.values()), decode_s=1.0, stage_ms_per_step={}, kappa_steps=steps)
 
     plain_at_2 = pred.tok_s(Config(None, 0), 2)
     results = {("plain", 2): result("plain", plain_at_2, {0: 100}),
                ("tuned", 2): result("tuned", 0.8 * plain_at_2, {k2: 90, 4: 10})}
-    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, ch, "tuned")
+    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, ch, "tuned", [1, 2])
     assert measured[("good", k2, 2)] == pytest.approx(0.8 * plain_at_2)
+    assert scale[(None, 2)] == pytest.approx(1.0) and scale[("good", 2)] < 1.0  # each candidate its own
     after = choose(pred, [1, 2], measured=measured, scale=scale)
     assert after.per_drafter["good"][2][0] != k2  # the measured loss replaces the prediction
     # a mixed run (no κ ran most steps) only informs the factor
     results[("tuned", 2)] = result("tuned", 0.8 * plain_at_2, {k2: 50, 4: 50})
-    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, ch, "tuned")
-    assert ("good", k2, 2) not in measured and 2 in scale
-    # a bucket not run takes the factor of the nearest concurrency run (log2; a tie to the smaller)
-    scaled = choose(pred, [1, 8], scale={1: 1.0, 8: 0.5})
+    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, ch, "tuned", [1, 2])
+    assert ("good", k2, 2) not in measured and ("good", 2) in scale
+    # a run whose batch drained counts at the bucket its mean batch fell in, too (brought there by the model)
+    drained = {("plain", 16): result("plain", 100.0, {0: 50}, batch=12.0, c=16),
+               ("good κ=1", 16): result("good κ=1", 90.0, {1: 50}, batch=12.0, c=16)}
+    measured, _ = measured_values(pred, drained, {"plain": Config(None, 0), "good κ=1": Config("good", 1)}, ch,
+                                  "tuned", [1, 16])
+    one = Config("good", 1)
+    assert measured[("good", 1, 8)] == pytest.approx(90.0 * pred.tok_s(one, 8) / pred.tok_s(one, 12.0))
+    assert measured[("good", 1, 16)] == pytest.approx(90.0 * pred.tok_s(one, 16) / pred.tok_s(one, 12.0))
+    # a bucket not run takes the factor of the nearest concurrency run (log2; a tie to the smaller); κ = 0
+    # (the drafter idle) and a candidate that ran nowhere take plain decoding's
+    scaled = choose(pred, [1, 8], scale={("good", 1): 1.0, ("good", 8): 0.5, (None, 1): 0.9, (None, 8): 0.8})
     for b, f in ((1, 1.0), (2, 1.0), (4, 0.5), (8, 0.5)):
         k, v = scaled.per_drafter["good"][b]
-        assert v == pytest.approx(pred.tok_s(Config("good", k), b) * f)
+        assert v == pytest.approx(pred.tok_s(Config("good", k), b) * (f if k else {1: 0.9, 2: 0.9}.get(b, 0.8)))
+    plain_only = choose(pred, [1, 8], scale={(None, 1): 0.9, (None, 8): 0.8})
+    k, v = plain_only.per_drafter["good"][8]
+    assert v == pytest.approx(pred.tok_s(Config("good", k), 8) * 0.8)
 
 
 def test_suspect_spot_timings_are_flagged_for_a_second_pass():

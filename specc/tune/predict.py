@@ -396,26 +396,32 @@ def shallowest_within(kappas: Sequence[int], value: Callable[[int], float], marg
 
 def choose(pred: Predictor, concurrency: Sequence[int], exclude: Sequence[str] = (),
            measured: Optional[Dict[Tuple[Optional[str], int, int], float]] = None,
-           scale: Optional[Dict[int, float]] = None) -> Choice:
+           scale: Optional[Dict[Tuple[Optional[str], int], float]] = None) -> Choice:
     """The plan: per drafter its best κ at each bucket (:func:`bucket_sizes`; the shallowest within
     :data:`KAPPA_MARGIN` of the best, :func:`shallowest_within`); the drafter whose
     worst ratio over ``concurrency`` (its throughput / the best of every configuration and plain
     decoding there) is highest, ties to the higher mean ratio. ``exclude``: drafters not to pick.
     ``measured``: ``{(candidate, κ, C): tok/s}`` from side-by-side runs (brought to batch C), used in
-    place of the prediction where present; ``scale``: ``{C: factor}`` applied to the predictions at C
-    (the measured over predicted throughput of the runs at C), so measured and predicted compare; a
-    bucket that was not run takes the factor of the concurrency nearest it (in log2)."""
+    place of the prediction where present (at a concurrency or a bucket); ``scale``: ``{(candidate,
+    C): factor}`` (None: plain decoding), the measured over predicted throughput of that candidate's
+    runs at C, applied to its predictions that were not run (κ = 0 takes plain decoding's: the drafter
+    idles), so measured and predicted compare; at a bucket that was not run, the factor of the
+    concurrency nearest it (log2), and a candidate that ran nowhere takes plain decoding's."""
     sizes = bucket_sizes(concurrency)
 
-    def factor(c: int) -> float:  # a bucket not run takes the factor of the nearest concurrency run
-        if not scale:
-            return 1.0
-        return scale[min(scale, key=lambda s: (abs(math.log2(s) - math.log2(max(1, c))), s))]
+    def factor(name: Optional[str], c: int) -> float:
+        """The candidate's own factor at the concurrency nearest c (log2; a tie to the smaller) among
+        those it ran; plain decoding's where it has none."""
+        for who in (name, None):
+            runs = [cc for n, cc in (scale or {}) if n == who]
+            if runs:
+                return scale[(who, min(runs, key=lambda s: (abs(math.log2(s) - math.log2(max(1, c))), s)))]
+        return 1.0
 
     def value(name: Optional[str], k: int, c: int) -> float:
         if measured and (name, k, c) in measured:
             return measured[(name, k, c)]
-        return pred.tok_s(Config(name, k), c) * factor(c)
+        return pred.tok_s(Config(name, k), c) * factor(name if k > 0 else None, c)
 
     per: Dict[str, Dict[int, Tuple[int, float]]] = {}
     for name in pred.candidates:

@@ -394,7 +394,7 @@ class Session:
                  f"prediction over C={self.conc}: {choice.scores[choice.candidate]:.3f}); load factor λ = {pred.load:.2f}")
         results, configs, plan_label = self.confirm(models, pred, choice, prompt_ids)
         self.plan_buckets, self.plan_candidate = dict(choice.buckets), choice.candidate
-        measured, scale = measured_values(pred, results, configs, choice, plan_label)
+        measured, scale = measured_values(pred, results, configs, choice, plan_label, self.conc)
         self.measured_values = (measured, scale)
         final = choose(pred, self.conc, measured=measured, scale=scale)
         if final.candidate != choice.candidate or final.buckets != choice.buckets:
@@ -762,35 +762,42 @@ def _sample_records(records):
     return _sample(records)
 
 
-def measured_values(pred, results, configs, choice, plan_label):
-    """What the confirming runs measured, for the second choice: ``({(candidate, κ, C): tok/s},
-    {C: factor})``. The tuned plan's run counts as its bucket's κ when that κ ran at least
+def measured_values(pred, results, configs, choice, plan_label, concurrency):
+    """What the confirming runs measured, for the second choice: ``({(candidate, κ, batch): tok/s},
+    {(candidate, C): factor})``. The tuned plan's run counts as its bucket's κ when that κ ran at least
     ``PLAN_RUN_SHARE`` of its steps (the rest: the batch draining at the end), so a bucket whose run
-    lost to plain decoding is demoted; otherwise it only informs the factor. A run's throughput is
-    brought from its mean batch to C with the model's own batch dependence (× prediction at C /
-    prediction at the mean batch); the factor at C is the median of measured over predicted at the
-    runs' mean batches, applied to what was not run."""
+    lost to plain decoding is demoted; otherwise it only informs the factors. A run's throughput is
+    brought from its mean batch to C, and to the bucket its mean batch falls in
+    (:func:`specc.tune.predict.bucket_sizes`; a run whose batch drained spent its steps there), with
+    the model's own batch dependence (× prediction there / prediction at the mean batch). The factor
+    of a candidate at C (None: plain decoding) is the median of its runs' measured over predicted
+    throughput at their mean batches, applied to its configurations that were not run
+    (:func:`specc.tune.predict.choose`)."""
     import statistics
 
     from specc.lower import route_slot
-    from specc.tune.predict import Config
+    from specc.tune.predict import Config, bucket_sizes
 
+    sizes = bucket_sizes(concurrency)
     out: Dict[Tuple[Optional[str], int, int], float] = {}
-    ratios: Dict[int, List[float]] = {}
-    for (label, c), r in results.items():
+    ratios: Dict[Tuple[Optional[str], int], List[float]] = {}
+    for (label, c), r in sorted(results.items(), key=lambda kv: kv[0][1]):
         cfg = configs.get(label)
         if label == plan_label:
             total = sum(r.kappa_steps.values())
             ks = [k for k, n in r.kappa_steps.items() if n >= PLAN_RUN_SHARE * max(1, total)]
             if len(ks) != 1:
                 k = choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(r.mean_batch))))]
-                ratios.setdefault(c, []).append(r.decode_tok_s / max(1e-9, pred.tok_s(Config(choice.candidate, k),
-                                                                                       r.mean_batch)))
+                ratios.setdefault((choice.candidate, c), []).append(
+                    r.decode_tok_s / max(1e-9, pred.tok_s(Config(choice.candidate, k), r.mean_batch)))
                 continue
             cfg = Config(choice.candidate, ks[0])
         if cfg is None or r.mean_batch <= 0:
             continue
         at_b = max(1e-9, pred.tok_s(cfg, r.mean_batch))
-        ratios.setdefault(c, []).append(r.decode_tok_s / at_b)
+        ratios.setdefault((cfg.candidate, c), []).append(r.decode_tok_s / at_b)
         out[(cfg.candidate, cfg.num_steps, c)] = r.decode_tok_s * pred.tok_s(cfg, c) / at_b
-    return out, {c: statistics.median(v) for c, v in ratios.items() if v}
+        bucket = route_slot(sizes, max(1, int(r.mean_batch)))
+        if bucket != c and (cfg.candidate, cfg.num_steps, bucket) not in out:
+            out[(cfg.candidate, cfg.num_steps, bucket)] = r.decode_tok_s * pred.tok_s(cfg, bucket) / at_b
+    return out, {key: statistics.median(v) for key, v in ratios.items() if v}
