@@ -264,9 +264,7 @@ class Entry:
             return 0.0
         if self.shape == "tree":
             return float(self.num_draft_tokens - 1)
-        d = list(self.draft_rates[:num_steps])
-        d += [self.draft_rates[-1] if self.draft_rates else 1.0] * (num_steps - len(d))
-        return float(sum(d))
+        return float(sum(self._draft_rates_to(num_steps)))
 
     def widest_drafts(self, num_steps: int, rows: float) -> float:
         """The expected widest row's draft tokens over ``rows`` requests verified together at κ =
@@ -279,10 +277,14 @@ class Entry:
             return 0.0
         if self.shape == "tree":
             return float(self.num_draft_tokens - 1)
-        d = list(self.draft_rates[:num_steps])
-        d += [self.draft_rates[-1] if self.draft_rates else 1.0] * (num_steps - len(d))
         n = max(1.0, float(rows))
-        return float(sum(1.0 - (1.0 - min(1.0, max(0.0, x))) ** n for x in d))
+        return float(sum(1.0 - (1.0 - min(1.0, max(0.0, x))) ** n for x in self._draft_rates_to(num_steps)))
+
+    def _draft_rates_to(self, num_steps: int) -> List[float]:
+        """``draft_rates`` for positions 0..κ-1, the last measured rate repeated past the measured κ
+        (1.0 when none was measured)."""
+        d = list(self.draft_rates[:num_steps])
+        return d + [self.draft_rates[-1] if self.draft_rates else 1.0] * (num_steps - len(d))
 
     @property
     def describe(self) -> str:
