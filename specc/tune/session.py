@@ -211,7 +211,7 @@ class Session:
         allowance = max(SPOT_MIN_S, 0.1 * self.budget)
 
         def estimate(rs) -> float:
-            return (SPOT_REPEATS + 1) * sum(per_token(r * w) for r in rs for w in widths(r)) / 1e3
+            return timing_seconds(per_token, [(r, w) for r in rs for w in widths(r)])
 
         dropped = []
         while estimate(rows) > allowance and any(r not in keep for r in rows):
@@ -266,6 +266,10 @@ class Session:
         return grid
 
     def predictor(self, table, measurements, plain, grid=None):
+        """The :class:`specc.tune.predict.Predictor` over the measuring runs: each run's stage costs
+        fitted against the verify base (``grid`` when the spot check gave one, else the cost table)
+        with the padding price the spot check timed (:func:`specc.tune.predict.step_verify_ms`); λ the
+        median of the runs' load factors, and per live-row count the median over the runs that have it."""
         import statistics
 
         from specc.tune.predict import Predictor, fit_stage_costs, step_verify_ms, table_verify
@@ -395,7 +399,7 @@ class Session:
         results, configs, plan_label = self.confirm(models, pred, choice, prompt_ids)
         self.plan_buckets, self.plan_candidate = dict(choice.buckets), choice.candidate
         measured, scale = measured_values(pred, results, configs, choice, plan_label, self.conc)
-        self.measured_values = (measured, scale)
+        self.confirmed = (measured, scale)  # for the engine choices (_engine_choice)
         final = choose(pred, self.conc, measured=measured, scale=scale)
         if final.candidate != choice.candidate or final.buckets != choice.buckets:
             self.notes.append(f"the confirming runs changed the choice: {choice.candidate} {choice.buckets} -> "
@@ -531,7 +535,7 @@ class Session:
         refused = [n for n, c in self.cands.items() if refusal(c) is not None]
         if len(refused) == len(self.cands):
             return final, ""
-        measured, scale = getattr(self, "measured_values", (None, None))
+        measured, scale = getattr(self, "confirmed", (None, None))
         alt = choose(pred, self.conc, exclude=refused, measured=measured, scale=scale)
         label = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
         why = (f"{label} refuses {final.candidate} ([{first.rule}]): its settings use {alt.candidate} with κ per "
@@ -708,13 +712,20 @@ class Session:
             print(n)
 
 
+def timing_seconds(per_token, shapes) -> float:
+    """Seconds one interleaved timing of ``shapes`` (``(R, W)``) takes: a warm-up round and
+    ``SPOT_REPEATS`` timed rounds, each shape priced at ``per_token(R·W)`` ms (plain decoding's
+    measured step time by rows, :func:`specc.tune.predict.fit_linear`)."""
+    return (SPOT_REPEATS + 1) * sum(per_token(r * w) for r, w in shapes) / 1e3
+
+
 def retime_suspects(target, timed, samples, context, allowance, per_token) -> str:
     """Time again the shapes :func:`specc.tune.predict.suspect_shapes` flags in ``timed`` (``{(R, W):
     ms}``, updated in place with the lower of the two medians: load only ever adds time), checked
     against the one-token verify plain decoding's measuring run saw at each R; up to
     ``SPOT_RETIMES`` passes, stopping when nothing is suspect, a pass changed nothing (the shape
-    really costs that) or the next pass would not fit what is left of ``allowance`` seconds (priced
-    at ``per_token(R·W)`` ms per shape and round). ``samples``: plain decoding's measuring steps
+    really costs that) or the next pass would not fit what is left of ``allowance`` seconds
+    (:func:`timing_seconds`). ``samples``: plain decoding's measuring steps
     (:class:`specc.tune.measure.StepSample`). Returns what was done, for the report ("" when nothing
     was suspect)."""
     import statistics
@@ -731,7 +742,7 @@ def retime_suspects(target, timed, samples, context, allowance, per_token) -> st
         again = suspect_shapes(timed, observed, SPOT_TOLERANCE)
         if not again:
             break
-        need = (SPOT_REPEATS + 1) * sum(per_token(r * w) for r, w in again) / 1e3
+        need = timing_seconds(per_token, again)
         if need > allowance:
             done.append(f"{len(again)} suspect shape(s) not timed again (about {need:.0f} s, {allowance:.0f} s left)")
             break
