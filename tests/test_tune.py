@@ -788,3 +788,27 @@ def test_measuring_runs_ramp_the_batch_and_stop_by_rule(tiny):
     per, samples, reason, _ = run_sampled(rt, ids, batch_size=4, max_new_tokens=8, deadline=_time.monotonic() - 1,
                                           tolerance=0.0, min_requests=2)
     assert len(samples) == 1 and "time share spent" in reason
+
+
+def test_side_by_side_keeps_the_best_round_and_records_every_round(monkeypatch):
+    """Each configuration keeps its best round; every round's throughput is recorded in round order
+    (the benchmark's spread and same-round ratios read it); rounds alternate the order of entries."""
+    import specc.tune.confirm as confirm
+
+    speeds = {"plain": iter([50.0, 70.0, 60.0]), "x": iter([40.0, 30.0, 45.0])}
+    order = []
+
+    def fake_run(models, entry, c, reqs):
+        order.append(entry.label)
+        v = next(speeds[entry.label])
+        return confirm.Result(label=entry.label, concurrency=c, decode_tok_s=v, output_tok_s=v, tau=1.0,
+                              mean_batch=float(c), steps=10, decode_s=1.0, stage_ms_per_step={}, kappa_steps={0: 10},
+                              outputs=[[1, 2]])
+
+    monkeypatch.setattr(confirm, "run_one", fake_run)
+    entries = [confirm.Entry("plain", None, lambda c: None), confirm.Entry("x", None, lambda c: None)]
+    res, notes = confirm.side_by_side(None, entries, [2], [[1, 2, 3]], max_new_tokens=4, rounds=3)
+    assert order == ["plain", "x", "x", "plain", "plain", "x"] and notes == []
+    assert res[("plain", 2)].decode_tok_s == 70.0 and res[("plain", 2)].round_tok_s == [50.0, 70.0, 60.0]
+    assert res[("x", 2)].decode_tok_s == 45.0 and res[("x", 2)].round_tok_s == [40.0, 30.0, 45.0]
+    assert res[("x", 2)].rounds == 3 and res[("x", 2)].exact is True

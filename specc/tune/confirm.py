@@ -31,7 +31,8 @@ class Entry:
 
 @dataclass
 class Result:
-    """The kept (best) run of one configuration at one concurrency."""
+    """The kept (best) run of one configuration at one concurrency; ``round_tok_s`` holds every
+    round's decode throughput (tokens/s) in the order the rounds ran, the kept one included."""
 
     label: str
     concurrency: int
@@ -46,6 +47,7 @@ class Result:
     exact: Optional[bool] = None
     rounds: int = 0
     tpot_ms_p50: float = 0.0
+    round_tok_s: List[float] = field(default_factory=list)
     outputs: List[List[int]] = field(default_factory=list, repr=False)
 
 
@@ -102,12 +104,14 @@ def side_by_side(models, entries: Sequence[Entry], concurrency: Sequence[int], p
                 r = run_one(models, e, c, reqs)
                 r.rounds = 1
                 old = results.get((e.label, c))
+                r.round_tok_s = (old.round_tok_s if old is not None else []) + [r.decode_tok_s]
                 if old is None or r.decode_tok_s > old.decode_tok_s:
                     if old is not None:
                         r.rounds = old.rounds + 1
                     results[(e.label, c)] = r
-                elif old is not None:
+                else:
                     old.rounds += 1
+                    old.round_tok_s = r.round_tok_s
                 if on_run is not None:
                     on_run(e.label, c, rnd)
         ref = results.get((entries[0].label, c))
