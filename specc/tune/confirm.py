@@ -32,7 +32,8 @@ class Entry:
 @dataclass
 class Result:
     """The kept (best) run of one configuration at one concurrency; ``round_tok_s`` holds every
-    round's decode throughput (tokens/s) in the order the rounds ran, the kept one included."""
+    round's decode throughput (tokens/s) in the order the rounds ran, the kept one included (empty
+    for a run outside :func:`side_by_side`)."""
 
     label: str
     concurrency: int
@@ -45,10 +46,14 @@ class Result:
     stage_ms_per_step: Dict[str, float]
     kappa_steps: Dict[int, int]
     exact: Optional[bool] = None
-    rounds: int = 0
     tpot_ms_p50: float = 0.0
     round_tok_s: List[float] = field(default_factory=list)
     outputs: List[List[int]] = field(default_factory=list, repr=False)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds run of this configuration at this concurrency."""
+        return len(self.round_tok_s)
 
 
 def requests_for(prompt_ids: Sequence[List[int]], concurrency: int, per_slot: int, minimum: int,
@@ -102,15 +107,11 @@ def side_by_side(models, entries: Sequence[Entry], concurrency: Sequence[int], p
                                          f"{max(0.0, deadline - time.monotonic()):.0f} s left)")
                         continue
                 r = run_one(models, e, c, reqs)
-                r.rounds = 1
                 old = results.get((e.label, c))
                 r.round_tok_s = (old.round_tok_s if old is not None else []) + [r.decode_tok_s]
                 if old is None or r.decode_tok_s > old.decode_tok_s:
-                    if old is not None:
-                        r.rounds = old.rounds + 1
                     results[(e.label, c)] = r
                 else:
-                    old.rounds += 1
                     old.round_tok_s = r.round_tok_s
                 if on_run is not None:
                     on_run(e.label, c, rnd)
