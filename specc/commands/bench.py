@@ -43,12 +43,10 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from specc.errors import PromptError
-    from specc.runtime.benchmark import format_table, summarize, time_requests
-    from specc.runtime.engine import Runtime
+    from specc.runtime.benchmark import format_table, plain_runtime, summarize, time_requests
     from specc.runtime.loader import load_runtime
     from specc.runtime.prompts import encode_prompt, read_prompts, select, shipped_prompts_path
     from specc.runtime.request import Request, SamplingParams
-    from specc.runtime.state import StateSpec
 
     concurrency = _concurrency_list(args.concurrency) if args.concurrency else None
     if args.threads is not None:
@@ -67,9 +65,7 @@ def run(args) -> int:
     print(f"loaded: {runtime.load_report()}", file=sys.stderr)
     if concurrency:
         return _run_concurrency(args, runtime, art, records, concurrency)
-    plain = Runtime(runtime.target, runtime.tokenizer, None, [StateSpec("b1_k0_plain", "none", 1, 0)],
-                    max_model_len=runtime.max_model_len, device=runtime.device,
-                    compile_backend=runtime.settings.get("compile_backend", "eager"))  # plain runs as the artifact does
+    plain = plain_runtime(runtime, [1])
     reqs = [Request(prompt_ids=encode_prompt(r, runtime.tokenizer),
                     params=SamplingParams(max_new_tokens=args.max_new_tokens), request_id=r.id) for r in records]
     cats = [r.category or "-" for r in records]
@@ -110,20 +106,16 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
 
     from specc import methods
     from specc.errors import SpeccError
-    from specc.runtime.benchmark import predicted_decode_tok_s, run_concurrency
-    from specc.runtime.engine import Runtime
+    from specc.runtime.benchmark import plain_runtime, predicted_decode_tok_s, run_concurrency
     from specc.runtime.prompts import encode_prompt
     from specc.runtime.request import Request, SamplingParams
     from specc.runtime.schedule import BudgetSchedule
-    from specc.runtime.state import StateSpec
 
     if max(concurrency) > runtime.max_rows:
         raise SpeccError(f"--concurrency {max(concurrency)} exceeds the artifact's largest batch bucket "
                          f"({runtime.max_rows}); compile the plan with runtime.max_batch_size={max(concurrency)}")
     sizes = sorted({s.spec.batch_size for s in runtime.states})
-    plain = Runtime(runtime.target, runtime.tokenizer, None, [StateSpec(f"b{b}_k0_plain", "none", b, 0) for b in sizes],
-                    max_model_len=runtime.max_model_len, device=runtime.device,
-                    compile_backend=runtime.settings.get("compile_backend", "eager"))
+    plain = plain_runtime(runtime, sizes)
     encoded = [encode_prompt(r, runtime.tokenizer) for r in records]
     spec = art.manifest["runtime"]
     table = None

@@ -85,7 +85,7 @@ def _kernel():
                         h = tl.full((), 1.0, tl.float32)
                 u = tl.load(unif_ptr + b * K + i)
                 if u < h:
-                    tau = i + 1
+                    tau = tau * 0 + i + 1  # int64, as tau starts (a loop index is int32)
                     w_tau = w
         # 3. resample weights: residual at a stop before the last proposed draft, else p
         p_row = target_ptr + (b * (K + 1) + tau) * V

@@ -88,7 +88,7 @@ def _kernels():
                             par = tl.load(parents_ptr + b * N + j)
                             x = tl.load(draft_ptr + b * N + j)
                             if (par == cur) & (j < n_valid) & (x >= 0) & (x < V) & (x == tgt):
-                                nxt = j + 1
+                                nxt = cur * 0 + j + 1  # int64, as nxt starts (a loop index is int32)
                 if nxt >= 0:
                     cur = nxt
                     acc += 1
@@ -125,7 +125,7 @@ def _kernels():
                             par = tl.load(parents_ptr + b * N + c)
                             xc = tl.load(draft_ptr + b * N + c)
                             if (par == cur) & (c < n_valid) & (xc >= 0) & (xc < V):
-                                j = c
+                                j = cur * 0 + c  # int64, as j starts (a loop index is int32)
                 if j < 0:
                     finished = 1
                 else:

@@ -31,6 +31,21 @@ class CategoryStats:
     num_tokens: int
 
 
+def plain_runtime(runtime, batch_sizes: Sequence[int]):
+    """Plain decoding (κ = 0 states, no drafter) over ``runtime``'s loaded target, run the way the
+    artifact's runtime runs: same device, compile backend and CUDA-graph capture (a baseline without the
+    captures the artifact gets would count launch overhead as speculation's gain). One state per batch
+    size in ``batch_sizes``."""
+    from specc.runtime.engine import Runtime
+    from specc.runtime.state import StateSpec
+
+    return Runtime(runtime.target, runtime.tokenizer, None,
+                   [StateSpec(f"b{b}_k0_plain", "none", int(b), 0) for b in batch_sizes],
+                   max_model_len=runtime.max_model_len, device=runtime.device,
+                   compile_backend=runtime.settings.get("compile_backend", "eager"),
+                   use_cuda_graphs=runtime.ctx.use_cuda_graphs)
+
+
 def time_requests(runtime, requests: Sequence, categories: Sequence[str], on_done=None) -> List[RequestTiming]:
     """Run each request alone (batch 1), fresh metrics per request; returns one timing per request."""
     out = []

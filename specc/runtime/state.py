@@ -125,10 +125,21 @@ class StateContext:
     use_cuda_graphs: bool = False
     kernel_modules: Dict[str, Any] = field(default_factory=dict)
     compile_backend: str = "eager"
+    _capture_stream: Any = field(default=None, repr=False)
 
     @property
     def trash_slot(self) -> int:
         return self.max_seq_len - 1
+
+    def capture_stream(self) -> "torch.cuda.Stream":
+        """The one CUDA stream every state warms up and captures on (created on first use). Sharing it
+        keeps per-stream one-time allocations out of the graphs' pools: PyTorch allocates a cuBLAS
+        workspace per (handle, stream) on first use (32 MiB on Hopper; ``aten/src/ATen/cuda/
+        CublasHandlePool.cpp``, ``getChosenWorkspaceSize``), which the warm-up then takes from the general
+        pool instead of the first captured graph."""
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(self.device)
+        return self._capture_stream
 
 
 _WIDTH_FIELDS = ("input_ids", "positions", "cache_slots", "node_depths")  # [B, W]
@@ -421,25 +432,29 @@ class SpecRuntimeState:
 
     def capture(self) -> bool:
         """Capture the verify program as one CUDA graph (CUDA only; returns whether it captured).
-        Warm-up runs on a side stream first (PyTorch's documented recipe)."""
+        Two warm-up runs on the side stream first (PyTorch's documented recipe; the stream is
+        :meth:`StateContext.capture_stream`, shared by every state, and the capture runs on it too). The
+        warm-up's freed blocks go back to the device before the capture, so :attr:`graph_pool_bytes`
+        (reserved memory grown during capture, bytes) is this graph's own private pool."""
         if not (self.ctx.use_cuda_graphs and self.ctx.device.type == "cuda" and torch.cuda.is_available()):
             return False
         import time
 
         t0 = time.perf_counter()
         b = self._static_inputs()
-        stream = torch.cuda.Stream()
+        stream = self.ctx.capture_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self.program(b)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize(self.ctx.device)
+        torch.cuda.empty_cache()
         reserved0 = torch.cuda.memory_reserved(self.ctx.device)
         allocated0 = torch.cuda.memory_allocated(self.ctx.device)
         torch.cuda.reset_peak_memory_stats(self.ctx.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):
             out = self.program(b)
         torch.cuda.synchronize(self.ctx.device)
         self.graph_pool_bytes = int(torch.cuda.memory_reserved(self.ctx.device) - reserved0)

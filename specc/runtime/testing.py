@@ -41,12 +41,13 @@ def tiny_llama(seed: int = 0, vocab_size: int = 64, hidden_size: int = 32, num_l
 
 def perturbed_copy(model: LlamaModel, noise: float, seed: int = 1) -> LlamaModel:
     """A deep copy of ``model`` with N(0, noise²) added to every weight: a draft model with the same
-    vocabulary whose proposals the target accepts often but not always."""
+    vocabulary whose proposals the target accepts often but not always. The noise is drawn on the CPU
+    (the same draft for a model on any device)."""
     gen = torch.Generator().manual_seed(seed)
     draft = copy.deepcopy(model)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * noise)
+            p.add_((torch.randn(p.shape, generator=gen) * noise).to(p.device, p.dtype))
     draft.max_batch_size = draft.max_seq_len = 0
     return draft.use_cpu_fast()
 
