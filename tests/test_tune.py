@@ -277,6 +277,29 @@ def test_a_deeper_kappa_must_pay_by_the_margin(tmp_path):
     assert shallowest_within([0, 3], {0: 1.0, 3: 1.0}.get) == 0
 
 
+def test_a_bucket_kappa_must_pay_over_every_request_count_it_serves(tmp_path):
+    """Under floor lookup bucket 8 sets κ for 8..15 running requests (reached while a batch of 16 fills
+    or drains): a κ that pays at 8 requests but loses at 15 is not chosen there."""
+    from types import SimpleNamespace
+
+    from specc.tune.predict import Config, Predictor, StageCosts, VerifyGrid, choose, served_requests
+
+    assert served_requests([1, 2, 4, 8, 16], 8) == [8, 15]
+    assert served_requests([1, 2, 4, 8, 16], 1) == [1] and served_requests([1, 2, 4, 8, 16], 16) == [16]
+    # each verified token costs 2.4 ms over a 30 ms floor: κ = 1 (τ 1.5) pays 6 % at 8 requests, loses at 15
+    grid = VerifyGrid({(r, w): 30.0 + 2.4 * (r * w - 1) for r in (1, 2, 4, 8, 15, 16) for w in (1, 2, 3)})
+    cand = SimpleNamespace(name="d", kappas=(1,), measure_steps=1, shape="chain",
+                           plan=SimpleNamespace(method=SimpleNamespace(name="ngram", parallel_drafting=False, topk=1,
+                                                                       tree_choices=None)))
+    pred = Predictor(table=_table(tmp_path), grid=grid, candidates={"d": cand}, entries={"d": _entry([0.5], 1)},
+                     costs={None: StageCosts(), "d": StageCosts()})
+    assert pred.tok_s(Config("d", 1), 8) > 1.05 * pred.tok_s(Config(None, 0), 8)
+    assert pred.tok_s(Config("d", 1), 15) < pred.tok_s(Config(None, 0), 15)
+    ch = choose(pred, [1, 16])
+    assert ch.per_drafter["d"][8][0] == 0
+    assert ch.per_drafter["d"][1][0] == 1  # one request: the draft pays, and bucket 1 serves only it
+
+
 def test_the_confirming_runs_demote_a_bucket_that_lost(tmp_path):
     """The tuned plan's run counts as its bucket's κ when that κ ran most of its steps: a bucket whose
     run measured below plain decoding drops to κ = 0; a run whose batch drained also counts at the

@@ -380,6 +380,16 @@ def merge_buckets(kappas: Dict[int, int]) -> Dict[int, int]:
     return out
 
 
+def served_requests(sizes: Sequence[int], b: int) -> List[int]:
+    """The ends of the range of running-request counts whose κ the bucket ``b`` sets under floor
+    lookup (vLLM's dynamic K, ``specc.runtime.schedule.floor_slot``): from ``b`` to one below the next
+    bucket. A bucket between the concurrencies asked is reached while a batch fills or drains; at
+    its top end each request's draft costs more verify than at ``b``, so a κ that pays only at ``b``
+    would cost throughput over most of its range."""
+    later = [s for s in sizes if s > b]
+    return [b] if not later else sorted({b, later[0] - 1})
+
+
 #: a deeper κ must be predicted this much faster than a shallower one to be chosen (κ = 0 included)
 KAPPA_MARGIN = 0.03
 
@@ -398,7 +408,8 @@ def choose(pred: Predictor, concurrency: Sequence[int], exclude: Sequence[str] =
            measured: Optional[Dict[Tuple[Optional[str], int, int], float]] = None,
            scale: Optional[Dict[Tuple[Optional[str], int], float]] = None) -> Choice:
     """The plan: per drafter its best κ at each bucket (:func:`bucket_sizes`; the shallowest within
-    :data:`KAPPA_MARGIN` of the best, :func:`shallowest_within`); the drafter whose
+    :data:`KAPPA_MARGIN` of the best, :func:`shallowest_within`, judged by its worst ratio to the best
+    κ over the request counts the bucket serves, :func:`served_requests`); the drafter whose
     worst ratio over ``concurrency`` (its throughput / the best of every configuration and plain
     decoding there) is highest, ties to the higher mean ratio. ``exclude``: drafters not to pick.
     ``measured``: ``{(candidate, κ, C): tok/s}`` from side-by-side runs (brought to batch C), used in
@@ -426,8 +437,11 @@ def choose(pred: Predictor, concurrency: Sequence[int], exclude: Sequence[str] =
     per: Dict[str, Dict[int, Tuple[int, float]]] = {}
     for name in pred.candidates:
         per[name] = {}
+        ks = [0] + list(pred.candidates[name].kappas)
         for b in sizes:
-            k = shallowest_within([0] + list(pred.candidates[name].kappas), lambda kk: value(name, kk, b))
+            rows = served_requests(sizes, b)
+            tops = {r: max(value(name, kk, r) for kk in ks) for r in rows}
+            k = shallowest_within(ks, lambda kk: min(value(name, kk, r) / tops[r] for r in rows))
             per[name][b] = (k, value(name, k, b))
     best: Dict[int, Tuple[str, float]] = {}
     for c in concurrency:
