@@ -300,6 +300,44 @@ def test_a_bucket_kappa_must_pay_over_every_request_count_it_serves(tmp_path):
     assert ch.per_drafter["d"][1][0] == 1  # one request: the draft pays, and bucket 1 serves only it
 
 
+def test_noise_between_two_plain_runs_does_not_become_a_drafters_gain(tmp_path):
+    """At C = 4 the tuned plan's bucket is κ = 0: its confirming run is plain decoding with the drafter
+    idle (plus a few drain steps), and measured 10 % above plain's own run (the machine's noise).
+    That run informs plain decoding's factor, and a drafter's factor is taken relative to plain's
+    where both ran, so κ = 1 (predicted 4 % slower at 4 requests) is not chosen on that noise; it was,
+    when the run counted as the drafter's own factor."""
+    from types import SimpleNamespace
+
+    from specc.tune.confirm import Result
+    from specc.tune.predict import Config, Predictor, StageCosts, VerifyGrid, choose
+    from specc.tune.session import measured_values
+
+    grid = VerifyGrid({(r, w): 30.0 + 7.3 * (r * w - 1) for r in (1, 2, 4) for w in (1, 2, 3)})
+    cand = SimpleNamespace(name="d", kappas=(1,), measure_steps=1, shape="chain",
+                           plan=SimpleNamespace(method=SimpleNamespace(name="ngram", parallel_drafting=False, topk=1,
+                                                                       tree_choices=None)))
+    pred = Predictor(table=_table(tmp_path), grid=grid, candidates={"d": cand}, entries={"d": _entry([0.5], 1)},
+                     costs={None: StageCosts(), "d": StageCosts()})
+    p0, p1 = pred.tok_s(Config(None, 0), 4), pred.tok_s(Config("d", 1), 4)
+    assert 0.94 < p1 / p0 < 0.98
+    first = choose(pred, [1, 4])
+    assert first.buckets == {1: 1, 4: 0}
+
+    def result(label, c, tok_s, steps):
+        return Result(label=label, concurrency=c, decode_tok_s=tok_s, output_tok_s=tok_s, tau=1.0, mean_batch=float(c),
+                      steps=sum(steps.values()), decode_s=1.0, stage_ms_per_step={}, kappa_steps=steps)
+
+    p1_at_1 = pred.tok_s(Config(None, 0), 1)
+    results = {("plain", 1): result("plain", 1, p1_at_1, {0: 50}),
+               ("tuned", 1): result("tuned", 1, pred.tok_s(Config("d", 1), 1), {1: 50}),
+               ("plain", 4): result("plain", 4, 0.80 * p0, {0: 50}),
+               ("tuned", 4): result("tuned", 4, 0.88 * p0, {0: 30, 1: 20})}  # κ = 0 with drain steps
+    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, first, "tuned", [1, 4])
+    assert ("d", 4) not in scale and scale[(None, 4)] == pytest.approx(0.84)
+    final = choose(pred, [1, 4], measured=measured, scale=scale)
+    assert final.buckets == {1: 1, 4: 0}
+
+
 def test_the_confirming_runs_demote_a_bucket_that_lost(tmp_path):
     """The tuned plan's run counts as its bucket's κ when that κ ran most of its steps: a bucket whose
     run measured below plain decoding drops to κ = 0; a run whose batch drained also counts at the

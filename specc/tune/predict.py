@@ -417,17 +417,31 @@ def choose(pred: Predictor, concurrency: Sequence[int], exclude: Sequence[str] =
     C): factor}`` (None: plain decoding), the measured over predicted throughput of that candidate's
     runs at C, applied to its predictions that were not run (κ = 0 takes plain decoding's: the drafter
     idles), so measured and predicted compare; at a bucket that was not run, the factor of the
-    concurrency nearest it (log2), and a candidate that ran nowhere takes plain decoding's."""
+    concurrency nearest it (log2), a candidate's taken relative to plain decoding's in the same
+    side-by-side (so two identical runs' noise does not become a drafter's gain), and a candidate
+    that ran nowhere takes plain decoding's."""
     sizes = bucket_sizes(concurrency)
 
+    def nearest(who: Optional[str], c: int) -> Optional[int]:
+        runs = [cc for n, cc in (scale or {}) if n == who]
+        return min(runs, key=lambda s: (abs(math.log2(s) - math.log2(max(1, c))), s)) if runs else None
+
     def factor(name: Optional[str], c: int) -> float:
-        """The candidate's own factor at the concurrency nearest c (log2; a tie to the smaller) among
-        those it ran; plain decoding's where it has none."""
-        for who in (name, None):
-            runs = [cc for n, cc in (scale or {}) if n == who]
-            if runs:
-                return scale[(who, min(runs, key=lambda s: (abs(math.log2(s) - math.log2(max(1, c))), s)))]
-        return 1.0
+        """Plain decoding's factor at the concurrency nearest c (log2; a tie to the smaller) among those
+        it ran, times the candidate's own factor relative to plain's where both ran side by side,
+        at the concurrency nearest c among the candidate's: the machine's load at c is carried by
+        plain decoding, the model's error for the drafter by the ratio. A candidate that ran where
+        plain decoding did not keeps its own factor; one that ran nowhere takes plain's."""
+        base_c = nearest(None, c)
+        base = scale[(None, base_c)] if base_c is not None else 1.0
+        if name is None:
+            return base
+        own = nearest(name, c)
+        if own is None:
+            return base
+        if (None, own) in scale:
+            return base * scale[(name, own)] / max(1e-9, scale[(None, own)])
+        return scale[(name, own)]
 
     def value(name: Optional[str], k: int, c: int) -> float:
         if measured and (name, k, c) in measured:

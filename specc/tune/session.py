@@ -783,7 +783,8 @@ def measured_values(pred, results, configs, choice, plan_label, concurrency):
     the model's own batch dependence (× prediction there / prediction at the mean batch). The factor
     of a candidate at C (None: plain decoding) is the median of its runs' measured over predicted
     throughput at their mean batches, applied to its configurations that were not run
-    (:func:`specc.tune.predict.choose`)."""
+    (:func:`specc.tune.predict.choose`); a run at κ = 0 (the tuned plan's bucket at plain decoding)
+    counts toward plain decoding's factor, since its drafter idled."""
     import statistics
 
     from specc.lower import route_slot
@@ -799,14 +800,15 @@ def measured_values(pred, results, configs, choice, plan_label, concurrency):
             ks = [k for k, n in r.kappa_steps.items() if n >= PLAN_RUN_SHARE * max(1, total)]
             if len(ks) != 1:
                 k = choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(r.mean_batch))))]
-                ratios.setdefault((choice.candidate, c), []).append(
+                ratios.setdefault((choice.candidate if k > 0 else None, c), []).append(
                     r.decode_tok_s / max(1e-9, pred.tok_s(Config(choice.candidate, k), r.mean_batch)))
                 continue
             cfg = Config(choice.candidate, ks[0])
         if cfg is None or r.mean_batch <= 0:
             continue
         at_b = max(1e-9, pred.tok_s(cfg, r.mean_batch))
-        ratios.setdefault((cfg.candidate, c), []).append(r.decode_tok_s / at_b)
+        # a run at κ = 0 is plain decoding (the drafter idles): it measures plain's factor, not the drafter's
+        ratios.setdefault((cfg.candidate if cfg.num_steps > 0 else None, c), []).append(r.decode_tok_s / at_b)
         out[(cfg.candidate, cfg.num_steps, c)] = r.decode_tok_s * pred.tok_s(cfg, c) / at_b
         bucket = route_slot(sizes, max(1, int(r.mean_batch)))
         if bucket != c and (cfg.candidate, cfg.num_steps, bucket) not in out:
