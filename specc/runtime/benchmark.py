@@ -34,8 +34,16 @@ class CategoryStats:
 def plain_runtime(runtime, batch_sizes: Sequence[int]):
     """Plain decoding (κ = 0 states, no drafter) over ``runtime``'s loaded target, run the way the
     artifact's runtime runs: same device, compile backend and CUDA-graph capture (a baseline without the
-    captures the artifact gets would count launch overhead as speculation's gain). One state per batch
-    size in ``batch_sizes``."""
+    captures the artifact gets would count launch overhead as speculation's gain).
+
+    Args:
+        runtime: a loaded :class:`specc.runtime.engine.Runtime` (its target, tokenizer, device,
+            ``max_model_len`` and ``settings["compile_backend"]`` are shared, not copied).
+        batch_sizes: one plain state per batch size (rows), e.g. ``[1]`` or the artifact's buckets.
+    Returns:
+        A new ``Runtime`` whose states verify one token per request (``[B, 1]`` verify inputs).
+    Raises:
+        nothing of its own; ``Runtime``'s errors for the states pass through."""
     from specc.runtime.engine import Runtime
     from specc.runtime.state import StateSpec
 

@@ -125,7 +125,7 @@ class StateContext:
     use_cuda_graphs: bool = False
     kernel_modules: Dict[str, Any] = field(default_factory=dict)
     compile_backend: str = "eager"
-    _capture_stream: Any = field(default=None, repr=False)
+    _capture_stream: Any = field(default=None, init=False, repr=False)
 
     @property
     def trash_slot(self) -> int:

@@ -454,8 +454,9 @@ def choose(pred: Predictor, concurrency: Sequence[int], exclude: Sequence[str] =
         ks = [0] + list(pred.candidates[name].kappas)
         for b in sizes:
             rows = served_requests(sizes, b)
-            tops = {r: max(value(name, kk, r) for kk in ks) for r in rows}
-            k = shallowest_within(ks, lambda kk: min(value(name, kk, r) / tops[r] for r in rows))
+            vals = {(kk, r): value(name, kk, r) for kk in ks for r in rows}
+            tops = {r: max(vals[(kk, r)] for kk in ks) for r in rows}
+            k = shallowest_within(ks, lambda kk: min(vals[(kk, r)] / tops[r] for r in rows))
             per[name][b] = (k, value(name, k, b))
     best: Dict[int, Tuple[str, float]] = {}
     for c in concurrency:
