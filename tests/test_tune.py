@@ -332,7 +332,7 @@ def test_noise_between_two_plain_runs_does_not_become_a_drafters_gain(tmp_path):
                ("tuned", 1): result("tuned", 1, pred.tok_s(Config("d", 1), 1), {1: 50}),
                ("plain", 4): result("plain", 4, 0.80 * p0, {0: 50}),
                ("tuned", 4): result("tuned", 4, 0.88 * p0, {0: 30, 1: 20})}  # κ = 0 with drain steps
-    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, first, "tuned", [1, 4])
+    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, {"tuned": first}, [1, 4])
     assert ("d", 4) not in scale and scale[(None, 4)] == pytest.approx(0.84)
     final = choose(pred, [1, 4], measured=measured, scale=scale)
     assert final.buckets == {1: 1, 4: 0}
@@ -366,20 +366,20 @@ def test_the_confirming_runs_demote_a_bucket_that_lost(tmp_path):
     plain_at_2 = pred.tok_s(Config(None, 0), 2)
     results = {("plain", 2): result("plain", plain_at_2, {0: 100}),
                ("tuned", 2): result("tuned", 0.8 * plain_at_2, {k2: 90, 4: 10})}
-    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, ch, "tuned", [1, 2])
+    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, {"tuned": ch}, [1, 2])
     assert measured[("good", k2, 2)] == pytest.approx(0.8 * plain_at_2)
     assert scale[(None, 2)] == pytest.approx(1.0) and scale[("good", 2)] < 1.0  # each candidate its own
     after = choose(pred, [1, 2], measured=measured, scale=scale)
     assert after.per_drafter["good"][2][0] != k2  # the measured loss replaces the prediction
     # a mixed run (no κ ran most steps) only informs the factor
     results[("tuned", 2)] = result("tuned", 0.8 * plain_at_2, {k2: 50, 4: 50})
-    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, ch, "tuned", [1, 2])
+    measured, scale = measured_values(pred, results, {"plain": Config(None, 0)}, {"tuned": ch}, [1, 2])
     assert ("good", k2, 2) not in measured and ("good", 2) in scale
     # a run whose batch drained counts at the bucket its mean batch fell in, too (brought there by the model)
     drained = {("plain", 16): result("plain", 100.0, {0: 50}, batch=12.0, c=16),
                ("good κ=1", 16): result("good κ=1", 90.0, {1: 50}, batch=12.0, c=16)}
-    measured, _ = measured_values(pred, drained, {"plain": Config(None, 0), "good κ=1": Config("good", 1)}, ch,
-                                  "tuned", [1, 16])
+    measured, _ = measured_values(pred, drained, {"plain": Config(None, 0), "good κ=1": Config("good", 1)}, {"tuned": ch},
+                                  [1, 16])
     one = Config("good", 1)
     assert measured[("good", 1, 8)] == pytest.approx(90.0 * pred.tok_s(one, 8) / pred.tok_s(one, 12.0))
     assert measured[("good", 1, 16)] == pytest.approx(90.0 * pred.tok_s(one, 16) / pred.tok_s(one, 12.0))
@@ -392,6 +392,61 @@ def test_the_confirming_runs_demote_a_bucket_that_lost(tmp_path):
     plain_only = choose(pred, [1, 8], scale={(None, 1): 0.9, (None, 8): 0.8})
     k, v = plain_only.per_drafter["good"][8]
     assert v == pytest.approx(pred.tok_s(Config("good", k), 8) * 0.8)
+
+
+def test_a_plan_the_confirming_runs_changed_is_run_before_it_is_emitted(tmp_path):
+    """The first confirming pass measures the bucket of 2 requests losing to plain decoding, so the
+    choice changes; the changed plan is run in a second pass (the plan alone: plain decoding and the
+    static configurations ran in the first) and the choice made over both passes' runs. Without time
+    left for a pass, the plan is emitted as predicted and the report says it was not run."""
+    import time as _time
+    from types import SimpleNamespace
+
+    from specc.tune.confirm import Result
+    from specc.tune.predict import Config, Predictor, StageCosts, choose
+    from specc.tune.session import Session
+
+    cand = SimpleNamespace(name="good", kappas=(1, 2, 3, 4), measure_steps=4, shape="chain",
+                           plan=SimpleNamespace(method=SimpleNamespace(name="ngram", parallel_drafting=False, topk=1,
+                                                                       tree_choices=None)))
+    pred = Predictor(table=_table(tmp_path), candidates={"good": cand}, entries={"good": _entry([0.8, 0.64, 0.51, 0.41], 4)},
+                     costs={None: StageCosts(), "good": StageCosts()})
+    ch = choose(pred, [1, 2])
+    k2 = ch.buckets[max(b for b in ch.buckets if b <= 2)]
+    plain_at_2 = pred.tok_s(Config(None, 0), 2)
+
+    def result(label, tok_s, steps):
+        return Result(label=label, concurrency=2, decode_tok_s=tok_s, output_tok_s=tok_s, tau=1.0, mean_batch=2.0,
+                      steps=sum(steps.values()), decode_s=1.0, stage_ms_per_step={}, kappa_steps=steps)
+
+    calls = []
+
+    def fake_confirm(models, pred_, choice, prompt_ids, *, label=None, first=True, concurrency=None):
+        calls.append((label, first, dict(choice.buckets), concurrency))
+        k = choice.buckets[max(b for b in choice.buckets if b <= 2)]
+        if first:  # the plan's bucket of 2 measured 0.8x plain decoding
+            lab = "tuned plan (good)"
+            return ({("plain", 2): result("plain", plain_at_2, {0: 100}), (lab, 2): result(lab, 0.8 * plain_at_2, {k: 100})},
+                    {"plain": Config(None, 0), lab: None}, lab)
+        return {(label, 2): result(label, 1.1 * plain_at_2, {k: 100})}, {label: None}, label
+
+    session = Session.__new__(Session)
+    session.conc, session.notes, session.t_start, session.budget = [1, 2], [], _time.monotonic(), 600.0
+    session.confirm = fake_confirm
+    results, configs, final = session.confirm_passes(None, pred, ch, None)
+    assert [c[1] for c in calls] == [True, False] and calls[1][0] == "tuned plan (good, pass 2)"
+    assert calls[1][3] == [2]  # only where its κ differs from the first plan's (one request: the same κ)
+    second = calls[1][2]
+    assert second[max(b for b in second if b <= 2)] != k2  # the changed plan, run in the second pass
+    assert list(session.plans) == ["tuned plan (good)", "tuned plan (good, pass 2)"]
+    assert final.buckets == second and ("tuned plan (good, pass 2)", 2) in results
+    assert any("changed the choice" in n for n in session.notes)
+    # no time left for a second pass: the changed plan is emitted as predicted, and the report says so
+    calls.clear()
+    session.notes, session.t_start = [], _time.monotonic() - 600.0
+    _, _, final = session.confirm_passes(None, pred, ch, None)
+    assert len(calls) == 1 and final.buckets == second
+    assert any(n.startswith(f"the plan good {second} was not run") for n in session.notes), session.notes
 
 
 def test_suspect_spot_timings_are_flagged_for_a_second_pass():
@@ -809,6 +864,42 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
     assert plan.schedule.kind == "batch_buckets" and plan.schedule.alpha is not None
     entries = acceptance.read_record(tmp_path / "tuned.acceptance.json")
     assert {e.key["method"] for e in entries} == {"ngram", "draft_model"}
+
+
+def test_tune_runs_the_plan_its_confirming_runs_changed(tiny, tmp_path, monkeypatch, capsys):
+    """When the choice made after the confirming runs differs from the plan they ran, tune runs the
+    new plan in a second pass (the real runtime, at the concurrencies where its κ differs) before it
+    is emitted, and reports both runs. The second choice is forced here (every bucket's κ flipped)."""
+    import dataclasses
+
+    from specc.tune import predict
+
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path / "cache"))
+    real_choose, calls = predict.choose, []
+
+    def choose(*a, **kw):
+        ch = real_choose(*a, **kw)
+        calls.append(ch)
+        if len(calls) == 1:
+            return ch
+        first = calls[0]
+        return dataclasses.replace(first, buckets={b: (0 if k else 1) for b, k in first.buckets.items()})
+
+    monkeypatch.setattr(predict, "choose", choose)
+    out = tmp_path / "tuned.yaml"
+    rc, stdout, err = run_cli(capsys, "tune", tiny / "prompts.txt", "--plans", tiny / "ngram.yaml",
+                              "--target", tiny / "target", "--concurrency", "1,4", "--budget-min", "1.5",
+                              "--max-new-tokens", "12", "--measure-batch", "4", "--out", out, "--no-progress")
+    assert rc == 0, err
+    data = json.loads((tmp_path / "tuned.json").read_text())
+    flipped = {int(b): k for b, k in data["choice"]["buckets"].items()}
+    assert flipped == {b: (0 if k else 1) for b, k in calls[0].buckets.items()}
+    runs = {(r["run"], r["concurrency"]): r for r in data["runs"]}
+    assert ("tuned plan (ngram)", 1) in runs and ("tuned plan (ngram)", 4) in runs
+    second = [key for key in runs if key[0] == "tuned plan (ngram, pass 2)"]
+    assert second and all(runs[key]["exact"] for key in second)
+    assert any("changed the choice" in n for n in data["notes"])
+    assert data["seconds"] <= 1.5 * 60 * 1.1
 
 
 def test_run_takes_a_plan_file(tiny, tmp_path, monkeypatch, capsys):

@@ -12,7 +12,7 @@
    moves on this machine) and the median over rounds of the same-round ratio (each round runs every
    configuration, so slow drifts of the machine's load fall on both).
 
-    OMP_NUM_THREADS=1 python tools/bench_tune.py --kappas 2 4 --rounds 3 --high-from 16 --high-kappas 2 \
+    OMP_NUM_THREADS=1 python tools/bench_tune.py --kappas 2 4 --rounds 5 --high-from 16 --high-kappas 2 \
         --requests 1:8 4:16 16:32 64:64 --out docs/bench_tune.json
 
 (``--requests``: runs of several seconds at every concurrency, so that identical work measures within

@@ -39,7 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import torch
     from tqdm import tqdm
 
     from specc.errors import PromptError

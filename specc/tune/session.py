@@ -13,6 +13,8 @@ from specc.errors import SpeccError
 
 MEASURE_SHARE = 0.55
 CONFIRM_SHARE = 0.9
+RECONFIRM_SHARE = 0.95  # a plan the confirming runs changed is run in passes that end by this share of the budget
+CONFIRM_PASSES = 3  # confirming passes at most: the first, then one per changed plan while time is left
 MISS = 0.15
 PLAN_RUN_SHARE = 0.75  # the tuned plan's confirming run counts as one κ's when that κ ran this share of its steps
 SPOT_REPEATS = 3  # timed rounds over the verify shapes in the spot check (after one warm-up round)
@@ -293,9 +295,14 @@ class Session:
         return Predictor(table=table, candidates=dict(self.cands), entries=entries, costs=costs, load=load, grid=grid,
                          load_rows=load_rows, pad_ms=pad)
 
-    def confirm(self, models, pred, choice, prompt_ids):
+    def confirm(self, models, pred, choice, prompt_ids, *, label: Optional[str] = None, first: bool = True,
+                concurrency: Optional[List[int]] = None):
         """The chosen plan, the top static configurations and plain decoding, side by side per
-        concurrency, within the confirming share. Returns ``({(label, C): Result}, {label: Config})``."""
+        concurrency, within the confirming share. With ``first`` False (a later pass: the confirming
+        runs changed the plan), only the plan ``choice``, labelled ``label``, at ``concurrency``
+        (default: every one), within :data:`RECONFIRM_SHARE` (plain decoding and the static
+        configurations ran in the first pass).
+        Returns ``({(label, C): Result}, {label: Config}, plan label)``."""
         from specc.tune.confirm import Entry, side_by_side
         from specc.tune.predict import Config, bucket_sizes, top_configs
 
@@ -303,20 +310,21 @@ class Session:
         win = self.cands[choice.candidate]
         sizes = bucket_sizes(self.conc)
         base = win.plan
-        plan_label = f"tuned plan ({win.name})"
+        plan_label = label or f"tuned plan ({win.name})"
         plan_entry = Entry(plan_label, win, lambda c: win.variant(0, kind="batch_buckets", buckets=choice.buckets,
                                                                capture=sizes, name="tuned"))
         plain_entry = Entry("plain", None, lambda c: plain_plan(base, [c]), Config(None, 0))
-        end = self.deadline(CONFIRM_SHARE)
+        end = self.deadline(CONFIRM_SHARE if first else RECONFIRM_SHARE)
         per_c = {}
-        for c in self.conc:
+        for c in concurrency or self.conc:
             statics = []
-            for cfg in top_configs(pred, c, args.confirm_top + 1):
+            for cfg in top_configs(pred, c, args.confirm_top + 1) if first else []:
                 if cfg.candidate == win.name and cfg.num_steps == choice.per_drafter[win.name][c][0]:
                     continue  # the plan runs it already
                 cand = self.cands[cfg.candidate]
                 statics.append(Entry(cfg.label, cand, (lambda cc, cand=cand, k=cfg.num_steps: cand.variant(k, capture=[cc])), cfg))
-            per_c[c] = [plain_entry, plan_entry] + statics[: args.confirm_top]
+            per_c[c] = ([plain_entry, plan_entry] if first else [plan_entry]) + statics[: args.confirm_top]
+        fixed = 2 if first else 1  # entries every concurrency runs before its static configurations
         # size the runs to the time left: per run n requests of max_new tokens at the predicted rate
         prefill = getattr(self, "prefill_per_request", 0.2)
 
@@ -327,9 +335,10 @@ class Session:
 
         def estimate(per_slot: int, minimum: int, top: int) -> float:
             return sum(run_seconds(e, c, max(minimum, per_slot * c)) for c, entries in per_c.items()
-                       for e in entries[: 2 + top])
+                       for e in entries[: fixed + top])
 
-        per_slot, minimum, top = 2, 4, args.confirm_top
+        top0 = args.confirm_top if first else 0
+        per_slot, minimum, top = 2, 4, top0
         left = end - time.monotonic()
         while estimate(per_slot, minimum, top) > left and (top > 0 or per_slot > 1 or minimum > 2):
             if top > 0:
@@ -338,16 +347,17 @@ class Session:
                 per_slot = 1
             else:
                 minimum = 2
-        if (top, per_slot, minimum) != (args.confirm_top, 2, 4):
-            self.notes.append(f"confirmation trimmed to the time left ({left:.0f} s): {top} static configuration(s) "
-                              f"per concurrency, {per_slot} request(s) per slot, at least {minimum}")
+        if (top, per_slot, minimum) != (top0, 2, 4):
+            what = f"{top} static configuration(s) per concurrency, " if first else f"{plan_label}: "
+            self.notes.append(f"confirmation trimmed to the time left ({left:.0f} s): {what}{per_slot} request(s) "
+                              f"per slot, at least {minimum}")
         results: Dict[Tuple[str, int], Any] = {}
         configs: Dict[str, Any] = {}
-        total_runs = sum(len(v[: 2 + top]) for v in per_c.values())
-        bar = self.bar(total_runs, "specc tune: confirming")
+        total_runs = sum(len(v[: fixed + top]) for v in per_c.values())
+        bar = self.bar(total_runs, "specc tune: confirming" if first else f"specc tune: confirming {plan_label}")
         try:
             for c, entries in per_c.items():
-                entries = entries[: 2 + top]
+                entries = entries[: fixed + top]
                 for e in entries:
                     configs[e.label] = e.config
                 res, notes = side_by_side(models, entries, [c], prompt_ids, max_new_tokens=args.max_new_tokens,
@@ -359,6 +369,47 @@ class Session:
         finally:
             bar.close()
         return results, configs, plan_label
+
+    def confirm_passes(self, models, pred, choice, prompt_ids):
+        """Confirm ``choice``, choose again with what was measured, and while the choice changes to a
+        plan not yet run (and the time and :data:`CONFIRM_PASSES` allow) run that plan too and choose
+        again, so the plan emitted has been run wherever the budget allowed. Sets ``self.plans``
+        (``{plan label: the Choice its run ran}``) and ``self.confirmed`` (``(measured, scale)`` of
+        :func:`measured_values` over every pass). Returns ``(results, configs, final Choice)``."""
+        from specc.tune.predict import choose
+
+        results, configs, label = self.confirm(models, pred, choice, prompt_ids)
+        self.plans = {label: choice}
+        current = choice
+        while True:
+            measured, scale = measured_values(pred, results, configs, self.plans, self.conc)
+            self.confirmed = (measured, scale)  # for the engine choices (_engine_choice)
+            final = choose(pred, self.conc, measured=measured, scale=scale)
+            if (final.candidate, final.buckets) != (current.candidate, current.buckets):
+                self.notes.append(f"the confirming runs changed the choice: {current.candidate} {current.buckets} -> "
+                                  f"{final.candidate} {final.buckets} (measured throughput replaces the prediction "
+                                  f"where it was run)")
+            ran = {(c.candidate, tuple(sorted(c.buckets.items()))) for c in self.plans.values()}
+            if (final.candidate, tuple(sorted(final.buckets.items()))) in ran:
+                return results, configs, final
+            if len(self.plans) >= CONFIRM_PASSES or time.monotonic() >= self.deadline(RECONFIRM_SHARE):
+                self.notes.append(f"the plan {final.candidate} {final.buckets} was not run (confirming passes: "
+                                  f"{len(self.plans)}, {max(0.0, self.deadline(RECONFIRM_SHARE) - time.monotonic()):.0f} s "
+                                  f"left for them); its throughput is predicted, scaled by the runs")
+                return results, configs, final
+            # run it where its κ differs from every run plan's (κ = 0 is plain decoding whatever the drafter)
+            new_at = [c for c in self.conc if step_config(final, c) not in {step_config(p, c) for p in self.plans.values()}]
+            if not new_at:
+                self.notes.append(f"the plan {final.candidate} {final.buckets} runs the κ of a plan already run at every "
+                                  f"concurrency (it differs in buckets the batch passes only while draining); not run again")
+                return results, configs, final
+            label = f"tuned plan ({final.candidate}, pass {len(self.plans) + 1})"
+            res, cfgs, _ = self.confirm(models, pred, final, prompt_ids, label=label, first=False, concurrency=new_at)
+            if not any(lab == label for lab, _ in res):
+                return results, configs, final  # nothing fitted the time: the note of side_by_side says so
+            results.update(res)
+            configs.update(cfgs)
+            self.plans[label] = current = final
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
@@ -396,23 +447,15 @@ class Session:
         choice = choose(pred, self.conc)
         self.say(f"predicted: {choice.candidate} with κ per bucket {choice.buckets} (worst ratio to the best "
                  f"prediction over C={self.conc}: {choice.scores[choice.candidate]:.3f}); load factor λ = {pred.load:.2f}")
-        results, configs, plan_label = self.confirm(models, pred, choice, prompt_ids)
-        self.plan_buckets, self.plan_candidate = dict(choice.buckets), choice.candidate
-        measured, scale = measured_values(pred, results, configs, choice, plan_label, self.conc)
-        self.confirmed = (measured, scale)  # for the engine choices (_engine_choice)
-        final = choose(pred, self.conc, measured=measured, scale=scale)
-        if final.candidate != choice.candidate or final.buckets != choice.buckets:
-            self.notes.append(f"the confirming runs changed the choice: {choice.candidate} {choice.buckets} -> "
-                              f"{final.candidate} {final.buckets} (measured throughput replaces the prediction "
-                              f"where it was run)")
-        files = self.emit(pred, choice, final, measurements, plain, results, configs, plan_label, table_ref, how)
+        results, configs, final = self.confirm_passes(models, pred, choice, prompt_ids)
+        files = self.emit(pred, choice, final, measurements, plain, results, configs, table_ref, how)
         self.say(f"done in {self.elapsed() / 60:.1f} min (budget {args.budget_min:g} min)")
         for f in files:
             print(f"wrote {f}")
         return 0
 
     # ------------------------------------------------------------------ emit
-    def emit(self, pred, choice, final, measurements, plain, results, configs, plan_label, table_ref, how) -> List[str]:
+    def emit(self, pred, choice, final, measurements, plain, results, configs, table_ref, how) -> List[str]:
         from specc import acceptance
         from specc.tune import emit
         from specc.tune.confirm import explain_miss
@@ -472,8 +515,7 @@ class Session:
         files.append(str(launch_path))
         self.exports = {"vllm": ok_v, "sglang": ok_s}
         # the report
-        rows, data_rows, misses = self._report_rows(pred, measurements, plain, results, configs, plan_label, final,
-                                                    explain_miss)
+        rows, data_rows, misses = self._report_rows(pred, measurements, plain, results, configs, explain_miss)
         notes = self._report_notes(pred, choice, final, measurements, how, misses)
         md = emit.report_markdown(f"specc tune: {len(self.records)} prompts, target {self.tname}",
                                   ["run", "C", "mean batch", "predicted tok/s", "measured tok/s", "error", "τ pred / meas",
@@ -491,10 +533,13 @@ class Session:
         for label, cfg in configs.items():
             if cfg is not None and label not in predicted_lines:
                 predicted_lines[label] = {c: pred.tok_s(cfg, c) for c in self.conc if (label, c) in results}
-        predicted_lines[plan_label] = {c: choice.predicted[c] for c in self.conc}
+        for label, ch in self.plans.items():
+            predicted_lines[label] = {c: ch.predicted[c] for c in self.conc}
+        emitted = [lab for lab, ch in self.plans.items() if (ch.candidate, ch.buckets) == (final.candidate, final.buckets)]
         png = Path(f"{stem}.png")
         emit.plot(png, self.conc, predicted_lines, measured_lines,
-                  f"specc tune: decode tok/s by concurrency ({self.tname}, {Path(self.source).name})", highlight=plan_label)
+                  f"specc tune: decode tok/s by concurrency ({self.tname}, {Path(self.source).name})",
+                  highlight=(emitted or list(self.plans))[0])
         files.append(str(png))
         data = {"target": self.tpath, "prompts": self.source, "concurrency": self.conc, "budget_min": args.budget_min,
                 "seconds": round(self.elapsed(), 1), "cost_table": how, "load_factor": pred.load,
@@ -624,7 +669,7 @@ class Session:
         emit._atomic_write(path, emit.dump_plan(doc, header[:1] + [f"vLLM variant of {out.name}: {why}."]))
         return path, why
 
-    def _report_rows(self, pred, measurements, plain, results, configs, plan_label, final, explain_miss):
+    def _report_rows(self, pred, measurements, plain, results, configs, explain_miss):
         from specc.tune.predict import Config
 
         rows, data, misses = [], [], []
@@ -660,11 +705,12 @@ class Session:
                 bd["expected_tokens"], m.entry.tau, None, bd, res)
         for (label, c), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0] != "plain", kv[0][0])):
             cfg = configs.get(label)
-            if label == plan_label:
+            if label in self.plans:
                 from specc.lower import route_slot
 
-                k = self.plan_buckets[route_slot(sorted(self.plan_buckets), max(1, int(round(r.mean_batch))))]
-                cfg = Config(self.plan_candidate, k)
+                ch = self.plans[label]
+                k = ch.buckets[route_slot(sorted(ch.buckets), max(1, int(round(r.mean_batch))))]
+                cfg = Config(ch.candidate, k)
             bd = dict(pred.breakdown(cfg, r.mean_batch), batch=r.mean_batch)
             add(label, c, r.mean_batch, bd["tok_s"], r.decode_tok_s, bd["expected_tokens"], r.tau, r.exact, bd, r)
         self.misses = misses
@@ -773,9 +819,19 @@ def _sample_records(records):
     return _sample(records)
 
 
-def measured_values(pred, results, configs, choice, plan_label, concurrency):
+def step_config(choice, c: int) -> Tuple[Optional[str], int]:
+    """``(drafter, κ)`` a bucket plan runs at ``c`` live requests (floor lookup of its buckets,
+    :func:`specc.lower.route_slot`); ``(None, 0)`` where that κ is 0 (plain decoding, the drafter idle)."""
+    from specc.lower import route_slot
+
+    k = int(choice.buckets[route_slot(sorted(choice.buckets), max(1, int(c)))])
+    return (choice.candidate, k) if k > 0 else (None, 0)
+
+
+def measured_values(pred, results, configs, plans, concurrency):
     """What the confirming runs measured, for the second choice: ``({(candidate, κ, batch): tok/s},
-    {(candidate, C): factor})``. The tuned plan's run counts as its bucket's κ when that κ ran at least
+    {(candidate, C): factor})``. ``plans``: ``{label: Choice}``, each tuned plan's run label and the
+    bucket plan it ran (one per confirming pass). A tuned plan's run counts as its bucket's κ when that κ ran at least
     ``PLAN_RUN_SHARE`` of its steps (the rest: the batch draining at the end), so a bucket whose run
     lost to plain decoding is demoted; otherwise it only informs the factors. A run's throughput is
     brought from its mean batch to C, and to the bucket its mean batch falls in
@@ -795,7 +851,8 @@ def measured_values(pred, results, configs, choice, plan_label, concurrency):
     ratios: Dict[Tuple[Optional[str], int], List[float]] = {}
     for (label, c), r in sorted(results.items(), key=lambda kv: kv[0][1]):
         cfg = configs.get(label)
-        if label == plan_label:
+        choice = plans.get(label)
+        if choice is not None:
             total = sum(r.kappa_steps.values())
             ks = [k for k, n in r.kappa_steps.items() if n >= PLAN_RUN_SHARE * max(1, total)]
             if len(ks) != 1:
