@@ -315,6 +315,8 @@ class Session:
                                                                capture=sizes, name="tuned"))
         plain_entry = Entry("plain", None, lambda c: plain_plan(base, [c]), Config(None, 0))
         end = self.deadline(CONFIRM_SHARE if first else RECONFIRM_SHARE)
+        head = [plain_entry, plan_entry] if first else [plan_entry]
+        fixed = len(head)  # entries every concurrency runs before its static configurations
         per_c = {}
         for c in concurrency or self.conc:
             statics = []
@@ -323,8 +325,7 @@ class Session:
                     continue  # the plan runs it already
                 cand = self.cands[cfg.candidate]
                 statics.append(Entry(cfg.label, cand, (lambda cc, cand=cand, k=cfg.num_steps: cand.variant(k, capture=[cc])), cfg))
-            per_c[c] = ([plain_entry, plan_entry] if first else [plan_entry]) + statics[: args.confirm_top]
-        fixed = 2 if first else 1  # entries every concurrency runs before its static configurations
+            per_c[c] = head + statics[: args.confirm_top]
         # size the runs to the time left: per run n requests of max_new tokens at the predicted rate
         prefill = getattr(self, "prefill_per_request", 0.2)
 
@@ -389,8 +390,7 @@ class Session:
                 self.notes.append(f"the confirming runs changed the choice: {current.candidate} {current.buckets} -> "
                                   f"{final.candidate} {final.buckets} (measured throughput replaces the prediction "
                                   f"where it was run)")
-            ran = {(c.candidate, tuple(sorted(c.buckets.items()))) for c in self.plans.values()}
-            if (final.candidate, tuple(sorted(final.buckets.items()))) in ran:
+            if any((p.candidate, p.buckets) == (final.candidate, final.buckets) for p in self.plans.values()):
                 return results, configs, final
             if len(self.plans) >= CONFIRM_PASSES or time.monotonic() >= self.deadline(RECONFIRM_SHARE):
                 self.notes.append(f"the plan {final.candidate} {final.buckets} was not run (confirming passes: "
@@ -706,11 +706,8 @@ class Session:
         for (label, c), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0] != "plain", kv[0][0])):
             cfg = configs.get(label)
             if label in self.plans:
-                from specc.lower import route_slot
-
                 ch = self.plans[label]
-                k = ch.buckets[route_slot(sorted(ch.buckets), max(1, int(round(r.mean_batch))))]
-                cfg = Config(ch.candidate, k)
+                cfg = Config(ch.candidate, bucket_kappa(ch, r.mean_batch))
             bd = dict(pred.breakdown(cfg, r.mean_batch), batch=r.mean_batch)
             add(label, c, r.mean_batch, bd["tok_s"], r.decode_tok_s, bd["expected_tokens"], r.tau, r.exact, bd, r)
         self.misses = misses
@@ -819,12 +816,19 @@ def _sample_records(records):
     return _sample(records)
 
 
-def step_config(choice, c: int) -> Tuple[Optional[str], int]:
-    """``(drafter, κ)`` a bucket plan runs at ``c`` live requests (floor lookup of its buckets,
-    :func:`specc.lower.route_slot`); ``(None, 0)`` where that κ is 0 (plain decoding, the drafter idle)."""
+def bucket_kappa(choice, rows: float) -> int:
+    """κ a bucket plan (``choice.buckets``: ``{batch bucket: κ}``) runs at ``rows`` live requests,
+    rounded to a whole request: SGLang's floor lookup of the buckets (:func:`specc.lower.route_slot`,
+    adaptive_spec_params.py:342-358)."""
     from specc.lower import route_slot
 
-    k = int(choice.buckets[route_slot(sorted(choice.buckets), max(1, int(c)))])
+    return int(choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(rows))))])
+
+
+def step_config(choice, c: int) -> Tuple[Optional[str], int]:
+    """``(drafter, κ)`` a bucket plan runs at ``c`` live requests (:func:`bucket_kappa`); ``(None, 0)``
+    where that κ is 0 (plain decoding, the drafter idle)."""
+    k = bucket_kappa(choice, c)
     return (choice.candidate, k) if k > 0 else (None, 0)
 
 
@@ -856,7 +860,7 @@ def measured_values(pred, results, configs, plans, concurrency):
             total = sum(r.kappa_steps.values())
             ks = [k for k, n in r.kappa_steps.items() if n >= PLAN_RUN_SHARE * max(1, total)]
             if len(ks) != 1:
-                k = choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(r.mean_batch))))]
+                k = bucket_kappa(choice, r.mean_batch)
                 ratios.setdefault((choice.candidate if k > 0 else None, c), []).append(
                     r.decode_tok_s / max(1e-9, pred.tok_s(Config(choice.candidate, k), r.mean_batch)))
                 continue
