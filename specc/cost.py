@@ -704,9 +704,9 @@ def load_cost_table(path: str) -> CostTable:
         choice = data.get("choice")
         why = ""
         if choice is not None:
-            if (not isinstance(choice, dict) or choice.get("dtype") not in ("float32", "bfloat16", "float16")
+            if (not isinstance(choice, dict) or choice.get("dtype") not in ("native", "float32", "bfloat16", "float16")
                     or choice.get("compile_backend") not in ("eager", "inductor")):
-                raise ValueError("choice must be {dtype: float32|bfloat16|float16, compile_backend: eager|inductor}")
+                raise ValueError("choice must be {dtype: native|float32|bfloat16|float16, compile_backend: eager|inductor}")
             why = str(choice.get("why") or "")
             choice = {"dtype": choice["dtype"], "compile_backend": choice["compile_backend"]}
         settings = data.get("settings")

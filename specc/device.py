@@ -73,11 +73,16 @@ def cpu_facts(threads: Optional[int] = None) -> Dict[str, object]:
     """The facts recorded beside every CPU measurement: ``model`` (``/proc/cpuinfo``),
     ``capability`` (``torch.backends.cpu.get_cpu_capability()``: ``AVX512``, ``AVX2``, ...),
     ``onednn_isa`` and ``onednn_bf16_kernel`` (:func:`onednn_info`), ``amx`` (the kernel or ISA line
-    names AMX), ``threads`` (torch's, or the count given), ``torch`` (version)."""
+    names AMX), ``threads`` (torch's, or the count given), ``torch`` (version), ``quantized_kernels`` (the
+    ``specc.kernels.qgemm`` variant the native-precision weights run on here, and the variants this CPU runs)."""
     import torch
 
+    from specc.kernels import qgemm
+
     info = onednn_info()
-    return {"model": cpu_model(), "capability": torch.backends.cpu.get_cpu_capability(),
+    kernels = (f"qgemm {qgemm.variant()} (of {', '.join(qgemm.supported())})" if qgemm.available()
+               else f"qgemm unavailable: {qgemm.status()}")
+    return {"model": cpu_model(), "capability": torch.backends.cpu.get_cpu_capability(), "quantized_kernels": kernels,
             "onednn_isa": info["isa"], "onednn_bf16_kernel": info["kernel"],
             "amx": bool(re.search(r"amx", info["kernel"] + " " + info["isa"], re.I)),
             "threads": int(threads or torch.get_num_threads()), "torch": torch.__version__}

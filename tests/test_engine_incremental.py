@@ -13,16 +13,18 @@ from specc.errors import PromptError
 from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
-from specc.runtime.testing import perturbed_copy, reference_greedy, tiny_llama
+from specc.runtime.testing import perturbed_copy, quantized_copy, reference_greedy, tiny_llama
 
 PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 1, 2, 3], [9, 8, 7, 9, 8, 7, 9, 8], [3, 3, 3, 20, 21, 22, 23], [11], [4, 5, 4, 5]]
 POISON = 63
 
 
-@pytest.fixture(scope="module")
-def target():
+@pytest.fixture(scope="module", params=["fp32", "native"])
+def target(request):
+    """fp32, and the same model in GGML codes (Q4_1 / Q8_0) through the C layer parts."""
     torch.set_num_threads(1)
-    return tiny_llama(seed=0, vocab_size=64, num_layers=2)
+    model = tiny_llama(seed=0, vocab_size=64, num_layers=2)
+    return model if request.param == "fp32" else quantized_copy(model)
 
 
 @pytest.fixture(scope="module")

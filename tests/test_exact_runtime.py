@@ -12,16 +12,25 @@ from specc.drafters.ngram import NgramDrafter
 from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
-from specc.runtime.testing import perturbed_copy, reference_greedy, tiny_llama
+from specc.runtime.testing import perturbed_copy, quantized_copy, reference_greedy, tiny_llama
 
 PROMPTS = [[5], [1, 2, 3, 4, 1, 2, 3], [9, 8, 7, 9, 8, 7, 9, 8, 7, 10, 11, 12], [3] * 4 + list(range(20, 39))]
 MAX_NEW = [14, 2, 24, 17]  # 2 < κ + 1 for κ >= 3 (and = κ + 1 for κ = 1)
 
 
-@pytest.fixture(scope="module")
-def target():
+@pytest.fixture(scope="module", params=["fp32", "native", "native-mixed"])
+def target(request):
+    """The fp32 model, the same model with its weights in GGML codes (Q4_1 linears, Q8_0 head) run by
+    the quantized kernels, and a mixed one (v and down projections Q8_0, as Q4_K_M-style files mix
+    types: q/k/v then run part by part): exactness must hold for each kernel set."""
     torch.set_num_threads(1)
-    return tiny_llama(seed=0, vocab_size=64, num_layers=2)
+    model = tiny_llama(seed=0, vocab_size=64, num_layers=2)
+    if request.param == "fp32":
+        return model
+    mixed = {"v_proj.weight": "Q8_0", "down_proj.weight": "Q8_0"} if request.param == "native-mixed" else None
+    native = quantized_copy(model, overrides=mixed)
+    assert native.c_layers and (len(native.layers[0].attn.wqkv.parts) == 2) == bool(mixed)
+    return native
 
 
 @pytest.fixture(scope="module")

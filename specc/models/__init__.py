@@ -17,7 +17,7 @@ def _dtype(name):
     import torch
     table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
              "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if isinstance(name, torch.dtype):
+    if isinstance(name, torch.dtype) or name == "native":
         return name
     if name not in table:
         raise CheckpointError(f"dtype {name!r} is not supported (one of {', '.join(table)})")
@@ -31,7 +31,9 @@ def load_target(path: str | pathlib.Path, format: str = "auto", dtype="float32",
     Args:
       path: a GGUF file, an HF checkpoint directory, or ``pkg://<package>/<relpath>``.
       format: ``"gguf"``, ``"hf"`` or ``"auto"`` (a ``.gguf`` file vs a directory).
-      dtype: weight/compute dtype name (``"float32"`` on CPU).
+      dtype: weight/compute dtype name (``"float32"`` on CPU), or ``"native"``: a GGUF's linear weights
+        kept in the file's own quantized codes, fp32 activations (``specc.models.qweights``; an HF
+        checkpoint loads as ``float32`` then).
       max_model_len: KV-cache length limit; default the checkpoint's context length.
     Returns ``(LlamaModel, Tokenizer)``; the model is in eval mode, without a cache (call
     ``setup_cache``). Raises ``CheckpointError`` for missing/malformed/unsupported checkpoints and a
@@ -54,6 +56,8 @@ def load_target(path: str | pathlib.Path, format: str = "auto", dtype="float32",
     from specc.models.tokenizer import check_vocab, load_tokenizer
     if not p.is_dir():
         raise CheckpointError(f"{p}: format hf needs a checkpoint directory (config.json + *.safetensors)")
+    if dt == "native":
+        dt = _dtype("float32")
     model = load_hf(p, dtype=dt, max_model_len=max_model_len, device=device)
     tok = load_tokenizer(p, extra_eos_ids=model.config.eos_token_ids)
     check_vocab(tok, model.config.vocab_size, str(p))

@@ -32,6 +32,8 @@ from specc.models.config import LlamaConfig
 CACHE_VERSION = 2
 CACHE_MARKER = "specc_cache.json"
 NATIVE_WEIGHTS = "specc_native.safetensors"
+NATIVE_QWEIGHTS = "specc_qweights.safetensors"
+NATIVE_VERSION = 1  # bump when the native cache's layout changes
 #: models whose dequantized fp32 weights exceed this are not cached (bytes)
 CACHE_LIMIT_BYTES = 4 << 30
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
@@ -60,17 +62,19 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get("SPECC_CACHE_DIR") or pathlib.Path.home() / ".cache" / "specc")
 
 
-def cache_dir_for(path: pathlib.Path) -> pathlib.Path:
-    """The cache directory of a GGUF file: ``<cache_root>/gguf/<stem>-<key>`` where the key hashes
-    the absolute path, size, mtime and the first and last MiB of the file."""
+def cache_dir_for(path: pathlib.Path, native: bool = False) -> pathlib.Path:
+    """The cache directory of a GGUF file: ``<cache_root>/gguf/<stem>-<key>`` (``-native`` added for the
+    native path's copy) where the key hashes the absolute path, size, mtime and the first and last MiB
+    of the file."""
     st = path.stat()
-    h = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{CACHE_VERSION}".encode())
+    tag = f"|native{NATIVE_VERSION}" if native else ""
+    h = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v{CACHE_VERSION}{tag}".encode())
     with open(path, "rb") as fh:
         h.update(fh.read(1 << 20))
         if st.st_size > 2 << 20:
             fh.seek(-(1 << 20), os.SEEK_END)
             h.update(fh.read(1 << 20))
-    return cache_root() / "gguf" / f"{path.stem}-{h.hexdigest()[:16]}"
+    return cache_root() / "gguf" / f"{path.stem}-{h.hexdigest()[:16]}{'-native' if native else ''}"
 
 
 def reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -152,22 +156,59 @@ def dequantize_tensor(t, source: str) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
 
 
-def read_gguf(path: pathlib.Path, max_model_len: Optional[int] = None
-              ) -> Tuple[LlamaConfig, Dict[str, torch.Tensor]]:
-    """Config and an HF-named fp32 state dict from a GGUF file. Raises ``CheckpointError`` when the
-    file is not GGUF, its architecture or a tensor's quantization is unsupported, or tensors are unknown."""
+def _open_reader(path: pathlib.Path):
     import gguf
     try:
-        reader = gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError/struct.error/... on foreign files
         raise CheckpointError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+
+
+def _check_sizes(reader, path: pathlib.Path) -> None:
+    """Refuse a truncated GGUF before any tensor is read: every tensor's bytes must lie inside the file
+    (gguf-py maps them lazily and would fail later, mid-load)."""
+    size = path.stat().st_size
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
+            raise CheckpointError(f"{path}: truncated GGUF: tensor {t.name!r} ends at byte {end} but the file has "
+                                  f"{size} bytes; download or copy the file again")
+
+
+def read_gguf(path: pathlib.Path, max_model_len: Optional[int] = None, native: bool = False
+              ) -> Tuple[LlamaConfig, Dict[str, "torch.Tensor | QuantWeight"]]:
+    """Config and an HF-named state dict from a GGUF file: fp32 tensors, or with ``native`` the linear
+    weights of the types in ``specc.models.qweights.SUPPORTED`` as ``QuantWeight`` (the checkpoint's
+    codes; norms and dense types stay fp32). Raises ``CheckpointError`` when the file is not GGUF or is
+    truncated, its architecture or a tensor's quantization is unsupported, or tensors are unknown."""
+    from specc.models.qweights import DENSE, QuantWeight
+
+    reader = _open_reader(path)
+    _check_sizes(reader, path)
     src = str(path)
     config = config_from_gguf(reader, src, max_model_len)
     state: Dict[str, torch.Tensor] = {}
     rope_factors = None
     for t in reader.tensors:
-        arr = dequantize_tensor(t, src)
         name = t.name
+        if native and t.tensor_type.name not in DENSE and name.endswith(".weight") and len(t.shape) == 2:
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            try:
+                qw = QuantWeight.from_gguf(name, t.tensor_type.name, np.asarray(t.data), shape)
+            except CheckpointError as exc:
+                raise CheckpointError(f"{src}: {exc}") from None
+            parts = name.split(".", 2)
+            if name in _GLOBAL_NAMES:
+                state[_GLOBAL_NAMES[name]] = qw
+                continue
+            if parts[0] != "blk" or len(parts) != 3 or parts[2] not in _LAYER_NAMES:
+                raise CheckpointError(f"{src}: unexpected GGUF tensor {name!r} (not a Llama/Qwen2 decoder tensor)")
+            heads = {"attn_q.weight": config.num_heads, "attn_k.weight": config.num_kv_heads}.get(parts[2])
+            if config.architecture == "llama" and heads:
+                qw = qw.take_rows(torch.from_numpy(reverse_permute(np.arange(shape[0]), heads).copy()))
+            state[f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"] = qw
+            continue
+        arr = dequantize_tensor(t, src)
         if name == "rope_freqs.weight":
             rope_factors = arr.reshape(-1)
             continue
@@ -227,12 +268,85 @@ def _load_cache(cache: pathlib.Path, max_model_len: Optional[int], dtype: torch.
     return model, tok
 
 
-def load_gguf(path: str | pathlib.Path, dtype: torch.dtype = torch.float32, max_model_len: Optional[int] = None,
+def _write_native_cache(cache: pathlib.Path, model, tokenizer, source: pathlib.Path) -> None:
+    """The native path's cache directory, written atomically like :func:`_write_cache`: ``config.json``,
+    ``specc_qweights.safetensors`` (``qweights.native_tensors``: the repacked codes and fp32 scales, with
+    each linear's layout in the file's metadata) and the tokenizer files."""
+    from safetensors.torch import save_file
+
+    from specc.models.qweights import native_tensors
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
+    try:
+        tensors, meta = native_tensors(model)
+        save_file(tensors, str(tmp / NATIVE_QWEIGHTS), metadata=meta)
+        (tmp / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=1))
+        tokenizer.save(tmp)
+        (tmp / CACHE_MARKER).write_text(json.dumps({"source": str(source), "version": CACHE_VERSION, "native": True}))
+        try:
+            os.rename(tmp, cache)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _load_native_cache(cache: pathlib.Path, max_model_len: Optional[int]):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from specc.models.config import read_hf_config
+    from specc.models.llama import configure_cpu_threads
+    from specc.models.qweights import model_from_native_tensors
+    from specc.models.tokenizer import load_tokenizer
+    config = read_hf_config(cache)
+    config = config.replace(max_model_len=int(max_model_len or config.max_position_embeddings))
+    with safe_open(str(cache / NATIVE_QWEIGHTS), "pt") as fh:
+        meta = fh.metadata() or {}
+    model = model_from_native_tensors(config, load_file(str(cache / NATIVE_QWEIGHTS)), meta, str(cache))
+    configure_cpu_threads()
+    tok = load_tokenizer(cache, extra_eos_ids=config.eos_token_ids, fast_class=True)
+    return model, tok
+
+
+def load_gguf_native(path: pathlib.Path, max_model_len: Optional[int] = None, use_cache: bool = True):
+    """``(LlamaModel, Tokenizer)`` with the linear weights in the checkpoint's own codes (``QuantLinear``,
+    ``specc.models.qweights``), on the CPU, fp32 activations. Cached like the fp32 path (its own
+    directory: ``cache_dir_for(path, native=True)``). Raises ``CheckpointError`` as :func:`load_gguf`,
+    and for a tensor type outside ``qweights.SUPPORTED`` (naming the type, the tensor and the types)."""
+    from specc.models.llama import configure_cpu_threads
+    from specc.models.qweights import build_native_model
+    from specc.models.tokenizer import check_vocab, load_tokenizer
+
+    cache = cache_dir_for(path, native=True) if use_cache else None
+    if cache is not None and (cache / CACHE_MARKER).is_file():
+        try:
+            return _load_native_cache(cache, max_model_len)
+        except (CheckpointError, OSError, ValueError):
+            shutil.rmtree(cache, ignore_errors=True)  # a damaged cache is rebuilt from the GGUF
+    config, state = read_gguf(path, max_model_len, native=True)
+    tok = load_tokenizer(path.parent, gguf_file=path.name, extra_eos_ids=config.eos_token_ids)
+    check_vocab(tok, config.vocab_size, str(path))
+    model = build_native_model(config, state, str(path))
+    del state
+    configure_cpu_threads()
+    if cache is not None:
+        try:
+            _write_native_cache(cache, model, tok, path)
+        except OSError:
+            pass  # a read-only home is no reason to fail the load
+    return model, tok
+
+
+def load_gguf(path: str | pathlib.Path, dtype: "torch.dtype | str" = torch.float32, max_model_len: Optional[int] = None,
               device: str | torch.device = "cpu", use_cache: bool = True):
     """``(LlamaModel, Tokenizer)`` from a GGUF file (see the module docstring for the cache).
+    ``dtype="native"`` keeps the linear weights in the file's own codes (:func:`load_gguf_native`; CPU
+    only); a torch dtype dequantizes them to it.
 
-    Raises ``CheckpointError`` for a missing/foreign file, unsupported architecture or quantization,
-    or a tokenizer whose vocabulary does not fit the embedding table."""
+    Raises ``CheckpointError`` for a missing/foreign/truncated file, unsupported architecture or
+    quantization, ``native`` off the CPU, or a tokenizer whose vocabulary does not fit the embedding table."""
     from specc.models.hf_loader import build_model
     from specc.models.tokenizer import check_vocab, load_tokenizer
 
@@ -247,6 +361,11 @@ def load_gguf(path: str | pathlib.Path, dtype: torch.dtype = torch.float32, max_
     with open(path, "rb") as fh:
         if fh.read(4) != b"GGUF":
             raise CheckpointError(f"{path}: not a GGUF file (no GGUF magic); pass --format hf for a directory")
+    if dtype == "native":
+        if torch.device(device).type != "cpu":
+            raise CheckpointError(f"{path}: dtype native (the file's own quantized weights) runs on the CPU; "
+                                  f"set target dtype: bfloat16 or float16 for {device}")
+        return load_gguf_native(path, max_model_len, use_cache)
     cache = cache_dir_for(path) if use_cache else None
     if cache is not None and (cache / CACHE_MARKER).is_file():
         try:

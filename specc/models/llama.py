@@ -81,17 +81,67 @@ def configure_cpu_threads(n: Optional[int] = None) -> None:
     (torch threads / OpenBLAS threads): 1/1 18.4 tok/s, 1/2 19.4, 2/1 15.5, 2/2 2.6. The skinny GEMM
     of the 2..16-row products (``specc.kernels.cpu_gemm``) gets ``n`` threads too. Global process
     state, like ``torch.set_num_threads``: call it again after changing torch's thread count."""
-    from specc.kernels import cpu_gemm
+    from specc.kernels import cpu_gemm, qgemm
 
     global _cpu_threads
     n = int(n or _cpu_threads or default_cpu_threads())
     set_blas_threads(n)
     cpu_gemm.set_threads(n)
+    qgemm.set_threads(n)
     torch.set_num_threads(1)
     _cpu_threads = n
 
 
 _cpu_threads = 0  # the last configure_cpu_threads count (0 = never called); torch's own is 1 after it
+
+
+def kv_zeros(shape: Tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """A zero KV-cache tensor. On the CPU it lives in an anonymous memory map: the kernel hands out
+    zero pages and commits each only when it is first written, so a cache sized for a plan's largest
+    bucket x the context costs resident memory only for the slots requests actually fill
+    (``torch.zeros`` writes, and so commits, every page at once). Elsewhere ``torch.zeros``."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import mmap
+
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes < (1 << 20):
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
+
+
+def kv_bytes(model: "LlamaModel") -> int:
+    """Bytes the model's KV caches span (reserved; on the CPU committed only as slots are written)."""
+    return sum(t.numel() * t.element_size() for layer in model.layers
+               for t in (layer.attn.k_cache, layer.attn.v_cache) if t is not None)
+
+
+def resident_bytes() -> Optional[int]:
+    """This process's resident memory now (``VmRSS`` of ``/proc/self/status``), or None off Linux."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def weights_report(model: "LlamaModel") -> str:
+    """One phrase on how the target's linear weights are held: their GGML types and bytes and the
+    kernel variant for the native path (``specc.models.qweights``), else the dense dtype and bytes."""
+    quant = [m for m in model.modules() if hasattr(m, "parts")]
+    if quant:
+        from specc.kernels import qgemm
+        types = sorted({p.source for m in quant for p in m.parts})
+        held = sum(m.nbytes for m in quant)
+        dense = sum(p.numel() * p.element_size() for p in model.parameters())
+        kern = f"qgemm {qgemm.variant()}" if qgemm.available() else f"torch fallback ({qgemm.status()})"
+        return (f"weights in the checkpoint's own codes ({', '.join(types)}; {held / (1 << 20):.1f} MiB + "
+                f"{dense / (1 << 20):.1f} MiB dense), kernels {kern}")
+    dense = sum(p.numel() * p.element_size() for p in model.parameters())
+    return f"weights {model.norm.weight.dtype} ({dense / (1 << 20):.1f} MiB)"
 
 
 # ----------------------------------------------------------------------------------- building blocks
@@ -103,8 +153,15 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        #: inference on CPU fp32 through ``specc.kernels.qgemm.rms_norm`` (one C call instead of six
+        #: torch ops; set for the native-precision models of ``specc.models.qweights``)
+        self.c_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.c_kernel and x.dtype == torch.float32 and x.device.type == "cpu"
+                and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+            from specc.kernels.qgemm import rms_norm
+            return rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op (same formula) instead of six
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
@@ -268,18 +325,21 @@ class Attention(nn.Module):
         self.k_cache: Optional[torch.Tensor] = None  # [max_batch, kv_heads, max_seq, head_dim]
         self.v_cache: Optional[torch.Tensor] = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch_index: torch.Tensor,
+    def forward(self, x: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, batch_index: torch.Tensor,
                 slots: torch.Tensor, mask_bias: torch.Tensor, kv_len: int,
-                packing: Optional[TokenPacking] = None, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+                packing: Optional[TokenPacking] = None, rows: Optional[torch.Tensor] = None,
+                qkv: Optional[torch.Tensor] = None, project: bool = True) -> torch.Tensor:
         """x: [B, N, H] (or [T, H] packed by ``packing``); cos/sin: [B, N, 1, D] (sin with the first
         half negated); batch_index, slots: [B, N] int64; mask_bias: [B * nkv, g * N, kv_len] additive fp32
         (or [B, 1, N, kv_len] fp32 in half precision, see ``_half``)
         (0 = attend, dtype-min = masked; g = heads per kv head, row order (b, kv head, query head in
         group, n)); rows: [B] int64 cache rows of the batch rows (None: rows 0..B-1, the
-        batch_index rows); returns [B, N, H] (or [T, H]).
+        batch_index rows); qkv: the ``wqkv`` product of x when the caller computed it (x is then unused);
+        returns [B, N, H] (or [T, H]), or with ``project=False`` the [B, N, q] (or [T, q]) input of ``wo``.
         Eager softmax attention (Vaswani et al. 2017) in fp32 softmax, as HF's eager path."""
         B, N = slots.shape
-        qkv = self.wqkv(x)  # [B, N, q + 2kv]
+        if qkv is None:
+            qkv = self.wqkv(x)  # [B, N, q + 2kv]
         if packing is not None:
             qkv = packing.unpack(qkv)  # [T, q + 2kv] -> [B, N, q + 2kv]
         qk, v = qkv.split((self.q_size + self.kv_size, self.kv_size), dim=-1)
@@ -296,8 +356,10 @@ class Attention(nn.Module):
         nkv, g, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
         if mask_bias.dim() == 4:  # [B, 1, N, S]: fused attention (half precision; see LlamaModel.forward)
             if self.fast_half:
-                return self._sdpa(q, B, N, mask_bias, kv_len, packing, rows)
-            return self._half(q, B, N, mask_bias, kv_len, packing, rows)
+                out = self._sdpa(q, B, N, mask_bias, kv_len, packing, rows)
+            else:
+                out = self._half(q, B, N, mask_bias, kv_len, packing, rows)
+            return self.wo(out) if project else out
         if rows is None:
             keys = self.k_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)  # a view: [B*nkv, S, D]
             values = self.v_cache[:B, :, :kv_len].reshape(B * nkv, kv_len, D)
@@ -316,15 +378,14 @@ class Attention(nn.Module):
         out = out.view(B, nkv, g, N, D).permute(0, 3, 1, 2, 4).reshape(B, N, self.q_size)  # [B, N, q]
         if packing is not None:
             out = packing.pack(out)  # [T, q]
-        return self.wo(out)
-
+        return self.wo(out) if project else out
 
     def _sdpa(self, q: torch.Tensor, B: int, N: int, mask_bias: torch.Tensor, kv_len: int,
               packing: Optional[TokenPacking], rows: Optional[torch.Tensor]) -> torch.Tensor:
         """Half-precision attention of ``q`` ``[B, N, nh, D]`` over the first ``kv_len`` cache slots by
         ``F.scaled_dot_product_attention`` (GQA by ``enable_gqa``; mask ``[B, 1, N, S]`` fp32 additive,
         0 = attend). Not row-invariant: for bulk forwards whose bits need not match a one-token step
-        (training features, distillation prefill). Returns ``[B, N, H]`` (``[T, H]`` packed)."""
+        (training features, distillation prefill). Returns the ``wo`` input ``[B, N, q]`` (``[T, q]`` packed)."""
         if rows is None:
             keys, values = self.k_cache[:B, :, :kv_len], self.v_cache[:B, :, :kv_len]  # [B, nkv, S, D]
         else:
@@ -336,7 +397,7 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(B, N, self.q_size)
         if packing is not None:
             out = packing.pack(out)  # [T, q]
-        return self.wo(out)
+        return out
 
     def _half(self, q: torch.Tensor, B: int, N: int, mask_bias: torch.Tensor, kv_len: int,
               packing: Optional[TokenPacking], rows: Optional[torch.Tensor]) -> torch.Tensor:
@@ -351,7 +412,7 @@ class Attention(nn.Module):
         ``F.scaled_dot_product_attention`` is not row-invariant on the CPU. GQA by grouping query
         heads (query head h reads kv head h // g, HF's repeat_kv order), no K/V copy. mask_bias:
         ``[B, 1, N, S]`` fp32 additive (0 = attend, fp32-min = masked: a fully masked row stays
-        finite). Returns ``[B, N, H]`` (``[T, H]`` packed)."""
+        finite). Returns the ``wo`` input ``[B, N, q]`` (``[T, q]`` packed)."""
         nkv, g, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
         T = KV_TILE
         S = -(-kv_len // T) * T  # whole tiles; slots past kv_len are masked (exact zeros)
@@ -386,7 +447,7 @@ class Attention(nn.Module):
         out = out.view(B, nkv, g, N, D).permute(0, 3, 1, 2, 4).reshape(B, N, self.q_size)  # [B, N, q]
         if packing is not None:
             out = packing.pack(out)  # [T, q]
-        return self.wo(out)
+        return out
 
 
 class FeedForward(nn.Module):
@@ -410,10 +471,112 @@ class DecoderLayer(nn.Module):
         self.attn = Attention(config)
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ffn = FeedForward(config)
+        #: inference through the fused C layer parts (:meth:`_fused`; set by ``specc.models.qweights``)
+        self.fused = False
 
     def forward(self, x, cos, sin, batch_index, slots, mask, kv_len, packing=None, rows=None):
+        if self.fused and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            return self._fused(x, cos, sin, batch_index, slots, mask, kv_len, packing, rows)
         h = x + self.attn(self.attn_norm(x), cos, sin, batch_index, slots, mask, kv_len, packing, rows)
         return h + self.ffn(self.ffn_norm(h))
+
+    def _fused(self, x, cos, sin, batch_index, slots, step, kv_len, packing, rows):
+        """The same layer in three C calls (``specc.kernels.qgemm``): ``norm_linear`` (input norm and
+        q/k/v), ``attn_f32`` (RoPE, the K/V write and fp32 softmax attention over ``step``'s ``[B, N, S]``
+        additive mask) and ``ffn_block`` (``wo``, both residuals, the FFN norm and the MLP); a linear of
+        several parts (types) runs part by part through ``QuantLinear`` instead. ``step``: the
+        :class:`CStep` ``LlamaModel.forward`` builds once for all layers. For models whose linears are all
+        ``QuantLinear`` s (set by ``specc.models.qweights``; every layer of such a model runs this way)."""
+        from specc.kernels import qgemm
+        H = x.shape[-1]
+        xf = x.reshape(-1, H).contiguous()
+        R = xf.shape[0]
+        args = self._c_args()
+        lib = qgemm._lib
+        if args is not None:
+            (n1, e1, lq, nq, lo, l13, l2, n2, e2, Q, I, kc, vc, smax, nh, nkv, D, scale) = args
+            qkv = torch.empty(R, nq)
+            rc = lib.norm_linear(xf.data_ptr(), R, H, n1, e1, *lq, nq, qkv.data_ptr(), qgemm._variant, qgemm._threads)
+            ragged = packing is not None and R != step.B * step.N
+            if ragged:  # [T, .] -> [B * N, .], zeros at padding tokens
+                qkv = qkv.new_zeros(step.B * step.N, nq).index_copy_(0, packing.index, qkv)
+            a = torch.empty(step.B * step.N, Q)
+            rc = rc or lib.attn_f32(qkv.data_ptr(), step.B, step.N, nh, nkv, D, step.cos, step.sin, kc, vc, smax,
+                                    step.rows, step.slots, step.mask, step.S, scale, a.data_ptr())
+            if ragged:
+                a = a.index_select(0, packing.index)  # [T, q]
+            out = torch.empty(R, H)
+            rc = rc or lib.ffn_block(a.data_ptr(), xf.data_ptr(), R, H, Q, I, *lo, *l13, *l2, n2, e2, out.data_ptr(),
+                                     qgemm._variant, qgemm._threads)
+            if rc:
+                raise ValueError(f"the C layer rejected R={R}, B={step.B}, N={step.N}, S={step.S} (code {rc})")
+            return out.view(x.shape)
+        wqkv = self.attn.wqkv
+        if len(wqkv.parts) == 1:
+            qkv = qgemm.norm_linear(xf, self.attn_norm.weight, self.attn_norm.eps, wqkv.parts[0])
+            if wqkv.bias is not None:
+                qkv = qkv + wqkv.bias
+        else:  # parts of different types (a fused q/k/v of Q4_K and Q6_K): one product per part
+            qkv = wqkv(self.attn_norm(xf))
+        at = self.attn
+        B, N = slots.shape
+        if packing is not None:
+            qkv = packing.unpack(qkv)  # [T, .] -> [B, N, .], zeros at padding tokens
+        a = qgemm.attention(qkv.view(B, N, -1), step.cos_t, step.sin_t, at.k_cache, at.v_cache, step.rows_t,
+                            step.slots_t, step.mask_t, at.num_heads, at.scale)  # [B, N, q]
+        if packing is not None:
+            a = packing.pack(a)  # [T, q]
+        a = a.reshape(R, -1)
+        lins = (self.attn.wo, self.ffn.w13, self.ffn.w2)
+        if all(len(lin.parts) == 1 and lin.bias is None for lin in lins):
+            out = qgemm.ffn_block(a, xf, self.attn.wo.parts[0], self.ffn.w13.parts[0], self.ffn.w2.parts[0],
+                                  self.ffn_norm.weight, self.ffn_norm.eps)
+        else:
+            h = xf + self.attn.wo(a)
+            out = h + self.ffn(self.ffn_norm(h))
+        return out.view(x.shape)
+
+    def _c_args(self):
+        """The ctypes arguments of this layer's three C calls (pointers of its weights and caches), built
+        once and rebuilt when the caches move; None when a linear has several parts or a bias the C calls
+        do not take."""
+        from specc.kernels import qgemm
+        at, ffn = self.attn, self.ffn
+        lins = (at.wqkv, at.wo, ffn.w13, ffn.w2)
+        key = (at.k_cache.data_ptr(), at.v_cache.data_ptr(), qgemm._variant)
+        cached = self.__dict__.get("_c_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        args = None
+        if all(len(lin.parts) == 1 for lin in lins) and all(lin.bias is None for lin in lins):
+            lq = qgemm._lin_args(at.wqkv.parts[0])
+            args = (self.attn_norm.weight.data_ptr(), self.attn_norm.eps, lq, at.wqkv.out_features,
+                    qgemm._lin_args(at.wo.parts[0]), qgemm._lin_args(ffn.w13.parts[0]),
+                    qgemm._lin_args(ffn.w2.parts[0]), self.ffn_norm.weight.data_ptr(), self.ffn_norm.eps,
+                    at.q_size, ffn.intermediate_size, at.k_cache.data_ptr(), at.v_cache.data_ptr(),
+                    at.k_cache.shape[2], at.num_heads, at.num_kv_heads, at.head_dim, at.scale)
+        self.__dict__["_c_cache"] = (key, args)
+        return args
+
+
+class CStep:
+    """What every layer's C attention reads in one forward, made contiguous once: cos, sin ``[B, N, D]``,
+    cache rows ``[B]``, slots ``[B, N]`` int64 and the ``[B, N, S]`` additive mask, with their pointers."""
+
+    __slots__ = ("B", "N", "S", "cos_t", "sin_t", "rows_t", "slots_t", "mask_t", "cos", "sin", "rows", "slots",
+                 "mask")
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, batch_index: torch.Tensor, slots: torch.Tensor,
+                 mask: torch.Tensor) -> None:
+        self.B, self.N = slots.shape
+        self.S = mask.shape[-1]
+        self.cos_t = cos.reshape(self.B, self.N, -1).contiguous()
+        self.sin_t = sin.reshape(self.B, self.N, -1).contiguous()
+        self.rows_t = batch_index[:, 0].contiguous()
+        self.slots_t = slots.contiguous()
+        self.mask_t = mask.contiguous()
+        self.cos, self.sin = self.cos_t.data_ptr(), self.sin_t.data_ptr()
+        self.rows, self.slots, self.mask = self.rows_t.data_ptr(), self.slots_t.data_ptr(), self.mask_t.data_ptr()
 
 
 # ----------------------------------------------------------------------------------- the model
@@ -439,11 +602,20 @@ class LlamaModel(nn.Module):
         #: on CPU the attended cache length is trimmed to max(position) + 1 (needs one .item());
         #: a CUDA forward always attends over all max_seq slots (static shapes for graph capture).
         self.check_inputs = True
+        #: every decoder layer runs through the C layer parts (``DecoderLayer._fused``; set by
+        #: ``specc.models.qweights``): the forward then hands the layers the ``[B, N, S]`` additive mask
+        self.c_layers = False
+        #: the token embedding kept in the checkpoint's own codes (``specc.models.qweights.QuantWeight``,
+        #: set by the GGUF loader's native path): ``embed`` dequantizes only the rows it looks up
+        self.embed_table = None
 
     # -------------------------------------------------------------- weights
     @property
     def embed_weight(self) -> torch.Tensor:
-        """The token embedding table ``[V, H]`` (the lm_head weight when embeddings are tied)."""
+        """The token embedding table ``[V, H]`` fp32 (the lm_head weight when embeddings are tied;
+        dequantized anew on each access when the model keeps it quantized)."""
+        if self.embed_table is not None:
+            return self.embed_table.dequantize()
         return self.output.weight if self.config.tie_word_embeddings else self.embed_tokens
 
     def load_hf_state_dict(self, sd: Dict[str, torch.Tensor], source: str = "checkpoint") -> None:
@@ -573,7 +745,7 @@ class LlamaModel(nn.Module):
         fast path (they would keep the old CPU weights alive)."""
         out = super().to(*args, **kwargs)
         for m in out.modules():
-            if isinstance(m, Linear) and m._wt_np is not None and m._wt_np.ctypes.data != m.weight.data_ptr():
+            if isinstance(m, Linear) and getattr(m, "_wt_np", None) is not None and m._wt_np.ctypes.data != m.weight.data_ptr():
                 m._wt_np = m._w_np = None
         return out
 
@@ -631,8 +803,8 @@ class LlamaModel(nn.Module):
         alloc = max_seq_len if dtype == torch.float32 else -(-max_seq_len // KV_TILE) * KV_TILE
         for layer in self.layers:
             shape = (max_batch_size, c.num_kv_heads, alloc, c.head_dim)
-            layer.attn.k_cache = torch.zeros(shape, dtype=dtype, device=dev)
-            layer.attn.v_cache = torch.zeros(shape, dtype=dtype, device=dev)
+            layer.attn.k_cache = kv_zeros(shape, dtype, dev)
+            layer.attn.v_cache = kv_zeros(shape, dtype, dev)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         pos = torch.arange(max_seq_len, device=dev).float()
         freqs = pos[:, None] * rope_inv_freq(c).to(dev)[None, :]  # [S, D/2]
@@ -671,7 +843,9 @@ class LlamaModel(nn.Module):
 
     # -------------------------------------------------------------- forward
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings: ids ``[...]`` int64 -> ``[..., H]`` in the weights' dtype."""
+        """Token embeddings: ids ``[...]`` int64 -> ``[..., H]`` in the weights' dtype (fp32 when quantized)."""
+        if self.embed_table is not None:
+            return self.embed_table.rows(ids)
         return F.embedding(ids, self.embed_weight)
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
@@ -751,11 +925,15 @@ class LlamaModel(nn.Module):
         g = c.num_heads // c.num_kv_heads
         fill = torch.float32 if x.dtype != torch.float32 else x.dtype
         mask = torch.zeros(mask.shape, dtype=fill, device=x.device).masked_fill_(~mask, torch.finfo(fill).min)
-        if x.dtype == torch.float32:
+        if self.c_layers and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            pass  # [B, N, S]: the C attention of DecoderLayer._fused reads each query's row as it is
+        elif x.dtype == torch.float32:
             mask = mask[:, None, None].expand(B, c.num_kv_heads, g, N, kv_len).reshape(
                 B * c.num_kv_heads, g * N, kv_len)  # [B*nkv, g*N, S]: the eager fp32 attention
         else:
             mask = mask[:, None]  # [B, 1, N, S] fp32: row-invariant attention in half precision (Attention._half)
+        if self.c_layers and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            mask = CStep(cos, sin, batch_index, cache_slots, mask)  # the layers' C attention reads it
         wanted = {i: k for k, i in enumerate(hidden_layers)}
         hidden: List[Optional[torch.Tensor]] = [None] * len(hidden_layers)
         for i, layer in enumerate(self.layers):

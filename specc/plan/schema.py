@@ -28,7 +28,7 @@ DISAGG_ROLES = ("none", "prefill", "decode")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 COMPILE_BACKENDS = ("eager", "inductor", "auto", "tensorrt")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "native", "float32", "float16", "bfloat16")  # native: a GGUF's own quantized weights (CPU)
 #: grammar / structured-output backends either engine accepts: SGLang ``--grammar-backend``
 #: (``sglang/srt/arg_groups/choices.py:131``), vLLM ``StructuredOutputsConfig.backend``
 #: (``vllm/config/structured_outputs.py:14-16``); each engine's rules refuse the other's names

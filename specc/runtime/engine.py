@@ -228,8 +228,15 @@ class Runtime:
         if self.drafter is not None:
             draft = (f"; draft KV {self.draft_kv_bytes / (1 << 20):.1f} MiB" if self.draft_kv_bytes else
                      "; draft KV: none allocated" + (" (it reads the target's)" if methods_frozen(self) else ""))
+        from specc.models.llama import kv_bytes, resident_bytes, weights_report
+
+        kv = kv_bytes(self.target) / (1 << 20)
+        rss = resident_bytes()
+        mem = (f"; {weights_report(self.target)}; target KV {kv:.1f} MiB reserved "
+               f"({self.max_rows} rows x {self.cache_len} slots{', committed as slots are written' if self.device.type == 'cpu' else ''})"
+               + (f"; resident memory now {rss / (1 << 20):.0f} MiB" if rss else ""))
         return (f"{len(self.states)} state(s) under schedule {self.schedule.kind}, static buffers {mib:.1f} MiB, "
-                f"{graphs}; target {self.settings['dtype']}{why}{draft}")
+                f"{graphs}; target {self.settings['dtype']}{why}{draft}{mem}")
 
     def states_of(self, names: Iterable[str]) -> List[SpecRuntimeState]:
         """The states named ``names`` (in that order)."""

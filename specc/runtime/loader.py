@@ -56,6 +56,18 @@ def runtime_spec(art: "Artifact") -> Dict[str, Any]:
     return spec
 
 
+def default_dtype(target: Dict[str, Any], dev: "torch.device") -> Tuple[str, str]:
+    """The target dtype when nothing chose one, and why: ``native`` (the checkpoint's own quantized
+    weights, fp32 activations: ``specc.models.qweights``) for a GGUF target on the CPU, else ``float32``."""
+    path = str(target.get("path") or "")
+    gguf = (target.get("format") or "auto") == "gguf" or path.endswith(".gguf")
+    if dev.type == "cpu" and gguf:
+        return "native", ("dtype native (the GGUF's own quantized weights, fp32 activations; target.dtype: float32 "
+                          "runs them dequantized)")
+    return "float32", ("dtype float32 (runtime.dtype auto and no device profile: `specc profile` measures the "
+                       "dtypes, schedule.cost_table points at its table)")
+
+
 def choose_settings(spec: Dict[str, Any], dev: "torch.device") -> Tuple[str, str, str]:
     """The target's dtype and the verify programs' compile backend for a runtime section, and why:
     ``(dtype, compile_backend, reason)``. An explicit ``runtime.dtype`` / ``compile_backend`` (or
@@ -73,9 +85,8 @@ def choose_settings(spec: Dict[str, Any], dev: "torch.device") -> Tuple[str, str
             dtype = choice["dtype"]
             why.append(f"dtype {dtype} (the device profile measured it fastest)")
         else:
-            dtype = "float32"
-            why.append("dtype float32 (runtime.dtype auto and no device profile: `specc profile` measures the "
-                       "dtypes, schedule.cost_table points at its table)")
+            dtype, reason = default_dtype(tgt, dev)
+            why.append(reason)
     if backend == "auto":
         backend = choice.get("compile_backend") or "eager"
         why.append(f"compile backend {backend} ({'the device profile measured it fastest' if choice else 'no device profile'})")
@@ -104,7 +115,7 @@ def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: i
     cache_len = (want_len + max_steps + 2) if want_len else None
     target, tokenizer = load_target(tgt["path"], tgt.get("format") or "auto", dtype=dtype,
                                     max_model_len=cache_len, device=str(dev))
-    if dev.type == "cpu" and dtype != "float32":
+    if dev.type == "cpu" and dtype not in ("float32", "native"):
         target.set_row_invariant()  # speculative greedy == plain greedy at this dtype
     drafter = methods.build_drafter(spec["method"]["name"], spec, target, tokenizer, dev,
                                     max_seq_len=target.config.max_model_len)

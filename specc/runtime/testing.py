@@ -39,6 +39,30 @@ def tiny_llama(seed: int = 0, vocab_size: int = 64, hidden_size: int = 32, num_l
     return model.use_cpu_fast()
 
 
+def quantized_copy(model: LlamaModel, type_name: str = "Q4_1", head_type: str = "Q8_0",
+                   overrides: Optional[dict] = None) -> LlamaModel:
+    """``model`` with its linear weights quantized to GGML ``type_name`` (the embedding / LM head to
+    ``head_type``; ``overrides`` maps a name suffix such as ``"v_proj.weight"`` to another type, as
+    mixed GGUFs do) by gguf-py's own quantizer and kept in those codes (``specc.models.qweights``): a
+    small native-precision target for the runtime's exactness tests. Needs ``hidden_size`` and the
+    intermediate size to be multiples of the types' block (32)."""
+    import gguf
+
+    from specc.models.qweights import QuantWeight, build_native_model
+
+    state = {}
+    for name, t in model.hf_state_dict().items():
+        w = t.detach().float().cpu().numpy()
+        if w.ndim == 2:
+            kind = head_type if name in ("model.embed_tokens.weight", "lm_head.weight") else type_name
+            kind = next((t for suffix, t in (overrides or {}).items() if name.endswith(suffix)), kind)
+            raw = gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, kind))
+            state[name] = QuantWeight.from_gguf(name, kind, raw, tuple(w.shape))
+        else:
+            state[name] = torch.from_numpy(w.copy())
+    return build_native_model(model.config, state, "quantized_copy")
+
+
 def perturbed_copy(model: LlamaModel, noise: float, seed: int = 1) -> LlamaModel:
     """A deep copy of ``model`` with N(0, noise²) added to every weight: a draft model with the same
     vocabulary whose proposals the target accepts often but not always. The noise is drawn on the CPU

@@ -65,7 +65,7 @@ class Models:
         self.target, self.tokenizer = load_target(target_spec["path"], target_spec.get("format") or "auto",
                                                   dtype=dtype, max_model_len=self.max_model_len + 64,
                                                   device=device)
-        if device == "cpu" and dtype != "float32":
+        if device == "cpu" and dtype not in ("float32", "native"):
             self.target.set_row_invariant()  # speculative greedy == plain greedy at this dtype
         self.device = self.target.norm.weight.device
         self.dtype = dtype

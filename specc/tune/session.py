@@ -425,7 +425,12 @@ class Session:
         self.command = "specc tune " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "specc tune"
         table, table_ref, how = self.cost_table(threads)
         first = next(iter(self.cands.values())).plan
-        dtype = (table.choice or {}).get("dtype", "float32") if table is not None else "float32"
+        dtype = (table.choice or {}).get("dtype") if table is not None else None
+        if dtype is None:
+            import torch
+
+            from specc.runtime.loader import default_dtype
+            dtype = default_dtype({"path": first.target.path, "format": first.target.format}, torch.device("cpu"))[0]
         self.say(f"specc tune: {len(self.records)} prompts from {self.source}; target {self.tname}; "
                  f"{len(self.cands)} candidate drafter(s): {', '.join(self.cands)}; concurrency {self.conc}; "
                  f"budget {args.budget_min:g} min")

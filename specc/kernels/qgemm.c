@@ -1,0 +1,1000 @@
+/* Block-quantized weight x fp32 activation products for decoding and speculative verification on CPUs.
+ *
+ *   y[r, n] = sum_k x[r, k] * w[n, k]       x [R, K] fp32, y [R, N] fp32, w [N, K] kept quantized
+ *
+ * Two weight layouts, both the checkpoint's own values (no re-quantization; see specc/models/qweights.py):
+ *   q4: qs uint8 [N, K/32, 16], d, m fp32 [N, K/32]: block b of row n holds 32 4-bit codes, byte j's low
+ *       nibble is element j and its high nibble element j + 16 (GGML's Q4_0 / Q4_1 order,
+ *       ggml-common.h block_q4_1); w = d * q + m (Q4_1; Q4_0 has m = -8 d; Q4_K's 32-element
+ *       sub-blocks have d = d_super * scale, m = -dmin_super * min).
+ *   q8: qs int8 [N, K/G, G], d fp32 [N, K/G], G a multiple of 16: w = d * q (Q8_0: G = 32;
+ *       Q6_K: G = 16, q = code - 32, d = d_super * scale).
+ * The weights are dequantized in registers (one fused multiply-add per 16 codes) and multiplied with
+ * the fp32 activations in fp32, so a row's result is the checkpoint's weights applied in fp32: no
+ * activation quantization (llama.cpp quantizes activations to 8 bits per 32-block, ggml-quants.c
+ * quantize_row_q8_1, and multiplies in integers).
+ *
+ * Invariance: every y[r, n] is the same sequence of fp32 operations (per-lane partial sums over the
+ * blocks in order, one fixed horizontal reduction) whatever R, the tile it falls in and the thread
+ * count, within one instruction-set variant. A verify over R = kappa + 1 rows therefore gives each row
+ * the bits a one-row step gives it: speculative greedy output equals plain greedy output.
+ *
+ * Variants, chosen at run time by CPUID (qgemm_variants) or forced by the caller: 2 = AVX-512F,
+ * 1 = AVX2 + FMA, 0 = portable C. They sum in different orders, so their bits differ from each other
+ * (by ~1e-6 relative); one process uses one variant for every product.
+ *
+ * Tiling: NC output rows x RC activation rows per register tile (AVX-512: 4 x 1 for one row, 4 x 2,
+ * 2 x 3, 2 x 4, then 1 x 5..8, rows taken 8 at a time; AVX2: up to 2 x 4, rows 4 at a time; a block's
+ * codes are decoded once per tile and used for RC rows), output rows
+ * walked in blocks of OBLOCK so a block's weights stay in L2 across row chunks; OpenMP threads split
+ * the output blocks.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define OBLOCK 64
+#define QK 32
+
+/* Prefetch the next tile's weights (the NC output rows after this tile's; rows are contiguous, so the
+ * next tile starts where this one ends) while this tile runs: its codes are NC * nb * 16 bytes, one
+ * 64-byte line per NC/4 blocks; its scales NC * nb * 4 bytes each. Prefetching past the end of the
+ * weight is harmless (a prefetch never faults). */
+#ifndef PF_TILES
+#define PF_TILES 4 /* how many tiles ahead to prefetch */
+#endif
+#ifndef QGEMM_NO_PREFETCH
+#define PREFETCH_NEXT(NC, b, nb, pq, pd, pm)                                                                    \
+    do {                                                                                                        \
+        if ((b) * 64 < (NC) * (nb) * 16) _mm_prefetch((pq) + (b) * 64, _MM_HINT_T0);                           \
+        if ((b) % 4 == 0 && (b) * 16 < (NC) * (nb) * 4) {                                                       \
+            _mm_prefetch((pd) + (b) * 16, _MM_HINT_T0);                                                         \
+            _mm_prefetch((pm) + (b) * 16, _MM_HINT_T0);                                                         \
+        }                                                                                                       \
+    } while (0)
+#else
+#define PREFETCH_NEXT(NC, b, nb, pq, pd, pm) ((void)0)
+#endif
+
+/* ------------------------------------------------------------------------------------- portable */
+static void q4_tile_c(int NC, int RC, const float *x, long K, const uint8_t *qs, const float *d, const float *m,
+                      float *y, long N, long n0) {
+    long nb = K / QK;
+    for (int c = 0; c < NC; c++) {
+        long n = n0 + c;
+        for (int r = 0; r < RC; r++) {
+            float acc[QK];
+            memset(acc, 0, sizeof acc);
+            const float *xr = x + r * K;
+            for (long b = 0; b < nb; b++) {
+                const uint8_t *q = qs + (n * nb + b) * 16;
+                float db = d[n * nb + b], mb = m[n * nb + b];
+                for (int j = 0; j < 16; j++) {
+                    acc[j] += xr[b * QK + j] * (db * (float)(q[j] & 15) + mb);
+                    acc[j + 16] += xr[b * QK + j + 16] * (db * (float)(q[j] >> 4) + mb);
+                }
+            }
+            float s = 0.f;
+            for (int j = 0; j < QK; j++) s += acc[j];
+            y[r * N + n] = s;
+        }
+    }
+}
+
+static void q8_tile_c(int NC, int RC, const float *x, long K, long G, const int8_t *qs, const float *d,
+                      float *y, long N, long n0) {
+    long nb = K / G;
+    for (int c = 0; c < NC; c++) {
+        long n = n0 + c;
+        for (int r = 0; r < RC; r++) {
+            float acc[16];
+            memset(acc, 0, sizeof acc);
+            const float *xr = x + r * K;
+            for (long b = 0; b < nb; b++) {
+                const int8_t *q = qs + (n * nb + b) * G;
+                float db = d[n * nb + b];
+                for (long j = 0; j < G; j++) acc[j & 15] += xr[b * G + j] * (db * (float)q[j]);
+            }
+            float s = 0.f;
+            for (int j = 0; j < 16; j++) s += acc[j];
+            y[r * N + n] = s;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------- AVX2 + FMA */
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define Q4_AVX2(NC, RC)                                                                                         \
+    __attribute__((target("avx2,fma"))) static void q4_avx2_##NC##x##RC(                                       \
+        const float *x, long K, const uint8_t *qs, const float *d, const float *m, float *y, long N, long n0) { \
+        long nb = K / QK;                                                                                       \
+        __m256 acc[NC][RC][4];                                                                                  \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++)                                                                        \
+                for (int h = 0; h < 4; h++) acc[c][r][h] = _mm256_setzero_ps();                                 \
+        const __m128i lo4 = _mm_set1_epi8(15);                                                                  \
+        const char *pq = (const char *)(qs + (n0 + PF_TILES * NC) * nb * 16), *pd = (const char *)(d + (n0 + PF_TILES * NC) * nb);    \
+        const char *pm = (const char *)(m + (n0 + PF_TILES * NC) * nb);                                                    \
+        for (long b = 0; b < nb; b++) {                                                                         \
+            PREFETCH_NEXT(NC, b, nb, pq, pd, pm);                                                               \
+            for (int c = 0; c < NC; c++) {                                                                      \
+                long i = (n0 + c) * nb + b;                                                                     \
+                __m128i raw = _mm_loadu_si128((const __m128i *)(qs + i * 16));                                  \
+                __m128i ql = _mm_and_si128(raw, lo4), qh = _mm_and_si128(_mm_srli_epi16(raw, 4), lo4);          \
+                __m256 db = _mm256_set1_ps(d[i]), mb = _mm256_set1_ps(m[i]);                                    \
+                __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(ql)), db, mb);              \
+                __m256 w1 = _mm256_fmadd_ps(                                                                    \
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(ql, ql))), db, mb);              \
+                __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(qh)), db, mb);              \
+                __m256 w3 = _mm256_fmadd_ps(                                                                    \
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(qh, qh))), db, mb);              \
+                for (int r = 0; r < RC; r++) {                                                                  \
+                    const float *xb = x + r * K + b * QK;                                                       \
+                    acc[c][r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), w0, acc[c][r][0]);                      \
+                    acc[c][r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), w1, acc[c][r][1]);                  \
+                    acc[c][r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), w2, acc[c][r][2]);                 \
+                    acc[c][r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), w3, acc[c][r][3]);                 \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++)                                                                        \
+                y[r * N + n0 + c] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[c][r][0], acc[c][r][1]),              \
+                                                        _mm256_add_ps(acc[c][r][2], acc[c][r][3])));            \
+    }
+
+#define Q8_AVX2(NC, RC)                                                                                         \
+    __attribute__((target("avx2,fma"))) static void q8_avx2_##NC##x##RC(                                       \
+        const float *x, long K, long G, const int8_t *qs, const float *d, float *y, long N, long n0) {          \
+        long nb = K / G;                                                                                        \
+        __m256 acc[NC][RC][2];                                                                                  \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) acc[c][r][0] = acc[c][r][1] = _mm256_setzero_ps();                     \
+        const char *pq = (const char *)(qs + (n0 + PF_TILES * NC) * nb * G);                                    \
+        for (long b = 0; b < nb; b++) {                                                                         \
+            if (b % 4 == 0) _mm_prefetch((const char *)(d + (n0 + PF_TILES * NC) * nb + b), _MM_HINT_T0);       \
+            for (long j = 0; j < G; j += 16) {                                                                  \
+                _mm_prefetch(pq + (b * (G / 16) + j / 16) * 64, _MM_HINT_T0);                                   \
+                for (int c = 0; c < NC; c++) {                                                                  \
+                    long i = (n0 + c) * nb + b;                                                                 \
+                    __m128i raw = _mm_loadu_si128((const __m128i *)(qs + i * G + j));                           \
+                    __m256 db = _mm256_set1_ps(d[i]);                                                           \
+                    __m256 w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), db);               \
+                    __m256 w1 = _mm256_mul_ps(                                                                  \
+                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(raw, raw))), db);            \
+                    for (int r = 0; r < RC; r++) {                                                              \
+                        const float *xb = x + r * K + b * G + j;                                                \
+                        acc[c][r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), w0, acc[c][r][0]);                  \
+                        acc[c][r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), w1, acc[c][r][1]);              \
+                    }                                                                                           \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) y[r * N + n0 + c] = hsum8(_mm256_add_ps(acc[c][r][0], acc[c][r][1]));  \
+    }
+
+/* ------------------------------------------------------------------------------------- AVX-512F */
+#define Q4_AVX512(NC, RC)                                                                                       \
+    __attribute__((target("avx512f,fma"))) static void q4_avx512_##NC##x##RC(                                  \
+        const float *x, long K, const uint8_t *qs, const float *d, const float *m, float *y, long N, long n0) { \
+        long nb = K / QK;                                                                                       \
+        __m512 acc[NC][RC][2];                                                                                  \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) acc[c][r][0] = acc[c][r][1] = _mm512_setzero_ps();                     \
+        const __m128i lo4 = _mm_set1_epi8(15);                                                                  \
+        const char *pq = (const char *)(qs + (n0 + PF_TILES * NC) * nb * 16), *pd = (const char *)(d + (n0 + PF_TILES * NC) * nb);    \
+        const char *pm = (const char *)(m + (n0 + PF_TILES * NC) * nb);                                                    \
+        for (long b = 0; b < nb; b++) {                                                                         \
+            PREFETCH_NEXT(NC, b, nb, pq, pd, pm);                                                               \
+            for (int c = 0; c < NC; c++) {                                                                      \
+                long i = (n0 + c) * nb + b;                                                                     \
+                __m128i raw = _mm_loadu_si128((const __m128i *)(qs + i * 16));                                  \
+                __m512 db = _mm512_set1_ps(d[i]), mb = _mm512_set1_ps(m[i]);                                    \
+                __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, lo4))), \
+                                            db, mb);                                                            \
+                __m512 w1 = _mm512_fmadd_ps(                                                                    \
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), lo4))), db,   \
+                    mb);                                                                                        \
+                for (int r = 0; r < RC; r++) {                                                                  \
+                    const float *xb = x + r * K + b * QK;                                                       \
+                    acc[c][r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(xb), w0, acc[c][r][0]);                      \
+                    acc[c][r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 16), w1, acc[c][r][1]);                 \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++)                                                                        \
+                y[r * N + n0 + c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[c][r][0], acc[c][r][1]));           \
+    }
+
+#define Q8_AVX512(NC, RC)                                                                                       \
+    __attribute__((target("avx512f,fma"))) static void q8_avx512_##NC##x##RC(                                  \
+        const float *x, long K, long G, const int8_t *qs, const float *d, float *y, long N, long n0) {          \
+        long nb = K / G;                                                                                        \
+        __m512 acc[NC][RC];                                                                                     \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) acc[c][r] = _mm512_setzero_ps();                                       \
+        const char *pq = (const char *)(qs + (n0 + PF_TILES * NC) * nb * G);                                    \
+        for (long b = 0; b < nb; b++) {                                                                         \
+            if (b % 4 == 0) _mm_prefetch((const char *)(d + (n0 + PF_TILES * NC) * nb + b), _MM_HINT_T0);       \
+            for (long j = 0; j < G; j += 16) {                                                                  \
+                _mm_prefetch(pq + (b * (G / 16) + j / 16) * 64, _MM_HINT_T0);                                   \
+                for (int c = 0; c < NC; c++) {                                                                  \
+                    long i = (n0 + c) * nb + b;                                                                 \
+                    __m128i raw = _mm_loadu_si128((const __m128i *)(qs + i * G + j));                           \
+                    __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)),                     \
+                                             _mm512_set1_ps(d[i]));                                             \
+                    for (int r = 0; r < RC; r++)                                                                \
+                        acc[c][r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * K + b * G + j), w, acc[c][r]);       \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) y[r * N + n0 + c] = _mm512_reduce_add_ps(acc[c][r]);                   \
+    }
+
+/* tiles: (NC, RC) = (4, 1), (4, 2), (2, 3), (2, 4), and (1, 1..4) for the last output rows */
+Q4_AVX2(4, 1) Q4_AVX2(4, 2) Q4_AVX2(2, 3) Q4_AVX2(2, 4) Q4_AVX2(1, 1) Q4_AVX2(1, 2) Q4_AVX2(1, 3) Q4_AVX2(1, 4)
+Q8_AVX2(4, 1) Q8_AVX2(4, 2) Q8_AVX2(2, 3) Q8_AVX2(2, 4) Q8_AVX2(1, 1) Q8_AVX2(1, 2) Q8_AVX2(1, 3) Q8_AVX2(1, 4)
+Q4_AVX512(4, 1) Q4_AVX512(4, 2) Q4_AVX512(2, 3) Q4_AVX512(2, 4) Q4_AVX512(1, 1) Q4_AVX512(1, 2) Q4_AVX512(1, 3)
+Q4_AVX512(1, 4) Q4_AVX512(1, 5) Q4_AVX512(1, 6) Q4_AVX512(1, 7) Q4_AVX512(1, 8)
+Q8_AVX512(4, 1) Q8_AVX512(4, 2) Q8_AVX512(2, 3) Q8_AVX512(2, 4) Q8_AVX512(1, 1) Q8_AVX512(1, 2) Q8_AVX512(1, 3)
+Q8_AVX512(1, 4) Q8_AVX512(1, 5) Q8_AVX512(1, 6) Q8_AVX512(1, 7) Q8_AVX512(1, 8)
+
+
+typedef void (*q4_fn)(const float *, long, const uint8_t *, const float *, const float *, float *, long, long);
+typedef void (*q8_fn)(const float *, long, long, const int8_t *, const float *, float *, long, long);
+
+/* [variant][rows in the chunk]: the wide tile and the one-output tile. AVX2 takes rows in chunks of 4,
+ * AVX-512 in chunks of 8 (one decode of a block serves 8 rows; 16 accumulators). */
+static const q4_fn Q4_WIDE[3][9] = {{0}, {0, q4_avx2_4x1, q4_avx2_4x2, q4_avx2_2x3, q4_avx2_2x4},
+                                    {0, q4_avx512_4x1, q4_avx512_4x2, q4_avx512_2x3, q4_avx512_2x4, q4_avx512_1x5,
+                                     q4_avx512_1x6, q4_avx512_1x7, q4_avx512_1x8}};
+static const q4_fn Q4_ONE[3][9] = {{0}, {0, q4_avx2_1x1, q4_avx2_1x2, q4_avx2_1x3, q4_avx2_1x4},
+                                   {0, q4_avx512_1x1, q4_avx512_1x2, q4_avx512_1x3, q4_avx512_1x4, q4_avx512_1x5,
+                                    q4_avx512_1x6, q4_avx512_1x7, q4_avx512_1x8}};
+static const q8_fn Q8_WIDE[3][9] = {{0}, {0, q8_avx2_4x1, q8_avx2_4x2, q8_avx2_2x3, q8_avx2_2x4},
+                                    {0, q8_avx512_4x1, q8_avx512_4x2, q8_avx512_2x3, q8_avx512_2x4, q8_avx512_1x5,
+                                     q8_avx512_1x6, q8_avx512_1x7, q8_avx512_1x8}};
+static const q8_fn Q8_ONE[3][9] = {{0}, {0, q8_avx2_1x1, q8_avx2_1x2, q8_avx2_1x3, q8_avx2_1x4},
+                                   {0, q8_avx512_1x1, q8_avx512_1x2, q8_avx512_1x3, q8_avx512_1x4, q8_avx512_1x5,
+                                    q8_avx512_1x6, q8_avx512_1x7, q8_avx512_1x8}};
+static const int WIDE_NC[9] = {0, 4, 4, 2, 2, 1, 1, 1, 1};
+static const int CHUNK[3] = {4, 4, 8}; /* rows per chunk by variant */
+
+/* Bit mask of the variants this CPU runs: bit 0 portable, bit 1 AVX2 + FMA, bit 2 AVX-512F, bit 3 AVX-512
+ * VNNI (variant 3: q4 products with int8 activations, the rest as variant 2). */
+int qgemm_variants(void) {
+    int v = 1;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) v |= 2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) v |= 4;
+    if ((v & 4) && __builtin_cpu_supports("avx512vnni")) v |= 8;
+    return v;
+}
+
+static int check(long R, long K, long G, long N, int variant, int threads) {
+    if (R < 1 || K < 1 || N < 1 || G < 16 || G % 16 || K % G || threads < 1) return -1;
+    if (variant < 0 || variant > 3 || !(qgemm_variants() & (1 << variant))) return -2;
+    return 0;
+}
+
+/* y [R, N] = x [R, K] @ w^T with w in the q4 layout. Returns 0, -1 for bad sizes (K % 32 != 0, ...),
+ * -2 for a variant this CPU cannot run. */
+int q4_gemm(const float *x, long R, long K, const uint8_t *qs, const float *d, const float *m, float *y, long N,
+            int variant, int threads) {
+    int rc = check(R, K, QK, N, variant, threads);
+    if (rc) return rc;
+    if (variant == 3) variant = 2; /* the fp32-activation products of variant 3 */
+    long nblocks = (N + OBLOCK - 1) / OBLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
+    for (long ob = 0; ob < nblocks; ob++) {
+        long b = ob * OBLOCK, e = b + OBLOCK < N ? b + OBLOCK : N;
+        for (long r0 = 0; r0 < R; r0 += CHUNK[variant]) {
+            int rc_ = R - r0 < CHUNK[variant] ? (int)(R - r0) : CHUNK[variant];
+            const float *xr = x + r0 * K;
+            float *yr = y + r0 * N;
+            if (variant == 0) {
+                q4_tile_c((int)(e - b), rc_, xr, K, qs, d, m, yr, N, b);
+                continue;
+            }
+            int nc = WIDE_NC[rc_];
+            long n = b;
+            for (; n + nc <= e; n += nc) Q4_WIDE[variant][rc_](xr, K, qs, d, m, yr, N, n);
+            for (; n < e; n++) Q4_ONE[variant][rc_](xr, K, qs, d, m, yr, N, n);
+        }
+    }
+    return 0;
+}
+
+/* y [R, N] = x [R, K] @ w^T with w in the q8 layout (group G). Returns 0, -1 for bad sizes, -2 for a
+ * variant this CPU cannot run. */
+int q8_gemm(const float *x, long R, long K, long G, const int8_t *qs, const float *d, float *y, long N,
+            int variant, int threads) {
+    int rc = check(R, K, G, N, variant, threads);
+    if (rc) return rc;
+    if (variant == 3) variant = 2; /* the fp32-activation products of variant 3 */
+    long nblocks = (N + OBLOCK - 1) / OBLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
+    for (long ob = 0; ob < nblocks; ob++) {
+        long b = ob * OBLOCK, e = b + OBLOCK < N ? b + OBLOCK : N;
+        for (long r0 = 0; r0 < R; r0 += CHUNK[variant]) {
+            int rc_ = R - r0 < CHUNK[variant] ? (int)(R - r0) : CHUNK[variant];
+            const float *xr = x + r0 * K;
+            float *yr = y + r0 * N;
+            if (variant == 0) {
+                q8_tile_c((int)(e - b), rc_, xr, K, G, qs, d, yr, N, b);
+                continue;
+            }
+            int nc = WIDE_NC[rc_];
+            long n = b;
+            for (; n + nc <= e; n += nc) Q8_WIDE[variant][rc_](xr, K, G, qs, d, yr, N, n);
+            for (; n < e; n++) Q8_ONE[variant][rc_](xr, K, G, qs, d, yr, N, n);
+        }
+    }
+    return 0;
+}
+
+/* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w   (RMSNorm, Zhang & Sennrich 2019) for x [R, H] fp32.
+ * The sum of squares runs in 8 interleaved fp32 partial sums (then summed in a fixed order): the same
+ * operations for every row and R. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void rms_norm_f32(const float *x, long R, long H, const float *w, float eps, float *y) {
+    for (long r = 0; r < R; r++) {
+        const float *xr = x + r * H;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        long k = 0;
+        for (; k + 8 <= H; k += 8)
+            for (int j = 0; j < 8; j++) acc[j] += xr[k + j] * xr[k + j];
+        float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (; k < H; k++) s += xr[k] * xr[k];
+        float inv = 1.0f / __builtin_sqrtf(s / (float)H + eps);
+        float *yr = y + r * H;
+        for (long i = 0; i < H; i++) yr[i] = (xr[i] * inv) * w[i];
+    }
+}
+
+
+/* ------------------------------------------------------------------------------------- AVX-512 VNNI (q4)
+ * Variant 3 multiplies q4 weights the way llama.cpp does on x86 (ggml-quants.c, block_q8_1 activations;
+ * ggml-cpu/amx/mmq.cpp's VNNI layout): each activation row is quantized per 32-block to int8 (xq =
+ * round(x / dx), dx = max|x| / 127, sx = dx * sum(xq)), and a block contributes
+ * d * dx * sum(code * xq) + m * sx, the integer dot by vpdpbusd (codes unsigned, xq signed).
+ * Weights are repacked 16 output rows at a time so one instruction multiplies 4 inputs x 16 outputs, one
+ * record per (group of 16 outputs, block), records in (group, block) order (one stream):
+ *   256 bytes of codes: for quad q of the block, byte 64 q + 4 c + t holds output c's code of input
+ *     4q + t in its low nibble and of input 16 + 4q + t in its high nibble;
+ *   then d of the 16 outputs, then m: fp16 (f16 = 1, used when every scale is exactly an fp16, as
+ *   Q4_0 / Q4_1's are) or fp32. N is rounded up to 16 (padding outputs have zero scales).
+ * q8 weights and every other operation run the AVX-512F code. Row-invariant like the others: a row's
+ * quantization and each output's accumulation order do not depend on the other rows. */
+
+static long q4v_record(int f16) { return 256 + (f16 ? 64 : 128); }
+
+static void put_scale(uint8_t *rec, int f16, int which, int c, float v) {
+    if (f16) {
+        _Float16 h = (_Float16)v;
+        memcpy(rec + 256 + which * 32 + c * 2, &h, 2);
+    } else {
+        memcpy(rec + 256 + which * 64 + c * 4, &v, 4);
+    }
+}
+
+static float get_scale(const uint8_t *rec, int f16, int which, int c) {
+    if (f16) {
+        _Float16 h;
+        memcpy(&h, rec + 256 + which * 32 + c * 2, 2);
+        return (float)h;
+    }
+    float v;
+    memcpy(&v, rec + 256 + which * 64 + c * 4, 4);
+    return v;
+}
+
+/* bytes of the packed layout of an [N, K] q4 weight */
+long q4v_bytes(long N, long K, int f16) { return (N + 15) / 16 * (K / QK) * q4v_record(f16); }
+
+void q4v_pack(const uint8_t *qs, const float *d, const float *m, long N, long K, int f16, uint8_t *out) {
+    long nb = K / QK, rec = q4v_record(f16);
+    memset(out, 0, q4v_bytes(N, K, f16));
+    for (long n = 0; n < N; n++) {
+        long g = n / 16, c = n % 16;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *q = qs + (n * nb + b) * 16; /* byte j: code j (low), code j + 16 (high) */
+            uint8_t *o = out + (g * nb + b) * rec;
+            for (int qd = 0; qd < 4; qd++)
+                for (int t = 0; t < 4; t++) o[qd * 64 + c * 4 + t] = q[4 * qd + t];
+            put_scale(o, f16, 0, (int)c, d[n * nb + b]);
+            put_scale(o, f16, 1, (int)c, m[n * nb + b]);
+        }
+    }
+}
+
+void q4v_unpack(const uint8_t *in, long N, long K, int f16, uint8_t *qs, float *d, float *m) {
+    long nb = K / QK, rec = q4v_record(f16);
+    for (long n = 0; n < N; n++) {
+        long g = n / 16, c = n % 16;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *o = in + (g * nb + b) * rec;
+            for (int qd = 0; qd < 4; qd++)
+                for (int t = 0; t < 4; t++) qs[(n * nb + b) * 16 + 4 * qd + t] = o[qd * 64 + c * 4 + t];
+            d[n * nb + b] = get_scale(o, f16, 0, (int)c);
+            m[n * nb + b] = get_scale(o, f16, 1, (int)c);
+        }
+    }
+}
+
+/* row x [K] -> xq int8 [K], dx, sx fp32 [K/32] (per 32-block scale and dx * sum(xq)). Rounding to nearest
+ * even by adding and subtracting 1.5 * 2^23 (exact for |v| <= 127, the same result as nearbyintf in the
+ * default rounding mode), so every clone below computes the same bits. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void quant_row(const float *x, long K, int8_t *xq, float *dx, float *sx) {
+    for (long b = 0; b < K / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.f;
+        for (int j = 0; j < QK; j++) {
+            float a = xb[j] < 0.f ? -xb[j] : xb[j];
+            amax = a > amax ? a : amax;
+        }
+        float dd = amax / 127.f, inv = dd > 0.f ? 1.f / dd : 0.f;
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            const float big = 12582912.f; /* not folded: no -ffast-math; not fused: -ffp-contract=off */
+            float v = (xb[j] * inv + big) - big;
+            int iv = (int)v;
+            xq[b * QK + j] = (int8_t)iv;
+            sum += iv;
+        }
+        dx[b] = dd;
+        sx[b] = dd * (float)sum;
+    }
+}
+
+#define Q4V(RC, F16)                                                                                            \
+    __attribute__((target("avx512f,avx512vnni"))) static void q4v_tile_##RC##_##F16(                           \
+        const int8_t *xq, const float *dx, const float *sx, long K, const uint8_t *pk, float *y, long N, long g) { \
+        long nb = K / QK, rec = 256 + (F16 ? 64 : 128);                                                         \
+        __m512 acc[RC];                                                                                         \
+        for (int r = 0; r < RC; r++) acc[r] = _mm512_setzero_ps();                                              \
+        const __m512i lo4 = _mm512_set1_epi8(15);                                                               \
+        for (long b = 0; b < nb; b++) {                                                                         \
+            const uint8_t *blk = pk + (g * nb + b) * rec;                                                       \
+            for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + 4 * rec + pf), _MM_HINT_T0);  \
+            __m512i ai[RC];                                                                                     \
+            for (int r = 0; r < RC; r++) ai[r] = _mm512_setzero_si512();                                        \
+            for (int qd = 0; qd < 4; qd++) {                                                                    \
+                __m512i raw = _mm512_loadu_si512((const void *)(blk + qd * 64));                                \
+                __m512i lo = _mm512_and_si512(raw, lo4), hi = _mm512_and_si512(_mm512_srli_epi32(raw, 4), lo4); \
+                for (int r = 0; r < RC; r++) {                                                                  \
+                    const int8_t *xr = xq + r * K + b * QK;                                                     \
+                    int32_t a0, a1;                                                                             \
+                    memcpy(&a0, xr + 4 * qd, 4);                                                                \
+                    memcpy(&a1, xr + 16 + 4 * qd, 4);                                                           \
+                    ai[r] = _mm512_dpbusd_epi32(ai[r], lo, _mm512_set1_epi32(a0));                              \
+                    ai[r] = _mm512_dpbusd_epi32(ai[r], hi, _mm512_set1_epi32(a1));                              \
+                }                                                                                               \
+            }                                                                                                   \
+            __m512 dv, mv;                                                                                      \
+            if (F16) {                                                                                          \
+                dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 256)));                         \
+                mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288)));                         \
+            } else {                                                                                            \
+                dv = _mm512_loadu_ps((const float *)(blk + 256));                                               \
+                mv = _mm512_loadu_ps((const float *)(blk + 320));                                               \
+            }                                                                                                   \
+            for (int r = 0; r < RC; r++) {                                                                      \
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r]), _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * nb + b])), \
+                                         acc[r]);                                                               \
+                acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sx[r * nb + b]), acc[r]);                           \
+            }                                                                                                   \
+        }                                                                                                       \
+        long n0 = g * 16;                                                                                       \
+        __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);                  \
+        for (int r = 0; r < RC; r++) _mm512_mask_storeu_ps(y + r * N + n0, keep, acc[r]);                       \
+    }
+
+Q4V(1, 0) Q4V(2, 0) Q4V(3, 0) Q4V(4, 0) Q4V(5, 0) Q4V(6, 0) Q4V(7, 0) Q4V(8, 0)
+Q4V(1, 1) Q4V(2, 1) Q4V(3, 1) Q4V(4, 1) Q4V(5, 1) Q4V(6, 1) Q4V(7, 1) Q4V(8, 1)
+
+typedef void (*q4v_fn)(const int8_t *, const float *, const float *, long, const uint8_t *, float *, long, long);
+static const q4v_fn Q4V_TILE[2][9] = {
+    {0, q4v_tile_1_0, q4v_tile_2_0, q4v_tile_3_0, q4v_tile_4_0, q4v_tile_5_0, q4v_tile_6_0, q4v_tile_7_0, q4v_tile_8_0},
+    {0, q4v_tile_1_1, q4v_tile_2_1, q4v_tile_3_1, q4v_tile_4_1, q4v_tile_5_1, q4v_tile_6_1, q4v_tile_7_1, q4v_tile_8_1}};
+
+static int8_t *xq_buffer(long n) {
+    static __thread int8_t *buf = 0;
+    static __thread long cap = 0;
+    if (n > cap) {
+        int8_t *nb = (int8_t *)realloc(buf, n);
+        if (!nb) return 0;
+        buf = nb;
+        cap = n;
+    }
+    return buf;
+}
+
+static float *xs_buffer(long n) {
+    static __thread float *buf = 0;
+    static __thread long cap = 0;
+    if (n > cap) {
+        float *nb = (float *)realloc(buf, sizeof(float) * n);
+        if (!nb) return 0;
+        buf = nb;
+        cap = n;
+    }
+    return buf;
+}
+
+/* y [R, N] = x [R, K] @ w^T with w in the packed VNNI layout (variant 3). Returns 0, -1 for bad sizes,
+ * -2 when the CPU lacks AVX-512 VNNI, -3 when out of memory. */
+int q4v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *y, long N, int threads) {
+    if (R < 1 || K < 1 || N < 1 || K % QK || threads < 1) return -1;
+    if (!(qgemm_variants() & 8)) return -2;
+    long nb = K / QK, groups = (N + 15) / 16;
+    int8_t *xq = xq_buffer(R * K);
+    float *xs = xs_buffer(2 * R * nb);
+    if (!xq || !xs) return -3;
+    float *dx = xs, *sx = xs + R * nb;
+    for (long r = 0; r < R; r++) quant_row(x + r * K, K, xq + r * K, dx + r * nb, sx + r * nb);
+    const q4v_fn *tiles = Q4V_TILE[f16 ? 1 : 0];
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && groups > 1)
+    for (long g = 0; g < groups; g++)
+        for (long r0 = 0; r0 < R; r0 += 8) {
+            int rc = R - r0 < 8 ? (int)(R - r0) : 8;
+            tiles[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, g);
+        }
+    return 0;
+}
+
+/* q8 (group 32: Q8_0) weights for variant 3, in the same 16-output records: 8 quads x 64 bytes of codes
+ * stored as code + 128 (vpdpbusd multiplies unsigned by signed bytes; sum((q + 128) xq) - 128 sum(xq) =
+ * sum(q xq) exactly in int32), then the 16 d's (fp16 when exact, as Q8_0's are, else fp32). A block
+ * contributes d * dx * (dot - 128 sum(xq)). */
+static long q8v_record(int f16) { return 512 + (f16 ? 32 : 64); }
+
+long q8v_bytes(long N, long K, int f16) { return (N + 15) / 16 * (K / QK) * q8v_record(f16); }
+
+void q8v_pack(const int8_t *qs, const float *d, long N, long K, int f16, uint8_t *out) {
+    long nb = K / QK, rec = q8v_record(f16);
+    memset(out, 0, q8v_bytes(N, K, f16));
+    for (long g = 0; g < (N + 15) / 16; g++) /* padding outputs: code 0 (byte 128), d 0 */
+        for (long b = 0; b < nb; b++) memset(out + (g * nb + b) * rec, 128, 512);
+    for (long n = 0; n < N; n++) {
+        long g = n / 16, c = n % 16;
+        for (long b = 0; b < nb; b++) {
+            const int8_t *q = qs + (n * nb + b) * QK;
+            uint8_t *o = out + (g * nb + b) * rec;
+            for (int qd = 0; qd < 8; qd++)
+                for (int t = 0; t < 4; t++) o[qd * 64 + c * 4 + t] = (uint8_t)(q[4 * qd + t] + 128);
+            float v = d[n * nb + b];
+            if (f16) {
+                _Float16 h = (_Float16)v;
+                memcpy(o + 512 + c * 2, &h, 2);
+            } else {
+                memcpy(o + 512 + c * 4, &v, 4);
+            }
+        }
+    }
+}
+
+/* rows ids[0..n) of a packed q8 weight dequantized to out [n, K] fp32 (d * code, exact): embedding lookups */
+void q8v_rows(const uint8_t *pk, int f16, long N, long K, const long *ids, long n, float *out) {
+    long nb = K / QK, rec = q8v_record(f16);
+    for (long i = 0; i < n; i++) {
+        long r = ids[i];
+        if (r < 0 || r >= N) r = 0;
+        long g = r / 16, c = r % 16;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *o = pk + (g * nb + b) * rec;
+            float dv;
+            if (f16) {
+                _Float16 h;
+                memcpy(&h, o + 512 + c * 2, 2);
+                dv = (float)h;
+            } else {
+                memcpy(&dv, o + 512 + c * 4, 4);
+            }
+            for (int qd = 0; qd < 8; qd++)
+                for (int t = 0; t < 4; t++) out[i * K + b * QK + 4 * qd + t] = dv * (float)((int)o[qd * 64 + c * 4 + t] - 128);
+        }
+    }
+}
+
+void q8v_unpack(const uint8_t *pk, int f16, long N, long K, int8_t *qs, float *d) {
+    long nb = K / QK, rec = q8v_record(f16);
+    for (long n = 0; n < N; n++) {
+        long g = n / 16, c = n % 16;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *o = pk + (g * nb + b) * rec;
+            for (int qd = 0; qd < 8; qd++)
+                for (int t = 0; t < 4; t++) qs[(n * nb + b) * QK + 4 * qd + t] = (int8_t)((int)o[qd * 64 + c * 4 + t] - 128);
+            if (f16) {
+                _Float16 h;
+                memcpy(&h, o + 512 + c * 2, 2);
+                d[n * nb + b] = (float)h;
+            } else {
+                memcpy(d + n * nb + b, o + 512 + c * 4, 4);
+            }
+        }
+    }
+}
+
+#define Q8V(RC, F16)                                                                                            \
+    __attribute__((target("avx512f,avx512vnni"))) static void q8v_tile_##RC##_##F16(                           \
+        const int8_t *xq, const float *dx, const int32_t *xsum, long K, const uint8_t *pk, float *y, long N,    \
+        long g) {                                                                                               \
+        long nb = K / QK, rec = 512 + (F16 ? 32 : 64);                                                          \
+        __m512 acc[RC];                                                                                         \
+        for (int r = 0; r < RC; r++) acc[r] = _mm512_setzero_ps();                                              \
+        for (long b = 0; b < nb; b++) {                                                                         \
+            const uint8_t *blk = pk + (g * nb + b) * rec;                                                       \
+            for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + 4 * rec + pf), _MM_HINT_T0);  \
+            __m512i ai[RC];                                                                                     \
+            for (int r = 0; r < RC; r++) ai[r] = _mm512_setzero_si512();                                        \
+            for (int qd = 0; qd < 8; qd++) {                                                                    \
+                __m512i raw = _mm512_loadu_si512((const void *)(blk + qd * 64));                                \
+                for (int r = 0; r < RC; r++) {                                                                  \
+                    int32_t a0;                                                                                 \
+                    memcpy(&a0, xq + r * K + b * QK + 4 * qd, 4);                                               \
+                    ai[r] = _mm512_dpbusd_epi32(ai[r], raw, _mm512_set1_epi32(a0));                             \
+                }                                                                                               \
+            }                                                                                                   \
+            __m512 dv = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 512)))                 \
+                            : _mm512_loadu_ps((const float *)(blk + 512));                                      \
+            for (int r = 0; r < RC; r++) {                                                                      \
+                __m512i dot = _mm512_sub_epi32(ai[r], _mm512_set1_epi32(128 * xsum[r * nb + b]));               \
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * nb + b])), \
+                                         acc[r]);                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        long n0 = g * 16;                                                                                       \
+        __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);                  \
+        for (int r = 0; r < RC; r++) _mm512_mask_storeu_ps(y + r * N + n0, keep, acc[r]);                       \
+    }
+
+Q8V(1, 0) Q8V(2, 0) Q8V(3, 0) Q8V(4, 0) Q8V(5, 0) Q8V(6, 0) Q8V(7, 0) Q8V(8, 0)
+Q8V(1, 1) Q8V(2, 1) Q8V(3, 1) Q8V(4, 1) Q8V(5, 1) Q8V(6, 1) Q8V(7, 1) Q8V(8, 1)
+
+typedef void (*q8v_fn)(const int8_t *, const float *, const int32_t *, long, const uint8_t *, float *, long, long);
+static const q8v_fn Q8V_TILE[2][9] = {
+    {0, q8v_tile_1_0, q8v_tile_2_0, q8v_tile_3_0, q8v_tile_4_0, q8v_tile_5_0, q8v_tile_6_0, q8v_tile_7_0, q8v_tile_8_0},
+    {0, q8v_tile_1_1, q8v_tile_2_1, q8v_tile_3_1, q8v_tile_4_1, q8v_tile_5_1, q8v_tile_6_1, q8v_tile_7_1, q8v_tile_8_1}};
+
+/* y [R, N] = x [R, K] @ w^T with w packed by q8v_pack (variant 3). Returns 0, -1 for bad sizes, -2 without
+ * AVX-512 VNNI, -3 when out of memory. */
+int q8v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *y, long N, int threads) {
+    if (R < 1 || K < 1 || N < 1 || K % QK || threads < 1) return -1;
+    if (!(qgemm_variants() & 8)) return -2;
+    long nb = K / QK, groups = (N + 15) / 16;
+    int8_t *xq = xq_buffer(R * K);
+    float *xs = xs_buffer(3 * R * nb);
+    if (!xq || !xs) return -3;
+    float *dx = xs, *sx = xs + R * nb;
+    int32_t *xsum = (int32_t *)(xs + 2 * R * nb);
+    for (long r = 0; r < R; r++) {
+        quant_row(x + r * K, K, xq + r * K, dx + r * nb, sx + r * nb);
+        for (long b = 0; b < nb; b++) {
+            int32_t sum = 0;
+            for (int j = 0; j < QK; j++) sum += xq[r * K + b * QK + j];
+            xsum[r * nb + b] = sum;
+        }
+    }
+    const q8v_fn *tiles = Q8V_TILE[f16 ? 1 : 0];
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && groups > 1)
+    for (long g = 0; g < groups; g++)
+        for (long r0 = 0; r0 < R; r0 += 8) {
+            int rc = R - r0 < 8 ? (int)(R - r0) : 8;
+            tiles[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, g);
+        }
+    return 0;
+}
+
+/* rows ids[0..n) of a packed q4 weight dequantized to out [n, K] fp32 (d * code + m): embedding lookups */
+void q4v_rows(const uint8_t *pk, int f16, long N, long K, const long *ids, long n, float *out) {
+    long nb = K / QK, rec = q4v_record(f16);
+    for (long i = 0; i < n; i++) {
+        long r = ids[i];
+        if (r < 0 || r >= N) r = 0;
+        long g = r / 16, c = r % 16;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *o = pk + (g * nb + b) * rec;
+            float dv = get_scale(o, f16, 0, (int)c), mv = get_scale(o, f16, 1, (int)c);
+            for (int qd = 0; qd < 4; qd++)
+                for (int t = 0; t < 4; t++) {
+                    uint8_t byte = o[qd * 64 + c * 4 + t];
+                    out[i * K + b * QK + 4 * qd + t] = dv * (float)(byte & 15) + mv;
+                    out[i * K + b * QK + 16 + 4 * qd + t] = dv * (float)(byte >> 4) + mv;
+                }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------- fused layer parts
+ * One call per decoder-layer half, so a decode step pays no interpreter work between the products. A
+ * linear is (kind 4 = q4, 5 / 6 = q4 packed for VNNI with fp32 / fp16 scales, 8 = q8; group, codes, d, m)
+ * with N outputs over K inputs;
+ * the products are q4_gemm / q4v_gemm / q8_gemm, so these parts are row-invariant as they are. */
+
+static float *scratch(long n) {
+    static __thread float *buf = 0;
+    static __thread long cap = 0;
+    if (n > cap) {
+        float *nb = (float *)realloc(buf, sizeof(float) * n);
+        if (!nb) return 0;
+        buf = nb;
+        cap = n;
+    }
+    return buf;
+}
+
+static int qlin(int kind, long G, const void *qs, const float *d, const float *m, long N, long K, const float *x,
+                long R, float *y, int variant, int threads) {
+    if (kind == 5 || kind == 6) return q4v_gemm(x, R, K, (const uint8_t *)qs, kind == 6, y, N, threads);
+    if (kind == 9 || kind == 10) return q8v_gemm(x, R, K, (const uint8_t *)qs, kind == 10, y, N, threads);
+    if (kind == 4) return q4_gemm(x, R, K, (const uint8_t *)qs, d, m, y, N, variant, threads);
+    if (kind == 8) return q8_gemm(x, R, K, G, (const int8_t *)qs, d, y, N, variant, threads);
+    return -1;
+}
+
+/* y [R, N] = rms_norm(x [R, H]; w, eps) @ W^T: the input norm and the fused q/k/v product. */
+int norm_linear(const float *x, long R, long H, const float *nw, float eps, int kind, long G, const void *qs,
+                const float *d, const float *m, long N, float *y, int variant, int threads) {
+    float *xn = scratch(R * H);
+    if (!xn) return -3;
+    rms_norm_f32(x, R, H, nw, eps, xn);
+    return qlin(kind, G, qs, d, m, N, H, xn, R, y, variant, threads);
+}
+
+static void silu_mul(const float *gu, long R, long I, float *act);
+
+/* out [R, H] = h + W2 (silu(g) * u), (g | u) = W13 rms_norm(h), h = x + Wo a   (SwiGLU, Shazeer 2020):
+ * the attention output projection, the residual, the FFN norm, the MLP and its residual.
+ * a [R, Q]; x [R, H]; Wo [H, Q], W13 [2I, H] (gate rows then up rows), W2 [H, I]. */
+int ffn_block(const float *a, const float *x, long R, long H, long Q, long I,
+              int ko, long go, const void *qo, const float *dO, const float *mo,
+              int k13, long g13, const void *q13, const float *d13, const float *m13,
+              int k2, long g2, const void *q2, const float *d2, const float *m2,
+              const float *nw, float eps, float *out, int variant, int threads) {
+    float *buf = scratch(R * (2 * H + 3 * I));
+    if (!buf) return -3;
+    float *h = buf, *hn = buf + R * H, *gu = hn + R * H, *act = gu + 2 * R * I;
+    int rc = qlin(ko, go, qo, dO, mo, H, Q, a, R, out, variant, threads); /* out = Wo a (scratch use) */
+    if (rc) return rc;
+    for (long i = 0; i < R * H; i++) h[i] = x[i] + out[i];
+    rms_norm_f32(h, R, H, nw, eps, hn);
+    if ((rc = qlin(k13, g13, q13, d13, m13, 2 * I, H, hn, R, gu, variant, threads))) return rc;
+    silu_mul(gu, R, I, act);
+    if ((rc = qlin(k2, g2, q2, d2, m2, H, I, act, R, out, variant, threads))) return rc;
+    for (long i = 0; i < R * H; i++) out[i] = h[i] + out[i];
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------- attention
+ * The fp32 attention of one decoder layer for the native path (Vaswani et al. 2017; GQA by grouping query
+ * heads, query head h reading kv head h / g as HF's repeat_kv; RoPE in HF's half-split layout):
+ *   1. for every token (b, n): q and k heads rotated by cos / sin (sin carries the sign of rotate_half:
+ *      x * cos + swap_halves(x) * sin), k and v written to the cache at row rows[b], slot slots[b, n];
+ *   2. for every query head: scores s_j = scale * q . k_j + mask[b, n, j] over the first S slots of its
+ *      row, softmax (max subtracted, fp32), out = sum_j p_j v_j.
+ * qkv [B, N, nh D + 2 nkv D] fp32 (q heads, k heads, v heads); cos, sin [B, N, D]; caches
+ * [rows, nkv, Smax, D]; mask [B, N, S] additive (0 = attend, fp32-min = masked); out [B, N, nh D].
+ * Each query's result depends on its own row, the cache and its mask row only, and every sum over slots
+ * (the softmax denominator, the weighted values) runs in slot order with masked slots adding exact zeros:
+ * a query computes the same bits whatever N, S, the batch and where masked slots fall between the ones
+ * it attends (a tree verify's ancestors sit among masked siblings; the plain step's are contiguous). That
+ * matters beyond rounding: the int8 activation quantization of the VNNI variant turns a last-bit
+ * difference into a visible one. The q . k dot products run in 16 fixed lanes over the head dimension
+ * (lane l takes the elements with index l mod 16), vectorized without reordering a sum. */
+#define LANES 16
+
+static inline float dot_lanes(const float *a, const float *b, long n) {
+    float acc[LANES] = {0};
+    long i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
+    for (; i < n; i++) acc[i % LANES] += a[i] * b[i];
+    float s = 0.f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
+
+static inline void rope(const float *x, const float *c, const float *s, long D, float *o) {
+    long h = D / 2;
+    for (long i = 0; i < h; i++) {
+        o[i] = x[i] * c[i] + x[i + h] * s[i];
+        o[i + h] = x[i + h] * c[i + h] + x[i] * s[i + h];
+    }
+}
+
+__attribute__((target_clones("avx2", "default")))
+static int attn_f32_generic(const float *qkv, long B, long N, long nh, long nkv, long D, const float *cs, const float *sn,
+             float *kc, float *vc, long Smax, const long *rows, const long *slots, const float *mask, long S,
+             float scale, float *out) {
+    if (B < 1 || N < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 2 || D % 2 || S < 1 || S > Smax) return -1;
+    long g = nh / nkv, width = (nh + 2 * nkv) * D;
+    float *q = scratch(B * N * nh * D + S);
+    if (!q) return -3;
+    float *p = q + B * N * nh * D;
+    for (long b = 0; b < B; b++)
+        for (long n = 0; n < N; n++) {
+            long t = b * N + n;
+            const float *row = qkv + t * width, *c = cs + t * D, *s = sn + t * D;
+            long slot = slots[t];
+            if (slot < 0 || slot >= Smax) return -1;
+            for (long h = 0; h < nh; h++) rope(row + h * D, c, s, D, q + (t * nh + h) * D);
+            for (long h = 0; h < nkv; h++) {
+                long at = ((rows[b] * nkv + h) * Smax + slot) * D;
+                rope(row + (nh + h) * D, c, s, D, kc + at);
+                memcpy(vc + at, row + (nh + nkv + h) * D, sizeof(float) * D);
+            }
+        }
+    for (long b = 0; b < B; b++)
+        for (long h = 0; h < nh; h++) {
+            long kvh = h / g;
+            const float *K = kc + (rows[b] * nkv + kvh) * Smax * D, *V = vc + (rows[b] * nkv + kvh) * Smax * D;
+            for (long n = 0; n < N; n++) {
+                long t = b * N + n;
+                const float *qv = q + (t * nh + h) * D, *mk = mask + t * S;
+                float mx = -INFINITY;
+                for (long j = 0; j < S; j++) {
+                    p[j] = scale * dot_lanes(qv, K + j * D, D) + mk[j];
+                    mx = fmaxf(mx, p[j]);
+                }
+                float sum = 0.f; /* in slot order, one accumulator: masked slots add exact zeros */
+                long j;
+                for (j = 0; j < S; j++) {
+                    p[j] = expf(p[j] - mx);
+                    sum += p[j];
+                }
+                float inv = 1.f / sum, *o = out + t * nh * D + h * D;
+                for (long i = 0; i < D; i++) o[i] = 0.f;
+                for (j = 0; j < S; j++) {
+                    float w = p[j] * inv;
+                    const float *vj = V + j * D;
+                    for (long i = 0; i < D; i++) o[i] += w * vj[i];
+                }
+            }
+        }
+    return 0;
+}
+
+
+/* exp(x) for 16 lanes: 2^n * p(r), n = round(x log2 e), r = x - n ln 2 (Cody-Waite split), p a degree-6
+ * polynomial (Taylor, |r| <= ln2/2: relative error ~2e-7); 0 below -87 (where expf is denormal or 0), so
+ * masked slots (score fp32-min) weigh exactly 0. Element by element: no lane sees another. */
+__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    x = _mm512_max_ps(x, lo);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), 0);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+}
+
+/* attn_f32 on AVX-512 for head dimensions that are multiples of 16 (<= 256): the g query heads of a kv
+ * head scored together against each key (one load of k_j, one dot of D/16 vector FMAs and a fixed
+ * horizontal sum per query), exp16 over 16 slots at a time, the denominator summed in slot order with
+ * one accumulator and the values accumulated in slot order (per element): slot-invariant as the
+ * generic version. */
+__attribute__((target("avx512f"))) static int attn_f32_avx512(const float *qkv, long B, long N, long nh, long nkv,
+                                                             long D, const float *cs, const float *sn, float *kc,
+                                                             float *vc, long Smax, const long *rows,
+                                                             const long *slots, const float *mask, long S,
+                                                             float scale, float *out) {
+    long g = nh / nkv, width = (nh + 2 * nkv) * D, V16 = D / 16;
+    float *q = scratch(B * N * nh * D + g * (S + 16));
+    if (!q) return -3;
+    float *pbuf = q + B * N * nh * D;
+    for (long b = 0; b < B; b++)
+        for (long n = 0; n < N; n++) {
+            long t = b * N + n;
+            const float *row = qkv + t * width, *c = cs + t * D, *s = sn + t * D;
+            long slot = slots[t];
+            if (slot < 0 || slot >= Smax) return -1;
+            for (long h = 0; h < nh; h++) rope(row + h * D, c, s, D, q + (t * nh + h) * D);
+            for (long h = 0; h < nkv; h++) {
+                long at = ((rows[b] * nkv + h) * Smax + slot) * D;
+                rope(row + (nh + h) * D, c, s, D, kc + at);
+                memcpy(vc + at, row + (nh + nkv + h) * D, sizeof(float) * D);
+            }
+        }
+    for (long b = 0; b < B; b++)
+        for (long kvh = 0; kvh < nkv; kvh++) {
+            const float *K = kc + (rows[b] * nkv + kvh) * Smax * D, *V = vc + (rows[b] * nkv + kvh) * Smax * D;
+            for (long n = 0; n < N; n++) {
+                long t = b * N + n;
+                const float *mk = mask + t * S;
+                for (long gi = 0; gi < g; gi++) {
+                    const float *qv = q + (t * nh + kvh * g + gi) * D;
+                    float *p = pbuf + gi * (S + 16);
+                    __m512 qr[16];
+                    for (long v = 0; v < V16; v++) qr[v] = _mm512_loadu_ps(qv + 16 * v);
+                    float mx = -INFINITY;
+                    for (long j = 0; j < S; j++) {
+                        const float *kj = K + j * D;
+                        __m512 acc = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kj));
+                        for (long v = 1; v < V16; v++) acc = _mm512_fmadd_ps(qr[v], _mm512_loadu_ps(kj + 16 * v), acc);
+                        float sc = scale * _mm512_reduce_add_ps(acc) + mk[j];
+                        p[j] = sc;
+                        mx = sc > mx ? sc : mx;
+                    }
+                    __m512 mv = _mm512_set1_ps(mx);
+                    long j = 0;
+                    for (; j + 16 <= S; j += 16)
+                        _mm512_storeu_ps(p + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(p + j), mv)));
+                    if (j < S) {
+                        __mmask16 tail = (__mmask16)((1u << (S - j)) - 1);
+                        _mm512_mask_storeu_ps(p + j, tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, p + j), mv)));
+                    }
+                    float sum = 0.f; /* slot order, one accumulator */
+                    for (j = 0; j < S; j++) sum += p[j];
+                    __m512 inv = _mm512_set1_ps(1.f / sum), o[16];
+                    for (long v = 0; v < V16; v++) o[v] = _mm512_setzero_ps();
+                    for (j = 0; j < S; j++) {
+                        __m512 w = _mm512_mul_ps(_mm512_set1_ps(p[j]), inv);
+                        const float *vj = V + j * D;
+                        for (long v = 0; v < V16; v++) o[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16 * v), o[v]);
+                    }
+                    float *dst = out + t * nh * D + (kvh * g + gi) * D;
+                    for (long v = 0; v < V16; v++) _mm512_storeu_ps(dst + 16 * v, o[v]);
+                }
+            }
+        }
+    return 0;
+}
+
+int attn_f32(const float *qkv, long B, long N, long nh, long nkv, long D, const float *cs, const float *sn,
+             float *kc, float *vc, long Smax, const long *rows, const long *slots, const float *mask, long S,
+             float scale, float *out) {
+    if (B < 1 || N < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 2 || D % 2 || S < 1 || S > Smax) return -1;
+    if ((qgemm_variants() & 4) && D % 16 == 0 && D <= 256)
+        return attn_f32_avx512(qkv, B, N, nh, nkv, D, cs, sn, kc, vc, Smax, rows, slots, mask, S, scale, out);
+    return attn_f32_generic(qkv, B, N, nh, nkv, D, cs, sn, kc, vc, Smax, rows, slots, mask, S, scale, out);
+}
+
+
+/* act [R, I] = silu(g) * u = g / (1 + exp(-g)) * u for gu [R, 2I] (gate columns, then up): exp16 on AVX-512,
+ * expf elsewhere; element by element. */
+__attribute__((target("avx512f"))) static void silu_mul_avx512(const float *gu, long R, long I, float *act) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (long r = 0; r < R; r++) {
+        const float *g = gu + r * 2 * I, *u = g + I;
+        float *o = act + r * I;
+        long j = 0;
+        for (; j + 16 <= I; j += 16) {
+            __m512 gv = _mm512_loadu_ps(g + j);
+            __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + j)));
+        }
+        for (; j < I; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
+static void silu_mul(const float *gu, long R, long I, float *act) {
+    if (qgemm_variants() & 4) {
+        silu_mul_avx512(gu, R, I, act);
+        return;
+    }
+    for (long r = 0; r < R; r++)
+        for (long j = 0; j < I; j++) {
+            float g = gu[r * 2 * I + j];
+            act[r * I + j] = g / (1.0f + expf(-g)) * gu[r * 2 * I + I + j];
+        }
+}

@@ -1,0 +1,392 @@
+"""Products of fp32 activations with block-quantized weights (``qgemm.c``), built on first use, called by ctypes.
+
+``q4_matmul(x, qs, d, m)`` and ``q8_matmul(x, qs, d)`` compute ``x @ W.T`` for ``x [R, K]`` fp32 with the
+weight ``W [N, K]`` kept in the checkpoint's own 4- or 8-bit codes (layouts in ``qgemm.c`` and
+``specc.models.qweights``). Every output element is the same fp32 operation sequence for any row count
+``R`` and thread count (within one instruction-set variant), so a k-row verify gives each row the bits of
+the one-row step.
+
+Variants: ``"avx512vnni"`` (q4 weights repacked 16 outputs at a time and multiplied with activations
+quantized per 32-block to int8 by ``vpdpbusd``, as llama.cpp does; everything else as ``"avx512"``),
+``"avx512"`` (AVX-512F), ``"avx2"`` (AVX2 + FMA), ``"portable"`` (plain C); all but ``avx512vnni``
+multiply the checkpoint's weights with fp32 activations. The process uses one variant for every
+product: the best the CPU runs, or ``$SPECC_QGEMM_VARIANT`` when set (a variant the CPU lacks is an
+error). Build: ``specc.kernels.cbuild`` with the system C compiler (OpenMP when it
+can); without a compiler :func:`available` is False and :func:`status` says why (the quantized
+weights then run through ``torch``, dequantized block by block; see ``specc.models.qweights``).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import platform
+import subprocess
+import threading
+from typing import Optional
+
+import torch
+
+from specc.kernels import cbuild
+
+SOURCE = pathlib.Path(__file__).with_name("qgemm.c")
+#: -ffp-contract=off: a * b + c is never fused unless written as an FMA, so every function cloned per
+#: instruction set (target_clones) computes the same bits on every CPU
+FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off"]
+OPENMP = ["-fopenmp"]
+VARIANTS = ("portable", "avx2", "avx512", "avx512vnni")  # index = the C variant number
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_status: Optional[str] = None
+_variant = -1
+_threads = 1
+
+
+def _build() -> ctypes.CDLL:
+    lib = cbuild.build(SOURCE, (FLAGS + OPENMP, FLAGS), libs=["-lm"])
+    lib.qgemm_variants.restype = ctypes.c_int
+    lib.q4_gemm.restype = lib.q8_gemm.restype = ctypes.c_int
+    p, L, I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.q4_gemm.argtypes = [p, L, L, p, p, p, p, L, I, I]
+    lib.q4v_gemm.restype = ctypes.c_int
+    lib.q4v_gemm.argtypes = [p, L, L, p, I, p, L, I]
+    lib.q4v_bytes.restype = lib.q8v_bytes.restype = L
+    lib.q4v_bytes.argtypes = lib.q8v_bytes.argtypes = [L, L, I]
+    lib.q8v_gemm.restype = ctypes.c_int
+    lib.q8v_gemm.argtypes = [p, L, L, p, I, p, L, I]
+    lib.q8v_pack.restype = lib.q8v_unpack.restype = lib.q8v_rows.restype = lib.q4v_rows.restype = None
+    lib.q8v_pack.argtypes = [p, p, L, L, I, p]
+    lib.q8v_unpack.argtypes = [p, I, L, L, p, p]
+    lib.q8v_rows.argtypes = lib.q4v_rows.argtypes = [p, I, L, L, p, L, p]
+    lib.q4v_pack.restype = lib.q4v_unpack.restype = None
+    lib.q4v_pack.argtypes = [p, p, p, L, L, I, p]
+    lib.q4v_unpack.argtypes = [p, L, L, I, p, p, p]
+    lib.q8_gemm.argtypes = [p, L, L, L, p, p, p, L, I, I]
+    lib.norm_linear.restype = lib.ffn_block.restype = ctypes.c_int
+    F = ctypes.c_float
+    lib.norm_linear.argtypes = [p, L, L, p, F, I, L, p, p, p, L, p, I, I]
+    lib.ffn_block.argtypes = [p, p, L, L, L, L] + [I, L, p, p, p] * 3 + [p, F, p, I, I]
+    lib.attn_f32.restype = ctypes.c_int
+    lib.attn_f32.argtypes = [p, L, L, L, L, L, p, p, p, p, L, p, p, p, L, F, p]
+    lib.rms_norm_f32.restype = None
+    lib.rms_norm_f32.argtypes = [p, L, L, p, ctypes.c_float, p]
+    return lib
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    global _lib, _status, _variant
+    if _status is None:
+        with _lock:
+            if _status is None:
+                if platform.machine().lower() not in ("x86_64", "amd64"):
+                    _status = f"qgemm.c is written for x86-64 (this machine: {platform.machine()})"
+                    return None
+                try:
+                    lib = _build()
+                except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                    _status = str(e)
+                    return None
+                mask = lib.qgemm_variants()
+                want = os.environ.get("SPECC_QGEMM_VARIANT", "").strip()
+                if want:
+                    if want not in VARIANTS:
+                        raise ValueError(f"SPECC_QGEMM_VARIANT={want!r}: choose one of {', '.join(VARIANTS)}")
+                    if not mask & (1 << VARIANTS.index(want)):
+                        raise ValueError(f"SPECC_QGEMM_VARIANT={want}: this CPU cannot run it "
+                                         f"(it runs {', '.join(supported_from(mask))}); unset it")
+                    _variant = VARIANTS.index(want)
+                else:
+                    _variant = max(i for i in range(len(VARIANTS)) if mask & (1 << i))
+                _lib, _status = lib, "ok"
+    return _lib
+
+
+def supported_from(mask: int) -> list:
+    """Variant names in a ``qgemm_variants`` bit mask."""
+    return [v for i, v in enumerate(VARIANTS) if mask & (1 << i)]
+
+
+def available() -> bool:
+    """Whether the kernels run here (builds the library on the first call)."""
+    return _load() is not None
+
+
+def status() -> str:
+    """``"ok"`` or why the kernels are unavailable."""
+    _load()
+    return _status or "not built"
+
+
+def variant() -> str:
+    """The variant every product of this process uses (``"avx512"``, ``"avx2"`` or ``"portable"``).
+    Raises ``RuntimeError`` when the library is unavailable."""
+    if _load() is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    return VARIANTS[_variant]
+
+
+def supported() -> list:
+    """The variants this CPU runs (empty when the library is unavailable)."""
+    lib = _load()
+    return supported_from(lib.qgemm_variants()) if lib is not None else []
+
+
+def set_variant(name: str) -> None:
+    """Use variant ``name`` for every later product (tests compare variants on one machine).
+    Raises ``ValueError`` for a name this CPU cannot run."""
+    global _variant
+    if name not in supported():
+        raise ValueError(f"qgemm variant {name!r} is not runnable here (runnable: {', '.join(supported())})")
+    _variant = VARIANTS.index(name)
+
+
+def set_threads(n: int) -> None:
+    """OpenMP threads per product (results do not depend on it). Raises ``ValueError`` for ``n < 1``."""
+    global _threads
+    if int(n) < 1:
+        raise ValueError(f"qgemm threads must be >= 1, got {n}")
+    _threads = int(n)
+
+
+def _check_x(x: torch.Tensor, K: int) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != K or x.device.type != "cpu":
+        raise ValueError(f"x must be a CPU fp32 [R, {K}] tensor, got {x.dtype} {list(x.shape)} on {x.device}")
+    return x.contiguous()
+
+
+def q4_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+              out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ W.T`` for ``x [R, K]`` fp32 and ``W`` in the q4 layout: ``qs`` uint8 ``[N, K/32, 16]``,
+    ``d``, ``m`` fp32 ``[N, K/32]`` (``w = d * code + m``). Returns ``[R, N]`` fp32 (``out`` when given).
+    Raises ``RuntimeError`` when the kernels are unavailable and ``ValueError`` for bad shapes/dtypes."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    N, nb = d.shape
+    x = _check_x(x, nb * 32)
+    R = x.shape[0]
+    y = torch.empty(R, N, dtype=torch.float32) if out is None else out
+    if R == 0:
+        return y
+    rc = lib.q4_gemm(x.data_ptr(), R, nb * 32, qs.data_ptr(), d.data_ptr(), m.data_ptr(), y.data_ptr(), N,
+                     _variant, _threads)
+    if rc != 0:
+        raise ValueError(f"q4_gemm rejected R={R}, K={nb * 32}, N={N} (code {rc})")
+    return y
+
+
+def q8_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ W.T`` for ``x [R, K]`` fp32 and ``W`` in the q8 layout: ``qs`` int8 ``[N, K/G, G]``, ``d``
+    fp32 ``[N, K/G]`` (``w = d * code``; G a multiple of 16). Returns ``[R, N]`` fp32. Raises
+    ``RuntimeError`` when the kernels are unavailable and ``ValueError`` for bad shapes/dtypes."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    N, nb, G = qs.shape
+    x = _check_x(x, nb * G)
+    R = x.shape[0]
+    y = torch.empty(R, N, dtype=torch.float32) if out is None else out
+    if R == 0:
+        return y
+    rc = lib.q8_gemm(x.data_ptr(), R, nb * G, G, qs.data_ptr(), d.data_ptr(), y.data_ptr(), N, _variant, _threads)
+    if rc != 0:
+        raise ValueError(f"q8_gemm rejected R={R}, K={nb * G}, G={G}, N={N} (code {rc})")
+    return y
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of ``x [..., H]`` fp32 with weight ``w [H]`` fp32 -> a new ``[..., H]`` fp32 tensor, each row
+    computed the same way whatever the row count. Raises ``RuntimeError`` when the library is unavailable."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    H = xc.shape[-1]
+    lib.rms_norm_f32(xc.data_ptr(), xc.numel() // H if H else 0, H, w.data_ptr(), eps, y.data_ptr())
+    return y
+
+
+def _lin_args(w) -> tuple:
+    """(kind, group, codes, d, m) ctypes arguments of a ``QuantWeight`` (kind 4 = q4, 5 / 6 = q4 packed for
+    the VNNI kernel with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed)."""
+    if packs() and packable(w.kind, w.group):
+        buf, f16 = w.packed()
+        kind = (6 if f16 else 5) if w.kind == "q4" else (10 if f16 else 9)
+        return kind, w.group, buf.data_ptr(), None, None
+    return (4 if w.kind == "q4" else 8, w.group, w.qs.data_ptr(), w.d.data_ptr(),
+            w.m.data_ptr() if w.m is not None else None)
+
+
+def norm_linear(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w) -> torch.Tensor:
+    """``rms_norm(x) @ W.T`` in one call: ``x [R, H]`` fp32, ``w`` a ``QuantWeight`` ``[N, H]`` -> ``[R, N]``.
+    Bits equal ``rms_norm`` then ``q4_matmul`` / ``q8_matmul``. Raises ``RuntimeError`` when unavailable."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    x = _check_x(x, w.shape[1])
+    R, N = x.shape[0], w.shape[0]
+    y = torch.empty(R, N, dtype=torch.float32)
+    rc = lib.norm_linear(x.data_ptr(), R, w.shape[1], norm_w.data_ptr(), eps, *_lin_args(w), N, y.data_ptr(),
+                         _variant, _threads)
+    if rc:
+        raise ValueError(f"norm_linear rejected R={R}, H={w.shape[1]}, N={N} (code {rc})")
+    return y
+
+
+def ffn_block(a: torch.Tensor, x: torch.Tensor, wo, w13, w2, norm_w: torch.Tensor, eps: float) -> torch.Tensor:
+    """A decoder layer after attention in one call: ``h = x + a @ Wo.T``, then ``h + W2 (silu(g) * u)`` with
+    ``(g | u) = W13 rms_norm(h)``. ``a [R, Q]``, ``x [R, H]`` fp32; ``wo [H, Q]``, ``w13 [2I, H]``, ``w2 [H, I]``
+    ``QuantWeight`` s. Returns ``[R, H]`` fp32. Raises ``RuntimeError`` when unavailable."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    H, Q = wo.shape
+    I = w2.shape[1]
+    a = _check_x(a, Q)
+    x = _check_x(x, H)
+    R = a.shape[0]
+    out = torch.empty(R, H, dtype=torch.float32)
+    rc = lib.ffn_block(a.data_ptr(), x.data_ptr(), R, H, Q, I, *_lin_args(wo), *_lin_args(w13), *_lin_args(w2),
+                       norm_w.data_ptr(), eps, out.data_ptr(), _variant, _threads)
+    if rc:
+        raise ValueError(f"ffn_block rejected R={R}, H={H}, Q={Q}, I={I} (code {rc})")
+    return out
+
+
+def packs() -> bool:
+    """Whether q4 and group-32 q8 weights run repacked for the VNNI kernels (the variant is ``avx512vnni``)."""
+    return _load() is not None and VARIANTS[_variant] == "avx512vnni"
+
+
+
+
+def packable(kind: str, group: int) -> bool:
+    """Whether a weight of this layout has a VNNI packing (q4, and q8 with 32-value groups)."""
+    return kind == "q4" or (kind == "q8" and group == 32)
+
+
+def pack(kind: str, qs: torch.Tensor, d: torch.Tensor, m: Optional[torch.Tensor]):
+    """A q4 or group-32 q8 weight repacked for the VNNI kernels: ``(bytes uint8 tensor, f16)`` (fp16 scales
+    when every scale is exactly an fp16)."""
+    if kind == "q4":
+        return q4v_pack(qs, d, m)
+    lib = _load()
+    N, nb = d.shape
+    f16 = int(bool(torch.equal(d.half().float(), d)))
+    out = torch.empty(lib.q8v_bytes(N, nb * 32, f16), dtype=torch.uint8)
+    lib.q8v_pack(qs.contiguous().data_ptr(), d.contiguous().data_ptr(), N, nb * 32, f16, out.data_ptr())
+    return out, f16
+
+
+def unpack(kind: str, packed, N: int, K: int):
+    """The inverse of :func:`pack`: ``(qs, d, m)`` (m None for q8)."""
+    if kind == "q4":
+        return q4v_unpack(packed, N, K)
+    lib = _load()
+    buf, f16 = packed
+    qs = torch.empty(N, K // 32, 32, dtype=torch.int8)
+    d = torch.empty(N, K // 32, dtype=torch.float32)
+    lib.q8v_unpack(buf.data_ptr(), f16, N, K, qs.data_ptr(), d.data_ptr())
+    return qs, d, None
+
+
+def packed_rows(kind: str, packed, N: int, K: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` (int64, any shape) of a packed weight dequantized -> ``[*ids.shape, K]`` fp32 (exactly
+    the values of the unpacked layout's dequantization)."""
+    lib = _load()
+    buf, f16 = packed
+    flat = ids.reshape(-1).contiguous()
+    out = torch.empty(flat.numel(), K, dtype=torch.float32)
+    fn = lib.q4v_rows if kind == "q4" else lib.q8v_rows
+    fn(buf.data_ptr(), f16, N, K, flat.data_ptr(), flat.numel(), out.data_ptr())
+    return out.view(*ids.shape, K)
+
+
+def packed_matmul(kind: str, x: torch.Tensor, packed, N: int, K: int) -> torch.Tensor:
+    """``x [R, K]`` @ W^T for a packed weight (:func:`q4v_matmul` or the q8 VNNI product)."""
+    if kind == "q4":
+        return q4v_matmul(x, packed, N, K)
+    lib = _load()
+    buf, f16 = packed
+    x = _check_x(x, K)
+    R = x.shape[0]
+    y = torch.empty(R, N, dtype=torch.float32)
+    if R == 0:
+        return y
+    rc = lib.q8v_gemm(x.data_ptr(), R, K, buf.data_ptr(), f16, y.data_ptr(), N, _threads)
+    if rc != 0:
+        raise ValueError(f"q8v_gemm rejected R={R}, K={K}, N={N} (code {rc})")
+    return y
+
+
+def q4v_pack(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+    """The q4 layout (``qs`` uint8 ``[N, nb, 16]``, ``d``, ``m`` fp32 ``[N, nb]``) repacked for
+    :func:`q4v_matmul`: ``(bytes uint8 tensor, f16)``, the records of ``qgemm.c`` with fp16 scales when
+    every scale is exactly an fp16 (Q4_0, Q4_1), else fp32."""
+    lib = _load()
+    N, nb = d.shape
+    f16 = int(bool(torch.equal(d.half().float(), d) and torch.equal(m.half().float(), m)))
+    out = torch.empty(lib.q4v_bytes(N, nb * 32, f16), dtype=torch.uint8)
+    lib.q4v_pack(qs.contiguous().data_ptr(), d.contiguous().data_ptr(), m.contiguous().data_ptr(), N, nb * 32, f16,
+                 out.data_ptr())
+    return out, f16
+
+
+def q4v_unpack(packed, N: int, K: int):
+    """The inverse of :func:`q4v_pack`: ``(qs, d, m)`` in the q4 layout for an ``[N, K]`` weight."""
+    lib = _load()
+    buf, f16 = packed
+    nb = K // 32
+    qs = torch.empty(N, nb, 16, dtype=torch.uint8)
+    d = torch.empty(N, nb, dtype=torch.float32)
+    m = torch.empty(N, nb, dtype=torch.float32)
+    lib.q4v_unpack(buf.data_ptr(), N, K, f16, qs.data_ptr(), d.data_ptr(), m.data_ptr())
+    return qs, d, m
+
+
+def q4v_matmul(x: torch.Tensor, packed, N: int, K: int) -> torch.Tensor:
+    """``x [R, K]`` fp32 @ W^T for an ``[N, K]`` weight packed by :func:`q4v_pack`, activations quantized per
+    32-block to int8 (see ``qgemm.c``). Returns ``[R, N]`` fp32. Raises ``RuntimeError`` when unavailable."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    buf, f16 = packed
+    x = _check_x(x, K)
+    R = x.shape[0]
+    y = torch.empty(R, N, dtype=torch.float32)
+    if R == 0:
+        return y
+    rc = lib.q4v_gemm(x.data_ptr(), R, K, buf.data_ptr(), f16, y.data_ptr(), N, _threads)
+    if rc != 0:
+        raise ValueError(f"q4v_gemm rejected R={R}, K={K}, N={N} (code {rc})")
+    return y
+
+
+def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+              v_cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, num_heads: int,
+              scale: float) -> torch.Tensor:
+    """One layer's fp32 attention in C (``attn_f32`` of ``qgemm.c``): RoPE on q and k, K/V written to the
+    caches, softmax attention over the first ``S`` slots of each row.
+
+    Args: qkv ``[B, N, (nh + 2 nkv) D]`` fp32; cos, sin ``[B, N, D]`` fp32 (sin with rotate_half's sign);
+    k_cache, v_cache ``[rows, nkv, Smax, D]`` fp32 contiguous; rows ``[B]`` int64 cache rows; slots
+    ``[B, N]`` int64 cache slots to write; mask ``[B, N, S]`` fp32 additive (0 attend, fp32-min masked).
+    Returns ``[B, N, nh D]`` fp32. Raises ``RuntimeError`` when unavailable, ``ValueError`` for bad shapes
+    or a slot outside the cache."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    B, N, _ = qkv.shape
+    _, nkv, Smax, D = k_cache.shape
+    S = mask.shape[-1]
+    qkv, cos, sin, mask = qkv.contiguous(), cos.contiguous(), sin.contiguous(), mask.contiguous()
+    rows, slots = rows.contiguous(), slots.contiguous()
+    out = torch.empty(B, N, num_heads * D, dtype=torch.float32)
+    rc = lib.attn_f32(qkv.data_ptr(), B, N, num_heads, nkv, D, cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                      v_cache.data_ptr(), Smax, rows.data_ptr(), slots.data_ptr(), mask.data_ptr(), S, scale,
+                      out.data_ptr())
+    if rc:
+        raise ValueError(f"attn_f32 rejected B={B}, N={N}, heads {num_heads}/{nkv}, D={D}, S={S}/{Smax} (code {rc})")
+    return out

@@ -1,0 +1,177 @@
+"""Weights in the checkpoint's own codes (specc.models.qweights) and their kernels (specc.kernels.qgemm).
+
+Every supported GGML type is read from random blocks and compared with gguf-py's own dequantizer
+(exact); each kernel variant this CPU runs is compared with an fp32 product over the dequantized
+weight and checked row-invariant (a k-row product gives each row the bits of the one-row product),
+which is what keeps speculative greedy output equal to plain greedy output.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize  # noqa: E402
+
+from specc.errors import CheckpointError  # noqa: E402
+from specc.kernels import qgemm  # noqa: E402
+from specc.models.qweights import SUPPORTED, QuantLinear, QuantWeight  # noqa: E402
+
+# bytes per block and the offsets of fp16 scale fields (set to finite values) per type
+LAYOUT = {"Q4_0": (18, 32, [0]), "Q4_1": (20, 32, [0, 2]), "Q8_0": (34, 32, [0]),
+          "Q4_K": (144, 256, [0, 2]), "Q6_K": (210, 256, [208])}
+
+
+def random_blocks(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random raw GGUF blocks ``[rows, bytes per row]`` uint8 with finite fp16 scales."""
+    size, block, scale_at = LAYOUT[type_name]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    for off in scale_at:
+        vals = (rng.standard_normal((rows, cols // block)) * 0.01).astype(np.float16)
+        raw[..., off:off + 2] = vals.view(np.uint8).reshape(rows, cols // block, 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("type_name", sorted(SUPPORTED))
+def test_codes_equal_gguf_dequantize(type_name):
+    raw = random_blocks(type_name, 24, 512)
+    qw = QuantWeight.from_gguf("blk.0.ffn_up.weight", type_name, raw, (24, 512))
+    ref = dequantize(raw, getattr(gguf.GGMLQuantizationType, type_name)).reshape(24, 512)
+    assert qw.kind == SUPPORTED[type_name]
+    assert torch.equal(qw.dequantize(), torch.from_numpy(ref.astype(np.float32)))
+    ids = torch.tensor([[3, 0], [23, 3]])
+    assert torch.equal(qw.rows(ids), qw.dequantize()[ids])
+
+
+def test_unsupported_type_names_type_tensor_and_supported():
+    with pytest.raises(CheckpointError) as err:
+        QuantWeight.from_gguf("blk.3.attn_v.weight", "Q5_K", np.zeros((4, 176), np.uint8), (4, 256))
+    msg = str(err.value)
+    assert "blk.3.attn_v.weight" in msg and "Q5_K" in msg and "Q4_1" in msg and "dtype: float32" in msg
+
+
+def test_rows_not_whole_blocks_refused():
+    with pytest.raises(CheckpointError, match="whole blocks of 256"):
+        QuantWeight.from_gguf("w", "Q4_K", np.zeros((2, 144), np.uint8), (2, 300))
+
+
+needs_kernels = pytest.mark.skipif(not qgemm.available(), reason=f"qgemm unavailable: {qgemm.status()}")
+
+
+@needs_kernels
+@pytest.mark.parametrize("variant", qgemm.supported())
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q4_K", "Q8_0", "Q6_K"])
+def test_kernel_matches_fp32_and_is_row_invariant(variant, type_name):
+    """Every row count (1 .. 40: all register tiles, whole row chunks and their edges) and thread count
+    gives each row the bits of the one-row product."""
+    before = qgemm.variant()
+    qgemm.set_variant(variant)
+    try:
+        N, K = 70, 512  # N not a multiple of the 4-output tile: the one-output tail runs too
+        qw = QuantWeight.from_gguf("w", type_name, random_blocks(type_name, N, K, seed=1), (N, K))
+        x = torch.randn(40, K, generator=torch.Generator().manual_seed(0))
+        ref = x.double() @ qw.dequantize().double().T
+        full = qw.matmul(x)
+        assert full.shape == (40, N) and full.dtype == torch.float32
+        # fp32 activations: the fp32 product up to summation order; avx512vnni's q4 / Q8_0 products quantize
+        # the activations per 32-block to int8 (as llama.cpp does): ~0.5 % of the largest output here
+        tol = 2e-2 if variant == "avx512vnni" and qgemm.packable(qw.kind, qw.group) else 1e-5
+        assert torch.allclose(full.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+        one = torch.cat([qw.matmul(x[i:i + 1]) for i in range(40)])
+        assert torch.equal(full, one), "a 40-row product must give each row the one-row bits"
+        for r in (2, 3, 5, 6, 7, 8, 9, 13, 16, 17):
+            assert torch.equal(qw.matmul(x[:r]), one[:r]), r
+        qgemm.set_threads(2)
+        try:
+            assert torch.equal(qw.matmul(x), full), "results must not depend on the thread count"
+            assert torch.equal(qw.matmul(x[:3]), one[:3])
+        finally:
+            qgemm.set_threads(1)
+    finally:
+        qgemm.set_variant(before)
+
+
+def test_quant_linear_fuses_parts_and_keeps_the_forward_quantized():
+    a = QuantWeight.from_gguf("q", "Q4_1", random_blocks("Q4_1", 8, 64, seed=3), (8, 64))
+    b = QuantWeight.from_gguf("k", "Q4_0", random_blocks("Q4_0", 4, 64, seed=4), (4, 64))
+    c = QuantWeight.from_gguf("v", "Q8_0", random_blocks("Q8_0", 4, 64, seed=5), (4, 64))
+    lin = QuantLinear([a, b, c], bias=torch.arange(16, dtype=torch.float32))
+    assert [p.kind for p in lin.parts] == ["q4", "q8"]  # q4 neighbours stacked into one call
+    assert lin.weight.shape == (16, 64)
+    x = torch.randn(3, 2, 64)
+    with torch.inference_mode():
+        y = lin(x)
+    ref = x @ lin.weight.T + torch.arange(16, dtype=torch.float32)
+    tol = 3e-2 * ref.abs().max().item() if qgemm.available() and qgemm.packs() else 1e-4
+    assert y.shape == (3, 2, 16) and torch.allclose(y, ref, atol=tol)
+
+
+@needs_kernels
+def test_rms_norm_kernel_matches_torch():
+    x = torch.randn(5, 576)
+    w = torch.rand(576)
+    ref = torch.nn.functional.rms_norm(x, (576,), w, 1e-5)
+    out = qgemm.rms_norm(x, w, 1e-5)
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert torch.equal(qgemm.rms_norm(x[2:3], w, 1e-5), out[2:3])
+
+
+def test_variant_env_refuses_unknown(monkeypatch):
+    assert "portable" in qgemm.VARIANTS
+    with pytest.raises(ValueError, match="not runnable here"):
+        qgemm.set_variant("neon")
+
+
+@needs_kernels
+@pytest.mark.skipif("avx512vnni" not in qgemm.supported(), reason="no AVX-512 VNNI on this CPU")
+def test_vnni_packing_round_trips_and_drops_the_plain_layout():
+    before = qgemm.variant()
+    qgemm.set_variant("avx512vnni")
+    try:
+        for type_name, f16 in (("Q4_1", 1), ("Q4_K", 0), ("Q8_0", 1)):  # Q4_K's d * scale products need fp32
+            qw = QuantWeight.from_gguf("w", type_name, random_blocks(type_name, 37, 256, seed=7), (37, 256))
+            want = qw.dequantize()
+            qw.matmul(torch.randn(2, 256))
+            assert qw._qs is None and qw.packed()[1] == f16
+            assert torch.equal(qw.dequantize(), want)
+            ids = torch.tensor([[36, 0], [5, 17]])
+            assert torch.equal(qw.rows(ids), want[ids])
+    finally:
+        qgemm.set_variant(before)
+
+
+@needs_kernels
+@pytest.mark.parametrize("head_dim", [8, 64])  # 8: the generic C attention; 64: the AVX-512 one where it runs
+def test_c_attention_is_row_and_slot_invariant(head_dim):
+    """A query's output depends on the keys it attends and their order only: not on how many queries run
+    with it nor on masked slots between its keys (a tree verify's ancestors sit among masked siblings)."""
+    torch.manual_seed(0)
+    nh, nkv, D, smax = 6, 2, head_dim, 40
+    width = (nh + 2 * nkv) * D
+    keys = torch.randn(12, width)  # 12 tokens' q/k/v rows
+    cos, sin = torch.rand(1, 12, D), torch.rand(1, 12, D) - 0.5
+    neg = torch.finfo(torch.float32).min
+
+    def run(slots, mask_rows, n_query):
+        kc = torch.zeros(1, nkv, smax, D)
+        vc = torch.zeros(1, nkv, smax, D)
+        sl = torch.tensor([slots])
+        out = qgemm.attention(keys[None, :len(slots)], cos[:, :len(slots)], sin[:, :len(slots)], kc, vc,
+                              torch.tensor([0]), sl, mask_rows, nh, D ** -0.5)
+        return out[0, :n_query] if n_query else out[0]
+
+    S = 30
+    # contiguous: token i at slot i, attends to slots 0..i
+    causal = torch.full((1, 12, S), neg)
+    for i in range(12):
+        causal[0, i, : i + 1] = 0
+    ref = run(list(range(12)), causal, 0)
+    one_by_one = torch.cat([run(list(range(i + 1)), causal[:, : i + 1], 0)[i:i + 1] for i in range(12)])
+    assert torch.equal(ref, one_by_one)
+    # the same tokens at spread slots 0, 2, 4, ... with the slots between masked
+    spread = torch.full((1, 12, S), neg)
+    for i in range(12):
+        spread[0, i, [2 * j for j in range(i + 1)]] = 0
+    assert torch.equal(run([2 * i for i in range(12)], spread, 0), ref)
