@@ -378,6 +378,10 @@ void rms_norm_f32(const float *x, long R, long H, const float *w, float eps, flo
  * q8 weights and every other operation run the AVX-512F code. Row-invariant like the others: a row's
  * quantization and each output's accumulation order do not depend on the other rows. */
 
+#ifndef PFV
+#define PFV 4 /* records (16 outputs x one block) ahead to prefetch */
+#endif
+
 static long q4v_record(int f16) { return 256 + (f16 ? 64 : 128); }
 
 static void put_scale(uint8_t *rec, int f16, int which, int c, float v) {
@@ -468,9 +472,11 @@ static void quant_row(const float *x, long K, int8_t *xq, float *dx, float *sx) 
         const __m512i lo4 = _mm512_set1_epi8(15);                                                               \
         for (long b = 0; b < nb; b++) {                                                                         \
             const uint8_t *blk = pk + (g * nb + b) * rec;                                                       \
-            for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + 4 * rec + pf), _MM_HINT_T0);  \
-            __m512i ai[RC];                                                                                     \
-            for (int r = 0; r < RC; r++) ai[r] = _mm512_setzero_si512();                                        \
+            for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + PFV * rec + pf), _MM_HINT_T0);  \
+            /* two independent integer chains per row (low / high nibbles), summed at the block's end:  \
+             * integer sums are exact, so the split changes no bit, only the dependency chain length */ \
+            __m512i ai[RC], bi[RC];                                                                             \
+            for (int r = 0; r < RC; r++) ai[r] = bi[r] = _mm512_setzero_si512();                                \
             for (int qd = 0; qd < 4; qd++) {                                                                    \
                 __m512i raw = _mm512_loadu_si512((const void *)(blk + qd * 64));                                \
                 __m512i lo = _mm512_and_si512(raw, lo4), hi = _mm512_and_si512(_mm512_srli_epi32(raw, 4), lo4); \
@@ -480,9 +486,10 @@ static void quant_row(const float *x, long K, int8_t *xq, float *dx, float *sx) 
                     memcpy(&a0, xr + 4 * qd, 4);                                                                \
                     memcpy(&a1, xr + 16 + 4 * qd, 4);                                                           \
                     ai[r] = _mm512_dpbusd_epi32(ai[r], lo, _mm512_set1_epi32(a0));                              \
-                    ai[r] = _mm512_dpbusd_epi32(ai[r], hi, _mm512_set1_epi32(a1));                              \
+                    bi[r] = _mm512_dpbusd_epi32(bi[r], hi, _mm512_set1_epi32(a1));                              \
                 }                                                                                               \
             }                                                                                                   \
+            for (int r = 0; r < RC; r++) ai[r] = _mm512_add_epi32(ai[r], bi[r]);                                \
             __m512 dv, mv;                                                                                      \
             if (F16) {                                                                                          \
                 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 256)));                         \
@@ -637,17 +644,21 @@ void q8v_unpack(const uint8_t *pk, int f16, long N, long K, int8_t *qs, float *d
         for (int r = 0; r < RC; r++) acc[r] = _mm512_setzero_ps();                                              \
         for (long b = 0; b < nb; b++) {                                                                         \
             const uint8_t *blk = pk + (g * nb + b) * rec;                                                       \
-            for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + 4 * rec + pf), _MM_HINT_T0);  \
-            __m512i ai[RC];                                                                                     \
-            for (int r = 0; r < RC; r++) ai[r] = _mm512_setzero_si512();                                        \
-            for (int qd = 0; qd < 8; qd++) {                                                                    \
-                __m512i raw = _mm512_loadu_si512((const void *)(blk + qd * 64));                                \
+            for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + PFV * rec + pf), _MM_HINT_T0);  \
+            __m512i ai[RC], bi[RC]; /* two exact integer chains per row (even / odd quads) */               \
+            for (int r = 0; r < RC; r++) ai[r] = bi[r] = _mm512_setzero_si512();                                \
+            for (int qd = 0; qd < 8; qd += 2) {                                                                 \
+                __m512i raw0 = _mm512_loadu_si512((const void *)(blk + qd * 64));                               \
+                __m512i raw1 = _mm512_loadu_si512((const void *)(blk + qd * 64 + 64));                          \
                 for (int r = 0; r < RC; r++) {                                                                  \
-                    int32_t a0;                                                                                 \
+                    int32_t a0, a1;                                                                             \
                     memcpy(&a0, xq + r * K + b * QK + 4 * qd, 4);                                               \
-                    ai[r] = _mm512_dpbusd_epi32(ai[r], raw, _mm512_set1_epi32(a0));                             \
+                    memcpy(&a1, xq + r * K + b * QK + 4 * qd + 4, 4);                                           \
+                    ai[r] = _mm512_dpbusd_epi32(ai[r], raw0, _mm512_set1_epi32(a0));                            \
+                    bi[r] = _mm512_dpbusd_epi32(bi[r], raw1, _mm512_set1_epi32(a1));                            \
                 }                                                                                               \
             }                                                                                                   \
+            for (int r = 0; r < RC; r++) ai[r] = _mm512_add_epi32(ai[r], bi[r]);                                \
             __m512 dv = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 512)))                 \
                             : _mm512_loadu_ps((const float *)(blk + 512));                                      \
             for (int r = 0; r < RC; r++) {                                                                      \

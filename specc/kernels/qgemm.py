@@ -267,16 +267,31 @@ def packable(kind: str, group: int) -> bool:
     return kind == "q4" or (kind == "q8" and group == 32)
 
 
-def pack(kind: str, qs: torch.Tensor, d: torch.Tensor, m: Optional[torch.Tensor]):
+def _f16_exact(d: torch.Tensor, m: Optional[torch.Tensor]) -> int:
+    return int(bool(torch.equal(d.half().float(), d) and (m is None or torch.equal(m.half().float(), m))))
+
+
+def packed_bytes(kind: str, N: int, K: int, f16: int) -> int:
+    """Bytes of the VNNI packing of an ``[N, K]`` q4 / q8 weight."""
+    lib = _load()
+    return lib.q4v_bytes(N, K, f16) if kind == "q4" else lib.q8v_bytes(N, K, f16)
+
+
+def pack(kind: str, qs: torch.Tensor, d: torch.Tensor, m: Optional[torch.Tensor],
+         out: Optional[torch.Tensor] = None):
     """A q4 or group-32 q8 weight repacked for the VNNI kernels: ``(bytes uint8 tensor, f16)`` (fp16 scales
-    when every scale is exactly an fp16)."""
-    if kind == "q4":
-        return q4v_pack(qs, d, m)
+    when every scale is exactly an fp16), written into ``out`` (a uint8 slice of ``packed_bytes``) when
+    given."""
     lib = _load()
     N, nb = d.shape
-    f16 = int(bool(torch.equal(d.half().float(), d)))
-    out = torch.empty(lib.q8v_bytes(N, nb * 32, f16), dtype=torch.uint8)
-    lib.q8v_pack(qs.contiguous().data_ptr(), d.contiguous().data_ptr(), N, nb * 32, f16, out.data_ptr())
+    f16 = _f16_exact(d, m)
+    if out is None:
+        out = torch.empty(packed_bytes(kind, N, nb * 32, f16), dtype=torch.uint8)
+    if kind == "q4":
+        lib.q4v_pack(qs.contiguous().data_ptr(), d.contiguous().data_ptr(), m.contiguous().data_ptr(), N, nb * 32,
+                     f16, out.data_ptr())
+    else:
+        lib.q8v_pack(qs.contiguous().data_ptr(), d.contiguous().data_ptr(), N, nb * 32, f16, out.data_ptr())
     return out, f16
 
 
@@ -325,13 +340,7 @@ def q4v_pack(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
     """The q4 layout (``qs`` uint8 ``[N, nb, 16]``, ``d``, ``m`` fp32 ``[N, nb]``) repacked for
     :func:`q4v_matmul`: ``(bytes uint8 tensor, f16)``, the records of ``qgemm.c`` with fp16 scales when
     every scale is exactly an fp16 (Q4_0, Q4_1), else fp32."""
-    lib = _load()
-    N, nb = d.shape
-    f16 = int(bool(torch.equal(d.half().float(), d) and torch.equal(m.half().float(), m)))
-    out = torch.empty(lib.q4v_bytes(N, nb * 32, f16), dtype=torch.uint8)
-    lib.q4v_pack(qs.contiguous().data_ptr(), d.contiguous().data_ptr(), m.contiguous().data_ptr(), N, nb * 32, f16,
-                 out.data_ptr())
-    return out, f16
+    return pack("q4", qs, d, m)
 
 
 def q4v_unpack(packed, N: int, K: int):

@@ -80,6 +80,17 @@ class QuantWeight:
     d = property(lambda self: self._layout()[1])
     m = property(lambda self: self._layout()[2])
 
+    def pack_into(self, out: torch.Tensor) -> None:
+        """Pack (as :meth:`packed`) into ``out``, a uint8 slice of ``qgemm.packed_bytes`` bytes of an arena."""
+        from specc.kernels import qgemm
+        self._packed = qgemm.pack(self.kind, self._qs, self._d, self._m, out=out)
+        self._qs = self._d = self._m = None
+
+    def packed_size(self) -> int:
+        """Bytes :meth:`pack_into` writes."""
+        from specc.kernels import qgemm
+        return qgemm.packed_bytes(self.kind, *self.shape, qgemm._f16_exact(self._d, self._m))
+
     def packed(self):
         """The weight in the VNNI kernels' layout (``specc.kernels.qgemm.pack``; q4, and q8 in 32-value
         groups), packed on first use; the plain layout is then dropped (rebuilt on demand by ``qs`` / ``d``
@@ -351,7 +362,36 @@ def use_c_norms(model):
     for layer in model.layers:  # all layers or none: the forward builds one mask layout for all of them
         layer.fused = fused
     model.c_layers = fused
+    if on and qgemm.packs():
+        pack_in_order(model)
     return model
+
+
+def pack_in_order(model) -> int:
+    """Repack the model's VNNI-packable weights into one buffer in the order a forward reads them (each
+    layer's q/k/v, o, gate/up, down, then the head): one sequential stream from the first layer to the
+    head, which the CPU's prefetchers follow across weights (measured ~1.4x the rate of separately
+    allocated weights). Returns the buffer's size in bytes (0 when nothing was left to pack)."""
+    from specc.kernels import qgemm
+    order = []
+    for layer in model.layers:
+        for lin in (layer.attn.wqkv, layer.attn.wo, layer.ffn.w13, layer.ffn.w2):
+            order += getattr(lin, "parts", [])
+    order += getattr(model.output, "parts", [])
+    todo, seen = [], set()
+    for w in order:
+        if id(w) not in seen and w._packed is None and qgemm.packable(w.kind, w.group):
+            seen.add(id(w))
+            todo.append(w)
+    sizes = [w.packed_size() for w in todo]
+    if not todo:
+        return 0
+    arena = torch.empty(sum(sizes) + 64 * len(sizes), dtype=torch.uint8)
+    off = (-arena.data_ptr()) % 64
+    for w, n in zip(todo, sizes):
+        w.pack_into(arena[off: off + n])
+        off += n + (-(arena.data_ptr() + off + n)) % 64  # every weight starts on a cache line
+    return int(arena.numel())
 
 
 def native_tensors(model) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
