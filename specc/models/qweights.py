@@ -425,7 +425,9 @@ def native_tensors(model) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
 
 
 def model_from_native_tensors(config, tensors: Dict[str, torch.Tensor], meta: Dict[str, str], source: str):
-    """The inverse of :func:`native_tensors`. Raises ``CheckpointError`` when a tensor is missing."""
+    """The inverse of :func:`native_tensors` (``tensors`` may be views of a mapped file: everything but the
+    codes is copied, so once the codes are repacked no view keeps the file mapped). Raises
+    ``CheckpointError`` when a tensor is missing."""
     import json
     from specc.models.llama import LlamaModel, RMSNorm
 
@@ -437,22 +439,23 @@ def model_from_native_tensors(config, tensors: Dict[str, torch.Tensor], meta: Di
                 parent, _, attr = name.rpartition(".")
                 owner = model.get_submodule(parent) if parent else model
                 bias = tensors.get(f"{name}.bias")
+                bias = None if bias is None else bias.clone()  # own memory: no view keeps the file mapped
                 if name in meta:
                     parts = [QuantWeight.from_tensors(f"{name}.{i}", m, tensors) for i, m in enumerate(json.loads(meta[name]))]
                     new = QuantLinear(parts, bias)
                 else:
-                    w = tensors[f"{name}.weight"]
+                    w = tensors[f"{name}.weight"].clone()
                     new = _fused([w], bias)
                 setattr(owner, attr, new)
             elif isinstance(mod, RMSNorm):
-                mod.weight = nn.Parameter(tensors[f"{name}.weight"], requires_grad=False)
+                mod.weight = nn.Parameter(tensors[f"{name}.weight"].clone(), requires_grad=False)
         if "embed_table" in meta:
             model.embed_table = QuantWeight.from_tensors("embed_table", meta["embed_table"], tensors)
         elif config.tie_word_embeddings and isinstance(model.output, QuantLinear):
             model.embed_table = model.output.parts[0]
         if not config.tie_word_embeddings:
             emb = tensors.get("embed_tokens")
-            model.embed_tokens = nn.Parameter(emb if emb is not None else torch.empty(0), requires_grad=False)
+            model.embed_tokens = nn.Parameter(emb.clone() if emb is not None else torch.empty(0), requires_grad=False)
     except KeyError as exc:
         raise CheckpointError(f"{source}: cached tensor {exc} is missing") from None
     return use_c_norms(model.eval())

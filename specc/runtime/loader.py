@@ -62,7 +62,7 @@ def default_dtype(target: Dict[str, Any], dev: "torch.device") -> Tuple[str, str
     path = str(target.get("path") or "")
     gguf = (target.get("format") or "auto") == "gguf" or path.endswith(".gguf")
     if dev.type == "cpu" and gguf:
-        return "native", ("dtype native (the GGUF's own quantized weights, fp32 activations; target.dtype: float32 "
+        return "native", ("dtype native (the GGUF's own quantized weights, run by specc.kernels.qgemm; target.dtype: float32 "
                           "runs them dequantized)")
     return "float32", ("dtype float32 (runtime.dtype auto and no device profile: `specc profile` measures the "
                        "dtypes, schedule.cost_table points at its table)")
