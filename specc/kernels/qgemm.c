@@ -364,6 +364,25 @@ void rms_norm_f32(const float *x, long R, long H, const float *w, float eps, flo
 }
 
 
+/* Thread-local work buffers, grown as needed and kept for the thread's life: a fresh allocation per call
+ * would map and fault its pages in anew every time. grow() returns NULL when out of memory. */
+static void *grow(void **buf, long *cap, long bytes) {
+    if (bytes > *cap) {
+        void *nb = realloc(*buf, bytes);
+        if (!nb) return 0;
+        *buf = nb;
+        *cap = bytes;
+    }
+    return *buf;
+}
+
+static __thread void *xq_buf = 0, *xs_buf = 0, *scratch_buf = 0;
+static __thread long xq_cap = 0, xs_cap = 0, scratch_cap = 0;
+
+static int8_t *xq_buffer(long n) { return (int8_t *)grow(&xq_buf, &xq_cap, n); }
+static float *xs_buffer(long n) { return (float *)grow(&xs_buf, &xs_cap, n * (long)sizeof(float)); }
+static float *scratch(long n) { return (float *)grow(&scratch_buf, &scratch_cap, n * (long)sizeof(float)); }
+
 /* ------------------------------------------------------------------------------------- AVX-512 VNNI (q4)
  * Variant 3 multiplies q4 weights the way llama.cpp does on x86 (ggml-quants.c, block_q8_1 activations;
  * ggml-cpu/amx/mmq.cpp's VNNI layout): each activation row is quantized per 32-block to int8 (xq =
@@ -516,30 +535,6 @@ typedef void (*q4v_fn)(const int8_t *, const float *, const float *, long, const
 static const q4v_fn Q4V_TILE[2][9] = {
     {0, q4v_tile_1_0, q4v_tile_2_0, q4v_tile_3_0, q4v_tile_4_0, q4v_tile_5_0, q4v_tile_6_0, q4v_tile_7_0, q4v_tile_8_0},
     {0, q4v_tile_1_1, q4v_tile_2_1, q4v_tile_3_1, q4v_tile_4_1, q4v_tile_5_1, q4v_tile_6_1, q4v_tile_7_1, q4v_tile_8_1}};
-
-static int8_t *xq_buffer(long n) {
-    static __thread int8_t *buf = 0;
-    static __thread long cap = 0;
-    if (n > cap) {
-        int8_t *nb = (int8_t *)realloc(buf, n);
-        if (!nb) return 0;
-        buf = nb;
-        cap = n;
-    }
-    return buf;
-}
-
-static float *xs_buffer(long n) {
-    static __thread float *buf = 0;
-    static __thread long cap = 0;
-    if (n > cap) {
-        float *nb = (float *)realloc(buf, sizeof(float) * n);
-        if (!nb) return 0;
-        buf = nb;
-        cap = n;
-    }
-    return buf;
-}
 
 /* y [R, N] = x [R, K] @ w^T with w in the packed VNNI layout (variant 3). Returns 0, -1 for bad sizes,
  * -2 when the CPU lacks AVX-512 VNNI, -3 when out of memory. */
@@ -734,18 +729,6 @@ void q4v_rows(const uint8_t *pk, int f16, long N, long K, const long *ids, long 
  * linear is (kind 4 = q4, 5 / 6 = q4 packed for VNNI with fp32 / fp16 scales, 8 = q8; group, codes, d, m)
  * with N outputs over K inputs;
  * the products are q4_gemm / q4v_gemm / q8_gemm, so these parts are row-invariant as they are. */
-
-static float *scratch(long n) {
-    static __thread float *buf = 0;
-    static __thread long cap = 0;
-    if (n > cap) {
-        float *nb = (float *)realloc(buf, sizeof(float) * n);
-        if (!nb) return 0;
-        buf = nb;
-        cap = n;
-    }
-    return buf;
-}
 
 static int qlin(int kind, long G, const void *qs, const float *d, const float *m, long N, long K, const float *x,
                 long R, float *y, int variant, int threads) {

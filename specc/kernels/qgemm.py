@@ -320,19 +320,22 @@ def packed_rows(kind: str, packed, N: int, K: int, ids: torch.Tensor) -> torch.T
 
 
 def packed_matmul(kind: str, x: torch.Tensor, packed, N: int, K: int) -> torch.Tensor:
-    """``x [R, K]`` @ W^T for a packed weight (:func:`q4v_matmul` or the q8 VNNI product)."""
-    if kind == "q4":
-        return q4v_matmul(x, packed, N, K)
+    """``x [R, K]`` fp32 @ W^T for an ``[N, K]`` q4 / q8 weight packed by :func:`pack`, activations quantized
+    per 32-block to int8 (see ``qgemm.c``). Returns ``[R, N]`` fp32. Raises ``RuntimeError`` when the
+    kernels are unavailable and ``ValueError`` when the kernel rejects the sizes."""
     lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
     buf, f16 = packed
     x = _check_x(x, K)
     R = x.shape[0]
     y = torch.empty(R, N, dtype=torch.float32)
     if R == 0:
         return y
-    rc = lib.q8v_gemm(x.data_ptr(), R, K, buf.data_ptr(), f16, y.data_ptr(), N, _threads)
+    fn = lib.q4v_gemm if kind == "q4" else lib.q8v_gemm
+    rc = fn(x.data_ptr(), R, K, buf.data_ptr(), f16, y.data_ptr(), N, _threads)
     if rc != 0:
-        raise ValueError(f"q8v_gemm rejected R={R}, K={K}, N={N} (code {rc})")
+        raise ValueError(f"{kind}v_gemm rejected R={R}, K={K}, N={N} (code {rc})")
     return y
 
 
@@ -356,21 +359,9 @@ def q4v_unpack(packed, N: int, K: int):
 
 
 def q4v_matmul(x: torch.Tensor, packed, N: int, K: int) -> torch.Tensor:
-    """``x [R, K]`` fp32 @ W^T for an ``[N, K]`` weight packed by :func:`q4v_pack`, activations quantized per
-    32-block to int8 (see ``qgemm.c``). Returns ``[R, N]`` fp32. Raises ``RuntimeError`` when unavailable."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"qgemm is unavailable: {_status}")
-    buf, f16 = packed
-    x = _check_x(x, K)
-    R = x.shape[0]
-    y = torch.empty(R, N, dtype=torch.float32)
-    if R == 0:
-        return y
-    rc = lib.q4v_gemm(x.data_ptr(), R, K, buf.data_ptr(), f16, y.data_ptr(), N, _threads)
-    if rc != 0:
-        raise ValueError(f"q4v_gemm rejected R={R}, K={K}, N={N} (code {rc})")
-    return y
+    """``x [R, K]`` fp32 @ W^T for an ``[N, K]`` q4 weight packed by :func:`q4v_pack` (see
+    :func:`packed_matmul`)."""
+    return packed_matmul("q4", x, packed, N, K)
 
 
 def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,

@@ -235,13 +235,23 @@ def _write_cache(cache: pathlib.Path, model, tokenizer, source: pathlib.Path) ->
     fused, transposed fp32 tensors the CPU path computes with, so loading copies nothing) and the
     tokenizer files."""
     from safetensors.torch import save_file
+
+    def weights(tmp: pathlib.Path) -> None:
+        save_file(model.native_state_dict(), str(tmp / NATIVE_WEIGHTS))
+    _write_cache_dir(cache, weights, model, tokenizer, {"source": str(source), "version": CACHE_VERSION})
+
+
+def _write_cache_dir(cache: pathlib.Path, write_weights, model, tokenizer, marker: dict) -> None:
+    """Write a cache directory atomically: ``write_weights(tmp)``, ``config.json``, the tokenizer files and
+    the marker, in a temporary directory renamed into place (a failure removes it: no partial cache; a
+    process that lost the race to another discards its copy)."""
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
     try:
-        save_file(model.native_state_dict(), str(tmp / NATIVE_WEIGHTS))
+        write_weights(tmp)
         (tmp / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=1))
         tokenizer.save(tmp)
-        (tmp / CACHE_MARKER).write_text(json.dumps({"source": str(source), "version": CACHE_VERSION}))
+        (tmp / CACHE_MARKER).write_text(json.dumps(marker))
         try:
             os.rename(tmp, cache)
         except OSError:  # another process won the race
@@ -275,21 +285,11 @@ def _write_native_cache(cache: pathlib.Path, model, tokenizer, source: pathlib.P
     from safetensors.torch import save_file
 
     from specc.models.qweights import native_tensors
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=cache.name + ".", dir=cache.parent))
-    try:
+
+    def weights(tmp: pathlib.Path) -> None:
         tensors, meta = native_tensors(model)
         save_file(tensors, str(tmp / NATIVE_QWEIGHTS), metadata=meta)
-        (tmp / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=1))
-        tokenizer.save(tmp)
-        (tmp / CACHE_MARKER).write_text(json.dumps({"source": str(source), "version": CACHE_VERSION, "native": True}))
-        try:
-            os.rename(tmp, cache)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    _write_cache_dir(cache, weights, model, tokenizer, {"source": str(source), "version": CACHE_VERSION, "native": True})
 
 
 _ST_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "F32": torch.float32, "F16": torch.float16,
