@@ -175,3 +175,35 @@ def test_c_attention_is_row_and_slot_invariant(head_dim):
     for i in range(12):
         spread[0, i, [2 * j for j in range(i + 1)]] = 0
     assert torch.equal(run([2 * i for i in range(12)], spread, 0), ref)
+
+
+@needs_kernels
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+def test_decoder_stack_equals_layer_by_layer(type_name):
+    """The one-call decoder stack gives the per-layer C path's bits: a decode row, a ragged verify (packed
+    tokens), a tree mask with masked slots between attended ones, and the hidden states asked for."""
+    from specc.runtime.testing import quantized_copy, tiny_llama
+
+    model = quantized_copy(tiny_llama(seed=2, hidden_size=64, num_layers=3), type_name=type_name)
+    assert model.c_layers
+
+    def run(stack: bool, *args, **kw):
+        model.c_stack = stack
+        model.setup_cache(2, 48)
+        with torch.inference_mode():
+            model(torch.tensor([[3, 9, 4, 7, 1, 2], [5, 6, 2, 8, 8, 3]]), torch.arange(6).repeat(2, 1))  # prefill
+            return model(*args, **kw)
+
+    ids, pos = torch.tensor([[11, 12, 13], [21, 22, 23]]), torch.tensor([[6, 7, 8], [6, 7, 7]])
+    tree = torch.zeros(2, 3, 9, dtype=torch.bool)
+    tree[:, :, :6] = True
+    tree[:, 0, 6] = tree[:, 1, 7] = tree[:, 2, 8] = True  # three siblings: each sees the prefix and itself
+    tree[0, 2, 6] = True  # and one a masked-between ancestor
+    cases = [((ids[:, :1], pos[:, :1]), {}),
+             ((ids, pos), {"num_tokens": torch.tensor([3, 1]), "hidden_layers": (0, 2)}),
+             ((ids, pos), {"attn_mask": tree, "cache_slots": torch.tensor([[6, 7, 8]] * 2), "hidden_layers": (1, 3)})]
+    for args, kw in cases:
+        (la, ha), (lb, hb) = run(True, *args, **kw), run(False, *args, **kw)
+        assert torch.equal(la, lb)
+        assert all(torch.equal(a, b) for a, b in zip(ha, hb)) and len(ha) == len(kw.get("hidden_layers", ()))
+    assert model._c_stack() is not None

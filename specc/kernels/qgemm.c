@@ -789,6 +789,7 @@ int ffn_block(const float *a, const float *x, long R, long H, long Q, long I,
  * difference into a visible one. The q . k dot products run in 16 fixed lanes over the head dimension
  * (lane l takes the elements with index l mod 16), vectorized without reordering a sum. */
 #define LANES 16
+#define HC 4 /* most query heads of one kv head scored in one pass (AVX-512 attention) */
 
 static inline float dot_lanes(const float *a, const float *b, long n) {
     float acc[LANES] = {0};
@@ -882,18 +883,71 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
     return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
 }
 
-/* attn_f32 on AVX-512 for head dimensions that are multiples of 16 (<= 256): the g query heads of a kv
- * head scored together against each key (one load of k_j, one dot of D/16 vector FMAs and a fixed
- * horizontal sum per query), exp16 over 16 slots at a time, the denominator summed in slot order with
- * one accumulator and the values accumulated in slot order (per element): slot-invariant as the
- * generic version. */
+/* One pass of the AVX-512 attention: hc query heads (q [hc, D], consecutive) of one kv head against the
+ * S keys K [S, D] and values V [S, D] under the additive mask row mk [S]; p: hc rows of S + 16 floats of
+ * scratch; out [hc, D]. Per head: s_j = scale * (q . k_j) + mk[j] (D/16 vector FMAs in order, then a fixed
+ * horizontal sum), p_j = exp(s_j - max), the denominator summed in slot order, out = sum_j (p_j / sum) v_j
+ * accumulated in slot order. Always inlined with constant hc and V16 so the loops unroll into registers. */
+__attribute__((target("avx512f"), always_inline)) static inline void attn_pass(const float *q, const float *K,
+                                                                              const float *V, const float *mk,
+                                                                              long S, float scale, float *p,
+                                                                              float *out, const long hc,
+                                                                              const long V16) {
+    const long D = 16 * V16, P = S + 16;
+    float mx[HC], sum[HC];
+    for (long h = 0; h < hc; h++) {
+        mx[h] = -INFINITY;
+        sum[h] = 0.f;
+    }
+    for (long j = 0; j < S; j++) { /* each key loaded once for the heads of the pass */
+        const float *kj = K + j * D;
+        for (long h = 0; h < hc; h++) {
+            const float *qv = q + h * D;
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qv), _mm512_loadu_ps(kj));
+            for (long v = 1; v < V16; v++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * v), _mm512_loadu_ps(kj + 16 * v), acc);
+            float sc = scale * _mm512_reduce_add_ps(acc) + mk[j];
+            p[h * P + j] = sc;
+            mx[h] = sc > mx[h] ? sc : mx[h];
+        }
+    }
+    for (long h = 0; h < hc; h++) {
+        float *ph = p + h * P;
+        __m512 mv = _mm512_set1_ps(mx[h]);
+        long j = 0;
+        for (; j + 16 <= S; j += 16) _mm512_storeu_ps(ph + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(ph + j), mv)));
+        if (j < S) {
+            __mmask16 tail = (__mmask16)((1u << (S - j)) - 1);
+            _mm512_mask_storeu_ps(ph + j, tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, ph + j), mv)));
+        }
+    }
+    for (long j = 0; j < S; j++) /* slot order, one accumulator per head */
+        for (long h = 0; h < hc; h++) sum[h] += p[h * P + j];
+    __m512 inv[HC], o[16];
+    for (long h = 0; h < hc; h++) inv[h] = _mm512_set1_ps(1.f / sum[h]);
+    for (long i = 0; i < hc * V16; i++) o[i] = _mm512_setzero_ps();
+    for (long j = 0; j < S; j++) { /* each value row loaded once for the heads of the pass */
+        const float *vj = V + j * D;
+        for (long h = 0; h < hc; h++) {
+            __m512 w = _mm512_mul_ps(_mm512_set1_ps(p[h * P + j]), inv[h]);
+            for (long v = 0; v < V16; v++) o[h * V16 + v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16 * v), o[h * V16 + v]);
+        }
+    }
+    for (long h = 0; h < hc; h++)
+        for (long v = 0; v < V16; v++) _mm512_storeu_ps(out + h * D + 16 * v, o[h * V16 + v]);
+}
+
+/* attn_f32 on AVX-512 for head dimensions that are multiples of 16 (<= 256): up to HC query heads of a
+ * kv head in one pass, so each key and value row is loaded once for them; per query head one dot of D/16
+ * vector FMAs and a fixed horizontal sum per key, exp16 over 16 slots at a time, the denominator summed
+ * in slot order with one accumulator and the values accumulated in slot order (per element): each head's
+ * arithmetic does not depend on the heads beside it, and it is slot-invariant as the generic version. */
 __attribute__((target("avx512f"))) static int attn_f32_avx512(const float *qkv, long B, long N, long nh, long nkv,
                                                              long D, const float *cs, const float *sn, float *kc,
                                                              float *vc, long Smax, const long *rows,
                                                              const long *slots, const float *mask, long S,
                                                              float scale, float *out) {
     long g = nh / nkv, width = (nh + 2 * nkv) * D, V16 = D / 16;
-    float *q = scratch(B * N * nh * D + g * (S + 16));
+    float *q = scratch(B * N * nh * D + HC * (S + 16));
     if (!q) return -3;
     float *pbuf = q + B * N * nh * D;
     for (long b = 0; b < B; b++)
@@ -909,45 +963,26 @@ __attribute__((target("avx512f"))) static int attn_f32_avx512(const float *qkv, 
                 memcpy(vc + at, row + (nh + nkv + h) * D, sizeof(float) * D);
             }
         }
+    long hc_max = 16 / V16 < 1 ? 1 : 16 / V16; /* query heads per pass: their accumulators fit 16 registers */
+    if (hc_max > HC) hc_max = HC;
     for (long b = 0; b < B; b++)
         for (long kvh = 0; kvh < nkv; kvh++) {
             const float *K = kc + (rows[b] * nkv + kvh) * Smax * D, *V = vc + (rows[b] * nkv + kvh) * Smax * D;
             for (long n = 0; n < N; n++) {
                 long t = b * N + n;
                 const float *mk = mask + t * S;
-                for (long gi = 0; gi < g; gi++) {
-                    const float *qv = q + (t * nh + kvh * g + gi) * D;
-                    float *p = pbuf + gi * (S + 16);
-                    __m512 qr[16];
-                    for (long v = 0; v < V16; v++) qr[v] = _mm512_loadu_ps(qv + 16 * v);
-                    float mx = -INFINITY;
-                    for (long j = 0; j < S; j++) {
-                        const float *kj = K + j * D;
-                        __m512 acc = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kj));
-                        for (long v = 1; v < V16; v++) acc = _mm512_fmadd_ps(qr[v], _mm512_loadu_ps(kj + 16 * v), acc);
-                        float sc = scale * _mm512_reduce_add_ps(acc) + mk[j];
-                        p[j] = sc;
-                        mx = sc > mx ? sc : mx;
-                    }
-                    __m512 mv = _mm512_set1_ps(mx);
-                    long j = 0;
-                    for (; j + 16 <= S; j += 16)
-                        _mm512_storeu_ps(p + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(p + j), mv)));
-                    if (j < S) {
-                        __mmask16 tail = (__mmask16)((1u << (S - j)) - 1);
-                        _mm512_mask_storeu_ps(p + j, tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, p + j), mv)));
-                    }
-                    float sum = 0.f; /* slot order, one accumulator */
-                    for (j = 0; j < S; j++) sum += p[j];
-                    __m512 inv = _mm512_set1_ps(1.f / sum), o[16];
-                    for (long v = 0; v < V16; v++) o[v] = _mm512_setzero_ps();
-                    for (j = 0; j < S; j++) {
-                        __m512 w = _mm512_mul_ps(_mm512_set1_ps(p[j]), inv);
-                        const float *vj = V + j * D;
-                        for (long v = 0; v < V16; v++) o[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16 * v), o[v]);
-                    }
-                    float *dst = out + t * nh * D + (kvh * g + gi) * D;
-                    for (long v = 0; v < V16; v++) _mm512_storeu_ps(dst + 16 * v, o[v]);
+                for (long g0 = 0; g0 < g; g0 += hc_max) {
+                    long hc = g - g0 < hc_max ? g - g0 : hc_max;
+                    const float *qh = q + (t * nh + kvh * g + g0) * D;
+                    float *dst = out + t * nh * D + (kvh * g + g0) * D;
+                    /* constant head counts and widths for the common shapes: the pass unrolls into registers */
+                    if (V16 == 4 && hc == 3) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 3, 4);
+                    else if (V16 == 4 && hc == 4) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 4, 4);
+                    else if (V16 == 4 && hc == 2) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 2, 4);
+                    else if (V16 == 8 && hc == 2) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 2, 8);
+                    else if (V16 == 4) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 1, 4);
+                    else if (V16 == 8) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 1, 8);
+                    else for (long h = 0; h < hc; h++) attn_pass(qh + h * D, K, V, mk, S, scale, pbuf, dst + h * D, 1, V16);
                 }
             }
         }
@@ -991,4 +1026,63 @@ static void silu_mul(const float *gu, long R, long I, float *act) {
             float g = gu[r * 2 * I + j];
             act[r * I + j] = g / (1.0f + expf(-g)) * gu[r * 2 * I + I + j];
         }
+}
+
+
+/* ------------------------------------------------------------------------------------- decoder stack
+ * Every decoder layer of one forward in one call: per layer norm_linear (input norm, q/k/v), attn_f32 and
+ * ffn_block, exactly the three calls a layer makes from Python (the same bits), with no interpreter work
+ * between layers. One layer_args per layer, built once per cache placement (see qgemm.py). x [R, H] is
+ * updated in place (layer by layer); hidden, when not NULL, holds per layer a [R, H] destination for that
+ * layer's output, or NULL. A ragged batch packs its R = T real tokens of the B x N grid: pack_index [T]
+ * gives each packed token's position in the grid, and the attention runs over the grid with zero q/k/v at
+ * the padding positions (whose K/V the caller sends to a trash slot), as DecoderLayer._fused does. */
+typedef struct {
+    const float *n1, *n2;        /* input and FFN RMSNorm weights [H] */
+    float e1, e2;                /* their epsilons */
+    int kq, ko, k13, k2;         /* kinds of the q/k/v, wo, w13, w2 linears (see qlin) */
+    long gq, go, g13, g2;        /* their groups */
+    const void *qq, *qo, *q13, *q2;
+    const float *dq, *dO, *d13, *d2;
+    const float *mq, *mo, *m13, *m2;
+    float *kc, *vc;              /* the layer's K and V caches [rows, nkv, Smax, D] */
+} layer_args;
+
+static __thread void *stack_buf = 0;
+static __thread long stack_cap = 0;
+
+int decoder_stack(const layer_args *L, long nl, float *x, long R, long H, long Q, long I, long nh, long nkv,
+                  long D, long Smax, float scale, long B, long N, const float *cs, const float *sn,
+                  const long *rows, const long *slots, const float *mask, long S, const long *pack_index,
+                  float **hidden, int variant, int threads) {
+    long nq = (nh + 2 * nkv) * D, G = B * N;
+    if (nl < 1 || R < 1 || (pack_index ? R > G : R != G)) return -1;
+    long need = R * nq + G * Q + R * H + (pack_index ? G * nq + R * Q : 0);
+    float *buf = (float *)grow(&stack_buf, &stack_cap, need * (long)sizeof(float));
+    if (!buf) return -3;
+    float *qkv = buf, *a = qkv + R * nq, *out = a + G * Q, *grid = out + R * H, *ap = grid + G * nq;
+    for (long l = 0; l < nl; l++) {
+        const layer_args *p = L + l;
+        int rc = norm_linear(x, R, H, p->n1, p->e1, p->kq, p->gq, p->qq, p->dq, p->mq, nq, qkv, variant, threads);
+        if (rc) return rc;
+        const float *q_in = qkv;
+        if (pack_index) {
+            memset(grid, 0, G * nq * sizeof(float));
+            for (long t = 0; t < R; t++) memcpy(grid + pack_index[t] * nq, qkv + t * nq, nq * sizeof(float));
+            q_in = grid;
+        }
+        if ((rc = attn_f32(q_in, B, N, nh, nkv, D, cs, sn, p->kc, p->vc, Smax, rows, slots, mask, S, scale, a)))
+            return rc;
+        const float *a_in = a;
+        if (pack_index) {
+            for (long t = 0; t < R; t++) memcpy(ap + t * Q, a + pack_index[t] * Q, Q * sizeof(float));
+            a_in = ap;
+        }
+        if ((rc = ffn_block(a_in, x, R, H, Q, I, p->ko, p->go, p->qo, p->dO, p->mo, p->k13, p->g13, p->q13, p->d13,
+                            p->m13, p->k2, p->g2, p->q2, p->d2, p->m2, p->n2, p->e2, out, variant, threads)))
+            return rc;
+        memcpy(x, out, R * H * sizeof(float));
+        if (hidden && hidden[l]) memcpy(hidden[l], x, R * H * sizeof(float));
+    }
+    return 0;
 }

@@ -71,7 +71,38 @@ def _build() -> ctypes.CDLL:
     lib.attn_f32.argtypes = [p, L, L, L, L, L, p, p, p, p, L, p, p, p, L, F, p]
     lib.rms_norm_f32.restype = None
     lib.rms_norm_f32.argtypes = [p, L, L, p, ctypes.c_float, p]
+    lib.decoder_stack.restype = ctypes.c_int
+    lib.decoder_stack.argtypes = [p, L, p, L, L, L, L, L, L, L, L, F, L, L, p, p, p, p, p, L, p, p, I, I]
     return lib
+
+
+class LayerArgs(ctypes.Structure):
+    """One decoder layer's weights and caches for ``decoder_stack`` (``layer_args`` of ``qgemm.c``): the
+    two RMSNorm weights and epsilons, (kind, group, codes, d, m) of the q/k/v, wo, w13 and w2 linears as
+    :func:`_lin_args` gives them, and the layer's K and V caches."""
+
+    _fields_ = ([("n1", ctypes.c_void_p), ("n2", ctypes.c_void_p), ("e1", ctypes.c_float), ("e2", ctypes.c_float)]
+                + [(f"k{n}", ctypes.c_int) for n in ("q", "o", "13", "2")]
+                + [(f"g{n}", ctypes.c_long) for n in ("q", "o", "13", "2")]
+                + [(f"{f}{n}", ctypes.c_void_p) for f in ("q", "d", "m") for n in ("q", "o", "13", "2")]
+                + [("kc", ctypes.c_void_p), ("vc", ctypes.c_void_p)])
+
+
+def layer_args(norm1: torch.Tensor, eps1: float, wqkv, wo, w13, w2, norm2: torch.Tensor, eps2: float,
+               k_cache: torch.Tensor, v_cache: torch.Tensor) -> LayerArgs:
+    """A :class:`LayerArgs` for one layer: norms ``[H]`` fp32, ``QuantWeight`` s ``wqkv [nq, H]``,
+    ``wo [H, Q]``, ``w13 [2I, H]``, ``w2 [H, I]``, caches ``[rows, nkv, Smax, D]`` fp32 contiguous. The
+    structure holds raw pointers: the tensors must outlive its use."""
+    a = LayerArgs(n1=norm1.data_ptr(), n2=norm2.data_ptr(), e1=eps1, e2=eps2, kc=k_cache.data_ptr(),
+                  vc=v_cache.data_ptr())
+    for n, w in zip(("q", "o", "13", "2"), (wqkv, wo, w13, w2)):
+        kind, group, qs, d, m = _lin_args(w)
+        setattr(a, f"k{n}", kind)
+        setattr(a, f"g{n}", group)
+        setattr(a, f"q{n}", qs)
+        setattr(a, f"d{n}", d)
+        setattr(a, f"m{n}", m)
+    return a
 
 
 def _load() -> Optional[ctypes.CDLL]:
@@ -390,3 +421,29 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: 
     if rc:
         raise ValueError(f"attn_f32 rejected B={B}, N={N}, heads {num_heads}/{nkv}, D={D}, S={S}/{Smax} (code {rc})")
     return out
+
+
+def decoder_stack(layers: ctypes.Array, x: torch.Tensor, dims: tuple, step, pack_index: Optional[torch.Tensor] = None,
+                  hidden: Optional[ctypes.Array] = None) -> None:
+    """Every decoder layer of one forward in one C call (``decoder_stack`` of ``qgemm.c``): per layer the
+    bits of :func:`norm_linear`, :func:`attention` and :func:`ffn_block` in turn, no interpreter between.
+
+    Args: layers: a ctypes array of :class:`LayerArgs`, one per layer in order; x ``[R, H]`` fp32
+    contiguous, overwritten with the last layer's output; dims ``(H, Q, I, nh, nkv, D, Smax, scale)``;
+    step: the forward's attention inputs with pointer attributes ``cos``, ``sin`` (``[B, N, D]``),
+    ``rows`` (``[B]`` int64), ``slots`` (``[B, N]`` int64), ``mask`` (``[B, N, S]`` additive fp32) and
+    sizes ``B``, ``N``, ``S``; pack_index ``[R]`` int64 grid positions ``b N + n`` of a ragged batch's
+    real tokens (None: R = B N); hidden: None or a ctypes array of one pointer per layer, each NULL or a
+    ``[R, H]`` fp32 destination for that layer's output. Raises ``RuntimeError`` when unavailable and
+    ``ValueError`` when the C side rejects the shapes."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    H, Q, I, nh, nkv, D, smax, scale = dims
+    R = x.shape[0]
+    rc = lib.decoder_stack(ctypes.addressof(layers), len(layers), x.data_ptr(), R, H, Q, I, nh, nkv, D, smax, scale,
+                           step.B, step.N, step.cos, step.sin, step.rows, step.slots, step.mask, step.S,
+                           None if pack_index is None else pack_index.data_ptr(),
+                           None if hidden is None else ctypes.addressof(hidden), _variant, _threads)
+    if rc:
+        raise ValueError(f"decoder_stack rejected R={R}, B={step.B}, N={step.N}, S={step.S} (code {rc})")

@@ -34,6 +34,7 @@ the forward never calls ``.item()`` on CUDA (the attended cache length is then t
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -559,6 +560,22 @@ class DecoderLayer(nn.Module):
         return args
 
 
+class _PointerCache:
+    """A value holding raw pointers into a model's tensors, valid for ``key``: copying or pickling the
+    model drops it (the copy's tensors live elsewhere; it is rebuilt on first use)."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key=None, value=None) -> None:
+        self.key, self.value = key, value
+
+    def __deepcopy__(self, memo) -> "_PointerCache":
+        return _PointerCache()
+
+    def __reduce__(self):
+        return _PointerCache, ()
+
+
 class CStep:
     """What every layer's C attention reads in one forward, made contiguous once: cos, sin ``[B, N, D]``,
     cache rows ``[B]``, slots ``[B, N]`` int64 and the ``[B, N, S]`` additive mask, with their pointers."""
@@ -605,6 +622,9 @@ class LlamaModel(nn.Module):
         #: every decoder layer runs through the C layer parts (``DecoderLayer._fused``; set by
         #: ``specc.models.qweights``): the forward then hands the layers the ``[B, N, S]`` additive mask
         self.c_layers = False
+        #: with ``c_layers``, every layer in one C call (:meth:`_stack_forward`); False runs them one by one
+        #: (the same bits; tests compare the two)
+        self.c_stack = True
         #: the token embedding kept in the checkpoint's own codes (``specc.models.qweights.QuantWeight``,
         #: set by the GGUF loader's native path): ``embed`` dequantizes only the rows it looks up
         self.embed_table = None
@@ -934,14 +954,18 @@ class LlamaModel(nn.Module):
             mask = mask[:, None]  # [B, 1, N, S] fp32: row-invariant attention in half precision (Attention._half)
         if self.c_layers and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             mask = CStep(cos, sin, batch_index, cache_slots, mask)  # the layers' C attention reads it
-        wanted = {i: k for k, i in enumerate(hidden_layers)}
-        hidden: List[Optional[torch.Tensor]] = [None] * len(hidden_layers)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, batch_index, cache_slots, mask, kv_len, packing, rows)
-            if i in wanted:
-                for k, j in enumerate(hidden_layers):
-                    if j == i:
-                        hidden[k] = x
+        stack = self._c_stack() if self.c_stack and isinstance(mask, CStep) else None
+        if stack is not None:
+            x, hidden = self._stack_forward(stack, x, mask, packing, hidden_layers)
+        else:
+            wanted = {i: k for k, i in enumerate(hidden_layers)}
+            hidden: List[Optional[torch.Tensor]] = [None] * len(hidden_layers)
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, batch_index, cache_slots, mask, kv_len, packing, rows)
+                if i in wanted:
+                    for k, j in enumerate(hidden_layers):
+                        if j == i:
+                            hidden[k] = x
         if packing is not None and logits_at is not None:  # a ragged prefill: back to [B, N, ...] first
             x = packing.unpack(x)
             hidden = [packing.unpack(h) if h is not None else h for h in hidden]
@@ -956,6 +980,47 @@ class LlamaModel(nn.Module):
         if packing is not None:
             return packing.unpack(logits), [packing.unpack(h) for h in hidden]
         return logits, hidden
+
+    def _c_stack(self):
+        """(ctypes array of ``qgemm.LayerArgs``, dims) for running every decoder layer in one C call, built
+        once per cache placement and kernel variant; None when a layer cannot (a linear of several parts
+        or with a bias: those layers run :meth:`DecoderLayer._fused` one by one)."""
+        from specc.kernels import qgemm
+        first, last = self.layers[0].attn, self.layers[-1].attn
+        key = (first.k_cache.data_ptr(), last.v_cache.data_ptr(), qgemm._variant)
+        cached = self.__dict__.get("_stack_cache")
+        if cached is not None and cached.key == key:
+            return cached.value
+        stack = None
+        if all(layer._c_args() is not None for layer in self.layers):
+            arr = (qgemm.LayerArgs * len(self.layers))(*(
+                qgemm.layer_args(l.attn_norm.weight, l.attn_norm.eps, l.attn.wqkv.parts[0], l.attn.wo.parts[0],
+                                 l.ffn.w13.parts[0], l.ffn.w2.parts[0], l.ffn_norm.weight, l.ffn_norm.eps,
+                                 l.attn.k_cache, l.attn.v_cache) for l in self.layers))
+            c = self.config
+            dims = (c.hidden_size, first.q_size, c.intermediate_size, first.num_heads, first.num_kv_heads,
+                    first.head_dim, first.k_cache.shape[2], first.scale)
+            stack = (arr, dims)
+        self.__dict__["_stack_cache"] = _PointerCache(key, stack)
+        return stack
+
+    def _stack_forward(self, stack, x: torch.Tensor, step: "CStep", packing: Optional[TokenPacking],
+                       hidden_layers: Sequence[int]) -> Tuple[torch.Tensor, List[Optional[torch.Tensor]]]:
+        """Every decoder layer in one C call (``qgemm.decoder_stack``; the bits of the per-layer path):
+        x ``[B, N, H]`` or packed ``[T, H]`` fp32 -> the last layer's output of the same shape, and the
+        outputs of the decoder layers in ``hidden_layers`` (``num_layers`` itself is left None for the
+        caller's final norm)."""
+        from specc.kernels import qgemm
+        arr, dims = stack
+        shape = x.shape
+        xf = x.reshape(-1, shape[-1]).clone()
+        outs = {i: torch.empty_like(xf) for i in hidden_layers if i < len(self.layers)}
+        ptrs = None
+        if outs:
+            ptrs = (ctypes.c_void_p * len(self.layers))(*(outs[i].data_ptr() if i in outs else None
+                                                          for i in range(len(self.layers))))
+        qgemm.decoder_stack(arr, xf, dims, step, None if packing is None else packing.index, ptrs)
+        return xf.view(shape), [outs[i].view(shape) if i in outs else None for i in hidden_layers]
 
     def _check(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                rows: Optional[torch.Tensor] = None) -> None:
