@@ -168,6 +168,11 @@ def test_c_attention_is_row_and_slot_invariant(head_dim):
     for i in range(12):
         causal[0, i, : i + 1] = 0
     ref = run(list(range(12)), causal, 0)
+    qgemm.set_threads(2)  # queries split over threads
+    try:
+        assert torch.equal(run(list(range(12)), causal, 0), ref)
+    finally:
+        qgemm.set_threads(1)
     one_by_one = torch.cat([run(list(range(i + 1)), causal[:, : i + 1], 0)[i:i + 1] for i in range(12)])
     assert torch.equal(ref, one_by_one)
     # the same tokens at spread slots 0, 2, 4, ... with the slots between masked
@@ -203,7 +208,13 @@ def test_decoder_stack_equals_layer_by_layer(type_name):
              ((ids, pos), {"num_tokens": torch.tensor([3, 1]), "hidden_layers": (0, 2)}),
              ((ids, pos), {"attn_mask": tree, "cache_slots": torch.tensor([[6, 7, 8]] * 2), "hidden_layers": (1, 3)})]
     for args, kw in cases:
-        (la, ha), (lb, hb) = run(True, *args, **kw), run(False, *args, **kw)
-        assert torch.equal(la, lb)
-        assert all(torch.equal(a, b) for a, b in zip(ha, hb)) and len(ha) == len(kw.get("hidden_layers", ()))
+        lb, hb = run(False, *args, **kw)
+        for threads in (1, 2):  # the stack's products and attention split over threads: the same bits
+            qgemm.set_threads(threads)
+            try:
+                la, ha = run(True, *args, **kw)
+            finally:
+                qgemm.set_threads(1)
+            assert torch.equal(la, lb)
+            assert all(torch.equal(a, b) for a, b in zip(ha, hb)) and len(ha) == len(kw.get("hidden_layers", ()))
     assert model._c_stack() is not None

@@ -34,6 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define OBLOCK 64
 #define QK 32
@@ -374,6 +377,15 @@ static void *grow(void **buf, long *cap, long bytes) {
         *cap = bytes;
     }
     return *buf;
+}
+
+/* this thread's index in the current OpenMP team (0 outside one, or without OpenMP) */
+static inline int thread_index(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
 }
 
 static __thread void *xq_buf = 0, *xs_buf = 0, *scratch_buf = 0;
@@ -945,11 +957,10 @@ __attribute__((target("avx512f"))) static int attn_f32_avx512(const float *qkv, 
                                                              long D, const float *cs, const float *sn, float *kc,
                                                              float *vc, long Smax, const long *rows,
                                                              const long *slots, const float *mask, long S,
-                                                             float scale, float *out) {
+                                                             float scale, float *out, int threads) {
     long g = nh / nkv, width = (nh + 2 * nkv) * D, V16 = D / 16;
-    float *q = scratch(B * N * nh * D + HC * (S + 16));
+    float *q = scratch(B * N * nh * D + threads * HC * (S + 16));
     if (!q) return -3;
-    float *pbuf = q + B * N * nh * D;
     for (long b = 0; b < B; b++)
         for (long n = 0; n < N; n++) {
             long t = b * N + n;
@@ -965,36 +976,37 @@ __attribute__((target("avx512f"))) static int attn_f32_avx512(const float *qkv, 
         }
     long hc_max = 16 / V16 < 1 ? 1 : 16 / V16; /* query heads per pass: their accumulators fit 16 registers */
     if (hc_max > HC) hc_max = HC;
-    for (long b = 0; b < B; b++)
-        for (long kvh = 0; kvh < nkv; kvh++) {
-            const float *K = kc + (rows[b] * nkv + kvh) * Smax * D, *V = vc + (rows[b] * nkv + kvh) * Smax * D;
-            for (long n = 0; n < N; n++) {
-                long t = b * N + n;
-                const float *mk = mask + t * S;
-                for (long g0 = 0; g0 < g; g0 += hc_max) {
-                    long hc = g - g0 < hc_max ? g - g0 : hc_max;
-                    const float *qh = q + (t * nh + kvh * g + g0) * D;
-                    float *dst = out + t * nh * D + (kvh * g + g0) * D;
-                    /* constant head counts and widths for the common shapes: the pass unrolls into registers */
-                    if (V16 == 4 && hc == 3) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 3, 4);
-                    else if (V16 == 4 && hc == 4) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 4, 4);
-                    else if (V16 == 4 && hc == 2) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 2, 4);
-                    else if (V16 == 8 && hc == 2) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 2, 8);
-                    else if (V16 == 4) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 1, 4);
-                    else if (V16 == 8) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 1, 8);
-                    else for (long h = 0; h < hc; h++) attn_pass(qh + h * D, K, V, mk, S, scale, pbuf, dst + h * D, 1, V16);
-                }
-            }
+    long tasks = B * nkv * N; /* (row, kv head, token): independent, each its own output rows */
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && tasks > 1)
+    for (long task = 0; task < tasks; task++) {
+        long b = task / (nkv * N), kvh = task / N % nkv, t = b * N + task % N;
+        float *pbuf = q + B * N * nh * D + thread_index() * HC * (S + 16);
+        const float *K = kc + (rows[b] * nkv + kvh) * Smax * D, *V = vc + (rows[b] * nkv + kvh) * Smax * D;
+        const float *mk = mask + t * S;
+        for (long g0 = 0; g0 < g; g0 += hc_max) {
+            long hc = g - g0 < hc_max ? g - g0 : hc_max;
+            const float *qh = q + (t * nh + kvh * g + g0) * D;
+            float *dst = out + t * nh * D + (kvh * g + g0) * D;
+            /* constant head counts and widths for the common shapes: the pass unrolls into registers */
+            if (V16 == 4 && hc == 3) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 3, 4);
+            else if (V16 == 4 && hc == 4) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 4, 4);
+            else if (V16 == 4 && hc == 2) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 2, 4);
+            else if (V16 == 8 && hc == 2) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 2, 8);
+            else if (V16 == 4) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 1, 4);
+            else if (V16 == 8) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 1, 8);
+            else for (long h = 0; h < hc; h++) attn_pass(qh + h * D, K, V, mk, S, scale, pbuf, dst + h * D, 1, V16);
         }
+    }
     return 0;
 }
 
 int attn_f32(const float *qkv, long B, long N, long nh, long nkv, long D, const float *cs, const float *sn,
              float *kc, float *vc, long Smax, const long *rows, const long *slots, const float *mask, long S,
-             float scale, float *out) {
+             float scale, float *out, int threads) {
     if (B < 1 || N < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 2 || D % 2 || S < 1 || S > Smax) return -1;
     if ((qgemm_variants() & 4) && D % 16 == 0 && D <= 256)
-        return attn_f32_avx512(qkv, B, N, nh, nkv, D, cs, sn, kc, vc, Smax, rows, slots, mask, S, scale, out);
+        return attn_f32_avx512(qkv, B, N, nh, nkv, D, cs, sn, kc, vc, Smax, rows, slots, mask, S, scale, out,
+                               threads < 1 ? 1 : threads);
     return attn_f32_generic(qkv, B, N, nh, nkv, D, cs, sn, kc, vc, Smax, rows, slots, mask, S, scale, out);
 }
 
@@ -1071,7 +1083,8 @@ int decoder_stack(const layer_args *L, long nl, float *x, long R, long H, long Q
             for (long t = 0; t < R; t++) memcpy(grid + pack_index[t] * nq, qkv + t * nq, nq * sizeof(float));
             q_in = grid;
         }
-        if ((rc = attn_f32(q_in, B, N, nh, nkv, D, cs, sn, p->kc, p->vc, Smax, rows, slots, mask, S, scale, a)))
+        if ((rc = attn_f32(q_in, B, N, nh, nkv, D, cs, sn, p->kc, p->vc, Smax, rows, slots, mask, S, scale, a,
+                            threads)))
             return rc;
         const float *a_in = a;
         if (pack_index) {

@@ -68,7 +68,7 @@ def _build() -> ctypes.CDLL:
     lib.norm_linear.argtypes = [p, L, L, p, F, I, L, p, p, p, L, p, I, I]
     lib.ffn_block.argtypes = [p, p, L, L, L, L] + [I, L, p, p, p] * 3 + [p, F, p, I, I]
     lib.attn_f32.restype = ctypes.c_int
-    lib.attn_f32.argtypes = [p, L, L, L, L, L, p, p, p, p, L, p, p, p, L, F, p]
+    lib.attn_f32.argtypes = [p, L, L, L, L, L, p, p, p, p, L, p, p, p, L, F, p, I]
     lib.rms_norm_f32.restype = None
     lib.rms_norm_f32.argtypes = [p, L, L, p, ctypes.c_float, p]
     lib.decoder_stack.restype = ctypes.c_int
@@ -417,7 +417,7 @@ def attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: 
     out = torch.empty(B, N, num_heads * D, dtype=torch.float32)
     rc = lib.attn_f32(qkv.data_ptr(), B, N, num_heads, nkv, D, cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
                       v_cache.data_ptr(), Smax, rows.data_ptr(), slots.data_ptr(), mask.data_ptr(), S, scale,
-                      out.data_ptr())
+                      out.data_ptr(), _threads)
     if rc:
         raise ValueError(f"attn_f32 rejected B={B}, N={N}, heads {num_heads}/{nkv}, D={D}, S={S}/{Smax} (code {rc})")
     return out

@@ -503,7 +503,8 @@ class DecoderLayer(nn.Module):
                 qkv = qkv.new_zeros(step.B * step.N, nq).index_copy_(0, packing.index, qkv)
             a = torch.empty(step.B * step.N, Q)
             rc = rc or lib.attn_f32(qkv.data_ptr(), step.B, step.N, nh, nkv, D, step.cos, step.sin, kc, vc, smax,
-                                    step.rows, step.slots, step.mask, step.S, scale, a.data_ptr())
+                                    step.rows, step.slots, step.mask, step.S, scale, a.data_ptr(),
+                                    qgemm._threads)
             if ragged:
                 a = a.index_select(0, packing.index)  # [T, q]
             out = torch.empty(R, H)
@@ -925,6 +926,8 @@ class LlamaModel(nn.Module):
             kv_len = self.max_seq_len
         if on_cpu and self.check_inputs and not torch.compiler.is_compiling():
             self._check(input_ids, positions, cache_slots, rows)
+        if num_tokens is not None and on_cpu and not torch.compiler.is_compiling() and bool((num_tokens == N).all()):
+            num_tokens = None  # no padding (a CPU read, no device sync): packing would be the identity
         packing = TokenPacking(num_tokens, B, N) if num_tokens is not None else None
         if packing is not None:
             # padding tokens write their (unused) K/V to the trash slot: nothing real is overwritten
