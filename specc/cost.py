@@ -329,22 +329,28 @@ def target_step_time(tokens: int, weight_bytes: float, bandwidth: float, flops_p
     return max(weight_bytes / bandwidth, tokens * flops_per_token / flops)
 
 
-def batch_step_time(batch: int, num_steps: int, model: BatchModel, parallel: bool = False) -> float:
-    """Seconds per speculative step at ``batch`` requests: draft (κ passes, or one block pass) plus
-    one verify over batch·(κ + 1) tokens (second seed, ``throughput``). κ = 0 has no draft."""
+def batch_step_time(batch: int, num_steps: int, model: BatchModel, parallel: bool = False,
+                    drafts: Optional[float] = None, lookup: bool = False) -> float:
+    """Seconds per speculative step at ``batch`` requests: draft (κ passes, or one block pass, or one
+    lookup) plus one verify over batch·(1 + d) tokens (second seed, ``throughput``), d = ``drafts`` per
+    request and step when measured (a lookup drafts only what its match gives), else κ. κ = 0 has no
+    draft."""
     if num_steps == 0:
         draft = 0.0
     else:
-        draft = model.draft_pass_time(batch) * (1 if parallel else num_steps)
-    return draft + model.step_time(batch * (1 + num_steps))
+        draft = model.draft_pass_time(batch) * (1 if parallel or lookup else num_steps)
+    d = num_steps if drafts is None else float(drafts)
+    return draft + model.step_time(max(1, int(round(batch * (1 + d)))))
 
 
 def batch_throughput(batch: int, num_steps: int, alpha: float, model: BatchModel,
-                     parallel: bool = False, expected: Optional[float] = None) -> float:
+                     parallel: bool = False, expected: Optional[float] = None,
+                     drafts: Optional[float] = None, lookup: bool = False) -> float:
     """Tokens/s at ``batch`` requests: batch · E / step seconds (second seed, ``throughput``), with
-    E = E(α, κ), or ``expected`` when given (a measured E, e.g. from per-position rates)."""
+    E = E(α, κ), or ``expected`` when given (a measured E, e.g. from per-position rates), and the
+    verify's ``drafts`` and the ``lookup`` draft as :func:`batch_step_time` takes them."""
     e = expected_tokens(alpha, num_steps) if expected is None else float(expected)
-    return batch * e / batch_step_time(batch, num_steps, model, parallel)
+    return batch * e / batch_step_time(batch, num_steps, model, parallel, drafts, lookup)
 
 
 def expected_tokens_from_rates(rates: Sequence[float], num_steps: int, tail_alpha: float = 0.0) -> float:
@@ -794,7 +800,9 @@ class Prediction:
     :func:`step_cost_modules`); parallel 1 + c;
     ``speedup`` = E / step_cost at batch 1; ``speedup_at_batch`` at the state's bucket B in the
     saturating model (a pass over n tokens costs max(1, n/T*)), or, with a profiled cost table, the
-    second seed's batch throughput over the table's step times (:func:`batch_throughput`); ``break_even_batch`` = T*(E − draft
+    second seed's batch throughput over the table's step times (:func:`batch_throughput`; a chain with the
+    drafter's acceptance record verifies the drafts it measured per request and step,
+    :meth:`specc.acceptance.Entry.drafts_per_step`, not κ: a lookup drafts only on a match); ``break_even_batch`` = T*(E − draft
     cost)/W, which is §6.2's T*(E − κc)/(κ + 1) for a chain and T*(E − c)/(κ + 1) for a parallel
     block, and 0.0 when E − draft cost < 1 (speculation pays at no batch size: ``speedup`` < 1; see
     :func:`break_even_batch`), +inf for plain decode; ``s_infinity`` = E / (W + draft cost).
@@ -871,11 +879,14 @@ def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
     a, c_val, t_star = inputs.alpha, inputs.c, inputs.saturation_tokens
     e = state_expected_tokens(state, a)
     measured = getattr(inputs, "acceptance", None)
+    drafts = None  # verified drafts per request and step: κ unless the record measured them
     if measured is not None and state.num_steps > 0 and (
             (measured.shape == "tree") == (state.kind == "tree")
             and (state.kind != "tree" or (measured.num_steps, measured.num_draft_tokens)
                  == (state.num_steps, state.num_draft_tokens))):
         e = measured.expected_tokens(state.num_steps)  # the record's per-position rates (its τ for a tree)
+        if state.kind == "chain":
+            drafts = measured.drafts_per_step(state.num_steps)
     p = methods.proposal_passes(state.method, state.num_steps, state.topk, state.parallel, state.tree_choices)
     x = methods.extend_passes(state.method)
     modules = getattr(inputs, "c_modules", None)
@@ -896,7 +907,8 @@ def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
     model = getattr(inputs, "batch_model", None)
     if model is not None and state.kind in ("plain", "chain", "parallel"):
         # a profiled cost table: the second seed's throughput model at the bucket (measured step times)
-        speedup_b = (batch_throughput(bsz, state.num_steps, a, model, state.parallel, expected=e)
+        speedup_b = (batch_throughput(bsz, state.num_steps, a, model, state.parallel, expected=e, drafts=drafts,
+                                      lookup=methods.get(state.method).lookup)
                      / batch_throughput(bsz, 0, a, model, state.parallel))
     return Prediction(
         state=state.name, kind=state.kind, batch_size=bsz, num_steps=state.num_steps,

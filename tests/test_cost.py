@@ -308,3 +308,25 @@ def test_predict_parallel_and_plain_states():
     plain = Plan(method=MethodConfig(name="none"), schedule=ScheduleConfig(capture_batch_sizes=[4]))
     (p0,) = analyze(plain, hardware="cpu").predictions.values()
     assert (p0.expected_tokens, p0.speedup, p0.break_even_batch) == (1.0, 1.0, math.inf)
+
+
+def test_lookup_chain_is_priced_at_the_drafts_its_record_measured():
+    """A lookup drafts only on a match: with a profiled table, a chain state's speedup@B prices a verify
+    over B·(1 + d) tokens (d: the record's drafts per request and step), not B·(κ + 1)."""
+    from specc.commands.explain import explain
+    from specc.plan.load import load_plan
+    from specc.rules import resolve
+
+    plan, _ = resolve(load_plan("smollm2_ngram", ["schedule.cost_table=specc/data/cost_tables/smollm2_135m_cpu.json"]).plan,
+                      "specc")
+    res = explain(plan)
+    entry, model = res["inputs"].acceptance, res["inputs"].batch_model
+    d = entry.drafts_per_step(4)
+    assert 0.0 < d < 4.0  # the n-gram record drafted on some steps only
+    for p in res["predictions"]:
+        b = p.batch_size
+        # one lookup per step (the table's draft stage), then the verify of the drafts it found
+        want = entry.expected_tokens(4) * model.step_time(b) / (model.draft_pass_time(b)
+                                                                + model.step_time(max(1, round(b * (1 + d)))))
+        assert p.speedup_at_batch == pytest.approx(want, rel=1e-9)
+        assert p.speedup_at_batch > entry.expected_tokens(4) * model.step_time(b) / model.step_time(b * 5)

@@ -217,4 +217,8 @@ def test_decoder_stack_equals_layer_by_layer(type_name):
                 qgemm.set_threads(1)
             assert torch.equal(la, lb)
             assert all(torch.equal(a, b) for a, b in zip(ha, hb)) and len(ha) == len(kw.get("hidden_layers", ()))
-    assert model._c_stack() is not None
+    from specc.models.llama import layer_program
+
+    assert model._c_stack() is not None and layer_program(model) == "in one C call per forward"
+    model.c_stack = False
+    assert layer_program(model) == "one C layer at a time"

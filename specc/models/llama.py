@@ -129,6 +129,16 @@ def resident_bytes() -> Optional[int]:
     return None
 
 
+def layer_program(model: "LlamaModel") -> str:
+    """How a forward of ``model`` runs its decoder layers on the CPU: ``"in one C call per forward"``
+    (``qgemm.decoder_stack``), ``"one C layer at a time"`` (``DecoderLayer._fused``) or ``"torch eager"``."""
+    if not model.c_layers:
+        return "torch eager"
+    if model.c_stack and model.max_seq_len and model._c_stack() is not None:
+        return "in one C call per forward"
+    return "one C layer at a time"
+
+
 def weights_report(model: "LlamaModel") -> str:
     """One phrase on how the target's linear weights are held: their GGML types and bytes and the
     kernel variant for the native path (``specc.models.qweights``), else the dense dtype and bytes."""
@@ -140,7 +150,7 @@ def weights_report(model: "LlamaModel") -> str:
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         kern = f"qgemm {qgemm.variant()}" if qgemm.available() else f"torch fallback ({qgemm.status()})"
         return (f"weights in the checkpoint's own codes ({', '.join(types)}; {held / (1 << 20):.1f} MiB + "
-                f"{dense / (1 << 20):.1f} MiB dense), kernels {kern}")
+                f"{dense / (1 << 20):.1f} MiB dense), kernels {kern}, decoder layers {layer_program(model)}")
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
     return f"weights {model.norm.weight.dtype} ({dense / (1 << 20):.1f} MiB)"
 

@@ -202,11 +202,15 @@ class Runtime:
         return self.by_key[self.schedule.select(num_requests or num_rows, num_rows)]
 
     def describe(self) -> List[dict]:
-        """One line of facts per state: name, bucket, κ, rule, static-buffer bytes, whether its verify
-        + accept is a captured CUDA graph, the seconds its capture took and the device memory the
+        """One line of facts per state: name, bucket, κ, rule, static-buffer bytes, how its verify program
+        runs (``program``), whether its verify + accept is a captured CUDA graph, the seconds its capture took and the device memory the
         capture took (its graph pool, and the peak of the tensors allocated in it)."""
+        from specc.models.llama import layer_program
+
+        eager = f"eager, decoder layers {layer_program(self.target)}"
         return [{"name": s.spec.name, "batch_size": s.spec.batch_size, "num_steps": s.spec.num_steps,
                  "verify_rule": s.spec.verify_rule, "buffer_bytes": s.inputs.nbytes(), "captured": s.captured,
+                 "program": "cuda graph" if s.captured else "inductor" if s.compiled else eager,
                  "compiled": s.compiled, "capture_s": round(s.capture_s, 4), "graph_breaks": s.graph_breaks,
                  "graph_pool_bytes": s.graph_pool_bytes, "graph_peak_bytes": s.graph_peak_bytes} for s in self.states]
 
