@@ -382,23 +382,27 @@ def measured_width_speedups(preds, measured: Optional[MeasuredAcceptance], input
     """For a lookup drafter (n-gram, suffix: each request verifies only the drafts its match gave, not
     the state's width W), each state's speedup at its batch B from the run itself: τ tokens per
     request and step for a verify over B·(1 + d̄) tokens (d̄ = the run's verified drafts per request and
-    step), against plain decoding's B tokens: τ · t(B) / t(B·(1 + d̄)), with t the profiled cost
-    table's step time when the plan has one, else the T* roofline max(1, n / T*). Empty when the run
+    step), against plain decoding's B tokens: τ · t(B) / (t_lookup(B) + t(B·(1 + d̄))), with t and
+    t_lookup the profiled cost table's step and draft-stage times when the plan has one
+    (:func:`specc.cost.batch_throughput`), else the T* roofline max(1, n / T*). Empty when the run
     did not record its drafts or the method is not a lookup."""
     if measured is None or measured.drafts_per_step is None or not lookup:
         return {}
+    from specc import cost
+
     model = getattr(inputs, "batch_model", None)
     out = {}
     for p in preds:
         if p.num_steps == 0:
             continue
         b = p.batch_size
-        n = max(1, round(b * (1.0 + measured.drafts_per_step)))
-        if model is not None:
-            ratio = model.step_time(b) / model.step_time(n)
+        if model is not None:  # the cost model's pricing of a measured lookup (cost.predict's, one lookup a step)
+            out[p.state] = (cost.batch_throughput(b, p.num_steps, 0.0, model, expected=measured.tau,
+                                                  drafts=measured.drafts_per_step, lookup=True)
+                            / cost.batch_throughput(b, 0, 0.0, model))
         else:
-            ratio = max(1.0, b / p.saturation_tokens) / max(1.0, n / p.saturation_tokens)
-        out[p.state] = measured.tau * ratio
+            n = max(1, round(b * (1.0 + measured.drafts_per_step)))
+            out[p.state] = measured.tau * max(1.0, b / p.saturation_tokens) / max(1.0, n / p.saturation_tokens)
     return out
 
 
