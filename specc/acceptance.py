@@ -402,7 +402,7 @@ def read_record(path: os.PathLike | str) -> List[Entry]:
 
     Raises: AcceptanceError naming the file: missing, unreadable, not JSON, or an entry that does
     not fit the format (counters that are not integers, that grow with the position, ...)."""
-    from specc.io import COST_TABLE_LIMIT, read_bounded
+    from specc.io import COST_TABLE_LIMIT, load_json, read_bounded
 
     p = Path(path)
     try:
@@ -410,7 +410,7 @@ def read_record(path: os.PathLike | str) -> List[Entry]:
     except SpeccError as exc:
         raise AcceptanceError(str(exc)) from None
     try:
-        data = json.loads(text)
+        data = load_json(text, str(p), error=AcceptanceError)
     except ValueError as exc:
         raise AcceptanceError(f"{p}: not JSON ({exc}); regenerate it with `{REGENERATE}`") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
@@ -423,7 +423,7 @@ def is_record_file(text: str) -> bool:
     """True when ``text`` (a file's content) is an acceptance record rather than a run's output."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not a record; the reader of runs says what it is
         return False
     return isinstance(data, dict) and data.get("format") == FORMAT
 

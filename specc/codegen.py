@@ -54,7 +54,7 @@ import jinja2
 import specc
 from specc import programs, trees
 from specc.errors import ArtifactError, PlanError
-from specc.plan.schema import Plan, plan_to_dict
+from specc.plan.schema import MAX_NAME_LEN, Plan, plan_to_dict
 
 FORMAT_VERSION = 3
 """Version of the artifact layout; bump when manifest keys or the directory layout change."""
@@ -86,7 +86,8 @@ _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def check_identifier(name: Any, what: str = "name") -> str:
-    """Return ``name`` if it is an ASCII Python identifier that is not a keyword.
+    """Return ``name`` if it is an ASCII Python identifier that is not a keyword, of at most
+    :data:`specc.plan.schema.MAX_NAME_LEN` characters.
 
     Used for everything that becomes a Python name, a file name or a directory name.
 
@@ -94,6 +95,9 @@ def check_identifier(name: Any, what: str = "name") -> str:
         PlanError: naming ``what`` and the offending value (shown with ``repr``, so quotes or
             newlines are visible), with the fix.
     """
+    if isinstance(name, str) and len(name) > MAX_NAME_LEN:
+        raise PlanError(f"{what} of {len(name):,} characters is longer than the {MAX_NAME_LEN} a name may have "
+                        f"(it becomes a directory name); shorten it")
     if not isinstance(name, str) or not _IDENT_RE.match(name) or keyword.iskeyword(name):
         raise PlanError(
             f"{what} {name!r} is not a valid identifier: use letters, digits and underscores only, "

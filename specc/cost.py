@@ -18,7 +18,6 @@ plain batch-1 target forward = 1.0); bandwidth in bytes/s; compute in FLOP/s.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from specc.errors import PlanError, SpeccError
+from specc.io import load_json
 
 # ----------------------------------------------------------------------------------------------------
 # §6.2: yield, step cost, speedup, break-even
@@ -689,7 +689,7 @@ def load_cost_table(path: str) -> CostTable:
         return out
 
     try:
-        data = json.loads(text)
+        data = load_json(text, "the file", error=ValueError)
         if not isinstance(data, dict):
             raise ValueError("the file must hold a JSON object")
         if "verify_ms" not in data:

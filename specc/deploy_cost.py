@@ -130,9 +130,6 @@ def model_shape(plan, which: str) -> Optional[ModelShape]:
     from the weight headers, :func:`specc.sizing.count_params`), else the shipped table's entry for
     its Hugging Face id. The draft of ``mtp`` / ``frozen_kv_mtp`` without a draft path is one decoder
     layer of the target (the MTP module). None when unknown or for methods without a draft model."""
-    from specc import sizing
-    from specc.checkpoints import read_checkpoint
-
     sect = getattr(plan, which, None)
     path = sect.path if sect is not None else None
     if which == "draft":
@@ -148,11 +145,22 @@ def model_shape(plan, which: str) -> Optional[ModelShape]:
                               params=None, source=f"one decoder layer of the target ({t.source})")
     if not path:
         return None
-    ck = read_checkpoint(f"{which}.path", path, getattr(sect, "format", None) or "hf")
+    return checkpoint_shape(path, getattr(sect, "format", None) or "hf", f"{which}.path")
+
+
+def checkpoint_shape(path: str, fmt: str = "hf", key: str = "target.path") -> Optional[ModelShape]:
+    """The shape of the checkpoint at ``path`` (a plan path: local, ``pkg://`` or a cached Hugging
+    Face id; ``fmt`` ``hf`` or ``gguf``), read without loading weights: its ``config.json`` or GGUF
+    header (parameters counted from the weight headers), else the shipped table's entry. ``key``
+    names it in the source. None when unknown."""
+    from specc import sizing
+    from specc.checkpoints import read_checkpoint
+
+    ck = read_checkpoint(key, path, fmt)
     if ck is not None and ck.config:
-        return shape_from_config(ck.config, f"{which}.path config.json", sizing.count_params(path))
+        return shape_from_config(ck.config, f"{key} config.json", sizing.count_params(path))
     if ck is not None and ck.fmt == "gguf":
-        return shape_from_config(sizing.gguf_config(path), f"{which}.path GGUF metadata", sizing.count_params(path))
+        return shape_from_config(sizing.gguf_config(path), f"{key} GGUF metadata", sizing.count_params(path))
     entry = _shipped(path)
     if entry is not None:
         return shape_from_config(entry, f"specc/data/model_shapes.json ({entry.get('source', path)})")

@@ -126,6 +126,46 @@ def pick_dtype(shapes: Sequence[Tuple[int, int, int]], candidates: Sequence[str]
     return max(rate, key=rate.get), rate
 
 
+def available_memory() -> int:
+    """Bytes of memory this process can still take, now: the kernel's ``MemAvailable`` estimate
+    (``/proc/meminfo``; else free physical pages), lowered to what is left under the cgroup's
+    ``memory.max`` (cgroup v2: a container's limit) and under ``RLIMIT_AS``. Never raises."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            avail = 1 << 62
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            current = int(f.read().strip())
+        if limit != "max":
+            avail = min(avail, max(0, int(limit) - current))
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            avail = min(avail, max(0, soft - used))
+    except (OSError, ValueError, ImportError):
+        pass
+    return int(avail)
+
+
 def describe(facts: Dict[str, object]) -> str:
     """One line for logs and cards: model, capability, oneDNN ISA, threads."""
     isa = facts.get("onednn_isa") or "oneDNN printed no ISA line"

@@ -17,18 +17,28 @@ link — to a file outside the directory, a device or a FIFO — is ever followe
 :func:`read_stdin_bounded` standard input, each up to a limit. :func:`compose_yaml_bounded`
 parses YAML to a node graph and refuses documents whose aliases expand to more than a bounded
 number of nodes ("billion laughs"): PyYAML's composer shares aliased nodes, but every consumer that
-builds a tree from them (OmegaConf, Hydra) expands them.
+builds a tree from them (OmegaConf, Hydra) expands them. It also bounds the nesting depth (checked on
+the parser's event stream first, which is iterative, so a 10,000-deep document is refused before the
+recursive composer sees it) and the length of every scalar. :func:`load_json` parses JSON with the
+depth Python's decoder can reach reported as an error, not a ``RecursionError``.
+
+The path checks (:func:`check_input_file`, :func:`check_input_dir`, :func:`check_output_file`,
+:func:`check_output_dir`) let a command refuse an input that is missing or unreadable, or an output
+it cannot write, before it does any work; :func:`path_problem` bounds a path's text by this
+machine's ``PATH_MAX`` and ``NAME_MAX``.
 
 Nothing here imports torch.
 """
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import sys
+import tempfile
 from pathlib import Path
-from typing import Iterable, Optional, Type, Union
+from typing import Any, Iterable, Optional, Tuple, Type, Union
 
 from specc.errors import SpeccError
 
@@ -48,6 +58,25 @@ LAUNCH_FILE_LIMIT = 4 * MiB  # a launch script / Kubernetes or compose YAML for 
 REQUEST_BODY_LIMIT = 16 * MiB
 #: Most nodes a YAML plan may expand to (aliases counted at every use). A preset has ~100.
 YAML_MAX_NODES = 100_000
+
+
+def _pathconf(name: str, default: int) -> int:
+    try:
+        return int(os.pathconf("/", name))
+    except (OSError, ValueError):
+        return default
+
+
+#: This machine's limits on a path (``pathconf(3)`` of ``/``; Linux: 4096 and 255 bytes).
+PATH_MAX = _pathconf("PC_PATH_MAX", 4096)
+NAME_MAX = _pathconf("PC_NAME_MAX", 255)
+#: Deepest nesting of mappings and lists a plan, config-group file or training recipe may have,
+#: aliases expanded. The deepest shipped plan nests 6 levels (``schedule.buckets.<B>.candidates``);
+#: OmegaConf and Hydra recurse a few frames per level and fail near 80.
+YAML_MAX_DEPTH = 32
+#: Longest scalar (characters) in a plan, group file or recipe: the longest values they hold are file
+#: paths, which the kernel caps at :data:`PATH_MAX`.
+YAML_MAX_SCALAR = PATH_MAX
 
 PathLike = Union[str, os.PathLike]
 
@@ -244,10 +273,11 @@ def read_stdin_bounded(limit: int, what: str = "standard input", *,
 # YAML with bounded alias expansion
 
 
-def expanded_size(node) -> float:
-    """Nodes a PyYAML node graph expands to when every alias is copied at each use (what building
-    a tree from it costs), counted in time linear in the number of distinct nodes; ``inf`` for a
-    recursive alias (a node that contains itself)."""
+def expanded_shape(node) -> Tuple[float, int]:
+    """``(nodes, depth)`` of a PyYAML node graph when every alias is copied at each use (what
+    building a tree from it costs), counted in time linear in the number of distinct nodes:
+    ``nodes`` is ``inf`` for a recursive alias (a node that contains itself); ``depth`` counts the
+    nested mappings and lists (a scalar alone is depth 0)."""
     import yaml
 
     def kids(n):
@@ -264,42 +294,86 @@ def expanded_size(node) -> float:
         n, done = stack.pop()
         key = id(n)
         if done:
-            memo[key] = 1 + sum(memo[id(c)] for c in kids(n))
+            children = kids(n)
+            memo[key] = (1 + sum(memo[id(c)][0] for c in children), 1 + max(memo[id(c)][1] for c in children))
             open_.discard(key)
             continue
         if key in memo:
             continue
         if key in open_:
-            return float("inf")
+            return float("inf"), 0
         children = kids(n)
         if not children:
-            memo[key] = 1
+            memo[key] = (1, 0 if isinstance(n, yaml.ScalarNode) else 1)
             continue
         open_.add(key)
         stack.append((n, True))
         for c in children:
             if id(c) in open_:
-                return float("inf")
+                return float("inf"), 0
             if id(c) not in memo:
                 stack.append((c, False))
     return memo[id(node)]
 
 
+def expanded_size(node) -> float:
+    """Nodes a PyYAML node graph expands to (:func:`expanded_shape`); ``inf`` for a recursive alias."""
+    return expanded_shape(node)[0]
+
+
+def _check_yaml_events(text: str, where: str, max_nodes: int, max_depth: int, max_scalar: int,
+                       error: Type[SpeccError]) -> None:
+    """Walk the parser's events (iterative, libyaml's C parser where PyYAML has it): refuse nesting
+    deeper than ``max_depth``, a scalar longer than ``max_scalar`` characters and more than
+    ``max_nodes`` written nodes, each at its line, before anything builds a tree. YAML syntax errors
+    propagate as ``yaml.YAMLError``."""
+    import yaml
+
+    loader = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
+    depth = nodes = 0
+    for ev in yaml.parse(text, Loader=loader):
+        if isinstance(ev, (yaml.ScalarEvent, yaml.AliasEvent, yaml.CollectionStartEvent)):
+            nodes += 1
+            if nodes > max_nodes:
+                raise error(f"{where}:{ev.start_mark.line + 1}: more than the {max_nodes:,} values a plan or recipe "
+                            f"may hold; is this the right file?")
+        if isinstance(ev, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > max_depth:
+                raise error(f"{where}:{ev.start_mark.line + 1}: mappings and lists nest more than {max_depth} levels "
+                            f"deep (the most a plan or recipe may nest; the shipped ones nest at most 6); "
+                            f"flatten the structure")
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(ev, yaml.ScalarEvent) and len(ev.value) > max_scalar:
+            raise error(f"{where}:{ev.start_mark.line + 1}: a value of {len(ev.value):,} characters, over the "
+                        f"{max_scalar:,} a plan or recipe value may have (PATH_MAX, the longest file path this "
+                        f"machine takes); shorten it")
+
+
 def compose_yaml_bounded(text: str, where: str, *, max_nodes: int = YAML_MAX_NODES,
+                         max_depth: int = YAML_MAX_DEPTH, max_scalar: int = YAML_MAX_SCALAR,
                          error: Type[SpeccError] = SpeccError):
-    """``yaml.compose(text)`` (SafeLoader), refusing a document whose aliases expand to more than
-    ``max_nodes`` nodes. Returns the root node (None for an empty document).
+    """``yaml.compose(text)`` (SafeLoader) of a document within bounds: at most ``max_depth``
+    nested mappings and lists and ``max_nodes`` nodes, aliases expanded (checked on the node graph
+    without expanding), and no scalar over ``max_scalar`` characters (checked on the event stream
+    first, so nothing deep reaches the recursive composer). Returns the root node (None for an
+    empty document).
 
     Raises:
         ``yaml.YAMLError``: the text does not parse (the caller reports its line).
-        ``error``: the expansion bound is exceeded, naming ``where`` and the bound.
+        ``error``: a bound is exceeded, naming ``where``, the line where it can be told, and the bound.
     """
     import yaml
 
+    _check_yaml_events(text, where, max_nodes, max_depth, max_scalar, error)
     root = yaml.compose(text, Loader=yaml.SafeLoader)
     if root is None:
         return None
-    n = expanded_size(root)
+    n, depth = expanded_shape(root)
+    if n <= max_nodes and depth > max_depth:
+        raise error(f"{where}: YAML aliases nest mappings and lists {depth} levels deep, more than the "
+                    f"{max_depth} a plan or recipe may nest; write the values out instead of nesting aliases")
     if n > max_nodes:
         size = "a recursive alias (a node containing itself)" if n == float("inf") else f"{n:,} nodes"
         raise error(f"{where}: YAML aliases expand to {size}, more than the {max_nodes:,} nodes a plan "
@@ -319,3 +393,152 @@ def check_yaml_files(paths: Iterable[PathLike], what: str = "plan file", *,
             compose_yaml_bounded(str(text), str(p), error=error)
         except yaml.YAMLError:
             pass
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON
+
+
+def load_json(text: Union[str, bytes], where: str, *, error: Type[Exception] = SpeccError) -> Any:
+    """``json.loads(text)`` with nesting deeper than Python's decoder recurses
+    (``sys.getrecursionlimit()`` levels, where it would raise ``RecursionError``) reported as
+    ``error`` naming ``where``. Invalid JSON raises ``json.JSONDecodeError`` (a ``ValueError``) as
+    ``json.loads`` does, for the caller's own message."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise error(f"{where}: JSON arrays or objects nest deeper than the {sys.getrecursionlimit():,} levels "
+                    f"this reader follows; is this the right file?") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Paths checked before a command works
+
+
+def path_problem(path: PathLike) -> Optional[str]:
+    """Why ``path`` cannot name a file on this machine, or None: an empty path, a NUL byte, more than
+    :data:`PATH_MAX` bytes, or a component over :data:`NAME_MAX` bytes (the kernel's
+    ``ENAMETOOLONG``; ``pathconf(3)``)."""
+    text = os.fsencode(path)
+    if not text:
+        return "is empty"
+    if b"\0" in text:
+        return "holds a NUL byte"
+    if len(text) >= PATH_MAX:
+        return f"is {len(text):,} bytes long, over this machine's PATH_MAX of {PATH_MAX}"
+    longest = max(text.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return (f"has a component of {len(longest):,} bytes, over this machine's NAME_MAX of {NAME_MAX} "
+                f"({os.fsdecode(longest[:40])}...)")
+    return None
+
+
+def _shown(path: PathLike) -> str:
+    text = os.fspath(path)
+    return text if len(text) <= 120 else f"{text[:100]}... ({len(text):,} characters)"
+
+
+def _stat(path: PathLike, flag: str, error: Type[SpeccError]) -> Optional[os.stat_result]:
+    """``os.stat(path)``, None when nothing is there; ``error`` for a path that cannot name a file
+    or cannot be looked up."""
+    problem = path_problem(path)
+    if problem:
+        raise error(f"{flag} {_shown(path)}: the path {problem}; give a shorter path")
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    except OSError as exc:
+        raise error(f"{flag} {_shown(path)}: cannot look it up ({exc.strerror or exc})") from None
+
+
+def check_input_file(path: PathLike, flag: str, *, error: Type[SpeccError] = SpeccError) -> None:
+    """Refuse ``path`` unless it is an existing, readable regular file (``flag`` names the option in
+    the message). Raises ``error``."""
+    st = _stat(path, flag, error)
+    if st is None:
+        raise error(f"{flag} {_shown(path)}: no such file; give the path of an existing file")
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{flag} {_shown(path)}: is {file_kind(st.st_mode)}, not a regular file; give the path of a file")
+    if not os.access(path, os.R_OK):
+        raise error(f"{flag} {_shown(path)}: is not readable (permissions); give a file you can read")
+
+
+def check_input_dir(path: PathLike, flag: str, *, error: Type[SpeccError] = SpeccError) -> None:
+    """Refuse ``path`` unless it is an existing directory this process can list and enter.
+    Raises ``error``."""
+    st = _stat(path, flag, error)
+    if st is None:
+        raise error(f"{flag} {_shown(path)}: no such directory; give the path of an existing directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise error(f"{flag} {_shown(path)}: is {file_kind(st.st_mode)}, not a directory; give a directory")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise error(f"{flag} {_shown(path)}: is not readable (permissions); give a directory you can read")
+
+
+def _probe_dir(directory: str, flag: str, shown: str, error: Type[SpeccError]) -> None:
+    """Create and remove a file in ``directory``: the only test of writability that cannot be wrong
+    (``os.access`` answers yes for read-only mounts and ``/proc``)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".specc-probe-", dir=directory)
+    except OSError as exc:
+        raise error(f"{flag} {shown}: cannot write into {directory} ({exc.strerror or exc}); give a path in a "
+                    f"writable folder") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _existing_ancestor(path: PathLike) -> str:
+    """The nearest ancestor of ``path`` (itself excluded) that exists."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    return parent
+
+
+def check_output_dir(path: PathLike, flag: str, *, parents: bool = True,
+                     error: Type[SpeccError] = SpeccError) -> None:
+    """Refuse ``path`` as an output directory unless files can be written into it: an existing
+    directory where a probe file can be created, or a path whose nearest existing ancestor is such
+    a directory (the command creates the rest; without ``parents`` only ``path`` itself may be
+    missing, its folder must exist). Leaves nothing behind. Raises ``error``."""
+    shown = _shown(path)
+    st = _stat(path, flag, error)
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
+            raise error(f"{flag} {shown}: is {file_kind(st.st_mode)}, not a directory; give a directory "
+                        f"(it is created if missing)")
+        _probe_dir(os.fspath(path), flag, shown, error)
+        return
+    parent = _existing_ancestor(path) if parents else os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        what = "is not a directory" if os.path.lexists(parent) else "does not exist"
+        raise error(f"{flag} {shown}: the folder {parent} {what}; create it first or give a path in a writable "
+                    f"folder")
+    _probe_dir(parent, flag, shown, error)
+
+
+def check_output_file(path: PathLike, flag: str, *, parents: bool = False,
+                      error: Type[SpeccError] = SpeccError) -> None:
+    """Refuse ``path`` as an output file unless it can be written: not a directory, FIFO or device,
+    in an existing writable folder (with ``parents``: a folder :func:`check_output_dir` accepts, the
+    command creating the missing ones). Leaves nothing behind that was not there. Raises ``error``."""
+    shown = _shown(path)
+    st = _stat(path, flag, error)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise error(f"{flag} {shown}: is a directory; give a file name in it")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise error(f"{flag} {shown}: is {file_kind(st.st_mode)}; give the name of a regular file")
+    if st is not None and not os.access(path, os.W_OK):
+        raise error(f"{flag} {shown}: is not writable (permissions); give another file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if parents:
+        check_output_dir(parent, flag, error=error)
+        return
+    if not os.path.isdir(parent):
+        what = "is not a directory" if os.path.lexists(parent) else "does not exist"
+        raise error(f"{flag} {shown}: the folder {parent} {what}; create it first or give a path in an "
+                    f"existing folder")
+    _probe_dir(parent, flag, shown, error)

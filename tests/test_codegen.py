@@ -392,8 +392,8 @@ def test_cli_compile_refuses_non_identifier_name(tmp_path, capsys):
     plan.write_text('defaults:\n  - /target: smollm2_135m\n  - /method: ngram\n  - _self_\n'
                     'name: "bad\\"name\\nimport os"\nengine: specc\nmethod:\n  num_steps: 2\n')
     rc = _specc("compile", str(plan), "--out", str(tmp_path / "out"))
-    assert rc == 2
-    assert "not a valid identifier" in capsys.readouterr().err
+    assert rc == 2  # refused while the plan loads: not a file name (specc.plan.load.name_problem)
+    assert "name: 'bad\"name\\nimport os' is not safe as a file name" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -47,7 +47,7 @@ def run(args) -> int:
     from specc.runtime.prompts import encode_prompt, read_prompts, select, shipped_prompts_path
     from specc.runtime.request import Request, SamplingParams
 
-    concurrency = _concurrency_list(args.concurrency) if args.concurrency else None
+    concurrency = concurrency_list(args.concurrency) if args.concurrency else None
     if args.threads is not None:
         from specc.models.llama import configure_cpu_threads
 
@@ -60,6 +60,10 @@ def run(args) -> int:
         raise PromptError(f"no prompts left after --category {args.category}")
     args.artifact = str(artifact_for(args.artifact, args.overrides,
                                      say=None if args.json else (lambda m: print(m, file=sys.stderr))))
+    if concurrency:  # from the manifest alone: the full check of the artifact comes with the runtime
+        from specc.runtime.artifact import read_manifest
+
+        check_requests(args.requests_per_slot, max(concurrency), read_manifest(args.artifact))
     runtime, art = load_runtime(args.artifact, device=args.device)
     print(f"loaded: {runtime.load_report()}", file=sys.stderr)
     if concurrency:
@@ -77,10 +81,10 @@ def run(args) -> int:
     results = {"plain": summarize(base), art.manifest["plan_name"]: summarize(spec)}
     exact = sum(a.tokens == b.tokens for a, b in zip(base, spec))
     if args.json:
-        print(json.dumps({"artifact": art.path.name, "exact": f"{exact}/{len(reqs)}",
+        print(json.dumps({"artifact": art.name, "exact": f"{exact}/{len(reqs)}",
                           "results": {m: {c: vars(s) for c, s in per.items()} for m, per in results.items()}}))
     else:
-        print(f"{art.path.name} vs plain decoding, batch 1, {len(reqs)} prompts, max_new_tokens {args.max_new_tokens}")
+        print(f"{art.name} vs plain decoding, batch 1, {len(reqs)} prompts, max_new_tokens {args.max_new_tokens}")
         print("decode tok/s: tokens after the first per second of decode (prefill excluded); e2e tok/s: all "
               "output tokens per second of wall time (prefill included); x: over plain decoding")
         print(format_table(results))
@@ -88,15 +92,41 @@ def run(args) -> int:
     return 0 if exact == len(reqs) else 1
 
 
-def _concurrency_list(text: str) -> list:
+#: Bytes a request's token ids take per token in Python lists (an 8-byte pointer and a 28-byte int).
+BYTES_PER_TOKEN = 36
+
+
+def check_requests(per_slot: int, concurrency: int, manifest) -> None:
+    """``--requests-per-slot`` times the largest ``--concurrency`` requests are built up front, each
+    with room for the artifact's ``max_model_len`` token ids (prompt and output; ``manifest``: its
+    ``manifest.json``): refused when they would not fit in this machine's memory
+    (:func:`specc.limits.check_fits`). Raises SpeccError."""
+    from specc.limits import check_fits
+
+    value = ((manifest.get("runtime") or {}).get("target") or {}).get("max_model_len")
+    tokens = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 2048
+    check_fits("--requests-per-slot", per_slot, lambda n: n * concurrency * tokens * BYTES_PER_TOKEN,
+               f"{concurrency} x that many requests of up to {tokens} token ids each")
+
+
+#: Most requests in flight ``--concurrency`` takes (bench and tune): far beyond the batch rows of any
+#: CPU-sized artifact; the requests past the rows only wait.
+MAX_CONCURRENCY = 4096
+
+
+def concurrency_list(text: str) -> list:
+    """``--concurrency C[,C...]``: integers in ``[1, MAX_CONCURRENCY]``, in the order given.
+    Raises SpeccError naming the option."""
     from specc.errors import SpeccError
 
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         vals = []
-    if not vals or any(v < 1 for v in vals):
-        raise SpeccError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,4,16,64")
+    if not vals or any(not 1 <= v <= MAX_CONCURRENCY for v in vals):
+        shown = text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+        raise SpeccError(f"--concurrency {shown!r}: give integers in 1..{MAX_CONCURRENCY} separated by commas, "
+                         f"e.g. 1,4,16,64")
     return vals
 
 
@@ -148,9 +178,9 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
     finally:
         bar.close()
     if args.json:
-        print(json.dumps({"artifact": art.path.name, "results": rows}))
+        print(json.dumps({"artifact": art.name, "results": rows}))
     else:
-        print(f"{art.path.name} vs plain decoding, continuous batching, max_new_tokens {args.max_new_tokens}")
+        print(f"{art.name} vs plain decoding, continuous batching, max_new_tokens {args.max_new_tokens}")
         print("decode tok/s: tokens after each request's first per second of decode (prefill excluded); e2e "
               "tok/s: all output tokens per second of wall time (prefill included); speedup: on decode tok/s")
         print(f"{'C':>4s} {'plain decode':>12s} {'decode tok/s':>12s} {'e2e tok/s':>9s} {'speedup':>8s} "

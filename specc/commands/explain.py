@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from specc.errors import SpeccError
+from specc.io import check_output_dir, check_output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,30 +93,6 @@ def plot_formats() -> Dict[str, str]:
     return {k: v for k, v in FigureCanvasBase.get_supported_filetypes().items() if k in _PLOT_FORMATS}
 
 
-def _probe_writable(path: Path, flag: str) -> None:
-    """Raise SpeccError naming ``flag`` if a file cannot be created at ``path`` (its folder does not
-    exist — it is never created — or is not writable; the path is a directory, FIFO or device).
-    Leaves no file behind that was not there."""
-    if path.is_dir():
-        raise SpeccError(f"{flag} {path}: is a directory; give a file name such as {path / 'explain.png'}")
-    parent = path.parent
-    if not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise SpeccError(f"{flag} {path}: the folder {parent} {what}; create it first or give a path in an "
-                         f"existing folder")
-    if path.exists() and not path.is_file():
-        raise SpeccError(f"{flag} {path}: exists and is not a regular file; give another file name")
-    existed = path.exists()
-    try:
-        with open(path, "ab"):
-            pass
-    except OSError as exc:
-        raise SpeccError(f"{flag} {path}: cannot write there ({exc.strerror or exc}); "
-                         f"give a path in a writable folder") from None
-    if not existed:
-        path.unlink(missing_ok=True)
-
-
 def validate_outputs(args: argparse.Namespace) -> None:
     """Check ``--plot``, ``--graphs``, ``--alpha`` and ``--c`` before anything is computed.
 
@@ -149,20 +126,9 @@ def validate_outputs(args: argparse.Namespace) -> None:
         if ext not in formats:
             raise SpeccError(f"--plot {args.plot}: unsupported file extension {path.suffix or '(none)'!r}; "
                              f"use one of {', '.join('.' + f for f in sorted(formats))} (e.g. explain.png)")
-        _probe_writable(path, "--plot")
+        check_output_file(path, "--plot")
     if getattr(args, "graphs", None):
-        out = Path(args.graphs)
-        if out.exists() and not out.is_dir():
-            raise SpeccError(f"--graphs {out}: exists and is not a directory; give a directory path "
-                             f"(it is created if missing)")
-        if not out.parent.is_dir():
-            raise SpeccError(f"--graphs {out}: the folder {out.parent} does not exist; create it first or "
-                             f"give a directory in an existing folder")
-        try:
-            out.mkdir(exist_ok=True)
-        except OSError as exc:
-            raise SpeccError(f"--graphs {out}: cannot create the directory ({exc.strerror or exc}); "
-                             f"give a path in a writable folder") from None
+        check_output_dir(args.graphs, "--graphs", parents=False)
 
 
 COLUMNS = ("state", "B", "κ", "W", "draft fwd", "extend fwd", "target fwd", "target tok", "E", "speedup",
@@ -310,8 +276,10 @@ class MeasuredAcceptance:
 def _summary_object(text: str, where: str) -> dict:
     """The summary object of ``specc run --json`` output: the last line ``{"summary": {...}}``
     (JSONL), or a whole-file JSON object holding ``summary`` or being one."""
+    from specc.io import load_json
+
     try:
-        whole = json.loads(text)
+        whole = load_json(text, f"--acceptance {where}")
     except ValueError:
         whole = None
     if isinstance(whole, dict) and isinstance(whole.get("summary"), dict):
@@ -323,7 +291,7 @@ def _summary_object(text: str, where: str) -> dict:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = load_json(line, f"--acceptance {where}:{i}")
         except ValueError as exc:
             raise SpeccError(f"--acceptance {where}:{i}: not JSON ({exc}); give the output of "
                              f"`specc run ARTIFACT --json > RUN.json`") from None

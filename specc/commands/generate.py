@@ -185,14 +185,19 @@ def _inputs(args) -> list:
     return records
 
 
+def _check_memory(path: str, fmt: str, max_model_len: int, rows: int) -> None:
+    """``--max-model-len`` against this machine's memory: the target's weights and a KV cache of that
+    many positions for each prompt (:func:`specc.limits.check_runtime_positions`), before the model
+    loads. Unknown shapes (no readable header) are left to the loader."""
+    from specc.deploy_cost import checkpoint_shape
+    from specc.limits import check_runtime_positions
+
+    shape = checkpoint_shape(path, "hf" if fmt == "auto" else fmt)
+    if shape is not None:
+        check_runtime_positions("--max-model-len", max_model_len, shape, rows)
+
+
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from specc.models import load_target
-    if args.threads is not None:
-        from specc.models.llama import configure_cpu_threads
-
-        configure_cpu_threads(args.threads)
     records = _inputs(args)
     if args.path:
         path, fmt, mml = args.path, args.format or "auto", args.max_model_len
@@ -200,6 +205,15 @@ def run(args: argparse.Namespace) -> int:
         preset = target_preset(args.target)
         path, fmt = preset["path"], args.format or preset["format"]
         mml = args.max_model_len or preset.get("max_model_len")
+    if args.max_model_len:
+        _check_memory(path, fmt, args.max_model_len, len(records))
+    import torch
+
+    from specc.models import load_target
+    if args.threads is not None:
+        from specc.models.llama import configure_cpu_threads
+
+        configure_cpu_threads(args.threads)
     t0 = time.perf_counter()
     model, tok = load_target(path, fmt, max_model_len=mml)
     t_load = time.perf_counter() - t0

@@ -16,7 +16,6 @@ each is shown once), 2 unusable input. Does not import torch.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -84,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     """Import one command; print or write the plan; return the exit code."""
     from specc.importer import CommandError, import_command, imported_plan, plan_yaml
     from specc.errors import SpeccError
+    from specc.io import check_output_file, load_json
+    from specc.plan.schema import MAX_NAME_LEN
 
     try:
         engine, version = _engine(args.engine)
@@ -110,6 +111,16 @@ def run(args: argparse.Namespace) -> int:
         print("specc import: error: give the command after `--`, or --file PATH, or (vLLM) --speculative-config "
               f"JSON{' (one of them, not ' + ' and '.join(given) + ')' if len(given) > 1 else ''}", file=sys.stderr)
         return 2
+    if args.output:
+        try:
+            check_output_file(args.output, "-o", parents=True)
+        except SpeccError as exc:
+            print(f"specc import: error: {exc}", file=sys.stderr)
+            return 2
+    if args.name is not None and len(args.name) > MAX_NAME_LEN:
+        print(f"specc import: error: --name: {len(args.name):,} characters, over the {MAX_NAME_LEN} a plan name may "
+              f"have", file=sys.stderr)
+        return 2
     base_dir = None
     text = None
     source = "the command line"
@@ -129,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         try:
-            json.loads(args.spec_json)
+            load_json(args.spec_json, "--speculative-config")
         except ValueError as exc:
             print(f"specc import: error: --speculative-config is not JSON ({exc})", file=sys.stderr)
             return 2

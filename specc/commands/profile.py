@@ -48,30 +48,21 @@ def _cuda_available() -> bool:
         return False
 
 
-def _check_out(path: Path) -> None:
-    from specc.errors import SpeccError
-
-    if path.exists() and not path.is_file():
-        raise SpeccError(f"--out {path}: exists and is not a regular file; give a file path")
-    if not path.parent.is_dir():
-        raise SpeccError(f"--out {path}: the folder {path.parent} does not exist; create it or give another path")
-    if not os.access(path.parent, os.W_OK):
-        raise SpeccError(f"--out {path}: the folder {path.parent} is not writable")
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from specc import codegen
-    from specc.analyze import lower_plan
+    from specc.io import check_output_file
     from specc.plan.load import load_plan
+
+    out = Path(args.out)
+    check_output_file(out, "--out")
+    loaded = load_plan(args.plan, list(args.overrides))  # checked before torch is imported
+    from specc.analyze import lower_plan
     from specc.runtime.loader import load_models
     from specc.runtime.profile import (check_sizes, choose, cost_table, profile_costs, time_state_shapes,
                                        token_grid)
 
-    out = Path(args.out)
-    _check_out(out)
-    loaded = load_plan(args.plan, list(args.overrides))
     # the table is what a budget / auto plan needs: profile it without one
     plan = dataclasses.replace(loaded.plan, schedule=dataclasses.replace(loaded.plan.schedule, cost_table=None,
                                                                          kind="static"))

@@ -92,7 +92,7 @@ def check_batch_size(batch_size: int, art) -> None:
 
     limit = largest_bucket(art)
     if batch_size > limit:
-        raise SpeccError(f"--batch-size {batch_size} exceeds the largest batch bucket of {art.path.name} "
+        raise SpeccError(f"--batch-size {batch_size} exceeds the largest batch bucket of {art.name} "
                          f"({limit}); pass --batch-size {limit} or less, or compile a plan with larger "
                          f"deploy batch sizes")
 
@@ -160,7 +160,7 @@ class _WholeWrites:
 def _print_summary(runtime, art, as_json: bool, finished: int, total: int, interrupted: bool) -> None:
     m = runtime.metrics
     if as_json:
-        summary = dict(m.as_dict(), artifact=art.path.name, states=[s.spec.name for s in runtime.states])
+        summary = dict(m.as_dict(), artifact=art.name, states=[s.spec.name for s in runtime.states])
         if interrupted:
             summary.update(interrupted=True, finished=finished, requests=total)
         if hasattr(runtime.drafter, "host_report"):  # the drafter's own host work and sizes (suffix decoding)
@@ -201,7 +201,7 @@ def run(args) -> int:
                                 seed=None if args.seed is None else args.seed + i, stop=tuple(args.stop))
         requests.append(Request(prompt_ids=prompt_ids, params=params, prompt=rec.text, request_id=rec.id))
     if not args.json:
-        print(f"artifact {art.path.name}: {len(runtime.states)} state(s) "
+        print(f"artifact {art.name}: {len(runtime.states)} state(s) "
               f"[{', '.join(s.spec.name for s in runtime.states)}] on {runtime.device}; "
               f"{len(requests)} prompt(s)", file=sys.stderr)
         print(f"loaded: {runtime.load_report()}", file=sys.stderr)

@@ -5,8 +5,13 @@
 ``--role decode --prefill-url URL`` split prefill and decode over two processes (the artifact's
 ``deploy.disagg.role`` is the default). LoRA adapters come from the artifact's ``deploy.lora``; a
 request picks one with its ``model`` field. ``--max-request-bytes`` bounds a request body (413 beyond,
-before anything parses it; :mod:`specc.serve.limits`). Flags are checked while parsing, before models
-load.
+before anything parses it; :mod:`specc.serve.limits`); ``--header-timeout`` and ``--body-timeout`` the
+time a request head and body may take (408 beyond), ``--keep-alive-timeout`` an idle connection
+(uvicorn's own), ``--shutdown-timeout`` the drain after SIGTERM (:class:`specc.serve.server.Server`).
+Every flag is checked before the models load: numbers while parsing, ``--prefill-url`` (http or
+https with a host), ``--host``/``--port`` (resolved and bound once), ``--max-waiting`` and
+``--max-request-bytes`` against this machine's memory (a full queue of bodies as large as the limit
+must fit), ``--role`` and ``--batch-size`` against the artifact.
 """
 from __future__ import annotations
 
@@ -23,9 +28,37 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _url(text: str) -> str:
+    from specc.errors import SpeccError
+    from specc.serve.limits import check_http_url
+
+    try:
+        return check_http_url(text, "")
+    except SpeccError as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
+
+
+#: Longest timeout a flag takes (seconds): a day.
+MAX_SECONDS = 86400.0
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds in ``(0, MAX_SECONDS]``."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_SECONDS:g}], got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import port_int, positive_int, thread_count
-    from specc.serve.limits import DEFAULT_MAX_REQUEST_BYTES
+    from specc.runtime.args import non_negative_int, port_int, positive_int, seed_int, thread_count
+    from specc.serve.limits import (DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_KEEP_ALIVE_TIMEOUT,
+                                    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SHUTDOWN_TIMEOUT)
 
     parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -34,46 +67,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the base model's name in the API (default: the plan's name)")
     parser.add_argument("--role", choices=("none", "prefill", "decode"), default=None,
                         help="disaggregated serving role (default: the artifact's deploy.disagg.role)")
-    parser.add_argument("--prefill-url", default=None, metavar="URL",
+    parser.add_argument("--prefill-url", type=_url, default=None, metavar="URL",
                         help="decode role: the prefill instance, e.g. http://127.0.0.1:8001")
-    parser.add_argument("--max-waiting", type=int, default=256, metavar="N",
+    parser.add_argument("--max-waiting", type=non_negative_int, default=256, metavar="N",
                         help="requests queued beyond the batch rows before new ones get 429 (default 256)")
     parser.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                         help="requests decoded together (default and cap: the artifact's largest bucket)")
     parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generator requests without a seed share")
+    parser.add_argument("--seed", type=seed_int, default=0, help="seed of the generator requests without a seed share")
     parser.add_argument("--max-request-bytes", type=_size, default=DEFAULT_MAX_REQUEST_BYTES, metavar="BYTES",
                         help="largest request body accepted, e.g. 4194304, 512KiB, 16MiB; larger bodies are answered "
                              "413 before they are parsed (default 4 MiB)")
+    parser.add_argument("--header-timeout", type=_seconds, default=DEFAULT_HEADER_TIMEOUT, metavar="SECONDS",
+                        help="a request's head (request line and headers) must arrive within this time of its first "
+                             f"byte, else 408 and the connection closes (default {DEFAULT_HEADER_TIMEOUT:g})")
+    parser.add_argument("--body-timeout", type=_seconds, default=DEFAULT_BODY_TIMEOUT, metavar="SECONDS",
+                        help="a request body must arrive within this time plus 1 s per 500 bytes, else 408 "
+                             f"(default {DEFAULT_BODY_TIMEOUT:g}; Apache mod_reqtimeout's body=20,MinRate=500)")
+    parser.add_argument("--keep-alive-timeout", type=_seconds, default=DEFAULT_KEEP_ALIVE_TIMEOUT, metavar="SECONDS",
+                        help=f"close a kept-alive connection idle this long (uvicorn's; default {DEFAULT_KEEP_ALIVE_TIMEOUT})")
+    parser.add_argument("--shutdown-timeout", type=_seconds, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
+                        help="on SIGTERM/SIGINT, wait this long for requests in flight, then end them (streams with "
+                             f"a final error event) and exit (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
+def check_memory(max_waiting: int, max_request_bytes: int) -> None:
+    """``--max-request-bytes`` and ``--max-waiting`` against this machine's memory: a queue full of
+    waiting requests, each holding a body as large as the limit, must fit
+    (:func:`specc.limits.check_fits`). Raises SpeccError."""
+    from specc.limits import check_fits
+
+    check_fits("--max-request-bytes", max_request_bytes, lambda n: n, "one request body held in memory")
+    check_fits("--max-waiting", max_waiting, lambda n: n * max_request_bytes,
+               f"that many waiting requests, each holding a body of up to --max-request-bytes {max_request_bytes}")
+
+
 def run(args) -> int:
-    import uvicorn
-
-    from specc.errors import SpeccError
     from specc.io import human_size
-    from specc.runtime.artifact import load_artifact
-    from specc.serve.app import build_app
-    from specc.serve.server import load_server_state
+    from specc.serve.limits import check_listen
 
-    if args.max_waiting < 0:
-        raise SpeccError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    check_listen(args.host, args.port)
+    check_memory(args.max_waiting, args.max_request_bytes)
+    from specc.runtime.artifact import load_artifact
+    from specc.serve.server import Server, artifact_role, check_role, load_server_state
+
+    art = load_artifact(args.artifact)
+    check_role(args.role or artifact_role(art), args.prefill_url)
     if args.batch_size is not None:
         from specc.commands.run import check_batch_size
 
-        check_batch_size(args.batch_size, load_artifact(args.artifact))
+        check_batch_size(args.batch_size, art)
     state = load_server_state(args.artifact, role=args.role, prefill_url=args.prefill_url,
                               served_model_name=args.served_model_name, max_waiting=args.max_waiting,
                               batch_size=args.batch_size, threads=args.threads, device=args.device, seed=args.seed,
-                              max_request_bytes=args.max_request_bytes)
+                              max_request_bytes=args.max_request_bytes, body_timeout=args.body_timeout, art=art)
     rt = state.runtime
     print(f"specc serve: {state.info.get('artifact')} as {state.model_name!r} (role {state.role}), "
           f"{len(rt.states)} state(s), max_model_len {rt.max_model_len}, adapters {state.adapters or 'none'}, "
           f"request bodies up to {human_size(state.max_request_bytes)}; http://{args.host}:{args.port}",
           file=sys.stderr)
     print(f"loaded: {rt.load_report()}", file=sys.stderr)
-    uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level)
+    Server(state, args.host, args.port, header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
+           shutdown_timeout=args.shutdown_timeout, log_level=args.log_level).run()
     return 0

@@ -19,6 +19,8 @@ Stages (each records the command that ran it; the shipped heads' ``TRAINING.md``
 Every option that overrides a recipe field (``--time-budget-min``, ``--threads``, ``--gen-batch``,
 ``--max-prompts``) is checked like that field, with the same message, and ``--limit`` likewise, before
 anything runs (``specc.train.recipe.check_overrides``); an option the stage does not read is refused.
+Then every path the stage reads or writes and the distillation batch against this machine's memory
+are checked, still before any model or data loads (``specc.train.preflight``).
 """
 from __future__ import annotations
 
@@ -64,12 +66,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from specc.train import pipeline
+    from specc.train.preflight import check_stage
     from specc.train.recipe import check_overrides
 
     check_overrides(args.stage, {"--time-budget-min": args.time_budget_min, "--threads": args.threads,
                                  "--gen-batch": args.gen_batch, "--max-prompts": args.max_prompts,
                                  "--limit": args.limit, "--part": args.part, "--shard-of": args.shard_of,
-                                 "--init-from": args.init_from})
+                                 "--init-from": args.init_from, "--out": args.out})
     cache = pathlib.Path(args.cache_dir) if args.cache_dir else default_cache()
+    check_stage(args.stage, args.recipe, cache, args)
+    from specc.train import pipeline
+
     return pipeline.run_stage(args.stage, args.recipe, cache, args)

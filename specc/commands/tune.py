@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 from specc.errors import SpeccError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specc.runtime.args import positive_int
+    from specc.runtime.args import positive_int, thread_count
 
     parser.add_argument("prompts", metavar="PROMPTS",
                         help="the workload: JSONL (prompt or messages per line) or plain text (one prompt per "
@@ -67,9 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="κ measured for chains and lookups at least (block drafters keep their block)")
     parser.add_argument("--confirm-top", type=int, default=2, metavar="N",
                         help="static configurations confirmed per concurrency besides the plan and plain (default 2)")
-    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+#: Most static configurations ``--confirm-top`` confirms per concurrency.
+MAX_CONFIRM_TOP = 16
 
 
 def _fail(option: str, message: str) -> SpeccError:
@@ -80,6 +84,7 @@ def validate(args) -> Tuple[list, List[int], Path]:
     """Check every option before anything loads. Returns ``(prompt records, concurrencies, out path)``.
     Raises SpeccError naming the option."""
     from specc.errors import PromptError
+    from specc.io import check_output_file
     from specc.runtime.prompts import read_prompts
 
     if not (isinstance(args.budget_min, float) and math.isfinite(args.budget_min) and args.budget_min > 0):
@@ -88,13 +93,15 @@ def validate(args) -> Tuple[list, List[int], Path]:
         raise _fail("--tolerance", f"must be >= 0 (0: never stop early), got {args.tolerance}")
     if args.confirm_top < 0:
         raise _fail("--confirm-top", f"must be >= 0, got {args.confirm_top}")
-    try:
-        conc = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
-    except ValueError:
-        conc = []
-    if not conc or any(c < 1 or c > 4096 for c in conc):
-        raise _fail("--concurrency", f"{args.concurrency!r}: give integers in 1..4096 separated by commas, e.g. 1,4,16,64")
-    conc = sorted(set(conc))
+    from specc.commands.bench import concurrency_list
+    from specc.plan.load import MAX_NUM_STEPS
+
+    conc = sorted(set(concurrency_list(str(args.concurrency))))
+    if args.max_steps > MAX_NUM_STEPS:
+        raise _fail("--max-steps", f"{args.max_steps}: κ is at most {MAX_NUM_STEPS} in any plan (method.num_steps)")
+    if args.confirm_top > MAX_CONFIRM_TOP:
+        raise _fail("--confirm-top", f"{args.confirm_top}: at most {MAX_CONFIRM_TOP} configurations per concurrency "
+                                     f"(each is a benchmark run within --budget-min)")
     try:
         records = read_prompts(args.prompts)
     except PromptError as exc:
@@ -104,12 +111,7 @@ def validate(args) -> Tuple[list, List[int], Path]:
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         raise _fail("--out", f"{out}: the plan file must end in .yaml")
-    if out.exists() and not out.is_file():
-        raise _fail("--out", f"{out}: exists and is not a regular file")
-    if not out.parent.is_dir():
-        raise _fail("--out", f"{out}: the folder {out.parent} does not exist; create it first")
-    if not os.access(out.parent, os.W_OK):
-        raise _fail("--out", f"{out}: the folder {out.parent} is not writable")
+    check_output_file(out, "--out")
     if args.cost_table is not None:
         from specc import cost
         from specc.errors import PlanError
@@ -119,6 +121,26 @@ def validate(args) -> Tuple[list, List[int], Path]:
         except PlanError as exc:
             raise _fail("--cost-table", str(exc).replace("schedule.cost_table: ", "")) from None
     return records, conc, out
+
+
+def check_target_room(args, path: Optional[str], fmt: Optional[str], max_model_len: Optional[int],
+                      conc: List[int]) -> None:
+    """``--max-new-tokens`` against the target's ``max_model_len`` (2048 when unset, as tune loads it)
+    and ``--measure-batch`` and the largest ``--concurrency`` against this machine's memory
+    (:func:`specc.limits.check_runtime_rows`: weights and a KV cache of ``max_model_len`` positions per
+    row), before any model loads. ``path`` / ``fmt``: the target checkpoint. Raises SpeccError
+    naming the option."""
+    from specc.deploy_cost import checkpoint_shape
+    from specc.limits import check_runtime_rows
+
+    max_len = int(max_model_len or 2048)
+    if args.max_new_tokens >= max_len:
+        raise _fail("--max-new-tokens", f"{args.max_new_tokens}: the target holds at most {max_len} tokens, prompt and "
+                                        f"answer together (target.max_model_len); pass at most {max_len - 1}")
+    shape = checkpoint_shape(path, fmt or "hf") if path else None
+    if shape is not None:
+        check_runtime_rows("--measure-batch", args.measure_batch, shape, max_len)
+        check_runtime_rows("--concurrency", max(conc), shape, max_len)
 
 
 def _sample(records: list, seed: int = 0) -> list:
@@ -169,7 +191,7 @@ def find_table(target_path: str, threads: int, device: str = "cpu") -> Optional[
         for f in sorted(d.glob("*.json")) if d.is_dir() else []:
             try:
                 data = json.loads(f.read_text())
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):  # not a table this search can use
                 continue
             if data.get("device") != device or data.get("device_name") != name or data.get("threads") != threads:
                 continue
@@ -187,13 +209,19 @@ def find_table(target_path: str, threads: int, device: str = "cpu") -> Optional[
 def run(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     records, conc, out = validate(args)
-    from specc.tune.candidates import DEFAULT_TARGET, discover, target_path
+    from specc.tune.candidates import DEFAULT_TARGET, discover, target_conf, target_path
 
     methods_list = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     if args.methods is not None and not methods_list:
         raise _fail("--methods", "give method names separated by commas, e.g. ngram,eagle3")
     target = args.target or DEFAULT_TARGET
+    if not args.plans:  # the target is --target's: checked before the candidates load
+        conf = target_conf(target)[1]
+        check_target_room(args, conf.get("path"), conf.get("format"), conf.get("max_model_len"), conc)
     cands, left_out = discover(target, methods_list, args.plans, args.engine, args.max_steps)
+    if cands and args.plans:
+        t = cands[0].plan.target
+        check_target_room(args, t.path, t.format, t.max_model_len, conc)
     tname, tpath = target_path(target)
     budget = 60.0 * args.budget_min
     from specc.tune.session import Session

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from specc.errors import SpeccError
+from specc.io import load_json
 
 LAUNCHERS = {
     "sglang": (("-m", "sglang.launch_server"), ("sglang", "serve"), ("-m", "sglang.srt.server")),
@@ -198,7 +199,7 @@ def find_launch(text: str, engine: str) -> Launch:
     stripped = text.strip()
     if engine == "vllm" and stripped.startswith("{"):
         try:
-            obj = json.loads(stripped)
+            obj = load_json(stripped, "the launch file", error=CommandError)
         except ValueError as exc:
             raise CommandError(f"the text starts with '{{' but is not JSON ({exc})") from None
         return Launch(args=["--speculative-config", json.dumps(obj)], text=stripped, config_only=True)

@@ -13,6 +13,7 @@ import re
 from typing import Any, Dict, Optional
 
 from specc.importer.base import Imported, as_count, below, human_int, put
+from specc.io import load_json
 
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
           "float32": "float32"}
@@ -44,7 +45,7 @@ def speculative_config(values: Dict[str, Any], out: Imported) -> Dict[str, Any]:
     raw = values.get("speculative_config")
     if raw is not None:
         try:
-            sc = json.loads(raw) if isinstance(raw, str) else dict(raw)
+            sc = load_json(raw, "--speculative-config", error=ValueError) if isinstance(raw, str) else dict(raw)
             if not isinstance(sc, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
@@ -283,7 +284,7 @@ def serving(v: Dict[str, Any], out: Imported) -> None:
     raw = v.get("structured_outputs_config")
     if raw is not None:
         try:
-            cfg = json.loads(raw) if isinstance(raw, str) else dict(raw)
+            cfg = load_json(raw, "--structured-outputs-config", error=ValueError) if isinstance(raw, str) else dict(raw)
             if not isinstance(cfg, dict):
                 raise ValueError("not a JSON object")
         except (ValueError, TypeError) as exc:

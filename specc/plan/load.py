@@ -14,6 +14,16 @@ manager with ``version_base="1.3"``, and the composed tree is merged onto the sc
 default is filled in. Line numbers for messages come from re-reading each composed file with
 PyYAML's node API, in Hydra's merge order.
 
+Input is bounded before Hydra sees it (:func:`specc.io.compose_yaml_bounded`): nesting depth, nodes
+after alias expansion and the length of every value, in the plan, every config-group file it
+composes and every override. Composition is confined to the config search path (``conf/`` and the
+plan's folder): a ``defaults`` entry or ``group=option`` override whose group or option climbs out
+(``..``, an absolute path, a link leading elsewhere) is refused, and so is a ``hydra:`` section
+(which could extend the search path). Interpolations may refer to other plan keys
+(``${method.num_steps}``); resolver calls (``${oc.env:HOME}``, ``${oc.decode:...}``, Hydra's
+``${now:...}``) are refused, because they read the environment, files or the clock while the plan
+composes: the allow-list :data:`ALLOWED_RESOLVERS` is empty.
+
 Nothing here imports torch. Every user mistake raises :class:`specc.errors.PlanError` listing all
 problems found at once, each as ``file:line: key: what is wrong; the fix``.
 """
@@ -23,6 +33,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import shlex
 import typing
 import warnings
@@ -33,7 +44,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from specc.errors import PlanError
-from specc.io import PLAN_LIMIT, compose_yaml_bounded, read_bounded
+from specc.io import (PLAN_LIMIT, YAML_MAX_DEPTH, YAML_MAX_SCALAR, compose_yaml_bounded, path_problem,
+                      read_bounded)
 from specc.plan import schema as S
 
 #: (file, line) where a dotted plan key was written; line 0 means "not a file" (a command-line override).
@@ -41,6 +53,16 @@ Source = Tuple[str, int]
 
 YAML_SUFFIXES = (".yaml", ".yml")
 OVERRIDE_FILE = "<override>"
+#: OmegaConf / Hydra resolvers a plan or recipe may call: none (see the module docstring).
+ALLOWED_RESOLVERS: Tuple[str, ...] = ()
+#: What a plan name may consist of: POSIX's portable filename character set (letters, digits, ``.``,
+#: ``_``, ``-``; IEEE Std 1003.1, Base Definitions 3.282), not starting with ``.`` or ``-``.
+_PORTABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+#: Group and option names in a defaults list or override: path components of the same set.
+_CONFIG_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+#: Plan keys that name files (their text must be a path this machine accepts); list entries of
+#: ``method.suffix.corpora`` and the paths of ``deploy.lora.adapters`` (``name=path``) too.
+PATH_KEYS = ("target.path", "draft.path", "schedule.cost_table")
 
 
 def conf_dir() -> Path:
@@ -181,6 +203,7 @@ def _parse_overrides(overrides: Sequence[str], groups: set) -> Tuple[List[str], 
     group_ovs: List[str] = []
     key_ovs = []
     for text in overrides:
+        _check_override_bounds(text)
         try:
             (ov,) = parser.parse_overrides([text])
         except (HydraException, ValueError) as exc:
@@ -204,6 +227,88 @@ def _parse_overrides(overrides: Sequence[str], groups: set) -> Tuple[List[str], 
                 raise PlanError(f"override {text!r}: sweeps are not plans; give one value")
             key_ovs.append((text, key.lstrip("+"), _plain(value)))
     return group_ovs, key_ovs
+
+
+def _check_override_bounds(text: str) -> None:
+    """Refuse an override the Hydra parser (recursive) or OmegaConf should not see: a value longer
+    than :data:`specc.io.YAML_MAX_SCALAR` characters, a dotted key or bracketed value nesting more than
+    :data:`specc.io.YAML_MAX_DEPTH` levels, or a resolver call (:func:`refuse_resolvers`). Raises
+    PlanError naming the override."""
+    shown = text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
+    key, _, value = text.partition("=")
+    if len(value) > YAML_MAX_SCALAR or len(key) > YAML_MAX_SCALAR:
+        raise PlanError(f"override {shown!r}: {max(len(key), len(value)):,} characters, over the "
+                        f"{YAML_MAX_SCALAR:,} a plan value may have (PATH_MAX); shorten it")
+    if key.count(".") + 1 > YAML_MAX_DEPTH:
+        raise PlanError(f"override {shown!r}: the key nests {key.count('.') + 1} levels, more than the "
+                        f"{YAML_MAX_DEPTH} a plan may nest; no plan key is that deep")
+    depth = deepest = 0
+    for ch in value:
+        if ch in "[{(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]})":
+            depth -= 1
+    if deepest > YAML_MAX_DEPTH:
+        raise PlanError(f"override {shown!r}: the value nests {deepest} brackets deep, more than the "
+                        f"{YAML_MAX_DEPTH} levels a plan may nest; flatten it")
+    bad = resolver_calls(value)
+    if bad:
+        raise PlanError(f"override {shown!r}: {_resolver_message(bad)}")
+
+
+def resolver_calls(text: str) -> List[str]:
+    """Names of the OmegaConf resolvers ``text`` calls (``${oc.env:HOME}`` -> ``["oc.env"]``) that
+    :data:`ALLOWED_RESOLVERS` does not list, found with OmegaConf's own grammar; an interpolation too
+    deep or malformed to parse counts as ``"?"`` (OmegaConf would fail on it anyway)."""
+    if "${" not in text:
+        return []
+    import antlr4
+    from omegaconf import grammar_parser
+    from omegaconf.errors import GrammarParseError
+    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as G
+
+    try:
+        tree = grammar_parser.parse(text)
+    except (GrammarParseError, RecursionError):
+        return ["?"]
+    names: List[str] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, G.InterpolationResolverContext):
+            names.append(node.resolverName().getText())
+        stack.extend(c for c in (node.getChild(i) for i in range(node.getChildCount()))
+                     if isinstance(c, antlr4.ParserRuleContext))
+    return [n for n in names if n not in ALLOWED_RESOLVERS]
+
+
+def _resolver_message(names: Sequence[str]) -> str:
+    if names == ["?"]:
+        return "an interpolation that cannot be parsed (or nests too deeply); write the value itself"
+    return (f"calls the resolver{'s' if len(names) > 1 else ''} {', '.join(sorted(set(names)))}; plans and "
+            f"recipes may not call resolvers (they read the environment, files or the clock while the config "
+            f"composes); write the value itself (references to other keys, ${{method.num_steps}}, are allowed)")
+
+
+def refuse_resolvers(node, where: str, error=PlanError) -> None:
+    """Raise ``error`` at the first scalar of the PyYAML node graph ``node`` (keys included) that
+    calls a resolver (:func:`resolver_calls`), naming ``where``, its line and the resolver."""
+    seen: set = set()
+    stack = [node] if node is not None else []
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.ScalarNode):
+            bad = resolver_calls(str(n.value))
+            if bad:
+                raise error(f"{where}:{n.start_mark.line + 1}: {str(n.value)[:80]!r} {_resolver_message(bad)}")
+        elif isinstance(n, yaml.MappingNode):
+            stack.extend(x for kv in n.value for x in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
 
 
 def _plain(value):
@@ -358,8 +463,40 @@ def get_key(plan: S.Plan, dotted: str) -> Any:
     return obj
 
 
+def name_problem(name: Any) -> Optional[str]:
+    """Why ``name`` cannot be a plan name (it names files and directories), or None: longer than
+    :data:`specc.plan.schema.MAX_NAME_LEN`, or characters outside POSIX's portable filename set."""
+    if not isinstance(name, str) or not name:
+        return "a plan needs a name (letters, digits, _ . -), e.g. name: my_plan"
+    if len(name) > S.MAX_NAME_LEN:
+        return (f"{len(name):,} characters, over the {S.MAX_NAME_LEN} a plan name may have (it names the "
+                f"artifact's directory); shorten it")
+    if not _PORTABLE_NAME.match(name):
+        return (f"{name[:60]!r} is not safe as a file name: use letters, digits, _ . - (POSIX's portable "
+                f"filename characters), not starting with . or -")
+    return None
+
+
+def _path_errors(plan: S.Plan) -> List[Tuple[str, str]]:
+    """(key, message) for each path of the plan that this machine cannot take as a path
+    (:func:`specc.io.path_problem`)."""
+    texts = [(key, get_key(plan, key)) for key in PATH_KEYS]
+    texts += [("method.suffix.corpora", c) for c in plan.method.suffix.corpora or []]
+    texts += [("deploy.lora.adapters", a.partition("=")[2] or a) for a in plan.deploy.lora.adapters or []]
+    errs = []
+    for key, text in texts:
+        problem = path_problem(text) if isinstance(text, str) and text else None
+        if problem:
+            errs.append((key, f"the path {problem}; give a shorter path"))
+    return errs
+
+
 def _range_errors(plan: S.Plan) -> List[Tuple[str, str]]:
     errs: List[Tuple[str, str]] = []
+    problem = name_problem(plan.name)
+    if problem:
+        errs.append(("name", problem))
+    errs += _path_errors(plan)
     for key, allowed in CHOICES.items():
         v = get_key(plan, key)
         if v is not None and v not in allowed:
@@ -499,32 +636,69 @@ def _defaults_entries(node) -> List[Tuple[str, str]]:
     return out
 
 
+def _check_config_node(node, where: str) -> None:
+    """What a plan or config-group file may not hold, whatever Hydra would make of it: a top-level
+    ``hydra:`` section (it could extend the config search path) or a resolver call
+    (:func:`refuse_resolvers`). Raises PlanError naming the file and line."""
+    if isinstance(node, yaml.MappingNode):
+        for k, _ in node.value:
+            if getattr(k, "value", None) == "hydra":
+                raise PlanError(f"{where}:{k.start_mark.line + 1}: a `hydra:` section configures Hydra itself (its "
+                                f"search path, its output), not the plan; remove it")
+    refuse_resolvers(node, where)
+
+
+def _confined(dirs: Sequence[Path], full: str, option: str, what: str) -> Optional[Path]:
+    """The file ``<dir>/<full>/<option>.yaml`` of the first of ``dirs`` that has it, or None; each
+    component of ``full`` and ``option`` must be a plain name (:data:`_CONFIG_PART`: no ``..``, no
+    absolute path) and the file, links resolved, must lie inside its directory. Raises PlanError
+    naming ``what`` (the defaults entry or override) otherwise."""
+    parts = [p for p in full.split("/") if p] + [option]
+    bad = next((p for p in parts if not _CONFIG_PART.match(p)), None)
+    if bad is not None:
+        raise PlanError(f"{what}: {bad!r} is not a config-group or option name (letters, digits, _ . -); plans "
+                        f"compose only from the config search path (conf/ and the plan's folder), so `..` and "
+                        f"absolute paths are refused")
+    for base in dirs:
+        f = base / full / f"{option}.yaml"
+        if os.path.lexists(f):
+            real, root = os.path.realpath(f), os.path.realpath(base)
+            if os.path.commonpath([real, root]) != root:
+                raise PlanError(f"{what}: {f} leads to {real}, outside {base}; plans compose only from the "
+                                f"config search path (conf/ and the plan's folder)")
+            return f
+    return None
+
+
 def _check_included_files(path: Path, root, group_ovs: Sequence[str], limit: int = 256) -> None:
-    """Read every config-group file the plan's defaults lists (followed recursively) and the
-    ``group=option`` overrides select, as Hydra will, but bounded first: each must be a regular file
-    under :data:`specc.io.PLAN_LIMIT` whose aliases expand to at most
-    :data:`specc.io.YAML_MAX_NODES` nodes. A FIFO or device named ``method/x.yaml`` next to a
-    plan would otherwise hang Hydra, and an alias bomb expand for minutes. Raises PlanError."""
+    """Read the plan's own node tree and every config-group file its defaults list (followed
+    recursively) and the ``group=option`` overrides select, as Hydra will, but checked first: each
+    file must be a regular file under :data:`specc.io.PLAN_LIMIT` within the bounds of
+    :func:`specc.io.compose_yaml_bounded` (a FIFO or device named ``method/x.yaml`` next to a plan
+    would otherwise hang Hydra, an alias bomb expand for minutes, deep nesting end in a
+    ``RecursionError``), found inside the config search path (:func:`_confined`), and free of what
+    :func:`_check_config_node` refuses. Raises PlanError."""
     dirs = [path.parent, conf_dir()]
-    todo: List[Tuple[str, str, str]] = [("", g, o) for g, o in _defaults_entries(root)]
+    _check_config_node(root, _display(path))
+    todo: List[Tuple[str, str, str, str]] = [("", g, o, f"{_display(path)}: defaults entry {g}: {o}")
+                                             for g, o in _defaults_entries(root)]
     for text in group_ovs:
         key, sep, option = text.partition("=")
         key = key.lstrip("+~").split("@", 1)[0]
         if sep and key and option:
-            todo.append(("", "/" + key.lstrip("/"), option))
+            todo.append(("", "/" + key.lstrip("/"), option, f"override {text!r}"))
     seen: set = set()
     while todo and len(seen) < limit:
-        parent, group, option = todo.pop()
+        parent, group, option, what = todo.pop()
         full = group.lstrip("/") if group.startswith("/") or not parent else f"{parent}/{group}"
         if (full, option) in seen:
             continue
         seen.add((full, option))
-        for base in dirs:
-            f = base / full / f"{option}.yaml"
-            if os.path.lexists(f):
-                node, _ = _read_yaml_nodes(f)
-                todo.extend((full, g, o) for g, o in _defaults_entries(node))
-                break
+        f = _confined(dirs, full, option, what)
+        if f is not None:
+            node, _ = _read_yaml_nodes(f)
+            _check_config_node(node, _display(f))
+            todo.extend((full, g, o, f"{_display(f)}: defaults entry {g}: {o}") for g, o in _defaults_entries(node))
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,10 @@ METHOD_NAMES = (
     "ngram", "suffix", "dflash", "dspark", "custom",
 )
 ENGINES = ("specc", "sglang", "vllm")
+#: Longest plan name (characters): it becomes the artifact's directory ``<name>-<hash>`` and the
+#: compile's temporary ``.<name>-<hash>.tmp-<random>``, which must stay within a file name's 255
+#: bytes (Linux NAME_MAX) with room to spare.
+MAX_NAME_LEN = 128
 MODEL_FORMATS = ("hf", "gguf")
 VERIFY_RULES = ("greedy", "standard", "block", "synthetic")
 DRAFT_SAMPLING = ("greedy", "probabilistic")

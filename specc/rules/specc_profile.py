@@ -58,8 +58,12 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def bad_name(name) -> bool:
     """True unless ``name`` is an ASCII Python identifier that is not a keyword (what
-    ``specc.codegen.check_identifier`` accepts for the plan name)."""
-    return not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name)
+    ``specc.codegen.check_identifier`` accepts for the plan name: also at most
+    ``specc.plan.schema.MAX_NAME_LEN`` characters)."""
+    from specc.plan.schema import MAX_NAME_LEN
+
+    return (not isinstance(name, str) or len(name) > MAX_NAME_LEN or not _IDENT.match(name)
+            or keyword.iskeyword(name))
 
 
 def usable_len(p):

@@ -3,7 +3,9 @@
 Order matters: the manifest is parsed and checked, the sha256 of every listed file is verified,
 unlisted files are refused, and the artifact's name is recomputed from the manifest's own content
 (:func:`specc.codegen.artifact_hash`: an edited manifest no longer matches its name), all BEFORE
-anything from the artifact is imported. Each kernel module is then executed from the exact bytes
+anything from the artifact is imported. An artifact is identified by that content, not by the name
+of its directory: one renamed, copied or moved by hand loads (its content is checked the same way)
+and everything that reports it uses :attr:`Artifact.name`. Each kernel module is then executed from the exact bytes
 that were hashed (read once, hashed, compiled), so a file swapped between the check and the import
 cannot run, and no ``__pycache__`` is read or written.
 
@@ -51,6 +53,13 @@ class Artifact:
     path: Path
     manifest: Dict[str, Any]
     kernels: Dict[str, types.ModuleType]
+
+    @property
+    def name(self) -> str:
+        """The artifact's identity, ``<plan>-<hash>``: the manifest's name, which :func:`load_artifact`
+        recomputed from the content (:func:`check_name`). The directory's own name is not part of it:
+        an artifact renamed, copied or moved by hand is the same artifact, and reports name it so."""
+        return str(self.manifest["name"])
 
     @property
     def states(self) -> List[Dict[str, Any]]:

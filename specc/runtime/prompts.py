@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from specc.errors import PromptError
+from specc.io import load_json
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def parse_prompts(lines: Iterable[str], source: str, progress: bool = False) -> 
             continue
         where = f"{source}:{i}"
         try:
-            obj = json.loads(line)
+            obj = load_json(line, where, error=PromptError)
         except json.JSONDecodeError as exc:
             raise PromptError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); a JSONL prompts file "
                               f"has one object per line, e.g. {{\"prompt\": \"...\"}}") from None

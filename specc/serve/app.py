@@ -5,11 +5,13 @@ prefill endpoint of disaggregated serving, and (suffix decoding) ``/v1/suffix/do
 Status codes: 400 for a bad request (a body that is empty or not JSON, a lone UTF-16 surrogate in a
 string, an unknown field, a value of the wrong type or out of range, a prompt longer than
 ``max_model_len``, a sampling parameter the plan's verify rule cannot honour exactly), 404 for an
-unknown model name or path, 405 for a method a path does not take, 413 for a body over
+unknown model name or path, 405 for a method a path does not take, 408 for a request head or body
+that arrives too slowly (:mod:`specc.serve.limits`), 413 for a body over
 ``--max-request-bytes`` (:mod:`specc.serve.limits`, before anything parses it) or a suffix
 document past its bound, 429 when the engine's
 queue is full, 500 for an internal failure of that request alone, 502 when the decode role cannot get
-or install its prefill, 503 while the engine is down. Every error body is OpenAI's
+or install its prefill, 503 while the engine is down or when the shutdown deadline ends a request
+(a stream then ends with an error event of code ``server_shutdown``: :class:`specc.serve.server.Server`). Every error body is OpenAI's
 ``{"error": {"message", "type", "param", "code"}}``.
 
 The event loop only moves bytes: a body is parsed and validated (:func:`specc.serve.protocol.parse_body`)
@@ -35,7 +37,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specc.errors import PromptError, PromptTooLongError
 from specc.runtime.request import Request, SamplingParams
-from specc.serve.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
+from specc.serve.limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, BodyLimit
+from specc.serve.loop import Interrupted
 from specc.serve.protocol import (FINISH_REASONS, ApiError, ChatCompletionRequest, CompletionRequest,
                                   DocumentRequest, error_body, parse_body, validation_error_to_api)
 from specc.serve.textstream import TextStream
@@ -56,6 +59,7 @@ class ServerState:
             temperature means 0; otherwise it means OpenAI's default, 1).
         info: facts for ``/v1/models`` and logs (artifact, plan hash, states).
         max_request_bytes: the largest request body accepted (bytes; larger ones get 413).
+        body_timeout: seconds a body may take to arrive (plus 1 s per 500 bytes; slower: 408).
     """
 
     runtime: Any
@@ -68,6 +72,7 @@ class ServerState:
     greedy_only: bool = False
     info: Dict[str, Any] = field(default_factory=dict)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -93,7 +98,8 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specc serve", lifespan=lifespan)
     app.state.specc = state
     app.add_middleware(BodyLimit, limit=state.max_request_bytes,
-                       on_refuse=state.metrics.rejected.labels(reason="too_large").inc)
+                       on_refuse=state.metrics.rejected.labels(reason="too_large").inc,
+                       body_timeout=state.body_timeout, on_timeout=state.metrics.rejected.labels(reason="timeout").inc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -343,6 +349,8 @@ async def _run(state: ServerState, http: HttpRequest, body, req: Request, chat: 
     out, first = await _wait(state, http, handle, events)
     if out is None:  # the client went away: nothing to answer
         return Response(status_code=499)
+    if isinstance(out, Interrupted):
+        raise ApiError(503, out.message, None, type="server_error", code="server_shutdown")
     _observe_latency(state, model, t_arrival, first, out)
     if out.finish_reason == "error":
         raise ApiError(500, f"this request failed inside the engine ({out.error}); other requests are unaffected",
@@ -363,14 +371,18 @@ async def _run(state: ServerState, http: HttpRequest, body, req: Request, chat: 
 
 
 async def _wait(state: ServerState, http: HttpRequest, handle: int, events: "asyncio.Queue"):
-    """The final output of a non-streamed request, or None when the client disconnected first (its
-    row is then freed). Also returns the time of its first token."""
+    """The final output of a non-streamed request, None when the client disconnected first (its
+    row is then freed), or the :class:`Interrupted` event that ended it. Also returns the time of
+    its first token."""
     first = None
 
     async def result():
         nonlocal first
         while True:
             ev = await events.get()
+            if isinstance(ev, Interrupted):
+                state.loop.cancel(handle)
+                return ev
             if ev.token_ids and first is None:
                 first = time.perf_counter()
             if ev.output is not None:
@@ -417,7 +429,9 @@ def _sse(obj: Dict[str, Any]) -> str:
 async def _stream(state: ServerState, handle: int, events: "asyncio.Queue", req: Request, model: str, chat: bool,
                   include_usage: bool, t_arrival: float) -> AsyncIterator[str]:
     """Server-sent events of one request: a chunk per step with new text, a last chunk with the
-    finish reason, an optional usage chunk, then ``[DONE]``. Cancelled (client gone): frees the row."""
+    finish reason, an optional usage chunk, then ``[DONE]``; interrupted by the shutdown deadline,
+    an error event (code ``server_shutdown``) and ``[DONE]``. Cancelled (client gone) or interrupted:
+    frees the row."""
     rt = state.runtime
     text = TextStream(rt.tokenizer, rt.eos_token_ids, req.params.stop)
     created = int(time.time())
@@ -442,6 +456,10 @@ async def _stream(state: ServerState, handle: int, events: "asyncio.Queue", req:
             yield _sse(chunk("", None, role=True))
         while True:
             ev = await events.get()
+            if isinstance(ev, Interrupted):  # the shutdown deadline: a final error event (finally frees the row)
+                yield _sse(error_body(ev.message, "server_error", None, "server_shutdown"))
+                yield "data: [DONE]\n\n"
+                return
             if ev.token_ids and first is None:
                 first = time.perf_counter()
             if ev.output is None:

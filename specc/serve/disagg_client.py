@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specc.runtime import disagg
 from specc.runtime.request import Request, SamplingParams
+from specc.serve.loop import Interrupted
 from specc.serve.protocol import ApiError, error_body
 
 PATH = "/disagg/v1/prefill"
@@ -66,6 +67,9 @@ def add_prefill_route(app: FastAPI, state) -> None:
         try:
             while True:
                 ev = await events.get()
+                if isinstance(ev, Interrupted):
+                    state.loop.cancel(handle)
+                    raise ApiError(503, ev.message, None, type="server_error", code="server_shutdown")
                 if ev.output is not None:
                     break
         except asyncio.CancelledError:

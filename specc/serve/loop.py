@@ -28,6 +28,15 @@ from specc.runtime.request import Request, RequestOutput
 log = logging.getLogger("specc.serve")
 
 
+@dataclass(frozen=True)
+class Interrupted:
+    """Put into every in-flight request's event queue by :meth:`EngineLoop.interrupt_all` (the
+    server's shutdown deadline passed): not an engine event; the handler ends its response with
+    ``message`` and cancels the request."""
+
+    message: str
+
+
 @dataclass
 class _Sink:
     loop: asyncio.AbstractEventLoop
@@ -95,6 +104,18 @@ class EngineLoop:
     def cancel(self, handle: int) -> None:
         """Free the request's row (or drop it from the queue); its last event still arrives."""
         self._inbox.put(("cancel", handle))
+
+    def interrupt_all(self, message: str) -> int:
+        """Hand every request in flight an :class:`Interrupted` event (from any thread; the engine
+        thread is not involved, so this works while it is in the middle of a step). Returns how many."""
+        with self._lock:
+            sinks = list(self._sinks.values())
+        for sink in sinks:
+            try:
+                sink.loop.call_soon_threadsafe(sink.queue.put_nowait, Interrupted(message))
+            except RuntimeError:  # the event loop is closed
+                pass
+        return len(sinks)
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:

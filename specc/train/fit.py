@@ -32,25 +32,10 @@ from specc.train import recipe as R
 from specc.train import shards as S
 
 
-def token_dirs(fit: R.FitRecipe, data: R.DataRecipe) -> List[pathlib.Path]:
-    """The token-shard directories of the recipe's ``parts``. Raises ``SpeccError`` naming the
-    command that makes a missing part."""
-    from specc.train.pipeline import token_dir
-
-    out = []
-    for part in fit.parts:
-        d = token_dir(data, part)
-        if not S.paths(d):
-            raise SpeccError(f"no {part} token shards for {data.name} in {d}; run "
-                             f"`specc train distill {data.name} --part {part}` first")
-        out.append(d)
-    return out
-
-
 def load_tokens(fit: R.FitRecipe, data: R.DataRecipe) -> S.TokenSet:
     """The recipe's token shards; ``max_shards[part]`` keeps only the first N shards of each writer
     (an experiment's subset)."""
-    tokens = S.load(token_dirs(fit, data))
+    tokens = S.load(R.token_dirs(fit, data))
     if not fit.max_shards:
         return tokens
     keep, seen = [], {}
@@ -140,7 +125,6 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
     CUDA is asked for and absent."""
     from specc.models import load_target
     from specc.train import card
-    from specc.train.pipeline import _out_dir
     from specc.train.provenance import command_line
 
     device = torch.device(args.device)
@@ -264,7 +248,7 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
     if stopped:
         print(f"[fit] time budget of {budget_min} min reached", flush=True)
     finish = kind.finish(model, target, val, options) if val is not None else {}
-    out = _out_dir(fit, args)
+    out = R.out_dir(fit, args)
     out.mkdir(parents=True, exist_ok=True)
     model.cpu()
     kind.save(model, out, target)
@@ -329,7 +313,6 @@ def vocab_report(fit: R.FitRecipe, cache, args, sizes=VOCAB_SIZES, repeats: int 
     draft token, and the measured time of one row's ``[1, H] x [H, n]`` product on this device
     (median of ``repeats``, fp32, ``--threads``). Writes ``vocab.json`` into the drafter's directory."""
     from specc.models import load_target
-    from specc.train.pipeline import _out_dir
     from specc.train.vocab import label_counts
 
     device = torch.device(args.device)
@@ -370,7 +353,7 @@ def vocab_report(fit: R.FitRecipe, cache, args, sizes=VOCAB_SIZES, repeats: int 
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['size']} | {r['train_coverage']:.3f} | {r['val_coverage']:.3f} | {r['params'] / 1e6:.1f} M | {r['ms_per_row']:.3f} |")
-    out = _out_dir(fit, args)
+    out = R.out_dir(fit, args)
     out.mkdir(parents=True, exist_ok=True)
     from specc.train.provenance import command_line
     report["command"] = command_line()

@@ -18,6 +18,7 @@ import torch
 
 from specc.errors import SpeccError
 from specc.train import recipe as R
+from specc.train.recipe import out_dir, prompt_dir, token_dir
 
 PARTS = ("round1", "round2", "round3", "teacher")
 
@@ -60,18 +61,8 @@ def run_stage(stage: str, recipe_name: Optional[str], cache: pathlib.Path, args)
         F.vocab_report(fit, cache, args)
     elif stage == "render":
         from specc.train import card
-        card.render(_out_dir(fit, args))
+        card.render(out_dir(fit, args))
     return 0
-
-
-def _out_dir(fit: R.FitRecipe, args) -> pathlib.Path:
-    out = pathlib.Path(getattr(args, "out", None) or fit.out)
-    return out if out.is_absolute() else R.repo_root() / out
-
-
-def prompt_dir(data: R.DataRecipe) -> pathlib.Path:
-    p = pathlib.Path(data.prompt_dir)
-    return p if p.is_absolute() else R.repo_root() / p
 
 
 def read_prompts(path: pathlib.Path) -> List[dict]:
@@ -196,21 +187,12 @@ def distill_part(data: R.DataRecipe, cache: pathlib.Path, part: str, args) -> di
     n = max(1, int((data.split or {}).get(part, 1)))
     slices = list(range(1, n + 1))
     if getattr(args, "shard_of", None):
-        try:
-            k, n_arg = (int(x) for x in args.shard_of.split("/"))
-            assert 1 <= k <= n_arg
-        except (ValueError, AssertionError):
-            raise SpeccError(f"--shard-of {args.shard_of!r}: expected K/N with 1 <= K <= N, e.g. 1/2") from None
-        if n_arg != n:
-            raise SpeccError(f"--shard-of {args.shard_of}: the recipe {data.name} splits its {part} prompts in {n} "
-                             f"(split.{part}: {n}); use K/{n}")
-        slices = [k]
+        slices = [R.shard_of(args.shard_of, n, data.name, part)]
     threads = args.threads or 1
     batch = getattr(args, "gen_batch", None) or data.gen_batch
     dtype, rates = data.dtype, {}
     if dtype == "auto" and args.device == "cpu":
-        H, I, V = _target_dims(data)
-        dtype, rates = DV.pick_dtype([(batch, H, 3 * H), (batch, H, 2 * I), (batch, I, H), (batch, H, V)])
+        dtype, rates = DV.pick_dtype(R.decode_shapes(R.target_shape(data), batch))
     elif dtype == "auto":
         dtype = "bfloat16"
     facts = DV.cpu_facts(threads) if args.device == "cpu" else {"device": torch.cuda.get_device_name()}
@@ -235,11 +217,6 @@ def distill_part(data: R.DataRecipe, cache: pathlib.Path, part: str, args) -> di
         for key, v in summary.items():
             total[key] = total.get(key, 0) + v
     return total
-
-
-def token_dir(data: R.DataRecipe, part: str) -> pathlib.Path:
-    """Where the token shards of ``part`` live: ``<prompt_dir>/<part>/`` (committed)."""
-    return prompt_dir(data) / part
 
 
 def teacher_shards(data: R.DataRecipe, rows: List[dict], out_dir: pathlib.Path, args) -> dict:
@@ -271,15 +248,6 @@ def teacher_shards(data: R.DataRecipe, rows: List[dict], out_dir: pathlib.Path, 
         S.write(out_dir / f"teacher-{existing + s // 1000:04d}", recs[s: s + 1000], meta)
     print(f"[teacher] {len(recs)} sequences ({skipped} skipped) -> {out_dir}")
     return {"prompts": len(recs), "skipped": skipped}
-
-
-def _target_dims(data: R.DataRecipe):
-    """(hidden, intermediate, vocabulary) of the recipe's target, from its checkpoint's config."""
-    from specc.models import load_target as _load
-
-    model, _ = _load(data.target, data.target_format)
-    c = model.config
-    return c.hidden_size, c.intermediate_size, c.vocab_size
 
 
 def _max_prompts(data: R.DataRecipe, part: str, args) -> Optional[int]:

@@ -274,27 +274,34 @@ def _lookup(data, dotted: str):
 
 
 def _read_yaml(path: pathlib.Path):
-    """``OmegaConf.load(path)`` with its failures as :class:`RecipeError` (one line)."""
+    """The recipe at ``path`` as an OmegaConf config, read as a plan is: a regular file of at most
+    :data:`specc.io.PLAN_LIMIT` bytes within the structural bounds of
+    :func:`specc.io.compose_yaml_bounded` (depth, nodes after alias expansion, value length), and
+    calling no resolver (:func:`specc.plan.load.refuse_resolvers`), all checked before OmegaConf
+    builds anything. Failures are :class:`RecipeError` (one line)."""
     import yaml
     from omegaconf import OmegaConf
 
+    from specc.io import PLAN_LIMIT, compose_yaml_bounded, read_bounded
+    from specc.plan.load import refuse_resolvers
+
+    where = f"recipe {path}"
+    text = str(read_bounded(path, PLAN_LIMIT, "recipe file", error=RecipeError))
     try:
-        return OmegaConf.load(path)
+        root = compose_yaml_bounded(text, where, error=RecipeError)
+        if isinstance(root, yaml.ScalarNode):
+            kind = root.tag.rsplit(":", 1)[-1]
+            raise RecipeError(f"{where}: the top level is a single {kind} value; a recipe is a mapping "
+                              f"of fields (e.g. name: ..., kind: ...)")
+        refuse_resolvers(root, where, RecipeError)
+        return OmegaConf.create(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
-        raise RecipeError(f"recipe {path}: not valid YAML{at}: {what}") from None
+        raise RecipeError(f"{where}: not valid YAML{at}: {what}") from None
     except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    except OSError as exc:
-        if "Invalid loaded object type" in str(exc):
-            kind = str(exc).rsplit(":", 1)[-1].strip()
-            raise RecipeError(f"recipe {path}: the top level is a single {kind} value; a recipe is a mapping "
-                              f"of fields (e.g. name: ..., kind: ...)") from None
-        raise RecipeError(f"recipe {path}: cannot read the recipe ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise RecipeError(f"recipe {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise RecipeError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
 
 
 def _load(cls, path: pathlib.Path):
@@ -366,7 +373,8 @@ def _override_rules() -> Dict[str, Tuple[str, Rule]]:
 #: stages that read each stage-specific option (any other stage would ignore it silently)
 _OVERRIDE_STAGES = {"--gen-batch": ("distill", "all"), "--max-prompts": ("distill", "all"),
                     "--limit": ("distill", "all"), "--part": ("distill",), "--shard-of": ("distill",),
-                    "--time-budget-min": ("distill", "fit", "all"), "--init-from": ("fit", "all")}
+                    "--time-budget-min": ("distill", "fit", "all"), "--init-from": ("fit", "all"),
+                    "--out": ("fit", "vocab", "render", "all")}
 
 
 def check_overrides(stage: str, values: Dict[str, Any]) -> None:
@@ -448,3 +456,75 @@ def load_fit_recipe(name_or_path: str) -> FitRecipe:
 
 def repo_root() -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------------ where stages read and write
+def repo_path(text: str) -> pathlib.Path:
+    """A recipe's (or ``--out``'s) path: absolute as written, else relative to the repository."""
+    p = pathlib.Path(text)
+    return p if p.is_absolute() else repo_root() / p
+
+
+def out_dir(fit: FitRecipe, args) -> pathlib.Path:
+    """Where the drafter of ``fit`` is written: ``--out`` or the recipe's ``out`` (:func:`repo_path`)."""
+    return repo_path(getattr(args, "out", None) or fit.out)
+
+
+def prompt_dir(data: DataRecipe) -> pathlib.Path:
+    """The data recipe's ``prompt_dir`` (:func:`repo_path`): prompt files and token shards."""
+    return repo_path(data.prompt_dir)
+
+
+def token_dir(data: DataRecipe, part: str) -> pathlib.Path:
+    """Where the token shards of ``part`` live: ``<prompt_dir>/<part>/`` (committed)."""
+    return prompt_dir(data) / part
+
+
+def shard_of(text: str, n: int, name: str, part: str) -> int:
+    """``K`` of ``--shard-of K/N`` for a recipe (``name``) that splits ``part`` into ``n`` slices.
+    Raises :class:`RecipeError` for anything but ``K/N`` with ``1 <= K <= N == n``."""
+    try:
+        k, n_arg = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        k, n_arg = 0, 0
+    shown = text if len(str(text)) <= 40 else f"{str(text)[:30]}... ({len(str(text))} characters)"
+    if not 1 <= k <= n_arg:
+        raise RecipeError(f"--shard-of {shown!r}: expected K/N with 1 <= K <= N, e.g. 1/2")
+    if n_arg != n:
+        raise RecipeError(f"--shard-of {shown}: the recipe {name} splits its {part} prompts in {n} "
+                          f"(split.{part}: {n}); use K/{n}")
+    return k
+
+
+def target_shape(data: DataRecipe):
+    """The :class:`specc.deploy_cost.ModelShape` of the data recipe's target, read from its
+    checkpoint's header without loading weights. Raises :class:`RecipeError` when it cannot be read."""
+    from specc.deploy_cost import checkpoint_shape
+
+    shape = checkpoint_shape(data.target, "gguf" if data.target_format == "gguf" else "hf")
+    if shape is None:
+        raise RecipeError(f"recipe {getattr(data, '_path', data.name)}: target={data.target!r}: no readable "
+                          f"config.json or GGUF header there; give the path of an installed checkpoint")
+    return shape
+
+
+def decode_shapes(shape, batch: int) -> List[Tuple[int, int, int]]:
+    """The matrix products ``(M, K, N)`` of one decode step of ``batch`` rows through a decoder of
+    ``shape`` (fused QKV, gate-up, down, LM head): what distillation times to pick its dtype."""
+    h, i, v = shape.hidden, shape.intermediate, shape.vocab
+    return [(batch, h, 3 * h), (batch, h, 2 * i), (batch, i, h), (batch, h, v)]
+
+
+def token_dirs(fit: FitRecipe, data: DataRecipe) -> List[pathlib.Path]:
+    """The token-shard directories of the recipe's ``parts``. Raises ``SpeccError`` naming the
+    command that makes a missing part."""
+    from specc.train import shards
+
+    out = []
+    for part in fit.parts:
+        d = token_dir(data, part)
+        if not shards.paths(d):
+            raise SpeccError(f"no {part} token shards for {data.name} in {d}; run "
+                             f"`specc train distill {data.name} --part {part}` first")
+        out.append(d)
+    return out

@@ -17,7 +17,7 @@ import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specc import methods
 from specc.errors import PlanError, SpeccError
@@ -90,6 +90,15 @@ def target_path(target: str) -> Tuple[str, str]:
     """``(name, target.path)`` of ``--target``: a ``conf/target/<name>.yaml`` option or a model path.
 
     Raises: TuneError naming ``--target`` and the options when it is neither."""
+    name, conf = target_conf(target)
+    return name, str(conf.get("path"))
+
+
+def target_conf(target: str) -> Tuple[str, Dict[str, Any]]:
+    """``(name, the target section)`` of ``--target``: a ``conf/target/<name>.yaml`` option's keys, or
+    ``{"path": target}`` for a model path.
+
+    Raises: TuneError naming ``--target`` and the options when it is neither."""
     import yaml
 
     from specc.plan.load import conf_dir
@@ -98,9 +107,9 @@ def target_path(target: str) -> Tuple[str, str]:
     f = conf_dir() / "target" / f"{target}.yaml"
     if f.is_file():
         data = yaml.safe_load(f.read_text()) or {}
-        return target, str(data.get("path"))
+        return target, data if isinstance(data, dict) else {}
     if target.startswith("pkg://") or Path(target).expanduser().exists():
-        return Path(target).stem, target
+        return Path(target).stem, {"path": target}
     close = difflib.get_close_matches(target, options, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise TuneError(f"--target {target!r}: no such target option (conf/target/: {', '.join(options)}) or model "
