@@ -34,7 +34,7 @@ class Server:
 
     def __init__(self, state: ServerState, host: str = "127.0.0.1", port: int = 8000, *,
                  header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-                 keep_alive_timeout: int = DEFAULT_KEEP_ALIVE_TIMEOUT,
+                 keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT,
                  shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT, log_level: str = "info",
                  access_log: bool = True) -> None:
         import uvicorn
@@ -43,7 +43,7 @@ class Server:
         self.shutdown_timeout = float(shutdown_timeout)
         config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level, access_log=access_log,
                                 lifespan="on", http=header_timeout_protocol(header_timeout),
-                                timeout_keep_alive=int(keep_alive_timeout),
+                                timeout_keep_alive=keep_alive_timeout,  # used as a float (call_later)
                                 timeout_graceful_shutdown=int(self.shutdown_timeout + FINAL_GRACE + 0.999))
         outer = self
 
@@ -64,7 +64,15 @@ class Server:
             f"(`specc serve --shutdown-timeout`) have passed; retry the request")
 
     def run(self) -> None:
-        self.uvicorn.run()
+        """Serve until SIGINT / SIGTERM, as ``uvicorn.run`` does: the SIGINT uvicorn raises again after
+        its graceful shutdown ends the call quietly (SIGTERM's default action then ends the process).
+        Raises SpeccError when the server never started (uvicorn logged why)."""
+        try:
+            self.uvicorn.run()
+        except KeyboardInterrupt:
+            pass
+        if not self.uvicorn.started:
+            raise SpeccError("the server did not start (uvicorn's message above says why)")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
