@@ -722,11 +722,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"\nNOT EXACT (greedy output differs from specc plain): {', '.join(not_exact)}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        # the command as typed and the model as named (no machine paths in a committed record)
+        record = {"command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
                   "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                   "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "SPECC_CACHE_DIR") if k in os.environ},
                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu": cpu, "platform": platform.platform(),
-                  "gguf": gguf, "presets": presets, "threads": args.threads, "llamacpp_build": build,
+                  "gguf": args.gguf, "presets": presets, "threads": args.threads,
+                  "llamacpp_build": {k: str(v).replace(str(bench_dir()), "$SPECC_CACHE_DIR/bench") for k, v in build.items()},
                   "workers": infos, "summary": summary, "table": table,
                   "prompts": [{"id": p["id"], "category": p["category"], "num_tokens": len(p["ids"])}
                               for p in enc["prompts"]],

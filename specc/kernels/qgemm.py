@@ -88,20 +88,16 @@ class LayerArgs(ctypes.Structure):
                 + [("kc", ctypes.c_void_p), ("vc", ctypes.c_void_p)])
 
 
-def layer_args(norm1: torch.Tensor, eps1: float, wqkv, wo, w13, w2, norm2: torch.Tensor, eps2: float,
-               k_cache: torch.Tensor, v_cache: torch.Tensor) -> LayerArgs:
-    """A :class:`LayerArgs` for one layer: norms ``[H]`` fp32, ``QuantWeight`` s ``wqkv [nq, H]``,
-    ``wo [H, Q]``, ``w13 [2I, H]``, ``w2 [H, I]``, caches ``[rows, nkv, Smax, D]`` fp32 contiguous. The
-    structure holds raw pointers: the tensors must outlive its use."""
-    a = LayerArgs(n1=norm1.data_ptr(), n2=norm2.data_ptr(), e1=eps1, e2=eps2, kc=k_cache.data_ptr(),
-                  vc=v_cache.data_ptr())
-    for n, w in zip(("q", "o", "13", "2"), (wqkv, wo, w13, w2)):
-        kind, group, qs, d, m = _lin_args(w)
-        setattr(a, f"k{n}", kind)
-        setattr(a, f"g{n}", group)
-        setattr(a, f"q{n}", qs)
-        setattr(a, f"d{n}", d)
-        setattr(a, f"m{n}", m)
+def layer_args(n1: int, e1: float, lq: tuple, lo: tuple, l13: tuple, l2: tuple, n2: int, e2: float, kc: int,
+               vc: int) -> LayerArgs:
+    """A :class:`LayerArgs` for one layer from raw pointers: the input and FFN RMSNorm weights ``[H]`` fp32
+    (``n1``, ``n2``) and their epsilons, the (kind, group, codes, d, m) tuples :func:`_lin_args` gives for
+    ``wqkv [nq, H]``, ``wo [H, Q]``, ``w13 [2I, H]`` and ``w2 [H, I]``, and the K / V caches
+    ``[rows, nkv, Smax, D]`` fp32 contiguous (``kc``, ``vc``). The tensors must outlive its use."""
+    a = LayerArgs(n1=n1, n2=n2, e1=e1, e2=e2, kc=kc, vc=vc)
+    for n, lin in zip(("q", "o", "13", "2"), (lq, lo, l13, l2)):
+        for field, value in zip(("k", "g", "q", "d", "m"), lin):
+            setattr(a, f"{field}{n}", value)
     return a
 
 

@@ -1005,15 +1005,13 @@ class LlamaModel(nn.Module):
         if cached is not None and cached.key == key:
             return cached.value
         stack = None
-        if all(layer._c_args() is not None for layer in self.layers):
-            arr = (qgemm.LayerArgs * len(self.layers))(*(
-                qgemm.layer_args(l.attn_norm.weight, l.attn_norm.eps, l.attn.wqkv.parts[0], l.attn.wo.parts[0],
-                                 l.ffn.w13.parts[0], l.ffn.w2.parts[0], l.ffn_norm.weight, l.ffn_norm.eps,
-                                 l.attn.k_cache, l.attn.v_cache) for l in self.layers))
-            c = self.config
-            dims = (c.hidden_size, first.q_size, c.intermediate_size, first.num_heads, first.num_kv_heads,
-                    first.head_dim, first.k_cache.shape[2], first.scale)
-            stack = (arr, dims)
+        per_layer = [layer._c_args() for layer in self.layers]  # the pointers the per-layer calls take
+        if all(a is not None for a in per_layer):
+            arr = (qgemm.LayerArgs * len(per_layer))(*(
+                qgemm.layer_args(n1, e1, lq, lo, l13, l2, n2, e2, kc, vc)
+                for (n1, e1, lq, _, lo, l13, l2, n2, e2, _, _, kc, vc, *_) in per_layer))
+            _, _, _, _, _, _, _, _, _, Q, I, _, _, smax, nh, nkv, D, scale = per_layer[0]
+            stack = (arr, (self.config.hidden_size, Q, I, nh, nkv, D, smax, scale))
         self.__dict__["_stack_cache"] = _PointerCache(key, stack)
         return stack
 
