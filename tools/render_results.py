@@ -1,0 +1,257 @@
+"""Refresh the generated blocks of the benchmark pages under ``docs/results/`` from their records.
+
+A page is hand-written Markdown (what the benchmark measures, how to read it, what it found) with
+generated blocks between two comment lines::
+
+    <!-- render: header bench_mtp.json -->
+    ... replaced by this tool ...
+    <!-- /render -->
+
+``header REC`` prints the record's file, the command that wrote it and the CPU it names; the other
+block kinds (``RENDERERS`` below) turn one record (``docs/results/data/REC``, the JSON a benchmark
+script under ``tools/`` writes with its ``--out`` / ``--json`` option) into a table, its numbers
+exactly as recorded. Nothing is re-timed here.
+
+Usage::
+
+    python tools/render_results.py            # rewrite every page whose blocks changed
+    python tools/render_results.py --check    # exit 1, naming the pages, if any page is stale
+
+Raises ``SystemExit`` with the page and the block when a block names an unknown kind or a record that
+does not exist, or a ``<!-- render: ... -->`` line has no closing ``<!-- /render -->``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+DATA = RESULTS / "data"
+
+BLOCK = re.compile(r"(<!-- render: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /render -->)", re.S)
+
+
+def _load(name: str) -> dict:
+    path = DATA / name
+    if not path.is_file():
+        raise SystemExit(f"render_results: record docs/results/data/{name} does not exist; "
+                         f"run the benchmark that writes it or fix the block's record name")
+    return json.loads(path.read_text())
+
+
+def _x(v: float | None, nd: int = 2) -> str:
+    return "–" if v is None else f"{v:.{nd}f}×"
+
+
+def _f(v: float | None, nd: int = 1) -> str:
+    return "–" if v is None else f"{v:.{nd}f}"
+
+
+def _rates(rs: list) -> str:
+    return ", ".join(f"{r:.3f}" for r in rs) if rs else "–"
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _cpu(rec: dict) -> str:
+    cpu = rec.get("cpu")
+    if cpu is None:
+        return "not named in the record (see the text below)"
+    if isinstance(cpu, str):
+        cap = rec.get("torch_capability")
+        return f"{cpu}" + (f", torch CPU capability {cap}" if cap else "")
+    parts = [cpu.get("model", "?")]
+    for key, label in (("hypervisor", "hypervisor"), ("cpus", "CPUs"),
+                       ("torch_cpu_capability", "torch CPU capability"),
+                       ("capability", "torch CPU capability"), ("amx", "AMX"), ("threads", "threads")):
+        if key in cpu:
+            parts.append(f"{label} {cpu[key]}")
+    return ", ".join(str(p) for p in parts)
+
+
+def header(rec_name: str) -> str:
+    rec = _load(rec_name)
+    cmd = rec.get("command")
+    lines = [f"- record: [`docs/results/data/{rec_name}`](data/{rec_name})"]
+    if cmd:
+        lines.append(f"- command (as recorded): `{cmd}`")
+    if rec.get("env"):
+        lines.append("- environment: " + ", ".join(f"`{k}={v}`" for k, v in rec["env"].items()))
+    lines.append(f"- CPU: {_cpu(rec)}")
+    if rec.get("time"):
+        lines.append(f"- recorded: {rec['time']}")
+    return "\n".join(lines)
+
+
+def llamacpp(rec_name: str) -> str:
+    return _load(rec_name)["table"].rstrip("\n")
+
+
+def tune(rec_name: str) -> str:
+    rec = _load(rec_name)
+    head = ["C", "plain tok/s (rounds' range)", "best configuration", "its tok/s",
+            "tuned plan tok/s (steps per κ)", "tuned / best", "≥ 0.95", "tuned / best, median of rounds"]
+    return _table(head, rec["table"])
+
+
+def concurrency(rec_name: str) -> str:
+    rec = _load(rec_name)
+    cs = [str(c) for c in rec["concurrency"]]
+    rows = [["–", "plain"] + [_f(rec["plain"][c]["decode_tok_s"]) for c in cs]]
+    for drafter, scheds in rec["drafters"].items():
+        label = "synthetic " + drafter[3:] if drafter.startswith("syn") else drafter
+        for sched, by_c in scheds.items():
+            if sched == "auto":          # the derived bucket table, not a run
+                continue
+            rows.append([label, sched] + [
+                f"{_f(by_c[c]['decode_tok_s'])} ({_x(by_c[c]['speedup'])})" for c in cs])
+    return _table(["drafter", "schedule"] + [f"C = {c}" for c in cs], rows)
+
+
+def concurrency_suffix(rec_name: str) -> str:
+    rec = _load(rec_name)
+    cs = [str(c) for c in rec["concurrency"]]
+    head = ["schedule"]
+    for c in cs:
+        head += [f"C = {c} tok/s", "× plain", "τ", "drafts verified per request per step"]
+    rows = [["plain"] + sum(([_f(rec["plain"][c]["decode_tok_s"]), "1.00", "1.00", "0"] for c in cs), [])]
+    for sched, by_c in rec["drafters"]["suffix"].items():
+        rows.append([f"`{sched}`"] + sum(([_f(by_c[c]["decode_tok_s"]), _f(by_c[c]["speedup"], 2),
+                                           _f(by_c[c]["tau"], 2), _f(by_c[c]["drafts_per_req"], 2)]
+                                          for c in cs), []))
+    return _table(head, rows)
+
+
+def mtp(rec_name: str) -> str:
+    rows = [[r["method"], r["kappa"], f"{r['tau']:.2f}", _rates(r["acceptance_per_pos"]),
+             f"{r['decode_tokens_per_s']:.2f}", f"{r['speedup']:.2f}", _f(r["draft_ms_per_step"]),
+             _f(r["extend_ms_per_step"]), _f(r["step_ms"]),
+             f"{r['draft_passes_per_step']:g} / {r['extend_passes_per_step']:g}",
+             f"{r['draft_kv_mib']:.1f} MiB", "yes" if r["exact"] else "NO"]
+            for r in _load(rec_name)["rows"]]
+    return _table(["method", "κ", "τ", "acceptance per position", "decode tok/s", "× plain",
+                   "draft ms/step", "extend ms/step", "step ms", "draft / extend passes per step",
+                   "draft KV", "output == plain"], rows)
+
+
+def block(rec_name: str) -> str:
+    rows = [[r["method"], r["gamma"], f"{r['tau']:.3f}", _rates(r["acceptance_per_pos"]),
+             f"{r['draft_share']:.3f}", f"{r['tokens_per_s']:.2f}", f"{r['speedup']:.3f}",
+             f"{r['c']:.3f}", "yes" if r["exact"] else "NO"]
+            for r in _load(rec_name)["rows"]]
+    return _table(["method", "γ", "τ", "acceptance per position", "draft share of time", "tok/s",
+                   "× plain", "c", "output == plain"], rows)
+
+
+def tree(rec_name: str) -> str:
+    rec = _load(rec_name)
+    rows = [[r["name"], r["width"], f"{r['tau']:.3f}", _rates(r["acceptance_by_depth"]),
+             f"{r['tokens_per_s']:.2f}", f"{r['speedup']:.2f}", _f(r["verify_ms"], 2),
+             "yes" if r["exact"] else "NO"] for r in rec["rows"]]
+    out = _table(["configuration", "W", "τ", "acceptance by depth", "tok/s", "× plain",
+                  "verify ms", "output == plain"], rows)
+    tvc = [[t["width"], f"{t['chain_tau']:.3f}", t["tree"], f"{t['tree_tau']:.3f}", f"{t['ratio']:.3f}",
+            f"{t['chain_tps']:.2f}", f"{t['tree_tps']:.2f}"] for t in rec["tree_vs_chain"]]
+    return out + "\n\nBest tree against the chain at equal verify width:\n\n" + _table(
+        ["W", "EAGLE-3 chain τ", "best tree", "tree τ", "τ ratio", "chain tok/s", "tree tok/s"], tvc)
+
+
+def serve(rec_name: str) -> str:
+    rows = [[r["concurrency"], r["requests"], r["completed"], r["disconnected"], r["wrong"], r["failed"],
+             f"{r['ended_in_metrics']} ({r['aborted_in_metrics']})", f"{r['requests_per_s']:.2f}",
+             f"{r['output_tokens_per_s']:.2f}", f"{r['ttft_p50_s']:.1f} / {r['ttft_p99_s']:.1f} s",
+             f"{r['tpot_p50_s']:.2f} / {r['tpot_p99_s']:.2f} s",
+             ", ".join(str(m) for m in r["rss_mb"]) + " MB"]
+            for r in _load(rec_name)["rows"]]
+    return _table(["clients", "requests", "completed", "disconnected", "wrong", "failed",
+                   "ended in /metrics (aborted)", "req/s", "output tok/s", "TTFT p50 / p99",
+                   "TPOT p50 / p99", "server RSS"], rows)
+
+
+def suffix(rec_name: str) -> str:
+    rec = _load(rec_name)
+    cfgs = ["plain", "ngram", "suffix_chain", "suffix_tree"]
+    rows = []
+    for phase, res in rec["phases"].items():
+        plain = res["plain"]["decode_tok_s"]
+        rows.append([phase, f"{plain:.2f} tok/s"] + [
+            f"{res[c]['decode_tok_s'] / plain:.2f}×, τ {res[c]['tau']:.2f}" for c in cfgs[1:] if c in res])
+    out = _table(["phase", "plain", "n-gram (preset)", "suffix, chain", "suffix, tree"], rows)
+    corpus = rec["corpus"]
+    plain = corpus["plain"]["decode_tok_s"]
+    crow = [[name, f"{r['decode_tok_s']:.2f}", f"{r['decode_tok_s'] / plain:.2f}×", f"{r['tau']:.2f}"]
+            for name, r in corpus.items()]
+    goals = [[g["what"], f"{g['value']:.3f}", g["goal"], "yes" if g["met"] else "**no**"]
+             for g in rec["goals"]]
+    return (out + "\n\nRAG + summarization prompts, corpus drafting:\n\n"
+            + _table(["configuration", "decode tok/s", "× plain", "τ"], crow)
+            + "\n\nGoals as recorded:\n\n" + _table(["goal", "value", "wanted", "met"], goals))
+
+
+def suffix_bound(rec_name: str) -> str:
+    rec = _load(rec_name)
+    rows = [[f"{int(tokens):,}", name, f"{r['tau']:.2f}", f"{r['drafted_per_step']:.2f}",
+             f"{r['vs_ngram_priced']:.2f}×", f"{r['vs_ngram_flat_verify']:.2f}×"]
+            for tokens, res in rec["results"].items() for name, r in res.items()]
+    return (f"Priced by {rec['priced_by']}.\n\n"
+            + _table(["corpus tokens", "configuration", "τ", "drafted/step", "÷ n-gram, verify measured",
+                      "÷ n-gram, flat verify"], rows))
+
+
+RENDERERS = {"header": header, "llamacpp": llamacpp, "tune": tune, "concurrency": concurrency,
+             "concurrency_suffix": concurrency_suffix, "mtp": mtp, "block": block, "tree": tree,
+             "serve": serve, "suffix": suffix, "suffix_bound": suffix_bound}
+
+
+def render_page(text: str, page: str = "<page>") -> str:
+    """The page ``text`` with every generated block replaced by its renderer's output."""
+    opens = text.count("<!-- render: ")
+    blocks = list(BLOCK.finditer(text))
+    if len(blocks) != opens:
+        raise SystemExit(f"render_results: {page}: {opens} '<!-- render: ...' lines but {len(blocks)} "
+                         f"closed by '<!-- /render -->'; close every block")
+
+    def sub(m: re.Match) -> str:
+        kind, *args = m.group("spec").split()
+        if kind not in RENDERERS:
+            raise SystemExit(f"render_results: {page}: unknown block kind {kind!r}; "
+                             f"known: {', '.join(sorted(RENDERERS))}")
+        return m.group(1) + RENDERERS[kind](*args) + "\n" + m.group(4)
+
+    return BLOCK.sub(sub, text)
+
+
+def pages() -> list[Path]:
+    return sorted(RESULTS.glob("*.md"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page is stale")
+    args = ap.parse_args(argv)
+    stale = []
+    for path in pages():
+        old = path.read_text()
+        new = render_page(old, str(path.relative_to(ROOT)))
+        if new != old:
+            stale.append(str(path.relative_to(ROOT)))
+            if not args.check:
+                path.write_text(new)
+    if stale:
+        verb = "stale" if args.check else "rewritten"
+        print(f"{verb}: " + ", ".join(stale))
+        return 1 if args.check else 0
+    print("every page is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
