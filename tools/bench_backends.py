@@ -30,6 +30,10 @@ verify forward + accept + commit, one step), the CPU's ISA, compile seconds.
 
     OMP_NUM_THREADS=1 python tools/bench_backends.py --presets smollm2_ngram smollm2_draft_model \\
         --settings fp32-eager bf16-eager --batches 1 8 --per-category 1 --max-new-tokens 32 --rounds 2
+
+The committed record is ``docs/results/data/bench_backends.json`` (--json writes it);
+``python tools/render_results.py`` then
+refreshes its page, ``docs/results/backends.md``.
 """
 from __future__ import annotations
 

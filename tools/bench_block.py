@@ -16,6 +16,10 @@ Usage: ``python tools/bench_block.py [--per-category 1] [--max-new 64] [--gammas
 [--json out.json]``; ``--comparison`` prints block vs standard verification's mean accepted length on
 the same drafts (the comparison theorem, measured on random Markov target/draft pairs). Tokens/s are wall-clock: the machine is shared, so every method runs in the same
 process one after the other, and the table says what the load average was.
+
+The committed record is ``docs/results/data/bench_block.json`` (--json writes it);
+``python tools/render_results.py`` then
+refreshes its page, ``docs/results/block.md``.
 """
 from __future__ import annotations
 

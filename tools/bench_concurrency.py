@@ -30,7 +30,8 @@ budget ≥ 0.98× plain at every C.
         --concurrency 16 64 --rounds 1 --max-new-tokens 32
 
     OMP_NUM_THREADS=1 python tools/bench_concurrency.py --concurrency 1 4 16 64 \\
-        --out docs/bench_concurrency.json --plot docs/bench_concurrency.png
+        --out docs/results/data/bench_concurrency.json --plot docs/results/data/bench_concurrency.png
+    python tools/render_results.py    # refresh docs/results/concurrency.md from the record
 """
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ Disabling AMX instead (``-mno-amx-int8``) also avoids the crash but halves llama
 on such a CPU (its AMX buffer type repacks Q4_1 weights for an AVX-512-VNNI batch-1 kernel).
 
 Run (one thread per engine thread; T = 1 and 2 by default):
-  OMP_NUM_THREADS=1 python tools/bench_llamacpp.py --rounds 3 --out docs/bench_llamacpp.json
+  OMP_NUM_THREADS=1 python tools/bench_llamacpp.py --rounds 3 --out docs/results/data/bench_llamacpp.json
+  python tools/render_results.py    # refresh docs/results/llamacpp.md from the record
   python tools/bench_llamacpp.py --smoke          # 1 round, 2 prompts, 8 tokens, T = 1
   python tools/bench_llamacpp.py --build-only     # (re)build the llama.cpp venv and exit
 """

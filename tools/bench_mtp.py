@@ -14,6 +14,10 @@ the output equals plain decoding token for token.
 Usage: ``OMP_NUM_THREADS=1 python tools/bench_mtp.py [--per-category 1] [--max-new 64] [--kappas 2 3]
 [--batch-size 1] [--methods eagle3 mtp multi_layer_eagle frozen_kv_mtp] [--drafter KIND=DIR]
 [--json out.json]``.
+
+The committed record is ``docs/results/data/bench_mtp.json`` (--json writes it);
+``python tools/render_results.py`` then
+refreshes its page, ``docs/results/mtp.md``.
 """
 from __future__ import annotations
 

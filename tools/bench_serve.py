@@ -25,6 +25,10 @@ its level before it.
     OMP_NUM_THREADS=1 python tools/bench_serve.py --check
     OMP_NUM_THREADS=1 python tools/bench_serve.py --load generated/smollm2_serve-<hash> \\
         --concurrency 1 16 64 --soak 1000 --hostile 200
+
+The committed record is ``docs/results/data/bench_serve_load.json`` (--out writes it);
+``python tools/render_results.py`` then
+refreshes its page, ``docs/results/serve.md``.
 """
 from __future__ import annotations
 

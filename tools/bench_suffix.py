@@ -25,7 +25,8 @@ acceptance per draft position, the host work per step (draft + extend stages) ne
 stage, and whether every output equals plain greedy decoding token for token; then the goals.
 
     OMP_NUM_THREADS=1 python tools/bench_suffix.py --limit 12 --max-new-tokens 64 --corpus \\
-        --out docs/bench_suffix.json
+        --out docs/results/data/bench_suffix.json
+    python tools/render_results.py    # refresh docs/results/suffix.md from the record
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ sizes are n one-token requests, not one request of n tokens) and, for comparison
 width, as on a GPU at batch 1). Draft host work is not counted (measured 0.4-1 ms per step against a
 29-60 ms verify, ``tools/bench_suffix.py``).
 
-    OMP_NUM_THREADS=1 python tools/bench_suffix_bound.py --corpus-tokens 262144 1000000 --json docs/bench_suffix_bound.json
+    OMP_NUM_THREADS=1 python tools/bench_suffix_bound.py --corpus-tokens 262144 1000000 --json docs/results/data/bench_suffix_bound.json
+    python tools/render_results.py    # refresh docs/results/suffix.md from the record
 """
 from __future__ import annotations
 

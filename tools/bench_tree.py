@@ -14,6 +14,10 @@ noise-free estimate ``τ / (verify(W) + draft)`` reported next to it ("model tok
 
 Usage: ``OMP_NUM_THREADS=1 nice -n 19 python tools/bench_tree.py [--per-category 2] [--max-new 64]
 [--widths 4 6 8 12 16] [--repeats 1] [--json out.json]``.
+
+The committed record is ``docs/results/data/bench_tree.json`` (--json writes it);
+``python tools/render_results.py`` then
+refreshes its page, ``docs/results/tree.md``.
 """
 from __future__ import annotations
 

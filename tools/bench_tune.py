@@ -13,7 +13,8 @@
    configuration, so slow drifts of the machine's load fall on both).
 
     OMP_NUM_THREADS=1 python tools/bench_tune.py --kappas 2 4 --rounds 5 --high-from 16 --high-kappas 2 \
-        --requests 1:8 4:16 16:32 64:64 --out docs/bench_tune.json
+        --requests 1:8 4:16 16:32 64:64 --out docs/results/data/bench_tune.json
+    python tools/render_results.py    # refresh docs/results/tune.md from the record
 
 (``--requests``: runs of several seconds at every concurrency, so that identical work measures within
 a few per cent on a shared machine; ``--high-from``: only κ = 2 beside plain and the trees from C = 16,

@@ -27,7 +27,7 @@ within the deadline plus a margin.
 Every child runs with ``OMP_NUM_THREADS=1`` and at most 6 GiB of address space (so a runaway
 allocation fails instead of taking the machine), with a per-case timeout.
 
-    OMP_NUM_THREADS=1 python tools/hostile_sweep.py > docs/hostile_sweep.txt
+    OMP_NUM_THREADS=1 python tools/hostile_sweep.py > docs/results/data/hostile_sweep.txt
     python tools/hostile_sweep.py --only train      # cases whose name contains "train"
 """
 from __future__ import annotations
