@@ -9,8 +9,9 @@ generated blocks between two comment lines::
 
 ``header REC`` prints the record's file, the command that wrote it and the CPU it names; the other
 block kinds (``RENDERERS`` below) turn one record (``docs/results/data/REC``, the JSON a benchmark
-script under ``tools/`` writes with its ``--out`` / ``--json`` option) into a table, its numbers
-exactly as recorded. Nothing is re-timed here.
+script under ``tools/`` writes with its ``--out`` / ``--json`` option; a REC with a ``/`` is a path
+from the repository root, e.g. a shipped cost table) into a table, its numbers exactly as recorded.
+Nothing is re-timed here.
 
 Usage::
 
@@ -35,10 +36,15 @@ DATA = RESULTS / "data"
 BLOCK = re.compile(r"(<!-- render: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /render -->)", re.S)
 
 
+def _rel(name: str) -> str:
+    """A record's path from the repository root: a bare name lives in ``docs/results/data/``."""
+    return name if "/" in name else f"docs/results/data/{name}"
+
+
 def _load(name: str) -> dict:
-    path = DATA / name
+    path = ROOT / _rel(name)
     if not path.is_file():
-        raise SystemExit(f"render_results: record docs/results/data/{name} does not exist; "
+        raise SystemExit(f"render_results: record {_rel(name)} does not exist; "
                          f"run the benchmark that writes it or fix the block's record name")
     return json.loads(path.read_text())
 
@@ -69,7 +75,7 @@ def _cpu(rec: dict) -> str:
         cap = rec.get("torch_capability")
         return f"{cpu}" + (f", torch CPU capability {cap}" if cap else "")
     parts = [cpu.get("model", "?")]
-    for key, label in (("hypervisor", "hypervisor"), ("cpus", "CPUs"),
+    for key, label in (("hypervisor", "hypervisor"), ("cpus", "CPUs"), ("quantized_kernels", "quantized kernels"),
                        ("torch_cpu_capability", "torch CPU capability"),
                        ("capability", "torch CPU capability"), ("amx", "AMX"), ("threads", "threads")):
         if key in cpu:
@@ -80,7 +86,9 @@ def _cpu(rec: dict) -> str:
 def header(rec_name: str) -> str:
     rec = _load(rec_name)
     cmd = rec.get("command")
-    lines = [f"- record: [`docs/results/data/{rec_name}`](data/{rec_name})"]
+    rel = _rel(rec_name)
+    link = f"data/{rec_name}" if "/" not in rec_name else f"../../{rec_name}"
+    lines = [f"- record: [`{rel}`]({link})"]
     if cmd:
         lines.append(f"- command (as recorded): `{cmd}`")
     if rec.get("env"):
