@@ -28,7 +28,7 @@ from specc.runtime.prompts import read_prompts
 ROOT = Path(__file__).resolve().parents[1]
 V = 64
 
-# The README's example plan (section "Checking a plan before anything starts").
+# The example plan of docs/guide/check.md (section "Checking a plan before anything starts").
 README_PLAN = """\
 defaults:
   - /target: smollm2_135m
