@@ -214,7 +214,18 @@ def suffix_bound(rec_name: str) -> str:
                       "÷ n-gram, flat verify"], rows))
 
 
-RENDERERS = {"header": header, "llamacpp": llamacpp, "tune": tune, "concurrency": concurrency,
+def sweep_summary(rec_name: str) -> str:
+    """The summary lines of ``tools/hostile_sweep.py``'s text output: its header and totals (lines
+    starting with ``#``) and the ``specc serve`` cases, as a code block."""
+    path = ROOT / _rel(rec_name)
+    if not path.is_file():
+        raise SystemExit(f"render_results: record {_rel(rec_name)} does not exist")
+    keep = [ln for ln in path.read_text().splitlines()
+            if ln.startswith(("# ", "serve: ")) or (ln.startswith("serve/") and " -> " in ln)]
+    return "```\n" + "\n".join(keep) + "\n```"
+
+
+RENDERERS = {"sweep_summary": sweep_summary, "header": header, "llamacpp": llamacpp, "tune": tune, "concurrency": concurrency,
              "concurrency_suffix": concurrency_suffix, "mtp": mtp, "block": block, "tree": tree,
              "serve": serve, "suffix": suffix, "suffix_bound": suffix_bound}
 
