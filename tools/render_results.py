@@ -70,7 +70,7 @@ def _table(head: list[str], rows: list[list]) -> str:
 def _cpu(rec: dict) -> str:
     cpu = rec.get("cpu")
     if cpu is None:
-        return "not named in the record (see the text below)"
+        return "not named in the record (see the CPU line at the top of this page)"
     if isinstance(cpu, str):
         cap = rec.get("torch_capability")
         return f"{cpu}" + (f", torch CPU capability {cap}" if cap else "")
@@ -119,7 +119,7 @@ def concurrency(rec_name: str) -> str:
         for sched, by_c in scheds.items():
             if sched == "auto":          # the derived bucket table, not a run
                 continue
-            rows.append([label, sched] + [
+            rows.append([label, sched.replace("static k=", "static κ = ")] + [
                 f"{_f(by_c[c]['decode_tok_s'])} ({_x(by_c[c]['speedup'])})" for c in cs])
     return _table(["drafter", "schedule"] + [f"C = {c}" for c in cs], rows)
 
@@ -151,25 +151,32 @@ def mtp(rec_name: str) -> str:
 
 
 def block(rec_name: str) -> str:
-    rows = [[r["method"], r["gamma"], f"{r['tau']:.3f}", _rates(r["acceptance_per_pos"]),
-             f"{r['draft_share']:.3f}", f"{r['tokens_per_s']:.2f}", f"{r['speedup']:.3f}",
-             f"{r['c']:.3f}", "yes" if r["exact"] else "NO"]
+    rows = [[r["method"], r["gamma"], f"{r['tau']:.2f}", _rates(r["acceptance_per_pos"]),
+             f"{r['draft_share']:.2f}", f"{r['c']:.3f}", f"{r['tokens_per_s']:.2f}", f"{r['speedup']:.2f}",
+             "yes" if r["exact"] else "NO"]
             for r in _load(rec_name)["rows"]]
-    return _table(["method", "γ", "τ", "acceptance per position", "draft share of time", "tok/s",
-                   "× plain", "c", "output == plain"], rows)
+    return _table(["method", "γ", "τ", "acceptance per position", "draft share", "c", "tok/s", "× plain",
+                   "output == plain"], rows)
 
 
 def tree(rec_name: str) -> str:
     rec = _load(rec_name)
+    by_name = {r["name"]: r for r in rec["rows"]}
+
+    def shape(name: str) -> str:
+        m = re.search(r"κ=(\d+) topk=(\d+)", name)
+        return f"κ {m.group(1)}, topk {m.group(2)}" if m else name
+
+    tvc = [[t["width"], f"{t['chain_tau']:.2f}", shape(t["tree"]), f"{t['tree_tau']:.2f}", f"{t['ratio']:.2f}",
+            f"{t['chain_tps']:.1f}", f"{t['tree_tps']:.1f}", f"{by_name[t['tree']]['speedup']:.2f}"]
+           for t in rec["tree_vs_chain"]]
+    out = _table(["W (verify width)", "EAGLE-3 chain τ", "best EAGLE-3 tree", "tree τ", "τ ratio", "chain tok/s",
+                  "tree tok/s", "× plain (tree)"], tvc)
     rows = [[r["name"], r["width"], f"{r['tau']:.3f}", _rates(r["acceptance_by_depth"]),
-             f"{r['tokens_per_s']:.2f}", f"{r['speedup']:.2f}", _f(r["verify_ms"], 2),
+             f"{r['tokens_per_s']:.2f}", f"{r['speedup']:.3f}", _f(r["verify_ms"], 2),
              "yes" if r["exact"] else "NO"] for r in rec["rows"]]
-    out = _table(["configuration", "W", "τ", "acceptance by depth", "tok/s", "× plain",
-                  "verify ms", "output == plain"], rows)
-    tvc = [[t["width"], f"{t['chain_tau']:.3f}", t["tree"], f"{t['tree_tau']:.3f}", f"{t['ratio']:.3f}",
-            f"{t['chain_tps']:.2f}", f"{t['tree_tps']:.2f}"] for t in rec["tree_vs_chain"]]
-    return out + "\n\nBest tree against the chain at equal verify width:\n\n" + _table(
-        ["W", "EAGLE-3 chain τ", "best tree", "tree τ", "τ ratio", "chain tok/s", "tree tok/s"], tvc)
+    return out + "\n\nEvery configuration of the run:\n\n" + _table(
+        ["configuration", "W", "τ", "acceptance by depth", "tok/s", "× plain", "verify ms", "output == plain"], rows)
 
 
 def serve(rec_name: str) -> str:
@@ -184,29 +191,43 @@ def serve(rec_name: str) -> str:
                    "TPOT p50 / p99", "server RSS"], rows)
 
 
+SUFFIX_PHASES = {"first": "the 12 prompts, first time", "repeat": "the same prompts again",
+                 "para": "paraphrased follow-ups"}
+
+
 def suffix(rec_name: str) -> str:
     rec = _load(rec_name)
-    cfgs = ["plain", "ngram", "suffix_chain", "suffix_tree"]
+
+    def cell(r: dict, plain: float) -> str:
+        return f"{r['decode_tok_s'] / plain:.2f}×, τ {r['tau']:.2f}"
+
     rows = []
     for phase, res in rec["phases"].items():
         plain = res["plain"]["decode_tok_s"]
-        rows.append([phase, f"{plain:.2f} tok/s"] + [
-            f"{res[c]['decode_tok_s'] / plain:.2f}×, τ {res[c]['tau']:.2f}" for c in cfgs[1:] if c in res])
-    out = _table(["phase", "plain", "n-gram (preset)", "suffix, chain", "suffix, tree"], rows)
-    corpus = rec["corpus"]
-    plain = corpus["plain"]["decode_tok_s"]
-    crow = [[name, f"{r['decode_tok_s']:.2f}", f"{r['decode_tok_s'] / plain:.2f}×", f"{r['tau']:.2f}"]
-            for name, r in corpus.items()]
+        rows.append([SUFFIX_PHASES.get(phase, phase), f"{plain:.2f} tok/s",
+                     cell(res["ngram"], plain), cell(res["suffix_chain"], plain), cell(res["suffix_tree"], plain)])
+    c = rec["corpus"]
+    plain = c["plain"]["decode_tok_s"]
+    rows.append(["RAG + summarization, corpus = the prompts' source texts instead of the answers",
+                 f"{plain:.2f} tok/s", cell(c["ngram"], plain),
+                 f"{cell(c['suffix'], plain)} (answers corpus); {cell(c['suffix+corpus'], plain)} (source texts)", "–"])
+    out = _table(["phase", "plain", "n-gram (preset)", "suffix, chain",
+                  f"suffix, tree (topk {rec['args']['tree_topk']}, {rec['args']['tree_width']} nodes)"], rows)
     goals = [[g["what"], f"{g['value']:.3f}", g["goal"], "yes" if g["met"] else "**no**"]
              for g in rec["goals"]]
-    return (out + "\n\nRAG + summarization prompts, corpus drafting:\n\n"
-            + _table(["configuration", "decode tok/s", "× plain", "τ"], crow)
-            + "\n\nGoals as recorded:\n\n" + _table(["goal", "value", "wanted", "met"], goals))
+    return out + "\n\nGoals as recorded:\n\n" + _table(["goal", "value", "wanted", "met"], goals)
+
+
+BOUND_NAMES = {"ngram": "n-gram preset", "suffix": "suffix preset", "suffix κ=4": "suffix, κ = 4",
+               "suffix min_token_prob 0.3": "suffix, `min_token_prob` 0.3",
+               "suffix max_spec_factor 2": "suffix, `max_spec_factor` 2",
+               "suffix calibrated + budget": "suffix, calibrated + budget", "suffix local": "suffix, local tree only",
+               "oracle": "oracle over local, global, n-gram"}
 
 
 def suffix_bound(rec_name: str) -> str:
     rec = _load(rec_name)
-    rows = [[f"{int(tokens):,}", name, f"{r['tau']:.2f}", f"{r['drafted_per_step']:.2f}",
+    rows = [[f"{int(tokens):,}", BOUND_NAMES.get(name, name), f"{r['tau']:.2f}", f"{r['drafted_per_step']:.2f}",
              f"{r['vs_ngram_priced']:.2f}×", f"{r['vs_ngram_flat_verify']:.2f}×"]
             for tokens, res in rec["results"].items() for name, r in res.items()]
     return (f"Priced by {rec['priced_by']}.\n\n"
