@@ -154,3 +154,33 @@ def test_renderer_restores_an_edited_number_and_refuses_bad_blocks():
         render.render_page("<!-- render: header no_such_record.json -->\n<!-- /render -->\n")
     with pytest.raises(SystemExit, match="close every block"):
         render.render_page("<!-- render: header bench_mtp.json -->\nno end\n")
+
+
+def test_a_benchmark_record_written_under_docs_results_refreshes_its_page(tmp_path, monkeypatch):
+    """The benchmark scripts call ``refresh_after_write`` after writing their record: a record in
+    ``docs/results/data/`` re-renders the pages; a record written anywhere else touches nothing."""
+    render = _render_module()
+    data = tmp_path / "docs" / "results" / "data"
+    data.mkdir(parents=True)
+    rec = json.loads((ROOT / "docs" / "results" / "data" / "bench_mtp.json").read_text())
+    rec["rows"][0]["decode_tokens_per_s"] = 12.34
+    (data / "bench_mtp.json").write_text(json.dumps(rec))
+    page = tmp_path / "docs" / "results" / "mtp.md"
+    page.write_text((ROOT / "docs" / "results" / "mtp.md").read_text())
+    monkeypatch.setattr(render, "ROOT", tmp_path)
+    monkeypatch.setattr(render, "RESULTS", tmp_path / "docs" / "results")
+    monkeypatch.setattr(render, "DATA", data)
+    assert render.refresh_after_write(tmp_path / "elsewhere.json") == []
+    assert "| plain | 0 | 1.00 | – | 12.34 |" not in page.read_text()
+    assert render.refresh_after_write(data / "bench_mtp.json") == ["docs/results/mtp.md"]
+    assert "| plain | 0 | 1.00 | – | 12.34 |" in page.read_text()
+    assert render.refresh_after_write(data / "bench_mtp.json") == []
+
+
+@pytest.mark.parametrize("script", ["bench_backends", "bench_block", "bench_concurrency", "bench_llamacpp",
+                                    "bench_mtp", "bench_serve", "bench_suffix", "bench_suffix_bound",
+                                    "bench_tree", "bench_tune"])
+def test_benchmark_scripts_refresh_their_pages_and_name_the_record_folder(script):
+    text = (ROOT / "tools" / f"{script}.py").read_text()
+    assert '["refresh_after_write"]' in text
+    assert "docs/results/" in text and not re.search(r"docs/(?!results/)\w", text)

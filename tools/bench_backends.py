@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import re
+import runpy
 import statistics
 import sys
 import time
@@ -327,6 +328,8 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(as_json(configs, settings, facts, rate16, rate1, args, max_len),
                                               indent=1) + "\n")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.json)
     return 0
 
 

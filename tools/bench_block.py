@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import pathlib
+import runpy
 import sys
 import time
 
@@ -260,6 +261,8 @@ def main(argv=None) -> None:
             "load_average_after": list(os.getloadavg()), "rows": rows,
             "calibration": {str(g): [{"position": j + 1, "predicted": p, "observed": o, "steps": n}
                                      for j, (p, o, n) in enumerate(t)] for g, t in calib.items()}}, indent=1) + "\n")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(pathlib.Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.json)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import runpy
 import sys
 import time
 from pathlib import Path
@@ -185,6 +186,8 @@ def main(argv=None) -> int:
     print(report["text"])
     if args.out:
         Path(args.out).write_text(json.dumps(report["json"], indent=1, default=str) + "\n")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.out)
     if args.plot:
         _plot(args.plot, results, plain, args.concurrency)
     return 0

@@ -59,6 +59,7 @@ import hashlib
 import json
 import os
 import platform
+import runpy
 import shlex
 import shutil
 import statistics
@@ -741,6 +742,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              if r["name"] == "plain" or r["exact"] is False}}
         args.out.write_text(json.dumps(record, indent=1))
         say(f"wrote {args.out}")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.out)
     return 1 if not_exact else 0
 
 

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import pathlib
+import runpy
 import sys
 import time
 
@@ -158,6 +159,8 @@ def main(argv=None) -> None:
             "prompts": [p for p, _ in prompts], "max_new": args.max_new, "batch_size": b, "threads": args.threads,
             "cpu": cpu, "command": " ".join(["python", "tools/bench_mtp.py"] + list(argv if argv is not None else sys.argv[1:])),
             "load_average_after": list(os.getloadavg()), "rows": rows}, indent=1) + "\n")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(pathlib.Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.json)
 
 
 if __name__ == "__main__":

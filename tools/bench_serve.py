@@ -37,6 +37,7 @@ import asyncio
 import json
 import os
 import random
+import runpy
 import signal
 import statistics
 import subprocess
@@ -461,6 +462,8 @@ def load(args) -> int:
                       f"({int(steps)} request-steps)", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"artifact": art.name, "rows": rows}, indent=1) + "\n")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.out)
     print("load test:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import platform
 import re
+import runpy
 import sys
 import tempfile
 import time
@@ -117,6 +118,8 @@ def main(argv=None) -> int:
     print(f"total {time.perf_counter() - t_start:.0f}s")
     if args.out:
         Path(args.out).write_text(json.dumps(report["json"], indent=1) + "\n")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.out)
     return 0
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import runpy
 import sys
 import time
 from pathlib import Path
@@ -258,6 +259,8 @@ def main(argv=None) -> int:
         out = {"settings": settings, "priced_by": priced_by, "cpu": cpu_name(), "results": results}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
         print(f"\nwrote {args.json}")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.json)
     return 0
 
 

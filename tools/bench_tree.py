@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import pathlib
+import runpy
 import statistics
 import sys
 import time
@@ -214,6 +215,8 @@ def main(argv=None) -> None:
             "tree_vs_chain": summary, "load_average_after": list(os.getloadavg()),
             "command": "python tools/bench_tree.py " + " ".join(sys.argv[1:] if argv is None else argv)},
             indent=1, default=list) + "\n")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(pathlib.Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.json)
 
 
 if __name__ == "__main__":

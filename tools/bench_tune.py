@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import subprocess
 import sys
 import time
@@ -202,6 +203,8 @@ def main(argv=None) -> int:
                 "left_out": [c.name for c in cands if args.drafters and c.name not in args.drafters],
                 "table": rows, "goals_met": sum(goals), "goals": len(goals)}
         Path(args.out).write_text(json.dumps(data, indent=1, default=str) + "\n")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.out)
     return 0 if all(goals) else 1
 
 

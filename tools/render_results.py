@@ -90,7 +90,9 @@ def header(rec_name: str) -> str:
     link = f"data/{rec_name}" if "/" not in rec_name else f"../../{rec_name}"
     lines = [f"- record: [`{rel}`]({link})"]
     if cmd:
-        lines.append(f"- command (as recorded): `{cmd}`")
+        moved = " (run before the records moved to `docs/results/data/`)" if re.search(
+            r"docs/(?!results/)", cmd) else ""
+        lines.append(f"- command (as recorded): `{cmd}`{moved}")
     if rec.get("env"):
         lines.append("- environment: " + ", ".join(f"`{k}={v}`" for k, v in rec["env"].items()))
     lines.append(f"- CPU: {_cpu(rec)}")
@@ -267,6 +269,25 @@ def render_page(text: str, page: str = "<page>") -> str:
         return m.group(1) + RENDERERS[kind](*args) + "\n" + m.group(4)
 
     return BLOCK.sub(sub, text)
+
+
+def refresh_after_write(record: str | Path) -> list[str]:
+    """Called by a benchmark script after it wrote ``record``: when the record lives in
+    ``docs/results/data/``, re-render every page (returns the pages rewritten, and prints them);
+    a record written anywhere else changes nothing and returns ``[]``."""
+    path = Path(record).resolve()
+    if path.parent != DATA.resolve():
+        return []
+    rewritten = []
+    for page in pages():
+        old = page.read_text()
+        new = render_page(old, str(page.relative_to(ROOT)))
+        if new != old:
+            page.write_text(new)
+            rewritten.append(str(page.relative_to(ROOT)))
+    if rewritten:
+        print("render_results: rewrote " + ", ".join(rewritten))
+    return rewritten
 
 
 def pages() -> list[Path]:
