@@ -184,3 +184,10 @@ def test_benchmark_scripts_refresh_their_pages_and_name_the_record_folder(script
     text = (ROOT / "tools" / f"{script}.py").read_text()
     assert '["refresh_after_write"]' in text
     assert "docs/results/" in text and not re.search(r"docs/(?!results/)\w", text)
+
+
+def test_readme_links_every_guide():
+    text = (ROOT / "README.md").read_text()
+    guides = {p.name for p in (ROOT / "docs" / "guide").glob("*.md")}
+    linked = set(re.findall(r"\(docs/guide/([\w.]+\.md)\)", text))
+    assert guides <= linked, guides - linked
