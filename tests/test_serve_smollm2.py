@@ -2,7 +2,7 @@
 as `specc run` (the runtime's batch API on the same artifact, batch 1) for shipped prompts, streamed
 and not, for the n-gram, draft-model and EAGLE-3 plans; and `specc serve` as a process starts on
 127.0.0.1, answers, and stops on SIGINT. The whole shipped prompt set is checked by
-``tools/bench_serve.py --check`` (see the README)."""
+``tools/bench_serve.py --check`` (see docs/results/serve.md)."""
 from __future__ import annotations
 
 import os
