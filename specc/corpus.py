@@ -34,6 +34,11 @@ class CorpusNotFound(SpeccError):
     """A ``method.suffix.corpora`` entry names no readable file, directory or fetched corpus."""
 
 
+class CorpusTooLarge(SpeccError):
+    """A corpus or document would take the suffix drafter's global tree past
+    ``method.suffix.max_corpus_tokens``."""
+
+
 def default_cache() -> pathlib.Path:
     """Where ``specc train corpora`` unpacks the installable corpora."""
     base = os.environ.get("SPECC_TRAIN_CACHE") or pathlib.Path.home() / ".cache" / "specc" / "train"
@@ -171,11 +176,9 @@ def load_corpora(drafter, entries: Sequence[str], tokenizer, cache: Optional[pat
     ``target.path``, checked against the shards of an ``answers:`` entry.
 
     Returns ``{entry: tokens}``. Raises CorpusNotFound (an entry that does not exist, answers of
-    another target), :class:`specc.drafters.suffix.CorpusTooLarge` (over the bound), SpeccError (a
+    another target), :class:`CorpusTooLarge` (over the bound), SpeccError (a
     text corpus and no tokenizer).
     """
-    from specc.drafters.suffix import CorpusTooLarge
-
     if tokenizer is None and any(not str(e).startswith(ANSWERS) for e in entries):
         raise SpeccError("method.suffix.corpora needs the target's tokenizer to tokenize the corpora; the "
                          "target was loaded without one")
