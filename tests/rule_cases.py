@@ -1,7 +1,7 @@
 """Hand-written trigger / near-miss plans for every rule of every engine profile (used by
 tests/test_rules_table.py). Each case: (base plan, overrides that trigger the rule, extra overrides
 that make a nearby plan that does not trigger it, expected severity). The expected severities were
-worked out from the reference tables (shared/reference/*.md), not from running the code; a
+worked out from the engines' source (the file:line each rule cites), not from running the code; a
 ``fallback`` whose overridden key was unset is expected as ``filled``.
 """
 from __future__ import annotations
@@ -457,7 +457,7 @@ CASES = {
     "specc.S-TOPK-FILL": (S_E3, {"method.topk": None}, {"method.topk": 1}, "filled"),
     "specc.S-WIDTH": (S_E3, {"method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4}, "error"),
     "specc.S-WIDTH-FILL": (S_E3, {"method.num_draft_tokens": None}, {"method.num_draft_tokens": 4}, "filled"),
-    # trees (specc/trees.py, specc/runtime/stages.py; SGLang's limits, sglang-0.5.23.md §5 and U7)
+    # trees (specc/trees.py, specc/runtime/stages.py; SGLang's limits, arg_groups/speculative_hook.py:494-559, U7)
     "specc.S-TREE-KIND": (S_E3, {"method.name": "medusa", "draft.path": "x/medusa", "method.topk": 2,
                                  "method.num_draft_tokens": 6}, {"method.name": "eagle3", "draft.path": SMOL_E3["path"]},
                           "error"),

@@ -1,6 +1,9 @@
-"""specc.cost reproduces every number the seeds derive, from the formulas.
+"""specc.cost reproduces the numbers of two textbook worked examples, from the formulas.
 
-Expected values are the seeds' printed numbers (shared/seeds/*.txt), with the tolerance their
+The chain/parallel example: Llama-3-8B target with a 1B-class draft on an H100 (c = 0.165, κ = 3,
+α = 0.70; E and S from Leviathan et al. 2023, arXiv:2211.17192). The batch example: the roofline
+step of an 8B bf16 target on an H100 at 0.8 of its bandwidth and 0.5 of its compute with a
+0.25 ms draft head. Expected values are the examples' printed numbers, with the tolerance their
 rounding implies; nothing here is copied from specc's own output.
 """
 import json
@@ -13,11 +16,11 @@ from hypothesis import given, settings, strategies as st
 from specc import cost
 from specc.errors import PlanError
 
-# §6.2's configuration (zoo seed line 38): c = 0.165, κ = 3, α = 0.70.
+# the chain/parallel worked example: c = 0.165, κ = 3, α = 0.70.
 C, K, ALPHA = 0.165, 3, 0.70
 
 
-# ---------------------------------------------------------------- §6.2 (first seed, lines 38-46)
+# ---------------------------------------------------------------- the chain/parallel example
 
 def test_expected_tokens_section_6_2():
     assert cost.expected_tokens(ALPHA, K) == pytest.approx(2.533, abs=5e-4)
@@ -39,8 +42,8 @@ def test_chain_and_parallel_speedups():
 def test_thresholds_and_half_acceptance():
     # Beating no speculation: E(α, 3) > 1.165 gives α ≈ 0.142.
     assert cost.alpha_to_beat_plain(K, C, parallel=True) == pytest.approx(0.142, abs=1e-3)
-    # Beating the chain: E(α,3)/1.165 > 2.533/1.495 gives α ≈ 0.536 (the seed's bisection asserts
-    # 0.53 < α < 0.54, line 518).
+    # Beating the chain: E(α,3)/1.165 > 2.533/1.495 gives α ≈ 0.536 (by bisection,
+    # 0.53 < α < 0.54).
     chain = cost.speedup_chain(ALPHA, K, C)
     a = cost.alpha_to_beat(chain, K, C, parallel=True)
     assert 0.53 < a < 0.54 and a == pytest.approx(0.536, abs=2e-3)
@@ -63,7 +66,7 @@ def test_break_even_and_s_infinity():
 
 
 def _saturating_speedup(batch, e, width, draft, t_star):
-    """§6.2's saturating model written out independently: per step plain decode costs
+    """The saturating model written out independently: per step plain decode costs
     max(1, B/T*) and yields B; speculation costs max(1, B·W/T*) + draft and yields B·E."""
     return (batch * e / (max(1.0, batch * width / t_star) + draft)) / (batch / max(1.0, batch / t_star))
 
@@ -128,7 +131,7 @@ def test_tree_costs_and_yield():
     assert cost.tree_expected_tokens(chain, ALPHA) == pytest.approx(cost.expected_tokens(ALPHA, K))
     # adding siblings can only add expected tokens
     assert cost.tree_expected_tokens(chain + [(1,)], ALPHA) > cost.expected_tokens(ALPHA, K)
-    assert cost.tree_pool_size(5, 4) == 4 + 4 * 16  # topk + (κ-1)·topk², sglang §5
+    assert cost.tree_pool_size(5, 4) == 4 + 4 * 16  # topk + (κ-1)·topk², SGLang eagle_worker_v2.py:742-919
     assert cost.step_cost_tree(K, 4, C, 8) == pytest.approx(cost.step_cost_chain(K, C))
     # with a saturation point a wide verify costs more than one memory-bound pass
     assert cost.step_cost_tree(K, 4, C, 64, saturation_tokens=16) == pytest.approx(4 + C * (1 + 1 + 1))
@@ -136,7 +139,7 @@ def test_tree_costs_and_yield():
     assert cost.dynamic_tree_expected_tokens(ALPHA, K, 1, K + 1) == pytest.approx(cost.expected_tokens(ALPHA, K))
 
 
-# ---------------------------------------------------------------- "The higher the load" (second seed)
+# ---------------------------------------------------------------- the batch (roofline) example
 
 SEED_TABLE = {  # batch: (plain tok/s, best κ chain, chain ×, best κ block, block ×)
     1: (168, 8, 3.24, 8, 4.15),
@@ -147,7 +150,7 @@ SEED_TABLE = {  # batch: (plain tok/s, best κ chain, chain ×, best κ block, b
 
 
 def seed_model():
-    """The second seed's constants: 8B bf16 on an H100 at 0.8 / 0.5 efficiency, T_DRAFT 0.25 ms."""
+    """The batch example's constants: 8B bf16 on an H100 at 0.8 / 0.5 efficiency, T_DRAFT 0.25 ms."""
     return cost.BatchModel(weight_bytes=16e9, bandwidth=3.35e12 * 0.8, flops_per_token=2 * 8e9,
                            flops=989e12 * 0.5, draft_time=0.25e-3)
 
@@ -169,7 +172,7 @@ def test_batch_table(model_fn):
 
 
 def _seed_confidences(rng_raw, batch, k=7):
-    """The seed's confidences, bit for bit: torch.manual_seed(0); torch.rand(batch, K) is MT19937
+    """The batch example's confidences, bit for bit: torch.manual_seed(0); torch.rand(batch, K) is MT19937
     (seeded like numpy's legacy RandomState) with float = (word & 2^24-1) · 2^-24, in float32."""
     u = ((rng_raw.random_raw(batch * k) & ((1 << 24) - 1)).astype(np.float64) * 2.0 ** -24).astype(np.float32)
     u = u.reshape(batch, k)
@@ -180,8 +183,9 @@ def _seed_confidences(rng_raw, batch, k=7):
 
 
 def test_budgeted_verification_table():
-    """Second seed, "Deciding how much to verify by load": 112, 57 and 7 positions admitted at batch
-    16, 128 and 512, with the throughputs it prints."""
+    """The batch example's budgeted verification (vLLM's survival-probability budget,
+    adaptive_verification.py:305-373): 112, 57 and 7 positions admitted at batch 16, 128 and 512,
+    with the example's throughputs."""
     model = seed_model()
     bitgen = np.random.MT19937()
     bitgen._legacy_seeding(0)
@@ -240,7 +244,7 @@ confidence_value = st.one_of(st.sampled_from([0.0, 1.0, 0.5, 1e-300, 5e-324, 0.9
        per_token=st.floats(0.0, 2.0), floor=st.floats(1e-3, 10.0), draft=st.floats(0.0, 5.0))
 def test_survival_budget_always_admits_a_prefix(data, rows, cols, per_token, floor, draft):
     """Every budget — the chosen one and every other — admits a prefix of each request, under ties,
-    zeros, ones and underflow (second seed exercise 1; zoo seed line 405)."""
+    zeros, ones and underflow."""
     conf = np.array(data.draw(st.lists(st.lists(confidence_value, min_size=cols, max_size=cols),
                                        min_size=rows, max_size=rows)))
     sel = cost.select_verify_budget(conf, lambda n: floor + per_token * n, draft_time=draft)
@@ -298,7 +302,7 @@ def test_predict_parallel_and_plain_states():
     plan = Plan(method=MethodConfig(name="dspark", num_steps=1, topk=1, block_size=3),
                 schedule=ScheduleConfig(capture_batch_sizes=[1]))
     (p,) = analyze(plan, alpha=ALPHA, c=C, hardware="h100").predictions.values()
-    # a κ = 3 parallel block is the zoo seed's "parallel drafting" example: 2.17x
+    # a κ = 3 parallel block in the worked example: 2.17x
     assert round(p.speedup, 2) == 2.17 and p.step_cost == pytest.approx(1.165)
     t_star = cost.saturation_tokens(cost.load_hardware_profile("h100"), 2.0)
     assert p.break_even_batch == pytest.approx(t_star * (2.533 - 0.165) / 4, rel=1e-3)

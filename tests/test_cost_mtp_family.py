@@ -1,7 +1,8 @@
 """The cost model of the MTP family: multi-layer EAGLE charges Σ c_i over the modules a step runs (its
 checkpoint's per-module sizes, not κ × the whole checkpoint's c); frozen-KV MTP predicts no
 draft-extend pass and no draft KV, and names what the same assistant would hold with a pool of its
-own (the zoo seed's 4 KiB-per-token example scaled to the draft's shape); ``specc explain`` says so."""
+own (4 KiB per token and layer at h_kv = 8, d_h = 128, bf16, scaled to the draft's shape); ``specc explain``
+says so."""
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def _plan(method, path, k=3, **method_kw):
 
 
 def test_seed_example_of_draft_kv_bytes():
-    # the zoo seed: h_kv = 8, d_h = 128, bf16 -> 2 x 8 x 128 x 2 = 4 KiB per token per layer
+    # h_kv = 8, d_h = 128, bf16 -> 2 x 8 x 128 x 2 = 4 KiB per token per layer
     assert cost.draft_kv_bytes_per_token(1, 8, 128, 2) == 4096
     assert cost.draft_kv_bytes_per_token(1, 3, 64, 4) == 1536  # SmolLM2-135M's shape in fp32
     assert cost.step_cost_modules([0.1, 0.2, 0.05]) == pytest.approx(1.35)
@@ -71,7 +72,7 @@ def test_frozen_kv_drops_the_extend_pass_and_the_draft_kv(tmp_path):
     assert (f.draft_forward_passes, f.extend_forward_passes) == (3, 0)
     assert (m.draft_forward_passes, m.extend_forward_passes) == (2, 1)
     # counted at one iteration boundary, both run κ passes: the frozen step saves the extend pass's
-    # width and the draft KV, not a pass (the zoo seed: "Do not add another extension")
+    # width and the draft KV, not a pass (no second extension is added)
     assert f.step_cost == pytest.approx(m.step_cost) == pytest.approx(1 + 3 * 0.05)
     assert f.draft_kv_bytes_per_token == 0 and m.draft_kv_bytes_per_token == 1536
     assert f.draft_kv_bytes_saved_per_token == 1536 and m.draft_kv_bytes_saved_per_token is None

@@ -4,7 +4,7 @@ arrival and decodes from it; greedy output is token-identical to one process for
 runtime runs (plain, n-gram, draft model, EAGLE, EAGLE-3, trees, Medusa, DFlash, DSpark, MTP, multi-layer
 EAGLE, frozen-KV MTP); seeded sampling continues identically;
 corrupted, truncated and mismatched payloads are refused with a clear error; bytes per part match the
-seeds' arithmetic."""
+arithmetic of tools/bench_disagg.py."""
 from __future__ import annotations
 
 import copy

@@ -42,13 +42,14 @@ def test_json_matches_the_cost_model(capsys):
     assert data["alpha"] == 0.7 and data["c"] == 0.165 and data["hardware"] == "h100"
     states = {s["state"]: s for s in data["states"]}
     s = states["b1_k3_topk1_w4_greedy_chain"]
-    # §6.2: E = 2.533, chain speedup 1.69 (zoo seed lines 38-40)
+    # the worked example (c = 0.165, κ = 3, α = 0.70): E = 2.533, chain speedup 1.69
     assert s["expected_tokens"] == pytest.approx(2.533, abs=5e-4)
     assert round(s["speedup"], 2) == 1.69
-    # EAGLE-3 at κ = 3: two recurrent passes and the draft-extend (which drafts token 1), as the zoo seed counts
+    # EAGLE-3 at κ = 3: two recurrent passes and the draft-extend (which drafts token 1), counted at one
+    # iteration boundary
     assert (s["draft_forward_passes"], s["extend_forward_passes"], s["target_forward_passes"]) == (2, 1, 1)
     assert s["target_tokens_per_step"] == 4 and s["graph_issues"] == []
-    # break-even on the h100 profile uses its effective T* (not the seed's 295 peak-ratio T*)
+    # break-even on the h100 profile uses its effective T* (not the 295 peak-ratio T*)
     t_star = cost.saturation_tokens(cost.load_hardware_profile("h100"), 2.0)
     assert s["break_even_batch"] == pytest.approx(cost.break_even_batch(0.7, 3, 0.165, t_star))
     assert states["b8_k0_topk1_w1_greedy_plain"]["break_even_batch"] is None  # never (inf)

@@ -36,7 +36,7 @@ PLANS = {
 }
 
 # Forward passes per step (draft stage, draft-extend, target) the methods are known to run — written from
-# the methods' definitions, independently of graph.expected_forward_passes, counted at the zoo seed's
+# the methods' definitions, independently of graph.expected_forward_passes, counted at a
 # common iteration boundary: an EAGLE-family head's extend pass drafts token 1 (κ − 1 draft passes + 1
 # extend), a draft model catches its KV up inside its first proposal pass, DFlash/DSpark project their
 # context K/V without a draft forward, frozen-KV MTP runs κ passes and no extend.
@@ -156,7 +156,7 @@ def test_every_preset_lowers_graphs_and_validates():
     from specc.plan import load
 
     presets = load.list_presets()
-    assert len(presets) >= 20, presets  # every method and scenario of the seeds has a preset
+    assert len(presets) >= 20, presets  # every method and scenario has a preset
     for name in presets:
         plan = load.load_plan(name).plan
         res = analyze(plan)

@@ -11,7 +11,7 @@ from specc.sizing import plan_alpha
 from specc.plan.schema import (BucketConfig, DraftConfig, MethodConfig, Plan, RuntimeConfig,
                                ScheduleConfig, SyntheticConfig, TargetConfig, VerifyConfig)
 
-# SGLang's spec CUDA-graph batch sizes (sglang-0.5.23.md §4 worked example, cuda_graph_hook.py:518-524):
+# SGLang 0.5.23's spec CUDA-graph batch sizes (sglang/srt/arg_groups/cuda_graph_hook.py:518-524):
 # 1–8, 10–32 step 2, 40–64 step 4, 72–256 step 8.
 SGLANG_GRAPH_BS = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4))
                    + list(range(72, 257, 8)))
@@ -21,7 +21,7 @@ def test_names_are_identifiers_built_from_all_parameters():
     plan = Plan(method=MethodConfig(name="eagle3", num_steps=3), runtime=RuntimeConfig(max_batch_size=4))
     states = lower(plan)
     names = [s.name for s in states]
-    assert "b4_k3_topk1_w4_greedy_chain" in names  # the TEAM.md example
+    assert "b4_k3_topk1_w4_greedy_chain" in names  # a chain state's name: batch 4, κ 3, topk 1, width 4
     assert len(set(names)) == len(names)
     for s in states:
         assert isinstance(s, CandidateState) and s.name.isidentifier()
@@ -37,7 +37,7 @@ def test_names_are_identifiers_built_from_all_parameters():
 
 def test_sglang_default_adaptive_pruning_matches_reference():
     """cuda_graph_bs_for_step with the default config keeps: κ 7 and 5 → 1–7 (7 sizes), κ 3 → 1–30
-    (19), κ 1 → 1–60 (26), κ 0 → 8–256 (44) (sglang-0.5.23.md §4 "Graphs kept per step")."""
+    (19), κ 1 → 1–60 (26), κ 0 → 8–256 (44) (SGLang sglang/srt/speculative/adaptive_spec_params.py:328-340)."""
     plan = Plan(method=MethodConfig(name="eagle3", num_steps=3, topk=1),
                 schedule=ScheduleConfig(kind="adaptive", capture_batch_sizes=SGLANG_GRAPH_BS))
     states = lower(plan)
@@ -53,7 +53,7 @@ def test_sglang_default_adaptive_pruning_matches_reference():
 
 
 def test_routing_is_a_floor_lookup_after_padding():
-    """sglang-0.5.23.md §4 routing table: batch → padded → slot."""
+    """SGLang's routing: batch → padded → slot (sglang/srt/speculative/adaptive_spec_params.py:342-358)."""
     import bisect
 
     keys = [1, 8, 32, 64]
@@ -124,7 +124,7 @@ def _fake_safetensors(path, num_params):
 
 def test_auto_on_h100_reproduces_the_seed_best_k(tmp_path):
     """An 8B bf16 target on the h100 profile with an EAGLE head (c = 0.042: 0.25 ms over a 5.97 ms
-    floor) at α = 0.8: the best κ per batch is the second seed's 8, 5, 1, 0 at batch 1, 32, 128, 512."""
+    floor) at α = 0.8: the best κ per batch is the roofline example's 8, 5, 1, 0 at batch 1, 32, 128, 512."""
     target = tmp_path / "target.safetensors"
     _fake_safetensors(target, 8 * 10 ** 9)
     plan = Plan(target=TargetConfig(path=str(target), format="hf", dtype="bfloat16"),
@@ -246,7 +246,7 @@ def test_plan_alpha_from_synthetic_acceptance():
     a, src = plan_alpha(Plan(method=MethodConfig(name="eagle", num_steps=4),
                              verify=VerifyConfig(rule="synthetic", synthetic=SyntheticConfig(acceptance_rates=rates))))
     assert a == pytest.approx(0.6, abs=1e-9) and "acceptance_rates" in src
-    # a mean acceptance length E = 2.533 at κ = 3 is §6.2's α = 0.70
+    # a mean acceptance length E = 2.533 at κ = 3 is α = 0.70
     a, _ = plan_alpha(Plan(method=MethodConfig(name="eagle", num_steps=3),
                            verify=VerifyConfig(synthetic=SyntheticConfig(acceptance_length=2.533))))
     assert a == pytest.approx(0.70, abs=1e-3)

@@ -1,9 +1,9 @@
-"""The second seed's Markov-chain example ("Why add a Markov head"), run through our DSpark code.
+"""A worked Markov-chain example of why DSpark adds a Markov head, run through our DSpark code.
 
 The target is a first-order Markov chain over V = 64 tokens whose rows put 0.45 on each of two
-"common continuations" (the seed's matrix, rebuilt with its seed). A parallel draft that knows only
+"common continuations" (the example's matrix, rebuilt with its random seed). A parallel draft that knows only
 each position's marginal picks incompatible tokens; DSpark's Markov head, given the chain's
-transitions, restores the dependency. The seed reports 0.62 expected accepted drafts per step
+transitions, restores the dependency. The example gives 0.62 expected accepted drafts per step
 without transitions and 0.81 with them (K = 6, averaged over the last token); both are reproduced
 by `specc.models.dflash.markov_walk` with a vanilla `MarkovHead` whose low-rank factors hold the
 transition matrix (rank r = V: ``w1[a] = log P[a]``, ``w2 = I``).
@@ -25,7 +25,7 @@ def seed_chain() -> torch.Tensor:
 
 
 def expected_accept(P, drafts, last):
-    """Σ_i P(the first i drafts are the path the target samples) (the seed's ``expected_accept``)."""
+    """Σ_i P(the first i drafts are the path the target samples) (the example's ``expected_accept``)."""
     total = torch.zeros(drafts.shape[0], dtype=torch.float64)
     p = torch.ones_like(total)
     prev = last
@@ -38,7 +38,7 @@ def expected_accept(P, drafts, last):
 
 def test_markov_head_restores_the_chain():
     P = seed_chain()
-    last = torch.arange(V)  # every last token, as the seed averages over them
+    last = torch.arange(V)  # every last token, as the example averages over them
     # the parallel backbone's base logits: position i sees only the marginal i + 1 steps ahead
     marg, dist = [], torch.eye(V)
     for _ in range(K):
@@ -64,7 +64,7 @@ def test_markov_head_restores_the_chain():
     assert round(with_markov, 2) == 0.81, with_markov
     # the corrected logits really are base + the transition bias of the previous token
     assert torch.allclose(logits[1], base_markov[:, 1] + P.log()[prevs[1]])
-    # and the head alone (no backbone) is the seed's left-to-right argmax of P
+    # and the head alone (no backbone) is the example's left-to-right argmax of P
     prev, chain = last, []
     for _ in range(K):
         prev = P[prev].argmax(-1)

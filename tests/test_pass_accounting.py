@@ -1,5 +1,5 @@
 """``specc explain`` predicts, per candidate state, the drafter's forward passes per decode step in the
-draft stage and in the extend stage (from the stage graph, counted at the zoo seed's iteration
+draft stage and in the extend stage (from the stage graph, counted at one iteration
 boundary); the runtime counts them as it decodes (``SpecMetrics.draft_passes_per_step`` /
 ``extend_passes_per_step``). For every method and draft shape the runtime runs, the two agree."""
 from __future__ import annotations

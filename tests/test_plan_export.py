@@ -1,5 +1,6 @@
 """Plan -> SGLang / vLLM launch settings: expected flags written from the engines' flag tables
-(shared/reference §2/§3), not from the exporter's output."""
+(SGLang sglang/srt/arg_groups/fields/spec.py, vLLM vllm/config/speculative.py), not from the
+exporter's output."""
 from __future__ import annotations
 
 import json

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specc.plan import schema as S
-from specc.checkpoints import PROFILE as _CK
+from specc.rules.checkpoints import PROFILE as _CK
 from specc.rules import PROFILES, check, resolve
 from specc.rules.base import SEVERITIES, Violation, clone
 
@@ -99,7 +99,7 @@ def test_check_never_raises(plan):
             assert isinstance(v, Violation)
             assert v.severity in SEVERITIES
             assert not v.rule.endswith(".internal"), v.message
-            # engine rules cite the engine version; the checkpoint rules (specc/checkpoints.py) cite specc's
+            # engine rules cite the engine version; the checkpoint rules (specc/rules/checkpoints.py) cite specc's
             own = PROFILES[engine].version if not v.rule.startswith("checkpoint.") else CHECKPOINT_VERSION
             assert v.message and v.source.startswith(own)
 

@@ -1,5 +1,5 @@
-"""Every rule of every engine profile: a plan that triggers it (with the severity the reference
-tables give) and a nearby plan that does not; plus the table's own hygiene and resolved values."""
+"""Every rule of every engine profile: a plan that triggers it (with the severity the engine's
+source gives) and a nearby plan that does not; plus the table's own hygiene and resolved values."""
 from __future__ import annotations
 
 import dataclasses

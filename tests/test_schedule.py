@@ -1,5 +1,6 @@
 """Schedules as policies (specc.runtime.schedule): the adaptive controller against an independent
-implementation written here from the reference's pseudocode (sglang-0.5.23.md §4), the budget
+implementation written here from SGLang 0.5.23's ``update`` / ``_recompute_params``
+(sglang/srt/speculative/adaptive_spec_params.py:187-261), the budget
 selection against a brute force, vLLM's dynamic-K lookup, load-time checks, and exactness of greedy
 output under every schedule while κ changes mid-request and verification is ragged."""
 import itertools
@@ -26,7 +27,7 @@ from specc.runtime.testing import perturbed_copy, reference_greedy, runtime_for_
 # ------------------------------------------------------------------ the reference controller
 def reference_steps(candidates, start, trace, down_h=-0.25, up_h=0.0, ceiling=0.0, alpha=0.2, warmup=10,
                     interval=5):
-    """κ after each verify, written from sglang-0.5.23.md §4 as plain arithmetic on one slot.
+    """κ after each verify, written from sglang/srt/speculative/adaptive_spec_params.py:187-261 as plain arithmetic on one slot.
 
     ``trace`` holds, per verify, the list of accepted drafts per request (bonus excluded)."""
     cands = sorted(set(candidates))
@@ -81,7 +82,7 @@ def controller_steps(candidates, start, trace, down_h=-0.25, up_h=0.0, ceiling=0
 
 
 def test_worked_example_of_the_reference():
-    """sglang-0.5.23.md §4 "Worked example": BS1 goes 3 → 5 at batch 15, stays at 20, drops to 3 at 25;
+    """SGLang's default adaptive config (sglang/srt/speculative/adaptive_spec_params.py:28-53) worked through: BS1 goes 3 → 5 at batch 15, stays at 20, drops to 3 at 25;
     BS8 drops 3 → 0 at 15, probes 0 → 1 at 20, falls back 1 → 0 at 25."""
     bs1 = controller_steps([1, 3, 5, 7], 3, [[3]] * 15 + [[3, 3, 4, 3, 3]] * 5 + [[0, 1]] * 5)
     assert bs1[13] == 3 and bs1[14] == 5 and bs1[19] == 5 and bs1[24] == 3

@@ -23,9 +23,9 @@ from collections import Counter
 import pytest
 import torch
 
-from specc.corpus import CorpusNotFound, load_corpora, problem, read_documents
+from specc.corpus import CorpusNotFound, CorpusTooLarge, load_corpora, problem, read_documents
 from specc.drafters import suffix as S
-from specc.drafters.suffix import CorpusTooLarge, SpecLimits, SuffixCache, SuffixDrafter, SuffixTree, speculate
+from specc.drafters.suffix import SpecLimits, SuffixCache, SuffixDrafter, SuffixTree, speculate
 from specc.errors import PlanError
 from specc.plan.schema import MethodConfig, Plan, RuntimeConfig, ScheduleConfig, SuffixConfig, VerifyConfig
 from specc.runtime.request import Request, SamplingParams

@@ -201,7 +201,7 @@ def test_choice_follows_the_measured_acceptance(tmp_path):
     assert ch.candidate == "good"
     assert ch.buckets[1] == 3  # 4 tokens verify at the one-token price: κ = 3 fills them
     assert ch.buckets[max(ch.buckets)] == 0  # compute-bound: nothing pays
-    # the prediction is the seed's throughput B·E / step with the measured E
+    # the prediction is the roofline throughput B·E / step with the measured E
     bd = pred.breakdown(Config("good", 3), 1)
     assert bd["expected_tokens"] == pytest.approx(1 + 0.8 + 0.64 + 0.51)
     assert bd["tok_s"] == pytest.approx(1 * bd["expected_tokens"] / bd["step_ms"] * 1e3)
@@ -645,7 +645,7 @@ def test_explain_without_a_record_assumes_nothing(capsys):
     assert all(s["speedup"] is None and s["expected_tokens"] is None for s in data["states"])
     assert all(0.0 <= s["alpha_to_pay"] <= 1.0 for s in chain if s["alpha_to_pay"] is not None)
     b1 = {s["num_steps"]: s for s in chain if s["batch_size"] == 1}
-    # at α_to_pay the §6.2 speedup is 1: E(α, κ) = 1 + κc
+    # at α_to_pay the batch-1 speedup is 1: E(α, κ) = 1 + κc
     k = 3
     assert cost.expected_tokens(b1[k]["alpha_to_pay"], k) == pytest.approx(1 + k * data["c"], rel=1e-3)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Disaggregated prefill + decode over loopback HTTP on SmolLM2-135M, for every method the runtime runs:
 greedy output token-identical to one process, and the bytes shipped per request by part against the
-seeds' arithmetic.
+arithmetic below.
 
 For each shipped artifact (plain, n-gram, draft model, EAGLE, EAGLE-3): a prefill server
 (``--role prefill``) and a decode server (``--role decode``) in this process, each with its own
@@ -10,7 +10,7 @@ each answer must equal the one-process answer (the runtime's batch API, batch 1 
 Bytes: the decode server's ``specc:disagg_payload_bytes_total{part}`` over the requests, and the
 arithmetic: target KV = 2 · layers · kv_heads · head_dim · 4 B per prompt token (fp32 cache); EAGLE
 seed = the head's KV (2 · kv_heads · head_dim · 4 B per prompt token) + its hidden state (H · 4 B) +
-top-1 probability and index + position; the seeds' Llama-3-8B figure (a 4096-wide bf16 hidden state,
+top-1 probability and index + position; Llama-3-8B's figure (a 4096-wide bf16 hidden state,
 8 KB per request) for scale.
 
     OMP_NUM_THREADS=1 python tools/bench_disagg.py --limit 6 --max-new-tokens 32
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         print(f"{method:<12} {same:>4}/{n:<4} {prompt_tokens / n:>10.1f} {kv / n:>10.0f} {kv_tok:>9} {seed / n:>10.0f} "
               f"{seed_arith:>10.0f} {total / n:>11.0f} {rt.metrics.num_drafts:>7}   ({time.time() - t0:.0f} s)",
               flush=True)
-    print("seeds' arithmetic for scale: Llama-3-8B EAGLE hidden state = 4096 bf16 = 8192 B per request; "
+    print("arithmetic for scale: Llama-3-8B EAGLE hidden state = 4096 bf16 = 8192 B per request; "
           "its KV = 2 * 32 layers * 8 kv heads * 128 * 2 B = 131072 B per prompt token")
     print("disaggregated == one process:", "PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -2,8 +2,9 @@
 """What a LoRA adapter does to speculation, measured: acceptance and τ on the shipped prompts with the
 base SmolLM2-135M and with the shipped ``chitchat`` adapter (``tools/train_lora.py``), for the n-gram,
 draft-model and EAGLE-3 plans, side by side in one run. The adapter changes the target and never the
-drafter (the seeds: "an adapter changes the target distribution while the shared draft can remain
-unchanged ... measure per-adapter acceptance"). Greedy; batch ``--batch-size``.
+drafter: the shared draft stays unchanged while the adapter moves the target distribution, so
+acceptance is measured per adapter (SGLang 0.5.23 allows LoRA with EAGLE, EAGLE3, DFLASH and DSPARK:
+sglang/srt/arg_groups/lora_hook.py:240-301). Greedy; batch ``--batch-size``.
 
     OMP_NUM_THREADS=1 python tools/bench_lora.py --limit 12 --max-new-tokens 48
 """

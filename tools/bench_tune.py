@@ -105,13 +105,12 @@ def main(argv=None) -> int:
     budget = tune_data.get("budget_min", args.budget_min)
     print(f"specc tune took {tune_s / 60:.1f} min (budget {budget:g} min)", flush=True)
 
-    from specc.commands.tune import _sample
     from specc.plan.load import load_plan
     from specc.rules import resolve
     from specc.tune.candidates import discover, identity
     from specc.tune.confirm import Entry, side_by_side
     from specc.tune.measure import Models, encode
-    from specc.tune.session import plain_plan
+    from specc.tune.session import plain_plan, sample_records
 
     cands, _ = discover()
     plan = resolve(load_plan(str(tuned)).plan, "specc")[0]
@@ -121,7 +120,7 @@ def main(argv=None) -> int:
         return 1
     base = cands[0].plan
     models = Models({"path": base.target.path, "format": base.target.format}, max_model_len=base.target.max_model_len)
-    sample = _sample(read_prompts(prompts))
+    sample = sample_records(read_prompts(prompts))
     ids = encode(sample, models.tokenizer)
     models.max_model_len = max(len(p) for p in ids) + args.max_new_tokens + 8
     entries = [Entry("plain", None, lambda c: plain_plan(base, [c])),

@@ -1,8 +1,8 @@
 """Train a LoRA adapter (PEFT layout) for SmolLM2-135M-Instruct on real human-human chat, so specc's
 multi-adapter serving has a real adapter whose effect on speculation is measured, not assumed.
 
-Data: ``chitchat-dataset`` 0.9.0 (PyPI, MIT; BYU's open-domain human-human chat; see
-shared/reference/corpora.md). Each conversation becomes a chat: the two speakers' turns alternate as
+Data: ``chitchat-dataset`` 0.9.0 (PyPI, MIT; BYU's open-domain human-human chat: 7,168
+conversations, 258k messages). Each conversation becomes a chat: the two speakers' turns alternate as
 ``user`` / ``assistant`` (consecutive messages of one speaker joined with a space), rendered with
 SmolLM2's own chat template; the loss is on the assistant turns only. Conversations are split by a
 hash of their id into train (90 %) and held-out (10 %). Never the shipped evaluation prompts.

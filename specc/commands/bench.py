@@ -163,7 +163,7 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
             res = run_concurrency(runtime, reqs, c)
             bar.update(1)
             k_mean = sum(k * v for k, v in res.kappa_steps.items()) / max(1, sum(res.kappa_steps.values()))
-            # every draft-model pass of a step, draft stage and draft-extend alike (the zoo seed's count)
+            # every draft-model pass of a step, draft stage and draft-extend alike (counted at one iteration boundary)
             passes = (methods.proposal_passes(method.name, max(1, round(k_mean))) if k_mean > 0 else 0) \
                 + methods.extend_passes(method.name)
             pred = None

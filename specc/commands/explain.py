@@ -19,7 +19,8 @@ non-finite ``--c`` are ``SpeccError`` (``specc explain: error: ...``, exit 2). B
 means speculation pays at no batch size (E < 1 + draft cost; JSON ``0.0``), ``never`` that the
 state is plain decode (JSON ``null``).
 
-Formulas: :mod:`specc.cost` (the seeds' §6.2 and "The higher the load"). Torch is never imported.
+Formulas: :mod:`specc.cost` (speculative decoding's yield and speedup, Leviathan et al. 2023,
+arXiv:2211.17192, over a roofline step model). Torch is never imported.
 """
 from __future__ import annotations
 
@@ -166,14 +167,14 @@ def _json_safe(v):
 
 
 def speedup_at(batch: float, e: float, width: int, draft_cost: float, t_star: float) -> float:
-    """Saturating §6.2 model at a batch size: E·max(1, B/T*) / (max(1, B·W/T*) + draft cost)."""
+    """Saturating speedup model at a batch size: E·max(1, B/T*) / (max(1, B·W/T*) + draft cost)."""
     return e * max(1.0, batch / t_star) / (max(1.0, batch * width / t_star) + draft_cost)
 
 
 def plot(path: str, plan, preds, title: str) -> None:
     """Two panels: (left) predicted speedup vs batch size for each κ of the plan, with the buckets'
     batch sizes marked; (right) the (step cost, α) plane with each κ's break-even curve
-    E(α, κ) = cost (speculation pays above it, zoo seed "Figure 1") and the plan's states."""
+    E(α, κ) = cost (speculation pays above it) and the plan's states."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -416,15 +417,15 @@ def _legend(preds, inputs=None) -> List[str]:
     parallel and plain states comes from its measured step times)."""
     t_star = preds[0].saturation_tokens
     table = getattr(inputs, "batch_model", None) is not None
-    lines = [f"speedup: §6.2's E / (1 + draft cost) at batch 1, every verify costing one target step whatever "
+    lines = [f"speedup: E / (1 + draft cost) at batch 1, every verify costing one target step whatever "
              f"its width W; speedup@B: at the bucket's batch B, "
-             + ("from the profiled cost table's step times (the second seed's throughput model; tree states: "
+             + ("from the profiled cost table's step times (the batch throughput model; tree states: "
                 f"a pass over n tokens costing max(1, n / T*), T* = {t_star:.1f})" if table else
                 f"a pass over n tokens costing max(1, n / T*) (T* = {t_star:.1f} tokens on {preds[0].hardware})")]
     differ = [p.state for p in preds if p.batch_size == 1 and abs(p.speedup - p.speedup_at_batch) > 5e-3]
     if differ and table:
         lines.append(f"  at batch 1 they differ for {', '.join(differ)}: the measured cost of the verify and "
-                     f"draft passes replaces §6.2's one step per verify and c per draft pass")
+                     f"draft passes replaces the model's one step per verify and c per draft pass")
     elif differ:
         lines.append(f"  at batch 1 they differ where W > T*: the verify of {', '.join(differ)} is compute-bound, "
                      f"so speedup@B is the lower, saturating-model figure")
@@ -432,15 +433,15 @@ def _legend(preds, inputs=None) -> List[str]:
 
 
 def _pass_notes(plan, preds, inputs) -> List[str]:
-    """What the pass columns count for this method, and frozen-KV MTP's KV saving (the zoo seed's
-    4 KiB-per-token example scaled to the draft's shape) or multi-layer EAGLE's per-module costs."""
+    """What the pass columns count for this method, and frozen-KV MTP's KV saving (4 KiB per token
+    per layer at h_kv = 8, d_h = 128, bf16, scaled to the draft's shape) or multi-layer EAGLE's per-module costs."""
     from specc import methods
 
     m = methods.get(plan.method.name)
     out = []
     if m.drafts and not m.lookup:
         out.append("draft fwd / extend fwd: the drafter's forward passes per step in the draft and the extend "
-                   "stages, counted at the zoo seed's iteration boundary" + (
+                   "stages, counted at one iteration boundary" + (
                        " (the extend's output drafts token 1: κ − 1 draft passes)" if m.draft_from_extend else ""))
     saved = getattr(inputs, "draft_kv_bytes_saved_per_token", None)
     if m.frozen_kv:
@@ -448,7 +449,7 @@ def _pass_notes(plan, preds, inputs) -> List[str]:
                 "read-only at the last written position)")
         if saved:
             text += (f"; the same assistant with a pool of its own would hold {_fmt_bytes(saved)} per token "
-                     f"(the seed's 4 KiB at h_kv = 8, d_h = 128, bf16, scaled to this draft's shape), "
+                     f"(4 KiB per layer at h_kv = 8, d_h = 128, bf16, scaled to this draft's shape), "
                      f"{saved * 64 * 8192 / 1e6:.0f} MB at 64 sequences of 8k context")
         out.append(text)
     modules = getattr(inputs, "c_modules", None)
@@ -466,7 +467,7 @@ def split_plans(args: argparse.Namespace) -> Tuple[List[str], List[str]]:
 
 
 def alpha_to_pay(state, inputs, stats, at_batch: bool) -> Optional[float]:
-    """The per-position α at which ``state`` ties plain decoding — at batch 1 (§6.2's speedup) or at its
+    """The per-position α at which ``state`` ties plain decoding — at batch 1 (E / (1 + draft cost)) or at its
     bucket (``speedup@B``) — by bisection over α (the speedups grow with α); +inf when even α = 1 does
     not pay, 0.0 when α = 0 already does, None for a plain state (κ = 0)."""
     from dataclasses import replace
@@ -702,7 +703,7 @@ def print_one(args: argparse.Namespace, ctx) -> int:
     if ctx["assumed"]:
         print(format_table(assumed_rows(preds, ctx["pays"]), ASSUMED_COLUMNS))
         print()
-        print("α to pay: the per-position acceptance at which the state ties plain decoding at batch 1 (§6.2's "
+        print("α to pay: the per-position acceptance at which the state ties plain decoding at batch 1 ("
               "E(α, κ) = 1 + draft cost); α to pay@B: the same at the bucket's batch B (the speedup@B model); "
               "never: no α ≤ 1 pays")
     else:

@@ -20,15 +20,13 @@ Bad input — no prompts, an unreadable prompt file, a method that does not fit 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from specc.errors import SpeccError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from specc.runtime.args import positive_int, thread_count
@@ -141,69 +139,6 @@ def check_target_room(args, path: Optional[str], fmt: Optional[str], max_model_l
     if shape is not None:
         check_runtime_rows("--measure-batch", args.measure_batch, shape, max_len)
         check_runtime_rows("--concurrency", max(conc), shape, max_len)
-
-
-def _sample(records: list, seed: int = 0) -> list:
-    """The prompts in measuring order: round-robin over categories (so an early stop still covers
-    them), each category shuffled with a fixed seed."""
-    import random
-
-    rng = random.Random(seed)
-    by_cat: Dict[str, list] = {}
-    for r in records:
-        by_cat.setdefault(r.category or "-", []).append(r)
-    for v in by_cat.values():
-        rng.shuffle(v)
-    out = []
-    queues = list(by_cat.values())
-    while any(queues):
-        for q in queues:
-            if q:
-                out.append(q.pop(0))
-    return out
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def table_dirs() -> List[Path]:
-    """Where device cost tables are looked for: the shipped ones, then specc's cache."""
-    cache = Path(os.environ.get("SPECC_CACHE_DIR") or Path.home() / ".cache" / "specc") / "cost_tables"
-    return [Path(__file__).resolve().parent.parent / "data" / "cost_tables", cache]
-
-
-def find_table(target_path: str, threads: int, device: str = "cpu") -> Optional[str]:
-    """A cost table profiled for ``target_path`` on this CPU model with ``threads`` threads (shipped
-    or cached), or None. A table names its plan; the plan's target must be ``target_path``."""
-    from specc.plan.load import load_plan
-
-    name = _cpu_name()
-    for d in table_dirs():
-        for f in sorted(d.glob("*.json")) if d.is_dir() else []:
-            try:
-                data = json.loads(f.read_text())
-            except (OSError, ValueError, RecursionError):  # not a table this search can use
-                continue
-            if data.get("device") != device or data.get("device_name") != name or data.get("threads") != threads:
-                continue
-            tpath = data.get("target")
-            if tpath is None and data.get("plan"):
-                try:
-                    tpath = load_plan(str(data["plan"])).plan.target.path
-                except SpeccError:
-                    continue
-            if tpath == target_path:
-                return str(f)
-    return None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -51,8 +51,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from specc.corpus import CorpusTooLarge
 from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, TreeRequest, VerifyStep
-from specc.errors import PlanError, SpeccError
+from specc.errors import PlanError
 
 #: vLLM 0.33.0's defaults (SpeculativeConfig, vllm-0.33.0.md §2 rows 114-117).
 DEFAULTS = {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor": 1.0, "min_token_prob": 0.1}
@@ -61,10 +62,6 @@ DEFAULTS = {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor
 DEFAULT_MAX_CORPUS_TOKENS = 1 << 18
 #: Tokens inserted per hold of the lock when a document is added (decoding steps run in between).
 INSERT_CHUNK = 2048
-
-
-class CorpusTooLarge(SpeccError):
-    """A corpus or document would take the global tree past ``method.suffix.max_corpus_tokens``."""
 
 
 # ----------------------------------------------------------------------------------------- the tree
@@ -816,7 +813,7 @@ def build_drafter(spec, target=None, tokenizer=None, device=None, max_seq_len=No
 
     Raises:
         PlanError: a setting out of range. specc.corpus.CorpusNotFound: a corpus that does not exist.
-        CorpusTooLarge: corpora past ``method.suffix.max_corpus_tokens``.
+        specc.corpus.CorpusTooLarge: corpora past ``method.suffix.max_corpus_tokens``.
     """
     s = settings(spec)
     drafter = SuffixDrafter(s["max_tree_depth"], s["max_cached_requests"], s["max_spec_factor"],

@@ -1,7 +1,7 @@
 """Plan -> SGLang 0.5.23 launch settings (``python -m sglang.launch_server ...``).
 
 The mapping is the one the ``sglang`` rule table assumes (see :mod:`specc.rules.sglang_0_5_23`):
-flags from ``sglang/srt/arg_groups/fields/spec.py`` (``shared/reference/sglang-0.5.23.md`` §2),
+flags from ``sglang/srt/arg_groups/fields/spec.py``,
 environment variables from ``sglang/srt/environ.py`` and the adaptive config format of
 ``speculative/adaptive_spec_params.py:103-139``. Only keys the plan sets are exported; SGLang fills
 the rest (run ``specc check --engine sglang --show-resolved`` to see its values). Never imports torch.
@@ -97,8 +97,8 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
         steps, topk = m.num_steps, m.topk
         if algo in ONE_PASS:
             # DFlash / DSpark draft a whole block in one pass: SGLang takes num_steps and topk as 1 and
-            # overrides any other value to 1 with a warning (DF8/DF9: shared/reference/sglang-0.5.23.md:284-285,
-            # speculative_hook.py:334-366; DS11: sglang-0.5.23.md:315, speculative_hook.py:757-789). Emit the
+            # overrides any other value to 1 with a warning (DF8/DF9:
+            # sglang/srt/arg_groups/speculative_hook.py:334-366; DS11: speculative_hook.py:757-789). Emit the
             # value SGLang runs, so the command agrees with the DF8/DF9/DS11 fallback note `specc export`
             # prints for such a plan (the plan's num_steps is κ for specc's own runtime, not an SGLang flag).
             steps = 1 if steps is not None else None
@@ -111,8 +111,9 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
         ndt = m.num_draft_tokens
         if m.topk == 1 and isinstance(m.num_steps, int) and algo in EAGLE_FAMILY:
             # A chain verifies κ + 1 tokens: SGLang sets that itself, logging a warning for an unset value and
-            # overriding any other one (EG20, shared/reference/sglang-0.5.23.md:252,
-            # speculative_hook.py:1255-1266), so pass κ + 1 explicitly, as the EG20 fallback note says.
+            # overriding any other one (EG20,
+            # sglang/srt/arg_groups/speculative_hook.py:1255-1266), so pass κ + 1 explicitly, as the EG20
+            # fallback note says.
             ndt = m.num_steps + 1
         if ndt is not None:
             a += ["--speculative-num-draft-tokens", str(ndt)]

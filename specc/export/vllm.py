@@ -1,7 +1,7 @@
 """Plan -> vLLM 0.33.0 launch settings (``vllm serve <model> --speculative-config '{...}' ...``).
 
 The mapping is the one the ``vllm`` rule table assumes (see :mod:`specc.rules.vllm_0_33_0`): fields of
-``SpeculativeConfig`` (``vllm/config/speculative.py:410-659``, ``shared/reference/vllm-0.33.0.md`` §3).
+``SpeculativeConfig`` (``vllm/config/speculative.py:410-659``).
 K (``num_speculative_tokens``) is ``method.block_size`` for dspark, else ``method.num_steps`` (dflash too).
 A ``batch_buckets`` schedule becomes ``num_speculative_tokens_per_batch_size``: inclusive batch-size
 ranges ``[start, end, K]``, each bucket running to the next bucket's start − 1, the last one to the

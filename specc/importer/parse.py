@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from specc.releases import release_key
+
 FLAGS_DIR = Path(__file__).resolve().parent / "flags"
 SUGGEST_MAX = 64
 """Distinct unknown flags that get "did you mean" suggestions (each costs a ``difflib`` pass over the
@@ -61,9 +63,7 @@ class FlagTable:
 
 def available(engine: str) -> List[str]:
     """Versions of ``engine`` with a flag table, oldest first."""
-    from specc.rules import _release_key
-
-    return sorted((p.stem.split("-", 1)[1] for p in FLAGS_DIR.glob(f"{engine}-*.json")), key=_release_key)
+    return sorted((p.stem.split("-", 1)[1] for p in FLAGS_DIR.glob(f"{engine}-*.json")), key=release_key)
 
 
 @functools.lru_cache(maxsize=8)
@@ -74,15 +74,13 @@ def load_table(engine: str, version: Optional[str] = None) -> FlagTable:
     Raises:
         KeyError: no table for that engine or version.
     """
-    from specc.rules import _release_key
-
     versions = available(engine)
     if not versions:
         raise KeyError(f"no launch-flag table for engine {engine!r}")
     if version is None:
         version = versions[-1]
     elif version not in versions:
-        older = [v for v in versions if _release_key(v) <= _release_key(version)]
+        older = [v for v in versions if release_key(v) <= release_key(version)]
         if not older:
             raise KeyError(f"no launch-flag table for {engine}=={version} (have {', '.join(versions)})")
         version = older[-1]

@@ -31,7 +31,8 @@ SC_MAPPED = {"method", "model", "num_speculative_tokens", "max_model_len", "prom
              "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
              "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
              "draft_tensor_parallel_size"}
-#: suffix_decoding_* keys: (plan key, integer?, lower bound, upper bound or None) (vLLM SP:1741-1760)
+#: suffix_decoding_* keys: (plan key, integer?, lower bound, upper bound or None) (vLLM
+#: config/speculative.py:1741-1760)
 SUFFIX_KEYS = {"suffix_decoding_max_tree_depth": ("method.suffix.max_tree_depth", True, 1, None),
                "suffix_decoding_max_cached_requests": ("method.suffix.max_cached_requests", True, 0, None),
                "suffix_decoding_max_spec_factor": ("method.suffix.max_spec_factor", False, 0, None),
@@ -75,7 +76,7 @@ def speculative_config(values: Dict[str, Any], out: Imported) -> Dict[str, Any]:
 def _method(sc: Dict[str, Any], out: Imported) -> str:
     method, model = sc.get("method"), sc.get("model")
     known = set(out.table.extra.get("speculative_methods", ())) if out.table is not None else set()
-    if method is None:  # SP:1214-1244: dotted class path -> custom_class, "ngram" -> ngram, else draft_model
+    if method is None:  # vLLM config/speculative.py:1214-1244: dotted class path -> custom_class, "ngram" -> ngram, else draft_model
         if model in ("ngram", "[ngram]"):
             return "ngram"
         if isinstance(model, str) and _DOTTED.match(model) and "/" not in model:
@@ -87,14 +88,15 @@ def _method(sc: Dict[str, Any], out: Imported) -> str:
     if known and method not in known:
         import difflib
 
-        # vLLM's method is a Literal (SP:74-82): case matters and a near miss is refused like any other name
+        # vLLM's method is a Literal (config/speculative.py:74-82): case matters and a near miss is refused like
+        # any other name
         hint = difflib.get_close_matches(str(method).lower(), sorted(known), n=2, cutoff=0.6)
         out.errors.append(f"--speculative-config method {method!r} is not a vllm=={out.version} method "
                           + (f"(did you mean {' or '.join(map(repr, hint))}?) " if hint else "")
                           + f"({', '.join(m for m in sorted(known) if not m.endswith('_mtp'))} or a *_mtp alias)")
         return "custom"
     if method.endswith("_mtp"):
-        return "mtp"  # deprecated aliases become mtp (SP:1246-1250)
+        return "mtp"  # deprecated aliases become mtp (config/speculative.py:1246-1250)
     if method == "custom_class":
         return "custom"
     if method == "ngram_gpu":
@@ -124,7 +126,7 @@ def _default_model(out: Imported) -> None:
 
 def _suffix_keys(sc: Dict[str, Any], out: Imported) -> None:
     """``suffix_decoding_*`` -> ``method.suffix.*``; a wrong type or a value vLLM refuses at startup
-    (``_validate_suffix_decoding``, SP:1741-1760) is an error naming the key."""
+    (``_validate_suffix_decoding``, vLLM config/speculative.py:1741-1760) is an error naming the key."""
     for key, (dest, integer, lo, hi) in SUFFIX_KEYS.items():
         if key not in sc:
             continue

@@ -1,7 +1,8 @@
 """Triton kernels of the tree rules; `specc.kernels.tree` holds their torch references and the rules'
-documentation. One program per request (per node for the mask) walks the tree with scalar loops over
-its N draft nodes (N is small) and scans the vocabulary in BLOCK_V-wide blocks, as the chain kernels
-of `specc.kernels.verify_triton` do (same interpreter rules on the CPU: TRITON_INTERPRET=1 must be set
+documentation, `specc.kernels.tree_common` the checks and helpers both share. One program per
+request (per node for the mask) walks the tree with scalar loops over its N draft nodes (N is small)
+and scans the vocabulary in BLOCK_V-wide blocks, as the chain kernels of
+`specc.kernels.verify_triton` do (same interpreter rules on the CPU: TRITON_INTERPRET=1 must be set
 before triton is first imported; launches pass ``enable_fp_fusion=False``).
 """
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Optional
 
 import torch
 
-from specc.kernels.tree import TreeMaskMode, _check_parents, _check_tree_rejection, _prefix_lens, _tree_target_argmax, bitpack_dtype
+from specc.kernels.tree_common import (TreeMaskMode, _check_parents, _check_tree_rejection, _path_outputs, _prefix_lens,
+                                      _tree_target_argmax, bitpack_dtype)
 from specc.kernels.verify_common import VerifyOutput, _num_valid
 from specc.kernels.verify_triton import BLOCK_V, _check_device, _triton
 
@@ -267,8 +269,6 @@ def tree_attention_mask_triton(parents: torch.Tensor, mode: int = TreeMaskMode.Q
 
 
 def _path_result(acc: torch.Tensor, path: torch.Tensor, bonus: torch.Tensor, draft_tokens: torch.Tensor) -> VerifyOutput:
-    from specc.kernels.tree import _path_outputs
-
     return _path_outputs(path, acc, draft_tokens, bonus)
 
 

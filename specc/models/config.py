@@ -1,5 +1,6 @@
 """The Llama-family model configuration: plain data, kept apart from the module code (gpt-fast's
-``ModelArgs``, anchors.md §A1). Parsed from a Hugging Face ``config.json`` (transformers 4.x keys
+``ModelArgs``, meta-pytorch/gpt-fast ``model.py:34-55``). Parsed from a Hugging Face ``config.json``
+(transformers 4.x keys
 ``rope_theta``/``rope_scaling`` or 5.x ``rope_parameters``) or from GGUF metadata, and written back in
 HF layout so that a cached or derived checkpoint (the dequantized-GGUF cache, the shallow drafter)
 loads through the ordinary HF loader.

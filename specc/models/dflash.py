@@ -1,7 +1,7 @@
 """DFlash and DSpark block drafters: one non-causal pass over [bonus, MASK × γ] proposes a whole block.
 
 Architecture (facts from z-lab's DFlash, ``dflash/model.py`` and ``model/dflash.py``; SGLang 0.5.23's
-DSpark, sglang-0.5.23.md §5; our own code):
+DSpark, ``sglang/srt/models/dspark.py``; our own code):
 
 * **No embedding table or LM head of its own.** The block's input is the *target's* embedding of
   ``[anchor, MASK, ..., MASK]`` (the anchor is the pending token, the mask a token id of the target's
@@ -19,7 +19,7 @@ DSpark, sglang-0.5.23.md §5; our own code):
   a Markov head that adds a transition bias from the previously chosen token, applied left to
   right — ``vanilla`` ``w2(w1[x_{j-1}])`` (a rank-r bigram bias ``V×r``, ``r×V``), ``gated`` the same
   times ``sigmoid(gate_proj([h_j; e(x_{j-1})]))``, ``rnn`` a GRU state over ``[w1[x_{j-1}]; hproj(h_j)]``
-  whose ``tanh`` feeds ``w2`` (SGLang models/dspark.py:186-382, sglang-0.5.23.md §5) — and a
+  whose ``tanh`` feeds ``w2`` (SGLang 0.5.23 sglang/srt/models/dspark.py:186-382) — and a
   confidence head ``sigmoid(a_j·(c · [h_j; w1[x_{j-1}]] + b) + b_j)`` estimating that draft ``j`` is
   accepted given that the earlier ones were (per-position Platt calibration ``a_j, b_j``). Neither
   reads the token drafted at ``j`` itself.

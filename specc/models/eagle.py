@@ -20,7 +20,8 @@ Architecture (facts from the SafeAILab EAGLE repository, `eagle/model/cnets1.py`
 
 Draft positions: the pair (target feature at position ``p``, token at ``p+1``) sits at draft
 position ``p`` and predicts the token at ``p+2``. The KV cache is written by position (gpt-fast's
-rule, DESIGN.md "roll back by position"): a rejected draft's entries are overwritten by the next
+rule, meta-pytorch/gpt-fast ``model.py:110``: roll back by position): a rejected draft's entries are overwritten
+by the next
 draft-extend and hidden meanwhile by the causal-by-position mask.
 """
 from __future__ import annotations

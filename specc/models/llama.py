@@ -1,6 +1,7 @@
 """Our Llama-family decoder (Llama 2/3.x, Mistral without sliding window, Qwen2, SmolLM2) in plain PyTorch.
 
-Layout follows gpt-fast (anchors.md §A1): one static KV cache per layer, ``[max_batch, kv_heads,
+Layout follows gpt-fast (meta-pytorch/gpt-fast ``model.py:97-113``, ``KVCache``): one static KV
+cache per layer, ``[max_batch, kv_heads,
 max_seq, head_dim]``, written at *slots* given by the caller. Rejected draft tokens need no rollback:
 the next step writes over their slots and the mask hides what was not overwritten.
 
@@ -293,7 +294,8 @@ class TokenPacking:
     """The real tokens of a ``[B, N]`` batch whose row ``b`` holds ``num_tokens[b]`` leading real
     tokens (the rest is padding): the linear layers run on the ``T = Σ num_tokens`` packed rows only,
     so padding costs no GEMM work (a ragged verify, each request its own number of tokens; vLLM's
-    ``cu_num_logits`` layout, vllm-0.33.0.md §6). Attention still runs on the padded ``[B, N]`` layout.
+    ``cu_num_logits`` layout, vllm/v1/worker/gpu/spec_decode/adaptive_verification.py:415-488).
+    Attention still runs on the padded ``[B, N]`` layout.
 
     Args: num_tokens ``[B]`` int64 in ``[0, N]``; B, N: the padded shape."""
 
@@ -858,7 +860,8 @@ class LlamaModel(nn.Module):
     def copy_kv(self, src_slots: torch.Tensor, dst_slots: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
         """Copy every layer's cached K and V of batch row b from slot ``src_slots[b, m]`` to slot
         ``dst_slots[b, m]`` (all reads happen before any write, so the two may overlap): the KV commit
-        of a tree verify (Medusa's gather-copy of the accepted path, anchors.md §A2). Entries that
+        of a tree verify (Medusa's gather-copy of the accepted path, FasterDecoding/Medusa
+        ``medusa/model/utils.py:564-583``). Entries that
         should do nothing point both at the trash slot.
 
         Args: src_slots, dst_slots: ``[B, M]`` int64 slots ``< max_seq_len``; rows: ``[B]`` int64

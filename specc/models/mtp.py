@@ -1,7 +1,7 @@
 """Multi-token-prediction (MTP / NEXTN) layers in DeepSeek-V3's published layout, for a Llama-family
 target: the model of ``method.name: mtp`` and the modules of ``multi_layer_eagle``.
 
-One MTP layer (DeepSeek-V3 technical report §2.2; facts from vLLM ``deepseek_mtp.py``
+One MTP layer (DeepSeek-V3 Technical Report, arXiv:2412.19437, §2.2; facts from vLLM ``deepseek_mtp.py``
 ``DeepSeekMultiTokenPredictorLayer`` and SGLang ``deepseek_nextn.py``; our own code):
 
     x   = eh_proj([enorm(embed(t)); hnorm(h)])          eh_proj: 2H -> H, no bias

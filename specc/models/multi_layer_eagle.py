@@ -15,7 +15,7 @@ for this; ``SGLANG_ENABLE_MTP_BOUNDARY_KV_FIX``).
 
 Checkpoint: the MTP layout of :mod:`specc.models.mtp` with ``num_nextn_predict_layers = n`` (layers
 ``model.layers.{L} .. model.layers.{L + n - 1}``); a plan's κ uses modules ``0 .. κ - 1``. Resident
-weights grow with n (the zoo seed: "resident weights can grow by a factor of the number of modules"),
+weights grow with n (n modules of equal size: n times one module's weights),
 and so does the draft cost: a step costs Σ c_i over the modules it runs.
 """
 from __future__ import annotations

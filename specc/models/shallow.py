@@ -10,7 +10,7 @@ those sequences returns every layer's output (``hidden_layers``), and ``lm_head(
 exactly the shallow model's next-token prediction, so its greedy acceptance α(N) (the fraction of
 positions where it equals the target's token) is measured for every N at once. The cost ratio
 c(N) is the bytes a draft step reads over the bytes a target step reads (decode is memory-bound;
-the LM head is shared cost). The chain speedup model of the seeds (§6.2; Leviathan et al. 2023)
+the LM head is shared cost). The chain speedup model (Leviathan et al. 2023, arXiv:2211.17192)
 is ``E(α, κ) / (κ·c + 1)`` with ``E = (1 − α^(κ+1)) / (1 − α)``. Measured on SmolLM2-135M-Instruct
 (first 8 prompts of specc/data/prompts.jsonl, 40 greedy tokens each; best κ = 1 everywhere):
 

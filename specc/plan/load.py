@@ -7,8 +7,8 @@ naming options of the config groups in ``conf/`` (``target/``, ``draft/``, ``met
 ``group=option`` (and ``+group=option``, ``~group``) select config-group options; ``key=value``
 (dotted plan keys, e.g. ``method.num_steps=5``) set one value after composition.
 
-Composition follows Hydra's structured-config practice (hydra.cc, "Structured Configs" tutorial;
-``shared/reference/anchors.md`` Part C): the schema dataclasses are registered in the ConfigStore
+Composition follows Hydra's structured-config practice (hydra.cc/docs/tutorials/structured_config,
+"Config Store" and "Schema" pages): the schema dataclasses are registered in the ConfigStore
 (``plan_schema``; a plan may name it first in ``defaults``), the compose API is used as a context
 manager with ``version_base="1.3"``, and the composed tree is merged onto the schema so every
 default is filled in. Line numbers for messages come from re-reading each composed file with

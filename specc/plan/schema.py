@@ -6,7 +6,7 @@ user": an engine profile's ``filled`` rules report the value the engine would pu
 torch.
 
 Sources for field meanings: SGLang 0.5.23 ``sglang/srt/arg_groups/fields/spec.py`` and vLLM 0.33.0
-``SpeculativeConfig`` (see ``shared/reference``).
+``SpeculativeConfig`` (``vllm/config/speculative.py``).
 """
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ class SuffixConfig:
 
 @dataclass
 class MarkovConfig:
-    """DSpark's Markov correction head (seed 2; SGLang ``dspark_components``)."""
+    """DSpark's Markov correction head (SGLang ``sglang/srt/speculative/dspark_components``;
+    ``sglang/srt/models/dspark.py:186-382``)."""
 
     kind: Optional[str] = None
     rank: Optional[int] = None
@@ -158,7 +159,7 @@ class BucketConfig:
 class ScheduleConfig:
     """When the runtime uses which κ. ``buckets`` is keyed by batch size (floor lookup).
     ``alpha``: the per-position acceptance the cost model assumes (``auto``, ``explain``), e.g.
-    measured by ``specc run --json``; default §6.2's 0.7."""
+    measured by ``specc run --json``; default 0.7 (a textbook value, never a prediction)."""
 
     kind: str = "static"
     buckets: Dict[int, BucketConfig] = field(default_factory=dict)

@@ -6,7 +6,7 @@ versions are data: release N+1 is a new module whose table is usually
 :func:`specc.rules.base.derive`), registered in :data:`VERSIONS`. ``profile("sglang")`` (a bare name)
 is the newest release; ``profile("sglang==0.5.23")`` pins one.
 
-Every check also runs the profile-independent checkpoint rules of :mod:`specc.checkpoints` (a local
+Every check also runs the profile-independent checkpoint rules of :mod:`specc.rules.checkpoints` (a local
 ``target.path`` / ``draft.path`` must be a loadable checkpoint), reported as ``checkpoint.<id>``.
 Importing this package never imports torch.
 """
@@ -15,15 +15,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from specc.plan.schema import Plan
+from specc.releases import release_key
 from specc.rules.base import Facts, Profile, Rule, Violation, derive, run_profile  # noqa: F401
 from specc.rules import sglang_0_5_23, specc_profile, vllm_0_33_0
-
-
-def _release_key(version: str) -> Tuple:
-    out = []
-    for part in version.split("==", 1)[-1].replace("-", ".").split("."):
-        out.append((0, int(part), "") if part.isdigit() else (1, 0, part))
-    return tuple(out)
 
 
 #: engine name -> {pinned version string -> rule table}; add a release by adding its table here.
@@ -37,7 +31,7 @@ VERSIONS: Dict[str, Dict[str, Profile]] = {
 def newest(name: str) -> Profile:
     """The newest release's table of engine ``name``."""
     tables = VERSIONS[name]
-    return tables[max(tables, key=_release_key)]
+    return tables[max(tables, key=release_key)]
 
 
 #: engine name -> its newest table (what a bare ``--engine sglang`` checks against)
@@ -69,13 +63,13 @@ def resolve(plan: Plan, engine: str, flags: Optional[Dict[str, Any]] = None,
             checkpoints: bool = False) -> Tuple[Plan, List[Violation]]:
     """The plan as ``engine`` would run it (every ``filled``/``fallback`` value applied) and the
     engine table's violations, then (``checkpoints=True``) the checkpoint rules' of
-    :mod:`specc.checkpoints`. ``flags`` are a launch command's engine flags without a plan key
+    :mod:`specc.rules.checkpoints`. ``flags`` are a launch command's engine flags without a plan key
     (``dest -> value``; None when a plan is checked on its own). ``plan`` itself is not modified.
     Never raises on a plan; KeyError for an unknown engine."""
     prof = profile(engine)
     work, out = run_profile(prof, plan, Facts(plan, flags))
     if checkpoints:
-        from specc import checkpoints as ck
+        from specc.rules import checkpoints as ck
 
         out = out + run_profile(ck.PROFILE, work, Facts(work, flags), work=work)[1]
     return work, out

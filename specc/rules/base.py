@@ -23,7 +23,8 @@ class Rule:
     """One compatibility rule of an engine profile.
 
     Attributes:
-        id: short id from the reference table (``EG16``, ``R12``) or the profile's own (``S-NAME``).
+        id: short id of an engine rule (``EG16``, ``R12``; its source cites the engine's file:line) or the
+            profile's own (``S-NAME``).
         outcome: ``error`` | ``warning`` | ``fallback`` (the engine overrides a value or disables a
             feature) | ``filled`` (a default the engine fills in). A ``fallback`` whose overridden
             keys were all unset (None) is reported as ``filled``.

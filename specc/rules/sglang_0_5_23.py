@@ -1,5 +1,7 @@
-"""SGLang 0.5.23: every compatibility rule of ``shared/reference/sglang-0.5.23.md`` §3 (and the §4-§6
-facts) whose condition can be written in plan keys, in the order SGLang resolves its arguments.
+"""SGLang 0.5.23: every speculative-decoding compatibility rule of its argument resolution
+(``sglang/srt/arg_groups/*_hook.py``, ``overrides.py``, ``pipeline.py``; the adaptive controller,
+tree and disaggregation facts of ``sglang/srt/speculative/``) whose condition can be written in
+plan keys, in the order SGLang resolves its arguments.
 
 Plan -> SGLang mapping used by the predicates (the exporter uses the same one):
 ``method.name`` draft_model->STANDALONE, eagle->EAGLE, eagle3->EAGLE3, mtp->NEXTN (becomes EAGLE),

@@ -78,7 +78,8 @@ def usable_len(p):
     return m - trees.cache_slack(k, topk, w, static=bool(p.method.tree_choices))
 
 
-TREE_SRC = "specc/runtime/stages.py (draft_tree, verify_tree); sglang-0.5.23.md §5"
+TREE_SRC = ("specc/runtime/stages.py (draft_tree, verify_tree); SGLang 0.5.23 "
+            "sglang/srt/speculative/eagle_worker_v2.py:742-919, eagle_utils.py:138-234")
 U7 = "specc/trees.py (SGLang's tree-shape limits: arg_groups/speculative_hook.py:494-559, U7)"
 
 
@@ -172,10 +173,10 @@ _DRAFT_EXAMPLE = {"draft_model": "smollm2_135m_shallow", "eagle": "smollm2_135m_
                   "mtp": "smollm2_135m_mtp", "multi_layer_eagle": "smollm2_135m_multi_layer_eagle",
                   "frozen_kv_mtp": "smollm2_135m_frozen_kv_mtp"}
 #: adaptive schedules refuse multi-layer EAGLE (SGLang: MultiLayerEagleWorkerV2 has no adaptive support)
-ML_ADAPTIVE = ("specc/drafters/multi_layer_eagle.py (SGLang adaptive_spec_params.py:72-76, the zoo seed's "
-               "citation; :85-89 at 0.5.23, AD5)")
-#: vLLM: "num_speculative_tokens must be divisible by n_predict" (vllm-0.33.0.md §3 row 25)
-MTP_N_PREDICT = "specc/drafters/mtp.py (vLLM config/speculative.py:1604-1612, vllm-0.33.0.md §3 row 25)"
+ML_ADAPTIVE = ("specc/drafters/multi_layer_eagle.py (SGLang 0.5.23 "
+               "speculative/adaptive_spec_params.py:85-89, sglang.AD5)")
+#: vLLM: "num_speculative_tokens must be divisible by n_predict" (vllm/config/speculative.py:1604-1612)
+MTP_N_PREDICT = "specc/drafters/mtp.py (vLLM config/speculative.py:1604-1612)"
 
 
 def _nextn_layers(cfg) -> Optional[int]:
@@ -325,7 +326,7 @@ def _suffix_set(p) -> bool:
 
 
 def _suffix_range_problems(p) -> list:
-    """Each method.suffix key outside its range (vLLM rule 31, SP:1741-1760), as ``key=value (bound)``."""
+    """Each method.suffix key outside its range (vLLM config/speculative.py:1741-1760), as ``key=value (bound)``."""
     sx, out = p.method.suffix, []
     checks = (("max_tree_depth", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
               ("max_cached_requests", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
@@ -385,17 +386,17 @@ RULES = (
       "{p.method.name} both are γ, the drafts of one block; set one of them (or both equal)", DRAFTERS_SRC),
     R("S-SUFFIX-FILL", "filled", tuple(f"method.suffix.{k}" for k in SUFFIX_KEYS),
       lambda p: p.method.name == "suffix" and any(getattr(p.method.suffix, k) is None for k in SUFFIX_KEYS),
-      "{what} (vLLM's defaults)", SUFFIX_SRC + " (DEFAULTS; vllm-0.33.0.md §2 rows 114-117)",
+      "{what} (vLLM's defaults)", SUFFIX_SRC + " (DEFAULTS; vLLM config/speculative.py:538-553)",
       _fill_suffix, message_args=lambda p: {"what": ", ".join(f"{k} = {v}" for k, v in _fill_suffix(p).items())}),
     R("S-SUFFIX-RANGE", "error", tuple(f"method.suffix.{k}" for k in SUFFIX_KEYS),
       lambda p: p.method.name == "suffix" and bool(_suffix_range_problems(p)),
-      "{what}", SUFFIX_SRC + " (check_settings; vLLM rule 31, SP:1741-1760)",
+      "{what}", SUFFIX_SRC + " (check_settings; vLLM config/speculative.py:1741-1760)",
       message_args=lambda p: {"what": "; ".join(_suffix_range_problems(p))}),
     R("S-SUFFIX-STEPS-FILL", "filled", ("method.num_steps",),
       lambda p: p.method.name == "suffix" and p.method.num_steps is None and not p.method.tree_choices
       and isinstance(p.method.suffix.max_tree_depth, int) and p.method.suffix.max_tree_depth >= 1,
       "method.num_steps = method.suffix.max_tree_depth = {new[method.num_steps]} (vLLM's K for suffix decoding; "
-      "each request drafts only as far as its match allows)", "specc/lower.py (base_num_steps); vLLM SP:1732-1739",
+      "each request drafts only as far as its match allows)", "specc/lower.py (base_num_steps); vLLM config/speculative.py:1732-1739",
       lambda p: {"method.num_steps": p.method.suffix.max_tree_depth}),
     R("S-SUFFIX-PROB", "fallback", ("verify.draft_sampling",),
       lambda p: p.method.name == "suffix" and p.verify.draft_sampling == "probabilistic",
@@ -473,7 +474,7 @@ RULES = (
       "method.num_draft_tokens={p.method.num_draft_tokens} exceeds the draft tree: κ = {p.method.num_steps}, "
       "topk = {p.method.topk} builds a candidate pool of topk + (κ − 1)·topk² = {pool} nodes (+1 root); "
       "lower num_draft_tokens to <= {pool1} or raise num_steps/topk (SGLang does not check this at startup "
-      "and keeps only the pool)", "specc/lower.py (verify_width; sglang-0.5.23.md §5, eagle_worker_v2.py:742-919)",
+      "and keeps only the pool)", "specc/lower.py (verify_width; SGLang speculative/eagle_worker_v2.py:742-919)",
       message_args=lambda p: {"pool": _pool(p), "pool1": _pool(p) + 1}),
     R("S-TREE-SHAPE", "error", ("method.num_draft_tokens", "method.topk"),
       lambda p: _tree_plan(p) and isinstance(p.method.num_draft_tokens, int) and (
@@ -527,7 +528,7 @@ RULES = (
       "method.name=mtp without draft.path reads the MTP layers shipped in target.path={p.target.path} (as SGLang "
       "points NEXTN's draft at the target), but its config has no num_nextn_predict_layers; set draft.path to an "
       "MTP checkpoint (e.g. defaults: - /draft: smollm2_135m_mtp)", "specc/drafters/mtp.py (build_drafter); "
-      "sglang-0.5.23.md EG6", needs=lambda p: () if _gguf_target(p) else ("target",),
+      "SGLang arg_groups/speculative_hook.py:1120-1148 (EG6)", needs=lambda p: () if _gguf_target(p) else ("target",),
       decide=lambda p, f: _gguf_target(p) or _nextn_layers(f.config("target")) is None,
       about="whether the target checkpoint ships MTP layers"),
     R("S-MTP-STEPS", "error", ("method.num_steps", "draft.path"),
@@ -668,7 +669,7 @@ RULES = (
       and (p.verify.synthetic.acceptance_rates is None) == (p.verify.synthetic.acceptance_length is None),
       "verify.rule=synthetic needs exactly one of verify.synthetic.acceptance_rates (unconditional, "
       "non-increasing, in [0, 1]) or verify.synthetic.acceptance_length (in [1, κ + 1]); e.g. "
-      "verify.synthetic.acceptance_length=2.5", "specc/programs.py (synthetic_conditional_rates; vLLM SP:599-631)"),
+      "verify.synthetic.acceptance_length=2.5", "specc/programs.py (synthetic_conditional_rates; vLLM config/speculative.py:599-631)"),
     R("S-SYN-RANGE", "error", ("verify.synthetic.acceptance_rates", "verify.synthetic.acceptance_length"),
       lambda p: drafting(p) and p.verify.rule == "synthetic" and (
           (p.verify.synthetic.acceptance_length is not None and isinstance(p.method.num_steps, int)
@@ -679,7 +680,7 @@ RULES = (
                                            p.verify.synthetic.acceptance_rates[1:]))))),
       "verify.synthetic: acceptance_length must lie in [1, method.num_steps + 1] and acceptance_rates "
       "must be non-increasing values in [0, 1] (vLLM's rule)",
-      "specc/programs.py (synthetic_conditional_rates; vLLM SP:599-631, 1974-1988)"),
+      "specc/programs.py (synthetic_conditional_rates; vLLM config/speculative.py:599-631, 1974-1988)"),
     R("S-NGRAM-PROB", "fallback", ("verify.draft_sampling",),
       lambda p: p.method.name == "ngram" and rejection_sampling(p),
       "ngram drafts have no distribution: verify.draft_sampling becomes greedy (one-hot q)",
@@ -752,7 +753,7 @@ RULES = (
       "deploy.lora.adapters with schedule.kind={p.schedule.kind}: LoRA needs each request's verify to keep one "
       "width, but this schedule changes κ between steps (adaptive, auto: SGLang refuses LoRA + adaptive, "
       "lora_hook.py:277-282) or per request (budget: vLLM refuses LoRA with adaptive verification, "
-      "VC:3153-3182); use schedule.kind=static or batch_buckets", "specc/runtime/lora.py"),
+      "config/vllm.py:3153-3182); use schedule.kind=static or batch_buckets", "specc/runtime/lora.py"),
     R("S-LORA-IGN", "warning", ("deploy.lora.max_loras_per_batch",),
       lambda p: p.deploy.lora.max_loras_per_batch is not None and not p.deploy.lora.adapters,
       "deploy.lora.max_loras_per_batch is ignored without deploy.lora.adapters", "specc/runtime/lora.py"),

@@ -1,4 +1,5 @@
-"""vLLM 0.33.0: the rules of ``shared/reference/vllm-0.33.0.md`` §4 (and §2, §6) whose condition can
+"""vLLM 0.33.0: the rules of ``SpeculativeConfig`` (``vllm/config/speculative.py``), ``VllmConfig``
+(``vllm/config/vllm.py``) and the speculators and adaptive verification whose condition can
 be written in plan keys, in ``SpeculativeConfig.__post_init__`` / ``_verify_args`` / ``VllmConfig`` order.
 
 Plan -> vLLM mapping used by the predicates (the exporter uses the same one): ``method.name`` ->

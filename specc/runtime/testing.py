@@ -287,7 +287,7 @@ def shortcut_tree_rejection(draft_tokens: torch.Tensor, parents: torch.Tensor, t
     siblings; when all are rejected the bonus comes from p with the tried siblings removed,
     renormalised. With one child per node this is the exact chain rule; with several it over-samples
     the later siblings' complement. Same signature and result type as the exact rule."""
-    from specc.kernels.tree import _path_outputs
+    from specc.kernels.tree_common import _path_outputs
 
     b, n = draft_tokens.shape
     vocab = target_probs.shape[-1]

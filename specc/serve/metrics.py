@@ -1,7 +1,8 @@
 """The server's Prometheus metrics (``prometheus_client``, one registry per server, text format at
 ``/metrics``).
 
-Speculation counters use vLLM's names under the ``specc:`` prefix (vllm-0.33.0.md §7, MET:228-264),
+Speculation counters use vLLM's names under the ``specc:`` prefix (vLLM 0.33.0
+vllm/v1/spec_decode/metrics.py:228-264),
 labelled by ``model_name`` (the base model or the LoRA adapter a request chose), so acceptance is
 reported per adapter:
 

@@ -1,6 +1,6 @@
 """Drafter training: real text from installable packages -> self-distillation data -> a drafter.
 
-One arrow of DESIGN.md's pipeline (``text + target --train--> drafter``), one module per step:
+The ``text + target --train--> drafter`` step of specc's pipeline, one module per step:
 
 * :mod:`specc.train.corpora` -- fetch the corpora (pip / apt-get) and read them;
 * :mod:`specc.train.prompts` -- prompts in Spec-Bench's six categories from those corpora;

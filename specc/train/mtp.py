@@ -4,7 +4,8 @@ DeepSeek-style MTP layer run recurrently), ``multi_layer_eagle`` (one MTP module
 
 Objectives (our own code; facts from the papers and engines cited per kind):
 
-* **mtp** — DeepSeek-V3 §2.2's MTP layer, trained on a frozen target by self-distillation and unrolled
+* **mtp** — DeepSeek-V3's MTP layer (DeepSeek-V3 Technical Report, arXiv:2412.19437, §2.2), trained on a frozen
+target by self-distillation and unrolled
   as EAGLE-3's training-time test (Li et al. 2025, arXiv 2503.01840): step ``k`` of the chain started
   after position ``p`` is the layer at position ``p + k`` over (the previous step's output, the token at
   ``p + k + 1``), attending to step-0 keys at positions ``<= p`` and to its own chain's keys — what draft

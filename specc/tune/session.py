@@ -71,7 +71,7 @@ class Session:
         """The cost table: ``--cost-table``, else a shipped or cached one for this CPU, else profiled
         now (and cached). Returns ``(CostTable, path for plans, how)``."""
         from specc import cost
-        from specc.commands.tune import find_table
+        from specc.tune.tables import find_table
 
         if self.args.cost_table:
             return cost.load_cost_table(self.args.cost_table), self.args.cost_table, "given (--cost-table)"
@@ -87,7 +87,7 @@ class Session:
         import os
 
         from specc import cost
-        from specc.commands.tune import _cpu_name, table_dirs
+        from specc.tune.tables import cpu_name, table_dirs
         from specc.runtime.profile import cost_table, profile_costs
 
         top = max(self.conc) * max_width
@@ -102,7 +102,7 @@ class Session:
         table["target"] = self.tpath
         d = table_dirs()[1]
         d.mkdir(parents=True, exist_ok=True)
-        safe = "".join(ch if ch.isalnum() else "_" for ch in _cpu_name())[:40]
+        safe = "".join(ch if ch.isalnum() else "_" for ch in cpu_name())[:40]
         path = d / f"{Path(self.tpath).stem.replace('.', '_')}-{safe}-{threads}t.json"
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
@@ -436,7 +436,7 @@ class Session:
                  f"budget {args.budget_min:g} min")
         models = Models({"path": first.target.path, "format": first.target.format}, dtype=dtype,
                         max_model_len=first.target.max_model_len or 2048)
-        sample = _sample_records(self.records)
+        sample = sample_records(self.records)
         prompt_ids = encode(sample, models.tokenizer)
         longest = max(len(p) for p in prompt_ids)
         models.max_model_len = min(int(first.target.max_model_len or 2048), longest + args.max_new_tokens + 8)
@@ -815,10 +815,24 @@ def _identifier(text: str) -> str:
     return out if out and not out[0].isdigit() else f"plan_{out}"
 
 
-def _sample_records(records):
-    from specc.commands.tune import _sample
+def sample_records(records: list, seed: int = 0) -> list:
+    """The prompts in measuring order: round-robin over categories (so an early stop still covers
+    them), each category shuffled with a fixed seed."""
+    import random
 
-    return _sample(records)
+    rng = random.Random(seed)
+    by_cat: Dict[str, list] = {}
+    for r in records:
+        by_cat.setdefault(r.category or "-", []).append(r)
+    for v in by_cat.values():
+        rng.shuffle(v)
+    out = []
+    queues = list(by_cat.values())
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
 
 
 def bucket_kappa(choice, rows: float) -> int:
