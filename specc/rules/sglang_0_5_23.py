@@ -1,7 +1,8 @@
 """SGLang 0.5.23: every compatibility rule of ``shared/reference/sglang-0.5.23.md`` §3 (and the §4-§6
 facts) whose condition can be written in plan keys, in the order SGLang resolves its arguments.
 
-Plan -> SGLang mapping used by the predicates (the exporter uses the same one):
+Plan -> SGLang mapping used by the predicates (the exporter uses the same one), read from the method
+registry's rows (``Method.sglang_algorithm``, ``sglang_flag``, ``sglang_multi_layer``):
 ``method.name`` draft_model->STANDALONE, eagle->EAGLE, eagle3->EAGLE3, mtp->NEXTN (becomes EAGLE),
 multi_layer_eagle->EAGLE + ``--enable-multi-layer-eagle``, frozen_kv_mtp->FROZEN_KV_MTP,
 ngram->NGRAM (``method.topk`` -> ``--speculative-ngram-max-bfs-breadth``), dflash->DFLASH
@@ -23,11 +24,30 @@ import functools
 from specc.rules.base import (Profile, Rule, bucket_candidates, gt, lora, ne, ngram_window_set,
                               rejection_sampling, thresholds_set)
 
-ALGO = {
-    "none": None, "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "EAGLE",
-    "multi_layer_eagle": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP", "ngram": "NGRAM", "dflash": "DFLASH",
-    "dspark": "DSPARK", "custom": "PLUGIN",
-}
+
+
+def sglang_algorithm(name: str):
+    """The SGLang algorithm method ``name`` runs as, after aliasing, from the method registry's row
+    (``Method.sglang_algorithm``): None for plain decoding (a method that drafts nothing), ``"?"`` when
+    SGLang has no such algorithm or the registry no such method."""
+    from specc import methods
+
+    m = methods.METHODS.get(name)
+    if m is None:
+        return "?"
+    if not m.drafts:
+        return None
+    return m.sglang_algorithm or "?"
+
+
+def __getattr__(name):
+    if name == "ALGO":  # method name -> algorithm (see sglang_algorithm), over the registry when asked
+        from specc import methods
+
+        return {n: sglang_algorithm(n) for n in methods.METHODS}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")  # _handle_eagle_family (speculative_hook.py:1062-1282)
 GEMMA4_ASSISTANTS = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
 MTP_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "Glm4MoeForCausalLM",
@@ -44,7 +64,7 @@ DEFAULT_ADAPTIVE_BUCKETS = {  # adaptive_spec_params.py:28-53
 
 def algo(p):
     """SGLang ``--speculative-algorithm`` after aliasing (None = no speculation, '?' = no such algorithm)."""
-    return ALGO.get(p.method.name, "?")
+    return sglang_algorithm(p.method.name)
 
 
 def spec(p) -> bool:
@@ -61,7 +81,11 @@ def adaptive(p) -> bool:
 
 
 def multi_layer(p) -> bool:
-    return p.method.name == "multi_layer_eagle"
+    """``--enable-multi-layer-eagle`` (``Method.sglang_multi_layer``): one MTP module per draft step."""
+    from specc import methods
+
+    m = methods.METHODS.get(p.method.name)
+    return m is not None and m.sglang_multi_layer
 
 
 def is_eagle(p) -> bool:

@@ -23,13 +23,55 @@ from specc import methods, trees
 from specc.errors import PlanError
 from specc.rules.base import Profile, Rule, gt, ne, ngram_window_set, rejection_sampling, thresholds_set
 
-SUPPORTED = methods.runtime_methods()
-NEEDS_DRAFT = tuple(n for n in SUPPORTED if methods.get(n).needs_draft_checkpoint)
-#: methods the runtime drafts in parallel (one pass emits the block)
-PARALLEL = tuple(n for n in SUPPORTED if "parallel" in methods.get(n).runtime.shapes)
-#: chain methods whose parallel mode (PARD, P-EAGLE) needs a draft trained with a mask token
-PARALLEL_CAPABLE = tuple(n for n in PARALLEL if methods.get(n).parallel_capable)
-BLOCK = tuple(n for n in SUPPORTED if methods.get(n).draft_shape == "block")
+#: name lists over the method registry, computed on first use (module ``__getattr__``), never at
+#: import: a method registered through the ``specc.methods`` entry points is in them. The rules
+#: themselves ask the row's facts (:func:`_row`), not these lists.
+_NAME_LISTS = {
+    # methods the specc runtime runs
+    "SUPPORTED": lambda m: m.runtime is not None,
+    "NEEDS_DRAFT": lambda m: m.runtime is not None and m.needs_draft_checkpoint,
+    # methods the runtime drafts in parallel (one pass emits the block)
+    "PARALLEL": lambda m: m.runtime is not None and "parallel" in m.runtime.shapes,
+    # chain methods whose parallel mode (PARD, P-EAGLE) needs a draft trained with a mask token
+    "PARALLEL_CAPABLE": lambda m: m.runtime is not None and "parallel" in m.runtime.shapes and m.parallel_capable,
+    "BLOCK": lambda m: m.runtime is not None and m.draft_shape == "block",
+}
+
+
+def __getattr__(name):
+    if name in _NAME_LISTS:
+        return tuple(n for n, m in methods.METHODS.items() if _NAME_LISTS[name](m))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _row(p):
+    """The plan's method row (None for a name the registry lacks: the loader refuses it)."""
+    return methods.METHODS.get(p.method.name)
+
+
+def _supported(p) -> bool:
+    """The specc runtime runs the plan's method."""
+    m = _row(p)
+    return m is not None and m.runtime is not None
+
+
+def _fact(p, fact: str):
+    """``fact`` of the plan's method row when the specc runtime runs the method, else None."""
+    return getattr(_row(p), fact) if _supported(p) else None
+
+
+def _block(p) -> bool:
+    return _fact(p, "draft_shape") == "block"
+
+
+def _needs_draft(p) -> bool:
+    return bool(_fact(p, "needs_draft_checkpoint"))
+
+
+def _reads(p, section: str) -> bool:
+    """The plan's method reads ``method.<section>`` (``Method.option_sections``)."""
+    m = _row(p)
+    return m is not None and section in m.option_sections
 DRAFTERS_SRC = "specc/drafters/dflash.py (block drafters; PARD: draft_model.py, P-EAGLE: eagle.py)"
 SCHED = "specc/runtime/schedule.py"
 #: schedules that change κ between steps or per request: refused with LoRA (uniform verify width)
@@ -38,7 +80,7 @@ LORA_REFUSED_SCHEDULES = ("adaptive", "auto", "budget")
 
 def _rt(p):
     """The method's runtime support row (None when the runtime does not run it)."""
-    m = methods.METHODS.get(p.method.name)
+    m = _row(p)
     return m.runtime if m is not None else None
 
 
@@ -294,7 +336,7 @@ def _serving_ignored(p):
 
 
 def drafting(p) -> bool:
-    return p.method.name in SUPPORTED and p.method.name != "none"
+    return _supported(p) and _row(p).drafts
 
 
 def _fill_ngram(p):
@@ -372,14 +414,14 @@ RULES = (
       "or change the tree", "specc/lower.py (base_num_steps)",
       message_args=lambda p: {"depth": trees.max_depth(_choices(p))}),
     R("S-BLOCK-STEPS", "fallback", ("method.num_steps", "method.block_size"),
-      lambda p: p.method.name in BLOCK and isinstance(p.method.block_size, int) and p.method.block_size >= 1
+      lambda p: _block(p) and isinstance(p.method.block_size, int) and p.method.block_size >= 1
       and (p.method.num_steps is None or (p.method.num_steps == 1 and p.method.block_size != 1)),
       "method.num_steps becomes γ = method.block_size = {p.method.block_size}: the specc runtime's κ for "
       "{p.method.name} is the block's draft count (SGLang pins num_steps to 1 and sizes the verify by the block, "
       "DF8/DS11; here one pass still emits the whole block)", DRAFTERS_SRC,
       lambda p: {"method.num_steps": p.method.block_size}),
     R("S-BLOCK-SIZE", "error", ("method.num_steps", "method.block_size"),
-      lambda p: p.method.name in BLOCK and isinstance(p.method.block_size, int)
+      lambda p: _block(p) and isinstance(p.method.block_size, int)
       and isinstance(p.method.num_steps, int) and p.method.num_steps not in (1, p.method.block_size),
       "method.num_steps={p.method.num_steps} and method.block_size={p.method.block_size} disagree: for "
       "{p.method.name} both are γ, the drafts of one block; set one of them (or both equal)", DRAFTERS_SRC),
@@ -501,10 +543,11 @@ RULES = (
     R("S-PARALLEL-DRAFT", "error", ("method.parallel_drafting",),
       lambda p: drafting(p) and bool(p.method.parallel_drafting) and "parallel" not in _rt(p).shapes,
       "method.parallel_drafting is not supported by the specc runtime for {p.method.name} (it drafts a block "
-      "in one pass for " + ", ".join(PARALLEL) + ": PARD = draft_model, P-EAGLE = eagle/eagle3, DFlash, "
-      "DSpark); set method.parallel_drafting=false", RT),
+      "in one pass for {parallel}: PARD = draft_model, P-EAGLE = eagle/eagle3, DFlash, "
+      "DSpark); set method.parallel_drafting=false", RT,
+      message_args=lambda p: {"parallel": ", ".join(__getattr__("PARALLEL"))}),
     R("S-PARALLEL-MASK", "error", ("method.parallel_drafting", "draft.path"),
-      lambda p: p.method.name in PARALLEL_CAPABLE and bool(p.method.parallel_drafting) and p.draft is not None
+      lambda p: _supported(p) and "parallel" in _rt(p).shapes and _row(p).parallel_capable and bool(p.method.parallel_drafting) and p.draft is not None
       and bool(p.draft.path),
       "method.parallel_drafting=true ({what}) needs a draft trained for parallel drafting, with a mask token in "
       "its config.json (pard_token, mask_token_id, ptd_token_id, dspark_noise_token_id or dflash_config.mask_token_id); "
@@ -514,11 +557,11 @@ RULES = (
       decide=lambda p, f: _mask_token(f) is None, about="the draft's parallel-drafting mask token",
       message_args=lambda p: {"what": "PARD" if p.method.name == "draft_model" else "P-EAGLE"}),
     R("S-DRAFT", "error", ("draft.path",),
-      lambda p: p.method.name in NEEDS_DRAFT and (p.draft is None or not p.draft.path),
+      lambda p: _needs_draft(p) and (p.draft is None or not p.draft.path),
       "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: {example})",
       "specc/models/resolve.py", message_args=lambda p: {"example": _DRAFT_EXAMPLE.get(p.method.name, "<your draft>")}),
     R("S-DRAFT-IGN", "warning", ("draft.path",),
-      lambda p: p.method.name in SUPPORTED and not methods.get(p.method.name).needs_draft_checkpoint
+      lambda p: _supported(p) and not methods.get(p.method.name).needs_draft_checkpoint
       and not methods.get(p.method.name).target_ships_draft
       and p.method.name != "custom" and p.draft is not None and bool(p.draft.path),
       "draft.path is ignored for method.name={p.method.name}; drop the draft section", RT),
@@ -568,7 +611,7 @@ RULES = (
       "draft.vocab_size={p.draft.vocab_size} != target.vocab_size={p.target.vocab_size}: verify compares token "
       "ids, so the draft model must share the target's vocabulary", "specc/kernels (greedy_verify)"),
     R("S-LEN", "fallback", ("target.max_model_len", "draft.max_model_len"),
-      lambda p: drafting(p) and p.method.name in NEEDS_DRAFT and p.draft is not None
+      lambda p: drafting(p) and _needs_draft(p) and p.draft is not None
       and isinstance(p.draft.max_model_len, int) and isinstance(p.target.max_model_len, int)
       and p.draft.max_model_len < p.target.max_model_len,
       "draft.max_model_len={p.draft.max_model_len} < target.max_model_len: sequences are capped at "
@@ -601,8 +644,8 @@ RULES = (
     R("S-NGRAM-IGN", "warning", ("method.ngram",), lambda p: p.method.name != "ngram" and ngram_window_set(p),
       "method.ngram.min/max are ignored for method.name={p.method.name}", RT),
     R("S-BLOCK-IGN", "warning", ("method.block_size", "method.markov", "method.confidence_head"),
-      lambda p: p.method.name in SUPPORTED and (
-          (p.method.name not in BLOCK and p.method.block_size is not None)
+      lambda p: _supported(p) and (
+          (not _block(p) and p.method.block_size is not None)
           or (p.method.name != "dspark" and (p.method.markov.kind is not None or p.method.markov.rank is not None
                                              or p.method.confidence_head is not None))),
       "method.block_size is a DFlash/DSpark setting and method.markov/confidence_head DSpark's; they are ignored "
@@ -612,14 +655,14 @@ RULES = (
       "method.markov.rank={p.method.markov.rank}: a DSpark Markov head needs rank > 0 (SGLang DS32, "
       "models/dspark.py:385-405); set the checkpoint's rank", "specc/models/dflash.py (MarkovHead)"),
     R("S-BLOCK-CKPT", "error", ("draft.path",),
-      lambda p: p.method.name in BLOCK and p.draft is not None and bool(p.draft.path),
+      lambda p: _block(p) and p.draft is not None and bool(p.draft.path),
       "draft.path={p.draft.path} is not a DFlash/DSpark block draft: its config.json has no target_layer_ids "
       "(dflash_config.target_layer_ids); use a block draft (e.g. defaults: - /draft: smollm2_135m_dflash) or "
       "change method.name", "specc/models/dflash.py (parse_block_config)",
       needs=("draft",), decide=lambda p, f: not _block_ck(f).get("target_layer_ids"),
       about="the draft's block configuration"),
     R("S-BLOCK-BEYOND", "warning", ("method.num_steps", "draft.path"),
-      lambda p: p.method.name in BLOCK and isinstance(p.method.num_steps, int) and p.draft is not None
+      lambda p: _block(p) and isinstance(p.method.num_steps, int) and p.draft is not None
       and bool(p.draft.path),
       "method.num_steps={p.method.num_steps} drafts a block of {p.method.num_steps} + 1 positions, longer than the "
       "draft was trained for (block_size {bs} in its config.json): positions past it are drafted blind and almost "
