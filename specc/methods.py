@@ -391,13 +391,13 @@ def _discover() -> Tuple[Dict[str, Method], Dict[str, str]]:
         except Exception as exc:  # an import error inside the plugin, or a missing attribute
             problems[ep.name] = f"{ep.value!r} cannot be loaded ({type(exc).__name__}: {exc})"
             continue
-        if not isinstance(row, Method):
+        if ep.name in rows:
+            if row != rows[ep.name]:
+                problems[ep.name] = f"{ep.value!r} takes the built-in method name {ep.name!r} (reserved)"
+        elif not isinstance(row, Method):
             problems[ep.name] = f"{ep.value!r} is a {type(row).__name__}, not a specc.methods.Method row"
         elif row.name != ep.name:
             problems[ep.name] = f"{ep.value!r} is the row of method {row.name!r}; name the entry point {row.name!r}"
-        elif ep.name in rows:
-            if row != rows[ep.name]:
-                problems[ep.name] = f"{ep.value!r} takes the built-in method name {ep.name!r} (reserved)"
         elif ep.name in extra and extra[ep.name] != row:
             problems[ep.name] = f"{ep.value!r}: two distributions register method {ep.name!r}"
         else:
