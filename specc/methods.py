@@ -127,8 +127,12 @@ class Method:
         runtime: :class:`RuntimeSupport`, or None when specc's runtime does not run the method
             (``specc check --engine specc`` refuses it; export it to SGLang/vLLM).
         option_sections: the ``method.*`` sub-sections the method reads (``"ngram"``, ``"suffix"``,
-            ``"markov"``, ``"plugin"``); the rules fill and check these and warn when a plan sets one
-            the method ignores.
+            ``"markov"``, ``"confidence_head"``, ``"plugin"``); the rules fill and check these and warn
+            when a plan sets one the method ignores.
+        one_module_per_step: the draft checkpoint holds one module per draft step (κ ≤ its module
+            count; no adaptive κ: SGLang's ``MultiLayerEagleWorkerV2`` has no adaptive support).
+        shares_target_head: the drafter projects through the target's LM head and its checkpoint stores
+            none (the MTP family), so a draft pass streams the target's head too (:mod:`specc.sizing`).
         sglang_algorithm: the ``SpeculativeAlgorithm`` SGLang 0.5.23 runs the method as, after its
             aliasing (``sglang/srt/speculative/spec_info.py:174-178``; NEXTN becomes EAGLE,
             ``speculative_hook.py:1062-1082``); None when SGLang lacks the method (or for plain decoding).
@@ -161,6 +165,8 @@ class Method:
     static_tree: bool = False
     runtime: Optional[RuntimeSupport] = None
     option_sections: Tuple[str, ...] = ()
+    one_module_per_step: bool = False
+    shares_target_head: bool = False
     sglang_algorithm: Optional[str] = None
     sglang_flag: Optional[str] = None
     sglang_multi_layer: bool = False
@@ -266,7 +272,7 @@ MTP = Method("mtp", "DeepSeek-style MTP (NEXTN) layer over [norm(embedding); nor
        runtime=RuntimeSupport(drafter="specc.drafters.mtp:build_drafter",
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "tree"))),
-       sglang_algorithm="EAGLE", sglang_flag="NEXTN", vllm_method="mtp",
+       shares_target_head=True, sglang_algorithm="EAGLE", sglang_flag="NEXTN", vllm_method="mtp",
        train_kinds=(("mtp", "specc.train.mtp:MTPKind"),))
 MULTI_LAYER_EAGLE = Method("multi_layer_eagle", "one MTP module per draft step (SGLang's draft_runners)", "chain",
        needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
@@ -274,7 +280,7 @@ MULTI_LAYER_EAGLE = Method("multi_layer_eagle", "one MTP module per draft step (
        runtime=RuntimeSupport(drafter="specc.drafters.multi_layer_eagle:build_drafter",
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **dict(_CHAIN_RUNTIME, schedules=("static", "batch_buckets", "budget"))),
-       sglang_algorithm="EAGLE", sglang_multi_layer=True,
+       one_module_per_step=True, shares_target_head=True, sglang_algorithm="EAGLE", sglang_multi_layer=True,
        train_kinds=(("multi_layer_eagle", "specc.train.mtp:MultiLayerEagleKind"),))
 FROZEN_KV_MTP = Method("frozen_kv_mtp", "an assistant drafter attending over the target's KV (keeps none of its own)",
        "chain", needs_draft_checkpoint=True, has_draft_kv=False, frozen_kv=True, target_hidden="last",
@@ -282,7 +288,7 @@ FROZEN_KV_MTP = Method("frozen_kv_mtp", "an assistant drafter attending over the
        runtime=RuntimeSupport(drafter="specc.drafters.frozen_kv:build_drafter",
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **_CHAIN_RUNTIME),
-       sglang_algorithm="FROZEN_KV_MTP", train_kinds=(("frozen_kv_mtp", "specc.train.mtp:FrozenKVMTPKind"),))
+       shares_target_head=True, sglang_algorithm="FROZEN_KV_MTP", train_kinds=(("frozen_kv_mtp", "specc.train.mtp:FrozenKVMTPKind"),))
 MEDUSA = Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
        needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01,
        seed="target_hidden", always_parallel=True, static_tree=True,
@@ -301,7 +307,7 @@ DSPARK = Method("dspark", "DFlash backbone + low-rank Markov head + confidence h
        seed="target_hidden", always_parallel=True, default_num_steps=7, extend_pass=False,
        runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="head",
                               **_BLOCK_RUNTIME),
-       option_sections=("markov",), sglang_algorithm="DSPARK", vllm_method="dspark",
+       option_sections=("markov", "confidence_head"), sglang_algorithm="DSPARK", vllm_method="dspark",
        train_kinds=(("dspark", "specc.train.block:DSparkKind"),))
 CUSTOM = Method("custom", "a user drafter plugin (method.plugin)", "chain",
        needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,

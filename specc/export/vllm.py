@@ -140,7 +140,7 @@ def to_vllm(plan: Plan) -> VLLMLaunch:
 def query_len(plan: Plan) -> int:
     """vLLM's uniform decode query length: K + 1 tokens per request with speculation, else 1
     (``vllm/config/vllm.py:2462-2470``): CUDA-graph capture sizes count tokens, not requests."""
-    kk = k(plan) if plan.method.name not in ("none",) else None
+    kk = k(plan) if vllm_method(plan.method.name) is not None else None
     return kk + 1 if isinstance(kk, int) and kk > 0 else 1
 
 

@@ -245,10 +245,10 @@ RULES = (
       "method.name={p.method.name}: SGLang 0.5.23 has no such speculative algorithm (builtins: EAGLE, EAGLE3, "
       "NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, FROZEN_KV_MTP, UNO, or a registered plugin); pick another "
       "method or set engine=vllm (suffix) / engine=specc", "speculative/spec_info.py:65"),
-    R("N5b", "error", ("method.name", "method.plugin"), lambda p: p.method.name == "custom" and not p.method.plugin,
+    R("N5b", "error", ("method.name", "method.plugin"), lambda p: algo(p) == "PLUGIN" and not p.method.plugin,
       "method.name=custom needs method.plugin (the module that registers the algorithm with "
       "sglang.srt.speculative.spec_registry); an unregistered name is rejected", "speculative/spec_info.py:65"),
-    R("N11", "warning", ("method.plugin",), lambda p: p.method.name == "custom" and bool(p.method.plugin),
+    R("N11", "warning", ("method.plugin",), lambda p: algo(p) == "PLUGIN" and bool(p.method.plugin),
       "method.plugin={p.method.plugin}: a plugin algorithm must call spec_registry.register() on import and "
       "runs its own validate_server_args; specc cannot check its rules", "arg_groups/speculative_hook.py:245-250"),
     R("N4", "error", ("method.name", "draft.architecture"),
@@ -256,7 +256,7 @@ RULES = (
       "draft.architecture={p.draft.architecture} is a Gemma4 assistant, which needs method.name=eagle or mtp "
       "(promoted to FROZEN_KV_MTP), not eagle3", "arg_groups/speculative_hook.py:102-107"),
     R("N2", "fallback", ("method.name", "draft.architecture"),
-      lambda p: p.method.name in ("eagle", "mtp") and p.draft is not None
+      lambda p: algo(p) == "EAGLE" and not multi_layer(p) and p.draft is not None
       and p.draft.architecture in GEMMA4_ASSISTANTS,
       "method.name={p.method.name} with a Gemma4 assistant draft ({p.draft.architecture}) is promoted to "
       "FROZEN_KV_MTP; write method.name=frozen_kv_mtp to say so", "arg_groups/speculative_hook.py:97-115",
