@@ -611,7 +611,10 @@ def _state_count_bound(plan: S.Plan) -> int:
         top = int(plan.runtime.max_batch_size)
         sizes = sorted({1 << i for i in range(top.bit_length()) if 1 << i <= top} | {top})
         n_sizes = len(sizes)
-    if plan.method.name == "none":
+    from specc import methods
+
+    row = methods.METHODS.get(plan.method.name)
+    if row is not None and not row.drafts:  # plain decoding: no κ candidates to count
         return 1
     if s.kind in ("adaptive", "batch_buckets") and s.buckets:
         keys = sorted(s.buckets)

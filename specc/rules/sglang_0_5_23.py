@@ -62,6 +62,15 @@ DEFAULT_ADAPTIVE_BUCKETS = {  # adaptive_spec_params.py:28-53
 }
 
 
+def _plan_method(algorithm: str) -> str:
+    """The registered plan method SGLang's ``algorithm`` runs (the first in registry order; the method
+    row's ``sglang_algorithm``, not a name map here)."""
+    from specc import methods
+
+    found = [n for n, m in methods.METHODS.items() if m.sglang_algorithm == algorithm and not m.sglang_multi_layer]
+    return found[0] if found else algorithm.lower()
+
+
 def algo(p):
     """SGLang ``--speculative-algorithm`` after aliasing (None = no speculation, '?' = no such algorithm)."""
     return sglang_algorithm(p.method.name)
@@ -259,8 +268,8 @@ RULES = (
       lambda p: algo(p) == "EAGLE" and not multi_layer(p) and p.draft is not None
       and p.draft.architecture in GEMMA4_ASSISTANTS,
       "method.name={p.method.name} with a Gemma4 assistant draft ({p.draft.architecture}) is promoted to "
-      "FROZEN_KV_MTP; write method.name=frozen_kv_mtp to say so", "arg_groups/speculative_hook.py:97-115",
-      lambda p: {"method.name": "frozen_kv_mtp"}),
+      "FROZEN_KV_MTP; write method.name={new[method.name]} to say so", "arg_groups/speculative_hook.py:97-115",
+      lambda p: {"method.name": _plan_method("FROZEN_KV_MTP")}),
     R("N18", "error", ("schedule.ragged_verify",),
       lambda p: p.schedule.ragged_verify not in ("static", "cap_accept", "compact"),
       "schedule.ragged_verify={p.schedule.ragged_verify}: SGLANG_RAGGED_VERIFY_MODE must be static, cap-accept "

@@ -42,6 +42,14 @@ def vllm_method(name: str):
     return m.vllm_method or "?"
 
 
+def _plan_method(method: str) -> str:
+    """The registered plan method vLLM's ``method`` value runs as (the row whose ``vllm_method`` it is)."""
+    from specc import methods
+
+    found = methods.for_engine_name("vllm", method)
+    return found[0] if found else method
+
+
 def vm(p):
     """:func:`vllm_method` of the plan's method."""
     return vllm_method(p.method.name)
@@ -325,7 +333,7 @@ RULES = (
       lambda p: vm(p) in ("draft_model", "mtp") and heuristic_method(p) is not None,
       "draft.path={p.draft.path} looks like a {new[method.name]} checkpoint: vLLM overrides "
       "method.name={p.method.name} with {new[method.name]}; rename the path or set method.name to match",
-      SP + "1430-1473", lambda p: {"method.name": heuristic_method(p)}),
+      SP + "1430-1473", lambda p: {"method.name": _plan_method(heuristic_method(p))}),
     R("R16", "warning", ("method.num_steps",), lambda p: vm(p) == "mtp" and gt(k(p), 1),
       "method.num_steps={p.method.num_steps} > 1 with mtp reruns the same MTP layer: expect lower acceptance",
       SP + "1486-1495"),
