@@ -144,6 +144,8 @@ class Method:
             ``SpeculativeMethod``); None when vLLM lacks the method (or for plain decoding).
         train_kinds: ``(kind, "module:Class")`` of the training tool's drafter kinds that train a
             checkpoint for the method (:mod:`specc.train.kinds`); empty when nothing is trained.
+        example_draft: a ``conf/draft`` preset holding a checkpoint for the method, named in messages
+            (``defaults: - /draft: NAME``); None when there is none.
     """
 
     name: str
@@ -172,6 +174,7 @@ class Method:
     sglang_multi_layer: bool = False
     vllm_method: Optional[str] = None
     train_kinds: Tuple[Tuple[str, str], ...] = ()
+    example_draft: Optional[str] = None
 
     @property
     def trains(self) -> bool:
@@ -251,21 +254,24 @@ DRAFT_MODEL = Method("draft_model", "a separate small causal LM drafts κ tokens
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **_PARALLEL_CAPABLE_RUNTIME),
        sglang_algorithm="STANDALONE", vllm_method="draft_model",
-       train_kinds=(("pard", "specc.train.block:PardKind"),))
+       train_kinds=(("pard", "specc.train.block:PardKind"),),
+       example_draft="smollm2_135m_shallow")
 EAGLE = Method("eagle", "EAGLE head: one decoder layer over [token embedding; target's last hidden state]", "chain",
        needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
        seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
        runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **_TREE_RUNTIME),
-       sglang_algorithm="EAGLE", vllm_method="eagle", train_kinds=(("eagle", "specc.train.eagle:EagleKind"),))
+       sglang_algorithm="EAGLE", vllm_method="eagle", train_kinds=(("eagle", "specc.train.eagle:EagleKind"),),
+       example_draft="smollm2_135m_eagle")
 EAGLE3 = Method("eagle3", "EAGLE-3 head: fused low/mid/high target layers, reduced draft vocabulary", "chain",
        needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="fused", default_c=0.042,
        seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
        runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **_TREE_RUNTIME),
-       sglang_algorithm="EAGLE3", vllm_method="eagle3", train_kinds=(("eagle3", "specc.train.eagle:Eagle3Kind"),))
+       sglang_algorithm="EAGLE3", vllm_method="eagle3", train_kinds=(("eagle3", "specc.train.eagle:Eagle3Kind"),),
+       example_draft="smollm2_135m_eagle3")
 MTP = Method("mtp", "DeepSeek-style MTP (NEXTN) layer over [norm(embedding); norm(hidden)], run recurrently", "chain",
        needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="last", default_c=0.042,
        seed="hidden_topk", dynamic_tree=True, draft_from_extend=True, target_ships_draft=True,
@@ -273,7 +279,8 @@ MTP = Method("mtp", "DeepSeek-style MTP (NEXTN) layer over [norm(embedding); nor
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "tree"))),
        shares_target_head=True, sglang_algorithm="EAGLE", sglang_flag="NEXTN", vllm_method="mtp",
-       train_kinds=(("mtp", "specc.train.mtp:MTPKind"),))
+       train_kinds=(("mtp", "specc.train.mtp:MTPKind"),),
+       example_draft="smollm2_135m_mtp")
 MULTI_LAYER_EAGLE = Method("multi_layer_eagle", "one MTP module per draft step (SGLang's draft_runners)", "chain",
        needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
        seed="hidden_topk", draft_from_extend=True,
@@ -281,34 +288,39 @@ MULTI_LAYER_EAGLE = Method("multi_layer_eagle", "one MTP module per draft step (
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **dict(_CHAIN_RUNTIME, schedules=("static", "batch_buckets", "budget"))),
        one_module_per_step=True, shares_target_head=True, sglang_algorithm="EAGLE", sglang_multi_layer=True,
-       train_kinds=(("multi_layer_eagle", "specc.train.mtp:MultiLayerEagleKind"),))
+       train_kinds=(("multi_layer_eagle", "specc.train.mtp:MultiLayerEagleKind"),),
+       example_draft="smollm2_135m_multi_layer_eagle")
 FROZEN_KV_MTP = Method("frozen_kv_mtp", "an assistant drafter attending over the target's KV (keeps none of its own)",
        "chain", needs_draft_checkpoint=True, has_draft_kv=False, frozen_kv=True, target_hidden="last",
        default_c=0.042, seed="hidden_topk",
        runtime=RuntimeSupport(drafter="specc.drafters.frozen_kv:build_drafter",
                               draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
                               **_CHAIN_RUNTIME),
-       shares_target_head=True, sglang_algorithm="FROZEN_KV_MTP", train_kinds=(("frozen_kv_mtp", "specc.train.mtp:FrozenKVMTPKind"),))
+       shares_target_head=True, sglang_algorithm="FROZEN_KV_MTP", train_kinds=(("frozen_kv_mtp", "specc.train.mtp:FrozenKVMTPKind"),),
+       example_draft="smollm2_135m_frozen_kv_mtp")
 MEDUSA = Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
        needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01,
        seed="target_hidden", always_parallel=True, static_tree=True,
        runtime=RuntimeSupport(drafter="specc.drafters.medusa:build_drafter", verify_rules=("greedy", "standard"),
                               draft_sampling=("greedy", "probabilistic"), schedules=SCHEDULES,
                               confidence="draft_probability", shapes=("plain", "parallel", "tree")),
-       train_kinds=(("medusa", "specc.train.medusa:MedusaKind"),))
+       train_kinds=(("medusa", "specc.train.medusa:MedusaKind"),),
+       example_draft="smollm2_135m_medusa")
 DFLASH = Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
        "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
        seed="target_hidden", always_parallel=True, default_num_steps=15, extend_pass=False,
        runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="draft_probability",
                               **_BLOCK_RUNTIME),
-       sglang_algorithm="DFLASH", vllm_method="dflash", train_kinds=(("dflash", "specc.train.block:DFlashKind"),))
+       sglang_algorithm="DFLASH", vllm_method="dflash", train_kinds=(("dflash", "specc.train.block:DFlashKind"),),
+       example_draft="smollm2_135m_dflash")
 DSPARK = Method("dspark", "DFlash backbone + low-rank Markov head + confidence head", "block",
        needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
        seed="target_hidden", always_parallel=True, default_num_steps=7, extend_pass=False,
        runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="head",
                               **_BLOCK_RUNTIME),
        option_sections=("markov", "confidence_head"), sglang_algorithm="DSPARK", vllm_method="dspark",
-       train_kinds=(("dspark", "specc.train.block:DSparkKind"),))
+       train_kinds=(("dspark", "specc.train.block:DSparkKind"),),
+       example_draft="smollm2_135m_dspark")
 CUSTOM = Method("custom", "a user drafter plugin (method.plugin)", "chain",
        needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,
        seed="draft_prefill", extend_pass=False,

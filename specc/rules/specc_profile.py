@@ -221,10 +221,6 @@ def _markov_text(f) -> str:
 
 
 #: a shipped draft preset (conf/draft/) per method that needs one, for the S-DRAFT message
-_DRAFT_EXAMPLE = {"draft_model": "smollm2_135m_shallow", "eagle": "smollm2_135m_eagle", "eagle3": "smollm2_135m_eagle3",
-                  "medusa": "smollm2_135m_medusa", "dflash": "smollm2_135m_dflash", "dspark": "smollm2_135m_dspark",
-                  "mtp": "smollm2_135m_mtp", "multi_layer_eagle": "smollm2_135m_multi_layer_eagle",
-                  "frozen_kv_mtp": "smollm2_135m_frozen_kv_mtp"}
 #: adaptive schedules refuse multi-layer EAGLE (SGLang: MultiLayerEagleWorkerV2 has no adaptive support)
 ML_ADAPTIVE = ("specc/drafters/multi_layer_eagle.py (SGLang adaptive_spec_params.py:72-76, the zoo seed's "
                "citation; :85-89 at 0.5.23, AD5)")
@@ -577,7 +573,7 @@ RULES = (
     R("S-DRAFT", "error", ("draft.path",),
       lambda p: _needs_draft(p) and (p.draft is None or not p.draft.path),
       "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: {example})",
-      "specc/models/resolve.py", message_args=lambda p: {"example": _DRAFT_EXAMPLE.get(p.method.name, "<your draft>")}),
+      "specc/models/resolve.py", message_args=lambda p: {"example": _row(p).example_draft or "<your draft>"}),
     R("S-DRAFT-IGN", "warning", ("draft.path",),
       lambda p: _supported(p) and not methods.get(p.method.name).needs_draft_checkpoint
       and not methods.get(p.method.name).target_ships_draft
