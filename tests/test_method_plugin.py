@@ -66,6 +66,24 @@ def test_pyproject_declares_every_builtin_row():
         assert EntryPoint(m.name, table[m.name], "specc.methods").load() is m
 
 
+def test_builtin_entry_points_read_through_metadata(tmp_path, monkeypatch):
+    """pyproject.toml's table as installed metadata (what ``pip install -e .`` writes): read through
+    importlib.metadata, every built-in entry point loads to its own row, nothing skipped, order kept."""
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["specc.methods"]
+    dist = tmp_path / "specc_installed-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specc-installed\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[specc.methods]\n" + "".join(f"{k} = {v}\n" for k, v in table.items()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    methods.METHODS.reload()
+    try:
+        assert methods.method_names() == tuple(m.name for m in methods.BUILTIN)
+        assert not methods.METHODS.problems
+    finally:
+        monkeypatch.undo()
+        methods.METHODS.reload()
+
+
 def test_builtins_survive_stale_metadata(monkeypatch):
     """No ``specc.methods`` entry points at all (metadata from before the table): every built-in is
     still there; nothing reads the registry until asked."""
