@@ -1,17 +1,26 @@
-"""The method table: every fact about a draft method that the rest of specc asks.
+"""The method registry: every fact about a draft method that the rest of specc asks, one row each.
 
-One row per ``method.name`` of the plan schema. Lowering, stage graphs, the cost model, the ``specc``
-engine profile's rules, codegen and the runtime's drafter construction read this table instead of
-comparing method names, so a new method is one drafter module plus one row here (SGLang keeps the
-same facts on its ``SpeculativeAlgorithm`` enum: ``has_draft_kv``, ``carries_draft_hidden_states``,
-``create_worker``; SGLang 0.5.23 sglang/srt/speculative/spec_info.py:174-178). The SGLang and vLLM rule tables keep
-their own name maps: they describe those engines, not this table.
+One :class:`Method` row per ``method.name``. Lowering, stage graphs, the cost model, the engine
+profiles' rules (``specc``, ``sglang``, ``vllm``), the exporters, the training tool's drafter kinds,
+codegen and the runtime's drafter construction read the row's facts instead of comparing method
+names, so a new method is one drafter module plus one row (SGLang keeps the same facts on its
+``SpeculativeAlgorithm`` enum: ``has_draft_kv``, ``carries_draft_hidden_states``, ``create_worker``;
+``sglang/srt/speculative/spec_info.py:174-178``). Where an engine's own code branches on its
+algorithm or method string, the rules compare that engine's name, read from the row
+(``sglang_algorithm``, ``vllm_method``), never ``method.name``.
 
-Torch-free and import-free (only :mod:`specc.errors`): ``specc check`` and ``specc explain`` read it.
+Rows register through the ``specc.methods`` entry-point group (``name = "module:attr"`` naming a
+row); the built-ins are declared in ``pyproject.toml`` the same way, and :data:`BUILTIN` keeps them
+available when the installed metadata is stale. :data:`METHODS` reads the entry points on first use.
+
+Torch-free and import-free (only :mod:`specc.errors`; a plugin row's module is imported when the
+registry is first read): ``specc check`` and ``specc explain`` read it.
 """
 from __future__ import annotations
 
 import importlib
+import warnings
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -121,6 +130,26 @@ class Method:
             ``draft.path`` is optional and defaults to the target's (SGLang EG6).
         runtime: :class:`RuntimeSupport`, or None when specc's runtime does not run the method
             (``specc check --engine specc`` refuses it; export it to SGLang/vLLM).
+        option_sections: the ``method.*`` sub-sections the method reads (``"ngram"``, ``"suffix"``,
+            ``"markov"``, ``"confidence_head"``, ``"plugin"``); the rules fill and check these and warn
+            when a plan sets one the method ignores.
+        one_module_per_step: the draft checkpoint holds one module per draft step (κ ≤ its module
+            count; no adaptive κ: SGLang's ``MultiLayerEagleWorkerV2`` has no adaptive support).
+        shares_target_head: the drafter projects through the target's LM head and its checkpoint stores
+            none (the MTP family), so a draft pass streams the target's head too (:mod:`specc.sizing`).
+        sglang_algorithm: the ``SpeculativeAlgorithm`` SGLang 0.5.23 runs the method as, after its
+            aliasing (``sglang/srt/speculative/spec_info.py:174-178``; NEXTN becomes EAGLE,
+            ``speculative_hook.py:1062-1082``); None when SGLang lacks the method (or for plain decoding).
+        sglang_flag: the ``--speculative-algorithm`` value ``specc export`` writes; None: the same as
+            ``sglang_algorithm`` (``mtp`` is written NEXTN).
+        sglang_multi_layer: SGLang runs it with ``--enable-multi-layer-eagle`` (one MTP module per step,
+            ``speculative_hook.py:1203-1215``).
+        vllm_method: vLLM 0.33.0's ``SpeculativeConfig.method`` value (``vllm/config/speculative.py``
+            ``SpeculativeMethod``); None when vLLM lacks the method (or for plain decoding).
+        train_kinds: ``(kind, "module:Class")`` of the training tool's drafter kinds that train a
+            checkpoint for the method (:mod:`specc.train.kinds`); empty when nothing is trained.
+        example_draft: a ``conf/draft`` preset holding a checkpoint for the method, named in messages
+            (``defaults: - /draft: NAME``); None when there is none.
     """
 
     name: str
@@ -141,6 +170,27 @@ class Method:
     dynamic_tree: bool = False
     static_tree: bool = False
     runtime: Optional[RuntimeSupport] = None
+    option_sections: Tuple[str, ...] = ()
+    one_module_per_step: bool = False
+    shares_target_head: bool = False
+    sglang_algorithm: Optional[str] = None
+    sglang_flag: Optional[str] = None
+    sglang_multi_layer: bool = False
+    vllm_method: Optional[str] = None
+    train_kinds: Tuple[Tuple[str, str], ...] = ()
+    example_draft: Optional[str] = None
+
+    @property
+    def trains(self) -> bool:
+        """``specc train`` trains a checkpoint for the method (it has a drafter kind)."""
+        return bool(self.train_kinds)
+
+    @property
+    def engine_names(self) -> Dict[str, Optional[str]]:
+        """The name each engine runs the method as (``specc`` its own, ``sglang`` the algorithm,
+        ``vllm`` the method value); None where that engine lacks it."""
+        return {"specc": self.name if self.runtime is not None else None, "sglang": self.sglang_algorithm,
+                "vllm": self.vllm_method}
 
     @property
     def lookup(self) -> bool:
@@ -181,89 +231,232 @@ _BLOCK_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"),
 # stays a chain rule (refused on trees by the S-VERIFY rule)
 _TREE_RUNTIME = dict(_PARALLEL_CAPABLE_RUNTIME, shapes=("plain", "chain", "parallel", "tree"))
 
-METHODS: Dict[str, Method] = {m.name: m for m in (
-    Method("none", "plain decoding: κ = 0, every step emits the target's own token", "none",
-           needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
-           runtime=RuntimeSupport(drafter="", verify_rules=("greedy", "standard"),
-                                  draft_sampling=("greedy", "probabilistic"), schedules=("static",),
-                                  shapes=("plain",))),
-    Method("ngram", "prompt lookup: continue the longest earlier match of the last tokens (no model)", "lookup",
-           needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
-           runtime=RuntimeSupport(drafter="specc.drafters.ngram:build_drafter", confidence="online",
-                                  **_CHAIN_RUNTIME)),
-    Method("suffix", "suffix decoding: suffix trees over the prompt, earlier outputs and corpora (no model)",
-           "lookup", needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0,
-           seed="none", dynamic_tree=True, default_num_steps=24,
-           runtime=RuntimeSupport(drafter="specc.drafters.suffix:build_drafter", confidence="frequency",
-                                  verify_rules=("greedy", "standard"), schedules=SCHEDULES,
-                                  shapes=("plain", "chain", "tree"))),
-    Method("draft_model", "a separate small causal LM drafts κ tokens one by one", "chain",
-           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="none", default_c=0.165,
-           seed="draft_prefill", parallel_capable=True, extend_pass=False,
-           runtime=RuntimeSupport(drafter="specc.drafters.draft_model:build_drafter",
-                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **_PARALLEL_CAPABLE_RUNTIME)),
-    Method("eagle", "EAGLE head: one decoder layer over [token embedding; target's last hidden state]", "chain",
-           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
-           seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
-           runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
-                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **_TREE_RUNTIME)),
-    Method("eagle3", "EAGLE-3 head: fused low/mid/high target layers, reduced draft vocabulary", "chain",
-           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="fused", default_c=0.042,
-           seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
-           runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
-                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **_TREE_RUNTIME)),
-    Method("mtp", "DeepSeek-style MTP (NEXTN) layer over [norm(embedding); norm(hidden)], run recurrently", "chain",
-           needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="last", default_c=0.042,
-           seed="hidden_topk", dynamic_tree=True, draft_from_extend=True, target_ships_draft=True,
-           runtime=RuntimeSupport(drafter="specc.drafters.mtp:build_drafter",
-                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "tree")))),
-    Method("multi_layer_eagle", "one MTP module per draft step (SGLang's draft_runners)", "chain",
-           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
-           seed="hidden_topk", draft_from_extend=True,
-           runtime=RuntimeSupport(drafter="specc.drafters.multi_layer_eagle:build_drafter",
-                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **dict(_CHAIN_RUNTIME, schedules=("static", "batch_buckets", "budget")))),
-    Method("frozen_kv_mtp", "an assistant drafter attending over the target's KV (keeps none of its own)",
-           "chain", needs_draft_checkpoint=True, has_draft_kv=False, frozen_kv=True, target_hidden="last",
-           default_c=0.042, seed="hidden_topk",
-           runtime=RuntimeSupport(drafter="specc.drafters.frozen_kv:build_drafter",
-                                  draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                                  **_CHAIN_RUNTIME)),
-    Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
-           needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01,
-           seed="target_hidden", always_parallel=True, static_tree=True,
-           runtime=RuntimeSupport(drafter="specc.drafters.medusa:build_drafter", verify_rules=("greedy", "standard"),
-                                  draft_sampling=("greedy", "probabilistic"), schedules=SCHEDULES,
-                                  confidence="draft_probability", shapes=("plain", "parallel", "tree"))),
-    Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
-           "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-           seed="target_hidden", always_parallel=True, default_num_steps=15, extend_pass=False,
-           runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="draft_probability",
-                                  **_BLOCK_RUNTIME)),
-    Method("dspark", "DFlash backbone + low-rank Markov head + confidence head", "block",
-           needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-           seed="target_hidden", always_parallel=True, default_num_steps=7, extend_pass=False,
-           runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="head",
-                                  **_BLOCK_RUNTIME)),
-    Method("custom", "a user drafter plugin (method.plugin)", "chain",
-           needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,
-           seed="draft_prefill", extend_pass=False,
-           runtime=RuntimeSupport(drafter="specc.methods:build_plugin_drafter",
-                                  verify_rules=("greedy", "standard"), draft_sampling=("greedy", "probabilistic"),
-                                  schedules=SCHEDULES, shapes=("plain", "chain"))),
-)}
+# The built-in rows. Each is declared in pyproject.toml under [project.entry-points."specc.methods"]
+# (``none = "specc.methods:NONE"``...) exactly as a third-party method is; :data:`BUILTIN` is the
+# fallback when the installed package metadata predates that table (an editable install not re-run).
+NONE = Method("none", "plain decoding: κ = 0, every step emits the target's own token", "none",
+       needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
+       runtime=RuntimeSupport(drafter="", verify_rules=("greedy", "standard"),
+                              draft_sampling=("greedy", "probabilistic"), schedules=("static",),
+                              shapes=("plain",)))
+NGRAM = Method("ngram", "prompt lookup: continue the longest earlier match of the last tokens (no model)", "lookup",
+       needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
+       runtime=RuntimeSupport(drafter="specc.drafters.ngram:build_drafter", confidence="online",
+                              **_CHAIN_RUNTIME),
+       option_sections=("ngram",), sglang_algorithm="NGRAM", vllm_method="ngram")
+SUFFIX = Method("suffix", "suffix decoding: suffix trees over the prompt, earlier outputs and corpora (no model)",
+       "lookup", needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0,
+       seed="none", dynamic_tree=True, default_num_steps=24,
+       runtime=RuntimeSupport(drafter="specc.drafters.suffix:build_drafter", confidence="frequency",
+                              verify_rules=("greedy", "standard"), schedules=SCHEDULES,
+                              shapes=("plain", "chain", "tree")),
+       option_sections=("suffix",), vllm_method="suffix")
+DRAFT_MODEL = Method("draft_model", "a separate small causal LM drafts κ tokens one by one", "chain",
+       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="none", default_c=0.165,
+       seed="draft_prefill", parallel_capable=True, extend_pass=False,
+       runtime=RuntimeSupport(drafter="specc.drafters.draft_model:build_drafter",
+                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                              **_PARALLEL_CAPABLE_RUNTIME),
+       sglang_algorithm="STANDALONE", vllm_method="draft_model",
+       train_kinds=(("pard", "specc.train.block:PardKind"),),
+       example_draft="smollm2_135m_shallow")
+EAGLE = Method("eagle", "EAGLE head: one decoder layer over [token embedding; target's last hidden state]", "chain",
+       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
+       seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
+       runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
+                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                              **_TREE_RUNTIME),
+       sglang_algorithm="EAGLE", vllm_method="eagle", train_kinds=(("eagle", "specc.train.eagle:EagleKind"),),
+       example_draft="smollm2_135m_eagle")
+EAGLE3 = Method("eagle3", "EAGLE-3 head: fused low/mid/high target layers, reduced draft vocabulary", "chain",
+       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="fused", default_c=0.042,
+       seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
+       runtime=RuntimeSupport(drafter="specc.drafters.eagle:build_drafter",
+                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                              **_TREE_RUNTIME),
+       sglang_algorithm="EAGLE3", vllm_method="eagle3", train_kinds=(("eagle3", "specc.train.eagle:Eagle3Kind"),),
+       example_draft="smollm2_135m_eagle3")
+MTP = Method("mtp", "DeepSeek-style MTP (NEXTN) layer over [norm(embedding); norm(hidden)], run recurrently", "chain",
+       needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="last", default_c=0.042,
+       seed="hidden_topk", dynamic_tree=True, draft_from_extend=True, target_ships_draft=True,
+       runtime=RuntimeSupport(drafter="specc.drafters.mtp:build_drafter",
+                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                              **dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "tree"))),
+       shares_target_head=True, sglang_algorithm="EAGLE", sglang_flag="NEXTN", vllm_method="mtp",
+       train_kinds=(("mtp", "specc.train.mtp:MTPKind"),),
+       example_draft="smollm2_135m_mtp")
+MULTI_LAYER_EAGLE = Method("multi_layer_eagle", "one MTP module per draft step (SGLang's draft_runners)", "chain",
+       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
+       seed="hidden_topk", draft_from_extend=True,
+       runtime=RuntimeSupport(drafter="specc.drafters.multi_layer_eagle:build_drafter",
+                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                              **dict(_CHAIN_RUNTIME, schedules=("static", "batch_buckets", "budget"))),
+       one_module_per_step=True, shares_target_head=True, sglang_algorithm="EAGLE", sglang_multi_layer=True,
+       train_kinds=(("multi_layer_eagle", "specc.train.mtp:MultiLayerEagleKind"),),
+       example_draft="smollm2_135m_multi_layer_eagle")
+FROZEN_KV_MTP = Method("frozen_kv_mtp", "an assistant drafter attending over the target's KV (keeps none of its own)",
+       "chain", needs_draft_checkpoint=True, has_draft_kv=False, frozen_kv=True, target_hidden="last",
+       default_c=0.042, seed="hidden_topk",
+       runtime=RuntimeSupport(drafter="specc.drafters.frozen_kv:build_drafter",
+                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
+                              **_CHAIN_RUNTIME),
+       shares_target_head=True, sglang_algorithm="FROZEN_KV_MTP", train_kinds=(("frozen_kv_mtp", "specc.train.mtp:FrozenKVMTPKind"),),
+       example_draft="smollm2_135m_frozen_kv_mtp")
+MEDUSA = Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
+       needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01,
+       seed="target_hidden", always_parallel=True, static_tree=True,
+       runtime=RuntimeSupport(drafter="specc.drafters.medusa:build_drafter", verify_rules=("greedy", "standard"),
+                              draft_sampling=("greedy", "probabilistic"), schedules=SCHEDULES,
+                              confidence="draft_probability", shapes=("plain", "parallel", "tree")),
+       train_kinds=(("medusa", "specc.train.medusa:MedusaKind"),),
+       example_draft="smollm2_135m_medusa")
+DFLASH = Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
+       "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
+       seed="target_hidden", always_parallel=True, default_num_steps=15, extend_pass=False,
+       runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="draft_probability",
+                              **_BLOCK_RUNTIME),
+       sglang_algorithm="DFLASH", vllm_method="dflash", train_kinds=(("dflash", "specc.train.block:DFlashKind"),),
+       example_draft="smollm2_135m_dflash")
+DSPARK = Method("dspark", "DFlash backbone + low-rank Markov head + confidence head", "block",
+       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
+       seed="target_hidden", always_parallel=True, default_num_steps=7, extend_pass=False,
+       runtime=RuntimeSupport(drafter="specc.drafters.dflash:build_drafter", confidence="head",
+                              **_BLOCK_RUNTIME),
+       option_sections=("markov", "confidence_head"), sglang_algorithm="DSPARK", vllm_method="dspark",
+       train_kinds=(("dspark", "specc.train.block:DSparkKind"),),
+       example_draft="smollm2_135m_dspark")
+CUSTOM = Method("custom", "a user drafter plugin (method.plugin)", "chain",
+       needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,
+       seed="draft_prefill", extend_pass=False,
+       runtime=RuntimeSupport(drafter="specc.methods:build_plugin_drafter",
+                              verify_rules=("greedy", "standard"), draft_sampling=("greedy", "probabilistic"),
+                              schedules=SCHEDULES, shapes=("plain", "chain")),
+       option_sections=("plugin",), sglang_algorithm="PLUGIN", vllm_method="custom_class")
+
+#: The built-in rows, in table order (the registry lists them first).
+BUILTIN: Tuple[Method, ...] = (NONE, NGRAM, SUFFIX, DRAFT_MODEL, EAGLE, EAGLE3, MTP, MULTI_LAYER_EAGLE, FROZEN_KV_MTP, MEDUSA, DFLASH, DSPARK, CUSTOM)
+
+
+#: Entry-point group through which a method registers: ``name = "module:attr"`` naming a
+#: :class:`Method` row whose ``name`` is the entry point's name (the built-ins declare theirs in
+#: pyproject.toml the same way).
+METHOD_ENTRY_POINT_GROUP = "specc.methods"
+
+
+class MethodRegistry(MutableMapping):
+    """``method.name`` -> :class:`Method`: the built-in rows, then every row of the ``specc.methods``
+    entry points (sorted by name), read on first use (nothing reads package metadata at import).
+
+    The built-in rows come from :data:`BUILTIN` whatever the installed metadata says, so stale
+    metadata (an editable install from before the entry-point table) loses nothing. An entry point
+    that cannot be loaded, names no :class:`Method`, has a row named differently, or takes a
+    built-in's name with another row is skipped with a warning, and :func:`get` lists it when its
+    name is asked for. Mutable so a test can add a row (``monkeypatch.setitem``); :meth:`reload`
+    reads the entry points again (after ``sys.path`` changes).
+    """
+
+    def __init__(self) -> None:
+        self._rows: Optional[Dict[str, Method]] = None
+        self.problems: Dict[str, str] = {}
+
+    def _table(self) -> Dict[str, Method]:
+        if self._rows is None:
+            self._rows, self.problems = _discover()
+            for name, why in self.problems.items():
+                warnings.warn(f"{METHOD_ENTRY_POINT_GROUP} entry point {name!r} skipped: {why}", stacklevel=3)
+        return self._rows
+
+    def reload(self) -> None:
+        """Forget the table; the next lookup reads the entry points again."""
+        self._rows = None
+        self.problems = {}
+
+    def __getitem__(self, name: str) -> Method:
+        return self._table()[name]
+
+    def __setitem__(self, name: str, row: Method) -> None:
+        if not isinstance(row, Method) or row.name != name:
+            raise PlanError(f"method registry: {name!r} must map to a Method row named {name!r}")
+        self._table()[name] = row
+
+    def __delitem__(self, name: str) -> None:
+        del self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table()
+
+    def __repr__(self) -> str:
+        return f"MethodRegistry({list(self._table())})"
+
+
+def _discover() -> Tuple[Dict[str, Method], Dict[str, str]]:
+    """The rows of :data:`BUILTIN` and of the ``specc.methods`` entry points, and why each skipped
+    entry point was skipped (by entry-point name)."""
+    from importlib.metadata import entry_points
+
+    rows: Dict[str, Method] = {m.name: m for m in BUILTIN}
+    problems: Dict[str, str] = {}
+    try:
+        eps = list(entry_points(group=METHOD_ENTRY_POINT_GROUP))
+    except Exception as exc:  # unreadable metadata of some installed distribution
+        return rows, {"*": f"the entry points cannot be read ({type(exc).__name__}: {exc})"}
+    extra: Dict[str, Method] = {}
+    for ep in sorted(eps, key=lambda e: e.name):
+        try:
+            row = ep.load()
+        except Exception as exc:  # an import error inside the plugin, or a missing attribute
+            problems[ep.name] = f"{ep.value!r} cannot be loaded ({type(exc).__name__}: {exc})"
+            continue
+        if ep.name in rows:
+            if row != rows[ep.name]:
+                problems[ep.name] = f"{ep.value!r} takes the built-in method name {ep.name!r} (reserved)"
+        elif not isinstance(row, Method):
+            problems[ep.name] = f"{ep.value!r} is a {type(row).__name__}, not a specc.methods.Method row"
+        elif row.name != ep.name:
+            problems[ep.name] = f"{ep.value!r} is the row of method {row.name!r}; name the entry point {row.name!r}"
+        elif ep.name in extra and extra[ep.name] != row:
+            problems[ep.name] = f"{ep.value!r}: two distributions register method {ep.name!r}"
+        else:
+            extra[ep.name] = row
+    rows.update(extra)
+    return rows, problems
+
+
+METHODS = MethodRegistry()
 
 
 def get(name: str) -> Method:
-    """The row of ``method.name`` ``name``. Raises PlanError naming the known methods."""
+    """The row of ``method.name`` ``name``.
+
+    Raises:
+        PlanError: no such method, naming the known methods (and why an entry point of that name was
+            skipped, if one was).
+    """
     try:
         return METHODS[name]
     except KeyError:
-        raise PlanError(f"method.name: unknown method {name!r}; known: {', '.join(METHODS)}") from None
+        pass
+    why = METHODS.problems.get(name)
+    hint = (f" (its {METHOD_ENTRY_POINT_GROUP!r} entry point was skipped: {why})" if why else
+            f"; a third-party method registers a Method row through the {METHOD_ENTRY_POINT_GROUP!r} entry-point group")
+    raise PlanError(f"method.name: unknown method {name!r}; known: {', '.join(METHODS)}{hint}") from None
+
+
+def method_names() -> Tuple[str, ...]:
+    """Every registered method name: the built-ins in table order, then registered ones by name."""
+    return tuple(METHODS)
+
+
+def for_engine_name(engine: str, engine_name: str) -> Tuple[str, ...]:
+    """The methods ``engine`` (``sglang`` / ``vllm``) runs under ``engine_name`` (its algorithm or
+    method value), in registry order: the inverse of :attr:`Method.engine_names`."""
+    return tuple(n for n, m in METHODS.items() if m.engine_names.get(engine) == engine_name)
 
 
 def runtime_methods() -> Tuple[str, ...]:

@@ -375,9 +375,10 @@ def _draft_kv_layers(plan: Plan, cfg: dict) -> int:
     if n is None:
         return int(cfg.get("num_hidden_layers", 1))
     n = int(n)
-    if plan.method.name == "multi_layer_eagle" and isinstance(plan.method.num_steps, int):
+    m = methods.get(plan.method.name)
+    if m.one_module_per_step and isinstance(plan.method.num_steps, int):
         return min(n, max(plan.method.num_steps, 1))
-    return 1 if plan.method.name == "mtp" else n
+    return 1 if m.target_ships_draft else n  # MTP reruns its one NEXTN layer for every step
 
 
 def _kv_geometry(plan: Plan, cfg: dict):
@@ -424,7 +425,7 @@ def shared_head_params(plan: Plan) -> int:
     """Weights of the target's LM head a draft pass streams for the MTP family (their checkpoints share
     the target's head and store none): ``draft_vocab_size`` (else ``vocab_size``) × the target's
     hidden size from the draft config; 0 for other methods or without a config."""
-    if plan.method.name not in ("mtp", "multi_layer_eagle", "frozen_kv_mtp"):
+    if not methods.get(plan.method.name).shares_target_head:
         return 0
     cfg = draft_config(plan) or {}
     hidden = cfg.get("backbone_hidden_size") or cfg.get("hidden_size")
@@ -524,7 +525,7 @@ def module_costs(plan: Plan) -> Optional[Tuple[float, ...]]:
     """Multi-layer EAGLE: c_i per module, (module i's params + the shared head's rows) / the target's
     params (each pass memory-bound), from the checkpoint headers; None for other methods or
     when unreadable. Module i drafts step i + 1, so a κ step costs Σ_{i<κ} c_i."""
-    if plan.method.name != "multi_layer_eagle":
+    if not methods.get(plan.method.name).one_module_per_step:
         return None
     counts = module_params(plan)
     tp = count_params(plan.target.path) if counts else None

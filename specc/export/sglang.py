@@ -13,11 +13,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from specc import methods
 from specc.errors import PlanError
 from specc.plan.schema import Plan
-from specc.rules.sglang_0_5_23 import ALGO, EAGLE_FAMILY
+from specc.rules.sglang_0_5_23 import EAGLE_FAMILY, multi_layer, sglang_algorithm
 
-ALGORITHM_FLAG = {"mtp": "NEXTN", "multi_layer_eagle": "EAGLE"}
 RAGGED_ENV = {"static": "static", "cap_accept": "cap-accept", "compact": "compact"}
 #: algorithms that draft in one pass: SGLang pins num_steps and topk to 1 (DF8/DF9, DS11)
 ONE_PASS = ("DFLASH", "DSPARK")
@@ -71,7 +71,7 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
             name); ``specc check --engine sglang`` explains why.
     """
     m, v, s, d = plan.method, plan.verify, plan.schedule, plan.deploy
-    algo = ALGO.get(m.name, "?")
+    algo = sglang_algorithm(m.name)
     if algo == "?":
         raise PlanError(f"method.name={m.name} has no SGLang 0.5.23 algorithm; see `specc check --engine sglang`")
     out = SGLangLaunch()
@@ -83,14 +83,14 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
     if plan.target.max_model_len:
         a += ["--context-length", str(plan.target.max_model_len)]
     if algo is not None:
-        if m.name == "custom":
+        if algo == "PLUGIN":
             if not m.plugin:
                 raise PlanError("method.name=custom needs method.plugin (the registered algorithm name)")
             name = m.plugin.rsplit(".", 1)[-1].upper()
         else:
-            name = ALGORITHM_FLAG.get(m.name, algo)
+            name = methods.get(m.name).sglang_flag or algo
         a += ["--speculative-algorithm", name]
-        if m.name == "multi_layer_eagle":
+        if multi_layer(plan):
             a += ["--enable-multi-layer-eagle"]
         if plan.draft is not None and plan.draft.path:
             a += ["--speculative-draft-model-path", plan.draft.path]
@@ -106,7 +106,7 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
         if steps is not None:
             a += ["--speculative-num-steps", str(steps)]
         if topk is not None:
-            a += (["--speculative-ngram-max-bfs-breadth"] if m.name == "ngram" else ["--speculative-eagle-topk"]) \
+            a += (["--speculative-ngram-max-bfs-breadth"] if algo == "NGRAM" else ["--speculative-eagle-topk"]) \
                 + [str(topk)]
         ndt = m.num_draft_tokens
         if m.topk == 1 and isinstance(m.num_steps, int) and algo in EAGLE_FAMILY:
@@ -117,9 +117,9 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
             ndt = m.num_steps + 1
         if ndt is not None:
             a += ["--speculative-num-draft-tokens", str(ndt)]
-        if m.block_size is not None and m.name == "dflash":
+        if m.block_size is not None and algo == "DFLASH":
             a += ["--speculative-dflash-block-size", str(m.block_size + 1)]  # block includes the bonus slot
-        if m.block_size is not None and m.name == "dspark":
+        if m.block_size is not None and algo == "DSPARK":
             a += ["--speculative-dspark-block-size", str(m.block_size)]  # γ
         if v.rule == "standard" and v.draft_sampling == "probabilistic":
             a += ["--speculative-use-rejection-sampling"]
@@ -138,7 +138,7 @@ def to_sglang(plan: Plan) -> SGLangLaunch:
                 a += ["--speculative-adaptive-config", out.adaptive_config_path]
         if s.ragged_verify != "static":
             out.env["SGLANG_RAGGED_VERIFY_MODE"] = RAGGED_ENV.get(s.ragged_verify, s.ragged_verify)
-        if s.cost_table and m.name == "dspark":
+        if s.cost_table and algo == "DSPARK":
             a += ["--speculative-dspark-sps-table-path", s.cost_table]
     p = d.parallel
     for flag, value in (("--tp-size", p.tp), ("--dp-size", p.dp), ("--pp-size", p.pp)):

@@ -18,9 +18,8 @@ from typing import Any, Dict, List, Optional
 
 from specc.errors import PlanError
 from specc.plan.schema import Plan
-from specc.rules.vllm_0_33_0 import METHODS, k
+from specc.rules.vllm_0_33_0 import k, vllm_method
 
-METHOD_FIELD = {"custom": "custom_class"}
 
 
 @dataclass
@@ -66,7 +65,8 @@ def to_vllm(plan: Plan) -> VLLMLaunch:
             or a batch-bucket schedule vLLM cannot express; ``specc check --engine vllm`` explains.
     """
     m, v, s, d = plan.method, plan.verify, plan.schedule, plan.deploy
-    if m.name not in METHODS:
+    method = vllm_method(m.name)
+    if method == "?":
         raise PlanError(f"method.name={m.name} has no vLLM 0.33.0 method; see `specc check --engine vllm`")
     out = VLLMLaunch(model=plan.target.path)
     a = out.args
@@ -92,23 +92,23 @@ def to_vllm(plan: Plan) -> VLLMLaunch:
         if d.lora.max_loras_per_batch is not None:
             a += ["--max-loras", str(d.lora.max_loras_per_batch)]
     a += serving_args(plan)
-    if m.name == "none":
+    if method is None:
         return out
-    sc: Dict[str, Any] = {"method": METHOD_FIELD.get(m.name, m.name)}
-    if m.name == "custom":
+    sc: Dict[str, Any] = {"method": method}
+    if method == "custom_class":
         sc["model"] = m.plugin
-    elif plan.draft is not None and plan.draft.path and m.name not in ("ngram", "suffix"):
+    elif plan.draft is not None and plan.draft.path and method not in ("ngram", "suffix"):
         sc["model"] = plan.draft.path
     if k(plan) is not None:
         sc["num_speculative_tokens"] = k(plan)
-    if plan.draft is not None and plan.draft.max_model_len and m.name not in ("ngram", "suffix"):
+    if plan.draft is not None and plan.draft.max_model_len and method not in ("ngram", "suffix"):
         sc["max_model_len"] = plan.draft.max_model_len
-    if m.name == "ngram":
+    if method == "ngram":
         if m.ngram.min is not None:
             sc["prompt_lookup_min"] = m.ngram.min
         if m.ngram.max is not None:
             sc["prompt_lookup_max"] = m.ngram.max
-    if m.name == "suffix":  # corpora have no vLLM counterpart (rule K3 says so)
+    if method == "suffix":  # corpora have no vLLM counterpart (rule K3 says so)
         for key in ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"):
             if getattr(m.suffix, key) is not None:
                 sc[f"suffix_decoding_{key}"] = getattr(m.suffix, key)
@@ -140,7 +140,7 @@ def to_vllm(plan: Plan) -> VLLMLaunch:
 def query_len(plan: Plan) -> int:
     """vLLM's uniform decode query length: K + 1 tokens per request with speculation, else 1
     (``vllm/config/vllm.py:2462-2470``): CUDA-graph capture sizes count tokens, not requests."""
-    kk = k(plan) if plan.method.name not in ("none",) else None
+    kk = k(plan) if vllm_method(plan.method.name) is not None else None
     return kk + 1 if isinstance(kk, int) and kk > 0 else 1
 
 

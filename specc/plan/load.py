@@ -374,13 +374,23 @@ def _unknown_keys(data: Any, cls, prefix: str, out: List[Tuple[str, str]]) -> No
                     _unknown_keys(v2, vt, f"{dotted}.{k2}", out)
 
 
-#: Allowed values of enumerated string keys (schema constants).
-CHOICES: Dict[str, Tuple[str, ...]] = {
+class _Choices(dict):
+    """The allowed-values table; ``method.name``, unless set explicitly, reads the method registry
+    when asked (:data:`specc.plan.schema.METHOD_NAMES`), never at import."""
+
+    def __missing__(self, key: str) -> Tuple[str, ...]:
+        if key == "method.name":
+            return S.METHOD_NAMES
+        raise KeyError(key)
+
+
+#: Allowed values of enumerated string keys (schema constants); ``CHOICES["method.name"]`` is the
+#: method registry's names (:class:`_Choices`).
+CHOICES: Dict[str, Tuple[str, ...]] = _Choices({
     "engine": S.ENGINES,
     "target.format": S.MODEL_FORMATS,
     "target.dtype": S.DTYPES,
     "draft.format": S.MODEL_FORMATS,
-    "method.name": S.METHOD_NAMES,
     "method.markov.kind": S.MARKOV_KINDS,
     "verify.rule": S.VERIFY_RULES,
     "verify.draft_sampling": S.DRAFT_SAMPLING,
@@ -392,7 +402,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "runtime.dtype": S.DTYPES,
     "runtime.kernel_backend": S.KERNEL_BACKENDS,
     "runtime.compile_backend": S.COMPILE_BACKENDS,
-}
+})
 
 # Upper bounds that no engine's real configuration comes near, so an absurd value (a typo of
 # ``num_steps: 1000000``) is refused at load, before lowering builds a state or a stage graph per
@@ -491,17 +501,32 @@ def _path_errors(plan: S.Plan) -> List[Tuple[str, str]]:
     return errs
 
 
+def _unknown_method_hint(name: str) -> str:
+    """How a method outside the registry gets in: why its entry point was skipped, if one was, else
+    that third-party methods register through the ``specc.methods`` entry points."""
+    from specc import methods
+
+    why = methods.METHODS.problems.get(name)
+    if why:
+        return f" (its {methods.METHOD_ENTRY_POINT_GROUP!r} entry point was skipped: {why})"
+    return (f" (a third-party method registers a Method row through the {methods.METHOD_ENTRY_POINT_GROUP!r} "
+            f"entry points; install its package)")
+
+
 def _range_errors(plan: S.Plan) -> List[Tuple[str, str]]:
     errs: List[Tuple[str, str]] = []
     problem = name_problem(plan.name)
     if problem:
         errs.append(("name", problem))
     errs += _path_errors(plan)
-    for key, allowed in CHOICES.items():
+    for key, allowed in [("method.name", CHOICES["method.name"]),
+                         *((k, v) for k, v in CHOICES.items() if k != "method.name")]:
         v = get_key(plan, key)
         if v is not None and v not in allowed:
             close = difflib.get_close_matches(str(v), allowed, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
+            if key == "method.name" and not close:
+                hint = _unknown_method_hint(str(v))
             errs.append((key, f"{v!r} is not one of {', '.join(allowed)}{hint}"))
     for key, (lo, hi) in RANGES.items():
         v = get_key(plan, key)
@@ -586,7 +611,10 @@ def _state_count_bound(plan: S.Plan) -> int:
         top = int(plan.runtime.max_batch_size)
         sizes = sorted({1 << i for i in range(top.bit_length()) if 1 << i <= top} | {top})
         n_sizes = len(sizes)
-    if plan.method.name == "none":
+    from specc import methods
+
+    row = methods.METHODS.get(plan.method.name)
+    if row is not None and not row.drafts:  # plain decoding: no κ candidates to count
         return 1
     if s.kind in ("adaptive", "batch_buckets") and s.buckets:
         keys = sorted(s.buckets)

@@ -13,10 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-METHOD_NAMES = (
-    "none", "draft_model", "eagle", "eagle3", "mtp", "frozen_kv_mtp", "multi_layer_eagle", "medusa",
-    "ngram", "suffix", "dflash", "dspark", "custom",
-)
+
+
+def __getattr__(name):
+    """``METHOD_NAMES``: every ``method.name`` the method registry knows (:mod:`specc.methods`: the
+    built-ins and the ``specc.methods`` entry points), read when first asked, not at import."""
+    if name == "METHOD_NAMES":
+        from specc import methods
+
+        return methods.method_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 ENGINES = ("specc", "sglang", "vllm")
 #: Longest plan name (characters): it becomes the artifact's directory ``<name>-<hash>`` and the
 #: compile's temporary ``.<name>-<hash>.tmp-<random>``, which must stay within a file name's 255

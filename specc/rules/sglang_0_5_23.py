@@ -3,7 +3,8 @@
 tree and disaggregation facts of ``sglang/srt/speculative/``) whose condition can be written in
 plan keys, in the order SGLang resolves its arguments.
 
-Plan -> SGLang mapping used by the predicates (the exporter uses the same one):
+Plan -> SGLang mapping used by the predicates (the exporter uses the same one), read from the method
+registry's rows (``Method.sglang_algorithm``, ``sglang_flag``, ``sglang_multi_layer``):
 ``method.name`` draft_model->STANDALONE, eagle->EAGLE, eagle3->EAGLE3, mtp->NEXTN (becomes EAGLE),
 multi_layer_eagle->EAGLE + ``--enable-multi-layer-eagle``, frozen_kv_mtp->FROZEN_KV_MTP,
 ngram->NGRAM (``method.topk`` -> ``--speculative-ngram-max-bfs-breadth``), dflash->DFLASH
@@ -25,11 +26,30 @@ import functools
 from specc.rules.base import (Profile, Rule, bucket_candidates, gt, lora, ne, ngram_window_set,
                               rejection_sampling, thresholds_set)
 
-ALGO = {
-    "none": None, "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "EAGLE",
-    "multi_layer_eagle": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP", "ngram": "NGRAM", "dflash": "DFLASH",
-    "dspark": "DSPARK", "custom": "PLUGIN",
-}
+
+
+def sglang_algorithm(name: str):
+    """The SGLang algorithm method ``name`` runs as, after aliasing, from the method registry's row
+    (``Method.sglang_algorithm``): None for plain decoding (a method that drafts nothing), ``"?"`` when
+    SGLang has no such algorithm or the registry no such method."""
+    from specc import methods
+
+    m = methods.METHODS.get(name)
+    if m is None:
+        return "?"
+    if not m.drafts:
+        return None
+    return m.sglang_algorithm or "?"
+
+
+def __getattr__(name):
+    if name == "ALGO":  # method name -> algorithm (see sglang_algorithm), over the registry when asked
+        from specc import methods
+
+        return {n: sglang_algorithm(n) for n in methods.METHODS}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")  # _handle_eagle_family (speculative_hook.py:1062-1282)
 GEMMA4_ASSISTANTS = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
 MTP_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "Glm4MoeForCausalLM",
@@ -44,9 +64,18 @@ DEFAULT_ADAPTIVE_BUCKETS = {  # adaptive_spec_params.py:28-53
 }
 
 
+def _plan_method(algorithm: str) -> str:
+    """The registered plan method SGLang's ``algorithm`` runs (the first in registry order; the method
+    row's ``sglang_algorithm``, not a name map here)."""
+    from specc import methods
+
+    found = [n for n, m in methods.METHODS.items() if m.sglang_algorithm == algorithm and not m.sglang_multi_layer]
+    return found[0] if found else algorithm.lower()
+
+
 def algo(p):
     """SGLang ``--speculative-algorithm`` after aliasing (None = no speculation, '?' = no such algorithm)."""
-    return ALGO.get(p.method.name, "?")
+    return sglang_algorithm(p.method.name)
 
 
 def spec(p) -> bool:
@@ -63,7 +92,11 @@ def adaptive(p) -> bool:
 
 
 def multi_layer(p) -> bool:
-    return p.method.name == "multi_layer_eagle"
+    """``--enable-multi-layer-eagle`` (``Method.sglang_multi_layer``): one MTP module per draft step."""
+    from specc import methods
+
+    m = methods.METHODS.get(p.method.name)
+    return m is not None and m.sglang_multi_layer
 
 
 def is_eagle(p) -> bool:
@@ -223,10 +256,10 @@ RULES = (
       "method.name={p.method.name}: SGLang 0.5.23 has no such speculative algorithm (builtins: EAGLE, EAGLE3, "
       "NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, FROZEN_KV_MTP, UNO, or a registered plugin); pick another "
       "method or set engine=vllm (suffix) / engine=specc", "speculative/spec_info.py:65"),
-    R("N5b", "error", ("method.name", "method.plugin"), lambda p: p.method.name == "custom" and not p.method.plugin,
+    R("N5b", "error", ("method.name", "method.plugin"), lambda p: algo(p) == "PLUGIN" and not p.method.plugin,
       "method.name=custom needs method.plugin (the module that registers the algorithm with "
       "sglang.srt.speculative.spec_registry); an unregistered name is rejected", "speculative/spec_info.py:65"),
-    R("N11", "warning", ("method.plugin",), lambda p: p.method.name == "custom" and bool(p.method.plugin),
+    R("N11", "warning", ("method.plugin",), lambda p: algo(p) == "PLUGIN" and bool(p.method.plugin),
       "method.plugin={p.method.plugin}: a plugin algorithm must call spec_registry.register() on import and "
       "runs its own validate_server_args; specc cannot check its rules", "arg_groups/speculative_hook.py:245-250"),
     R("N4", "error", ("method.name", "draft.architecture"),
@@ -234,11 +267,11 @@ RULES = (
       "draft.architecture={p.draft.architecture} is a Gemma4 assistant, which needs method.name=eagle or mtp "
       "(promoted to FROZEN_KV_MTP), not eagle3", "arg_groups/speculative_hook.py:102-107"),
     R("N2", "fallback", ("method.name", "draft.architecture"),
-      lambda p: p.method.name in ("eagle", "mtp") and p.draft is not None
+      lambda p: algo(p) == "EAGLE" and not multi_layer(p) and p.draft is not None
       and p.draft.architecture in GEMMA4_ASSISTANTS,
       "method.name={p.method.name} with a Gemma4 assistant draft ({p.draft.architecture}) is promoted to "
-      "FROZEN_KV_MTP; write method.name=frozen_kv_mtp to say so", "arg_groups/speculative_hook.py:97-115",
-      lambda p: {"method.name": "frozen_kv_mtp"}),
+      "FROZEN_KV_MTP; write method.name={new[method.name]} to say so", "arg_groups/speculative_hook.py:97-115",
+      lambda p: {"method.name": _plan_method("FROZEN_KV_MTP")}),
     R("N18", "error", ("schedule.ragged_verify",),
       lambda p: p.schedule.ragged_verify not in ("static", "cap_accept", "compact"),
       "schedule.ragged_verify={p.schedule.ragged_verify}: SGLANG_RAGGED_VERIFY_MODE must be static, cap-accept "

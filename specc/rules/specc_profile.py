@@ -23,13 +23,67 @@ from specc import methods, trees
 from specc.errors import PlanError
 from specc.rules.base import Profile, Rule, gt, ne, ngram_window_set, rejection_sampling, thresholds_set
 
-SUPPORTED = methods.runtime_methods()
-NEEDS_DRAFT = tuple(n for n in SUPPORTED if methods.get(n).needs_draft_checkpoint)
-#: methods the runtime drafts in parallel (one pass emits the block)
-PARALLEL = tuple(n for n in SUPPORTED if "parallel" in methods.get(n).runtime.shapes)
-#: chain methods whose parallel mode (PARD, P-EAGLE) needs a draft trained with a mask token
-PARALLEL_CAPABLE = tuple(n for n in PARALLEL if methods.get(n).parallel_capable)
-BLOCK = tuple(n for n in SUPPORTED if methods.get(n).draft_shape == "block")
+#: name lists over the method registry, computed on first use (module ``__getattr__``), never at
+#: import: a method registered through the ``specc.methods`` entry points is in them. The rules
+#: themselves ask the row's facts (:func:`_row`), not these lists.
+_NAME_LISTS = {
+    # methods the specc runtime runs
+    "SUPPORTED": lambda m: m.runtime is not None,
+    "NEEDS_DRAFT": lambda m: m.runtime is not None and m.needs_draft_checkpoint,
+    # methods the runtime drafts in parallel (one pass emits the block)
+    "PARALLEL": lambda m: m.runtime is not None and "parallel" in m.runtime.shapes,
+    # chain methods whose parallel mode (PARD, P-EAGLE) needs a draft trained with a mask token
+    "PARALLEL_CAPABLE": lambda m: m.runtime is not None and "parallel" in m.runtime.shapes and m.parallel_capable,
+    "BLOCK": lambda m: m.runtime is not None and m.draft_shape == "block",
+}
+
+
+def __getattr__(name):
+    if name in _NAME_LISTS:
+        return tuple(n for n, m in methods.METHODS.items() if _NAME_LISTS[name](m))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _row(p):
+    """The plan's method row (None for a name the registry lacks: the loader refuses it)."""
+    return methods.METHODS.get(p.method.name)
+
+
+def _supported(p) -> bool:
+    """The specc runtime runs the plan's method."""
+    m = _row(p)
+    return m is not None and m.runtime is not None
+
+
+def _fact(p, fact: str):
+    """``fact`` of the plan's method row when the specc runtime runs the method, else None."""
+    return getattr(_row(p), fact) if _supported(p) else None
+
+
+def _plain(p) -> bool:
+    """The plan's method drafts nothing (plain decoding, ``Method.drafts`` False)."""
+    m = _row(p)
+    return m is not None and not m.drafts
+
+
+def _one_hot(p) -> bool:
+    """The runtime's drafter for the method proposes tokens without a distribution (a lookup: its
+    ``RuntimeSupport.draft_sampling`` lacks ``probabilistic``), so verify sees one-hot q."""
+    return drafting(p) and "probabilistic" not in _rt(p).draft_sampling
+
+
+def _block(p) -> bool:
+    return _fact(p, "draft_shape") == "block"
+
+
+def _needs_draft(p) -> bool:
+    return bool(_fact(p, "needs_draft_checkpoint"))
+
+
+def _reads(p, section: str) -> bool:
+    """The plan's method reads ``method.<section>`` (``Method.option_sections``)."""
+    m = _row(p)
+    return m is not None and section in m.option_sections
 DRAFTERS_SRC = "specc/drafters/dflash.py (block drafters; PARD: draft_model.py, P-EAGLE: eagle.py)"
 SCHED = "specc/runtime/schedule.py"
 #: schedules that change κ between steps or per request: refused with LoRA (uniform verify width)
@@ -38,7 +92,7 @@ LORA_REFUSED_SCHEDULES = ("adaptive", "auto", "budget")
 
 def _rt(p):
     """The method's runtime support row (None when the runtime does not run it)."""
-    m = methods.METHODS.get(p.method.name)
+    m = _row(p)
     return m.runtime if m is not None else None
 
 
@@ -168,10 +222,6 @@ def _markov_text(f) -> str:
 
 
 #: a shipped draft preset (conf/draft/) per method that needs one, for the S-DRAFT message
-_DRAFT_EXAMPLE = {"draft_model": "smollm2_135m_shallow", "eagle": "smollm2_135m_eagle", "eagle3": "smollm2_135m_eagle3",
-                  "medusa": "smollm2_135m_medusa", "dflash": "smollm2_135m_dflash", "dspark": "smollm2_135m_dspark",
-                  "mtp": "smollm2_135m_mtp", "multi_layer_eagle": "smollm2_135m_multi_layer_eagle",
-                  "frozen_kv_mtp": "smollm2_135m_frozen_kv_mtp"}
 #: adaptive schedules refuse multi-layer EAGLE (SGLang: MultiLayerEagleWorkerV2 has no adaptive support)
 ML_ADAPTIVE = ("specc/drafters/multi_layer_eagle.py (SGLang 0.5.23 "
                "speculative/adaptive_spec_params.py:85-89, sglang.AD5)")
@@ -196,9 +246,15 @@ def _gguf_target(p) -> bool:
     return (p.target.format or "") == "gguf" or str(p.target.path or "").endswith(".gguf")
 
 
+def _ships_draft(p) -> bool:
+    """The method's draft layers usually ship inside the target checkpoint (``Method.target_ships_draft``:
+    MTP/NEXTN)."""
+    return bool(_fact(p, "target_ships_draft"))
+
+
 def _mtp_readable(p) -> bool:
     """An MTP plan whose layer source can hold MTP layers (a draft.path, or a non-GGUF target)."""
-    return p.method.name == "mtp" and (_mtp_source(p) == "draft" or not _gguf_target(p))
+    return _ships_draft(p) and (_mtp_source(p) == "draft" or not _gguf_target(p))
 
 
 def _mtp_kappa_bad(k: int, n: Optional[int]) -> bool:
@@ -295,7 +351,7 @@ def _serving_ignored(p):
 
 
 def drafting(p) -> bool:
-    return p.method.name in SUPPORTED and p.method.name != "none"
+    return _supported(p) and _row(p).drafts
 
 
 def _fill_ngram(p):
@@ -353,10 +409,10 @@ RULES = (
       "Python module name; use letters, digits and underscores only, starting with a letter or underscore "
       "(e.g. name: my_plan)", CODEGEN_NAMES),
     R("S-K0", "error", ("method.name", "method.num_steps"),
-      lambda p: p.method.name == "none" and gt(p.method.num_steps, 0),
+      lambda p: _plain(p) and gt(p.method.num_steps, 0),
       "method.name=none is plain decoding (κ = 0) but method.num_steps={p.method.num_steps}; set num_steps 0 "
       "or pick a method", RT),
-    R("S-K0-FILL", "filled", ("method.num_steps",), lambda p: p.method.name == "none" and p.method.num_steps is None,
+    R("S-K0-FILL", "filled", ("method.num_steps",), lambda p: _plain(p) and p.method.num_steps is None,
       "method.name=none: method.num_steps = 0 (plain decoding)", RT, lambda p: {"method.num_steps": 0}),
     R("S-TREE-CHOICES", "error", ("method.tree_choices",), lambda p: drafting(p) and _bad_choices(p),
       "method.tree_choices={p.method.tree_choices}: each path must be a non-empty list of ranks >= 0, listed once, "
@@ -373,46 +429,46 @@ RULES = (
       "or change the tree", "specc/lower.py (base_num_steps)",
       message_args=lambda p: {"depth": trees.max_depth(_choices(p))}),
     R("S-BLOCK-STEPS", "fallback", ("method.num_steps", "method.block_size"),
-      lambda p: p.method.name in BLOCK and isinstance(p.method.block_size, int) and p.method.block_size >= 1
+      lambda p: _block(p) and isinstance(p.method.block_size, int) and p.method.block_size >= 1
       and (p.method.num_steps is None or (p.method.num_steps == 1 and p.method.block_size != 1)),
       "method.num_steps becomes γ = method.block_size = {p.method.block_size}: the specc runtime's κ for "
       "{p.method.name} is the block's draft count (SGLang pins num_steps to 1 and sizes the verify by the block, "
       "DF8/DS11; here one pass still emits the whole block)", DRAFTERS_SRC,
       lambda p: {"method.num_steps": p.method.block_size}),
     R("S-BLOCK-SIZE", "error", ("method.num_steps", "method.block_size"),
-      lambda p: p.method.name in BLOCK and isinstance(p.method.block_size, int)
+      lambda p: _block(p) and isinstance(p.method.block_size, int)
       and isinstance(p.method.num_steps, int) and p.method.num_steps not in (1, p.method.block_size),
       "method.num_steps={p.method.num_steps} and method.block_size={p.method.block_size} disagree: for "
       "{p.method.name} both are γ, the drafts of one block; set one of them (or both equal)", DRAFTERS_SRC),
     R("S-SUFFIX-FILL", "filled", tuple(f"method.suffix.{k}" for k in SUFFIX_KEYS),
-      lambda p: p.method.name == "suffix" and any(getattr(p.method.suffix, k) is None for k in SUFFIX_KEYS),
+      lambda p: _reads(p, "suffix") and any(getattr(p.method.suffix, k) is None for k in SUFFIX_KEYS),
       "{what} (vLLM's defaults)", SUFFIX_SRC + " (DEFAULTS; vLLM config/speculative.py:538-553)",
       _fill_suffix, message_args=lambda p: {"what": ", ".join(f"{k} = {v}" for k, v in _fill_suffix(p).items())}),
     R("S-SUFFIX-RANGE", "error", tuple(f"method.suffix.{k}" for k in SUFFIX_KEYS),
-      lambda p: p.method.name == "suffix" and bool(_suffix_range_problems(p)),
+      lambda p: _reads(p, "suffix") and bool(_suffix_range_problems(p)),
       "{what}", SUFFIX_SRC + " (check_settings; vLLM config/speculative.py:1741-1760)",
       message_args=lambda p: {"what": "; ".join(_suffix_range_problems(p))}),
     R("S-SUFFIX-STEPS-FILL", "filled", ("method.num_steps",),
-      lambda p: p.method.name == "suffix" and p.method.num_steps is None and not p.method.tree_choices
+      lambda p: _reads(p, "suffix") and p.method.num_steps is None and not p.method.tree_choices
       and isinstance(p.method.suffix.max_tree_depth, int) and p.method.suffix.max_tree_depth >= 1,
       "method.num_steps = method.suffix.max_tree_depth = {new[method.num_steps]} (vLLM's K for suffix decoding; "
       "each request drafts only as far as its match allows)", "specc/lower.py (base_num_steps); vLLM config/speculative.py:1732-1739",
       lambda p: {"method.num_steps": p.method.suffix.max_tree_depth}),
     R("S-SUFFIX-PROB", "fallback", ("verify.draft_sampling",),
-      lambda p: p.method.name == "suffix" and p.verify.draft_sampling == "probabilistic",
-      "suffix drafts have no distribution (a deterministic continuation of the history): "
+      lambda p: _one_hot(p) and _row(p).dynamic_tree and p.verify.draft_sampling == "probabilistic",
+      "{p.method.name} drafts have no distribution (a deterministic continuation of the history): "
       "verify.draft_sampling becomes greedy (one-hot q)", SUFFIX_SRC, lambda p: {"verify.draft_sampling": "greedy"}),
     R("S-SUFFIX-CORPUS", "error", ("method.suffix.corpora",),
-      lambda p: p.method.name == "suffix" and bool(p.method.suffix.corpora) and bool(_corpus_problems(p)),
+      lambda p: _reads(p, "suffix") and bool(p.method.suffix.corpora) and bool(_corpus_problems(p)),
       "{what}", "specc/corpus.py (problem)", message_args=lambda p: {"what": "; ".join(_corpus_problems(p))}),
     R("S-SUFFIX-DEEP", "warning", ("method.num_steps", "method.suffix.max_tree_depth"),
-      lambda p: p.method.name == "suffix" and isinstance(p.method.num_steps, int)
+      lambda p: _reads(p, "suffix") and isinstance(p.method.num_steps, int)
       and isinstance(p.method.suffix.max_tree_depth, int) and p.method.num_steps > p.method.suffix.max_tree_depth,
       "method.num_steps={p.method.num_steps} > method.suffix.max_tree_depth={p.method.suffix.max_tree_depth}: a "
       "suffix tree holds the matched tokens (at least one) and the draft within max_tree_depth tokens, so no draft "
       "is longer than {d1}; lower method.num_steps or raise max_tree_depth", SUFFIX_SRC,
       message_args=lambda p: {"d1": p.method.suffix.max_tree_depth - 1}),
-    R("S-SUFFIX-IGN", "warning", ("method.suffix",), lambda p: p.method.name != "suffix" and _suffix_set(p),
+    R("S-SUFFIX-IGN", "warning", ("method.suffix",), lambda p: not _reads(p, "suffix") and _suffix_set(p),
       "method.suffix.* is ignored for method.name={p.method.name} (suffix decoding and corpus drafting only)", RT),
     R("S-STEPS", "error", ("method.num_steps",),
       lambda p: drafting(p) and p.method.num_steps is None and p.schedule.kind in ("static", "budget")
@@ -502,10 +558,11 @@ RULES = (
     R("S-PARALLEL-DRAFT", "error", ("method.parallel_drafting",),
       lambda p: drafting(p) and bool(p.method.parallel_drafting) and "parallel" not in _rt(p).shapes,
       "method.parallel_drafting is not supported by the specc runtime for {p.method.name} (it drafts a block "
-      "in one pass for " + ", ".join(PARALLEL) + ": PARD = draft_model, P-EAGLE = eagle/eagle3, DFlash, "
-      "DSpark); set method.parallel_drafting=false", RT),
+      "in one pass for {parallel}: PARD = draft_model, P-EAGLE = eagle/eagle3, DFlash, "
+      "DSpark); set method.parallel_drafting=false", RT,
+      message_args=lambda p: {"parallel": ", ".join(__getattr__("PARALLEL"))}),
     R("S-PARALLEL-MASK", "error", ("method.parallel_drafting", "draft.path"),
-      lambda p: p.method.name in PARALLEL_CAPABLE and bool(p.method.parallel_drafting) and p.draft is not None
+      lambda p: _supported(p) and "parallel" in _rt(p).shapes and _row(p).parallel_capable and bool(p.method.parallel_drafting) and p.draft is not None
       and bool(p.draft.path),
       "method.parallel_drafting=true ({what}) needs a draft trained for parallel drafting, with a mask token in "
       "its config.json (pard_token, mask_token_id, ptd_token_id, dspark_noise_token_id or dflash_config.mask_token_id); "
@@ -513,18 +570,18 @@ RULES = (
       "method.parallel_drafting=false", "specc/drafters/draft_model.py (parallel_mask_token; vLLM "
       "llm_base_proposer.py:355-379)", needs=("draft",),
       decide=lambda p, f: _mask_token(f) is None, about="the draft's parallel-drafting mask token",
-      message_args=lambda p: {"what": "PARD" if p.method.name == "draft_model" else "P-EAGLE"}),
+      message_args=lambda p: {"what": "P-EAGLE" if _row(p).consumes_hidden else "PARD"}),
     R("S-DRAFT", "error", ("draft.path",),
-      lambda p: p.method.name in NEEDS_DRAFT and (p.draft is None or not p.draft.path),
+      lambda p: _needs_draft(p) and (p.draft is None or not p.draft.path),
       "method.name={p.method.name} needs draft.path (e.g. defaults: - /draft: {example})",
-      "specc/models/resolve.py", message_args=lambda p: {"example": _DRAFT_EXAMPLE.get(p.method.name, "<your draft>")}),
+      "specc/models/resolve.py", message_args=lambda p: {"example": _row(p).example_draft or "<your draft>"}),
     R("S-DRAFT-IGN", "warning", ("draft.path",),
-      lambda p: p.method.name in SUPPORTED and not methods.get(p.method.name).needs_draft_checkpoint
+      lambda p: _supported(p) and not methods.get(p.method.name).needs_draft_checkpoint
       and not methods.get(p.method.name).target_ships_draft
-      and p.method.name != "custom" and p.draft is not None and bool(p.draft.path),
+      and not _reads(p, "plugin") and p.draft is not None and bool(p.draft.path),
       "draft.path is ignored for method.name={p.method.name}; drop the draft section", RT),
     R("S-MTP-DRAFT", "error", ("draft.path", "target.path"),
-      lambda p: p.method.name == "mtp" and _mtp_source(p) == "target",
+      lambda p: _ships_draft(p) and _mtp_source(p) == "target",
       "method.name=mtp without draft.path reads the MTP layers shipped in target.path={p.target.path} (as SGLang "
       "points NEXTN's draft at the target), but its config has no num_nextn_predict_layers; set draft.path to an "
       "MTP checkpoint (e.g. defaults: - /draft: smollm2_135m_mtp)", "specc/drafters/mtp.py (build_drafter); "
@@ -550,7 +607,7 @@ RULES = (
       about="the MTP checkpoint's layer count",
       message_args=lambda p, f: {"n": _nextn_layers(f.config(_mtp_source(p)))}),
     R("S-ML-MODULES", "error", ("method.num_steps", "draft.path"),
-      lambda p: p.method.name == "multi_layer_eagle" and isinstance(p.method.num_steps, int) and p.draft is not None
+      lambda p: _fact(p, "one_module_per_step") and isinstance(p.method.num_steps, int) and p.draft is not None
       and bool(p.draft.path),
       "method.num_steps={p.method.num_steps} needs {p.method.num_steps} modules, one per draft step, but "
       "draft.path={p.draft.path} has {n} (num_nextn_predict_layers); lower method.num_steps to <= {n}",
@@ -559,17 +616,17 @@ RULES = (
       and p.method.num_steps > _nextn_layers(f.config("draft")),
       about="the checkpoint's module count", message_args=lambda p, f: {"n": _nextn_layers(f.config("draft"))}),
     R("S-ML-ADAPTIVE", "error", ("schedule.kind", "method.name"),
-      lambda p: p.method.name == "multi_layer_eagle" and p.schedule.kind in ("adaptive", "auto"),
+      lambda p: _fact(p, "one_module_per_step") and p.schedule.kind in ("adaptive", "auto"),
       "schedule.kind={p.schedule.kind} with method.name=multi_layer_eagle: adaptive speculation refuses multi-layer "
       "EAGLE (SGLang: \"MultiLayerEagleWorkerV2 has no adaptive support\"); use schedule.kind=static or "
       "batch_buckets (one κ per batch bucket)", ML_ADAPTIVE),
     R("S-VOCAB", "error", ("draft.vocab_size", "target.vocab_size"),
-      lambda p: p.method.name == "draft_model" and p.draft is not None and p.target.vocab_size is not None
+      lambda p: _needs_draft(p) and not _row(p).consumes_hidden and p.draft is not None and p.target.vocab_size is not None
       and ne(p.draft.vocab_size, p.target.vocab_size),
       "draft.vocab_size={p.draft.vocab_size} != target.vocab_size={p.target.vocab_size}: verify compares token "
       "ids, so the draft model must share the target's vocabulary", "specc/kernels (greedy_verify)"),
     R("S-LEN", "fallback", ("target.max_model_len", "draft.max_model_len"),
-      lambda p: drafting(p) and p.method.name in NEEDS_DRAFT and p.draft is not None
+      lambda p: drafting(p) and _needs_draft(p) and p.draft is not None
       and isinstance(p.draft.max_model_len, int) and isinstance(p.target.max_model_len, int)
       and p.draft.max_model_len < p.target.max_model_len,
       "draft.max_model_len={p.draft.max_model_len} < target.max_model_len: sequences are capped at "
@@ -591,36 +648,36 @@ RULES = (
     R("S-TARGET", "error", ("target.path",), lambda p: not p.target.path,
       "target.path is required (e.g. defaults: - /target: smollm2_135m)", "specc/models/resolve.py"),
     R("S-NGRAM-FILL", "filled", ("method.ngram.min", "method.ngram.max"),
-      lambda p: p.method.name == "ngram" and (p.method.ngram.min is None or p.method.ngram.max is None),
+      lambda p: _reads(p, "ngram") and (p.method.ngram.min is None or p.method.ngram.max is None),
       "method.ngram.min/max = {new[method.ngram.min]}/{new[method.ngram.max]}", "specc/drafters/ngram.py",
       _fill_ngram),
     R("S-NGRAM-ORDER", "error", ("method.ngram.min", "method.ngram.max"),
-      lambda p: p.method.name == "ngram" and isinstance(p.method.ngram.min, int)
+      lambda p: _reads(p, "ngram") and isinstance(p.method.ngram.min, int)
       and isinstance(p.method.ngram.max, int) and p.method.ngram.min > p.method.ngram.max,
       "method.ngram.min={p.method.ngram.min} must be <= method.ngram.max={p.method.ngram.max}",
       "specc/drafters/ngram.py"),
-    R("S-NGRAM-IGN", "warning", ("method.ngram",), lambda p: p.method.name != "ngram" and ngram_window_set(p),
+    R("S-NGRAM-IGN", "warning", ("method.ngram",), lambda p: not _reads(p, "ngram") and ngram_window_set(p),
       "method.ngram.min/max are ignored for method.name={p.method.name}", RT),
     R("S-BLOCK-IGN", "warning", ("method.block_size", "method.markov", "method.confidence_head"),
-      lambda p: p.method.name in SUPPORTED and (
-          (p.method.name not in BLOCK and p.method.block_size is not None)
-          or (p.method.name != "dspark" and (p.method.markov.kind is not None or p.method.markov.rank is not None
-                                             or p.method.confidence_head is not None))),
+      lambda p: _supported(p) and (
+          (not _block(p) and p.method.block_size is not None)
+          or (not _reads(p, "markov") and (p.method.markov.kind is not None or p.method.markov.rank is not None))
+          or (not _reads(p, "confidence_head") and p.method.confidence_head is not None)),
       "method.block_size is a DFlash/DSpark setting and method.markov/confidence_head DSpark's; they are ignored "
       "for {p.method.name}", RT),
     R("S-MARKOV", "error", ("method.markov.rank",),
-      lambda p: p.method.name == "dspark" and isinstance(p.method.markov.rank, int) and p.method.markov.rank <= 0,
+      lambda p: _reads(p, "markov") and isinstance(p.method.markov.rank, int) and p.method.markov.rank <= 0,
       "method.markov.rank={p.method.markov.rank}: a DSpark Markov head needs rank > 0 (SGLang DS32, "
       "models/dspark.py:385-405); set the checkpoint's rank", "specc/models/dflash.py (MarkovHead)"),
     R("S-BLOCK-CKPT", "error", ("draft.path",),
-      lambda p: p.method.name in BLOCK and p.draft is not None and bool(p.draft.path),
+      lambda p: _block(p) and p.draft is not None and bool(p.draft.path),
       "draft.path={p.draft.path} is not a DFlash/DSpark block draft: its config.json has no target_layer_ids "
       "(dflash_config.target_layer_ids); use a block draft (e.g. defaults: - /draft: smollm2_135m_dflash) or "
       "change method.name", "specc/models/dflash.py (parse_block_config)",
       needs=("draft",), decide=lambda p, f: not _block_ck(f).get("target_layer_ids"),
       about="the draft's block configuration"),
     R("S-BLOCK-BEYOND", "warning", ("method.num_steps", "draft.path"),
-      lambda p: p.method.name in BLOCK and isinstance(p.method.num_steps, int) and p.draft is not None
+      lambda p: _block(p) and isinstance(p.method.num_steps, int) and p.draft is not None
       and bool(p.draft.path),
       "method.num_steps={p.method.num_steps} drafts a block of {p.method.num_steps} + 1 positions, longer than the "
       "draft was trained for (block_size {bs} in its config.json): positions past it are drafted blind and almost "
@@ -629,14 +686,14 @@ RULES = (
       and p.method.num_steps + 1 > _block_ck(f)["block_size"], about="the draft's block size",
       message_args=lambda p, f: {"bs": _block_ck(f).get("block_size"), "bs1": (_block_ck(f).get("block_size") or 1) - 1}),
     R("S-MEDUSA-HEADS", "error", ("method.num_steps", "method.tree_choices", "draft.path"),
-      lambda p: p.method.name == "medusa" and isinstance(p.method.num_steps, int) and p.draft is not None
+      lambda p: _fact(p, "draft_shape") == "heads" and isinstance(p.method.num_steps, int) and p.draft is not None
       and bool(p.draft.path),
       "method.num_steps={p.method.num_steps} (the tree's depth) needs {p.method.num_steps} Medusa heads, the draft "
       "has {n} (medusa_num_heads in draft.path={p.draft.path}); use a tree at most {n} deep", "specc/drafters/medusa.py",
       needs=("draft",), decide=lambda p, f: _medusa_heads(f) is not None and p.method.num_steps > _medusa_heads(f),
       about="the draft's Medusa heads", message_args=lambda p, f: {"n": _medusa_heads(f)}),
     R("S-MARKOV-CK", "warning", ("method.markov.kind", "method.markov.rank", "draft.path"),
-      lambda p: p.method.name == "dspark" and (p.method.markov.kind is not None or p.method.markov.rank is not None)
+      lambda p: _reads(p, "markov") and (p.method.markov.kind is not None or p.method.markov.rank is not None)
       and p.draft is not None and bool(p.draft.path),
       "method.markov={{kind: {p.method.markov.kind}, rank: {p.method.markov.rank}}} differs from the draft "
       "checkpoint's Markov head ({ck}); the runtime uses the checkpoint's", "specc/models/dflash.py (parse_block_config)",
@@ -644,7 +701,7 @@ RULES = (
       about="the draft's Markov head",
       message_args=lambda p, f: {"ck": _markov_text(f)}),
     R("S-DSPARK-RAGGED", "error", ("schedule.ragged_verify", "method.confidence_head", "draft.path"),
-      lambda p: p.method.name == "dspark" and p.schedule.kind == "budget"
+      lambda p: drafting(p) and _rt(p).confidence == "head" and p.schedule.kind == "budget"
       and p.schedule.ragged_verify in ("cap_accept", "compact"),
       "schedule.ragged_verify={p.schedule.ragged_verify} needs DSpark's trained confidence head (SGLang DS21, "
       "dspark_planner.py:137-147) and {why}; use a draft with a confidence head or schedule.ragged_verify=static",
@@ -682,8 +739,8 @@ RULES = (
       "must be non-increasing values in [0, 1] (vLLM's rule)",
       "specc/programs.py (synthetic_conditional_rates; vLLM config/speculative.py:599-631, 1974-1988)"),
     R("S-NGRAM-PROB", "fallback", ("verify.draft_sampling",),
-      lambda p: p.method.name == "ngram" and rejection_sampling(p),
-      "ngram drafts have no distribution: verify.draft_sampling becomes greedy (one-hot q)",
+      lambda p: _one_hot(p) and not _row(p).dynamic_tree and rejection_sampling(p),
+      "{p.method.name} drafts have no distribution: verify.draft_sampling becomes greedy (one-hot q)",
       "specc/drafters/ngram.py", lambda p: {"verify.draft_sampling": "greedy"}),
     R("S-GREEDY-PROB", "warning", ("verify.rule", "verify.draft_sampling"),
       lambda p: drafting(p) and p.verify.rule == "greedy" and p.verify.draft_sampling == "probabilistic",
@@ -697,7 +754,7 @@ RULES = (
                                                   or p.verify.synthetic.acceptance_rates is not None),
       "verify.synthetic.* is ignored unless verify.rule=synthetic", RT),
     R("S-SCHED", "warning", ("schedule.kind",),
-      lambda p: p.method.name == "none" and p.schedule.kind != "static",
+      lambda p: _plain(p) and p.schedule.kind != "static",
       "schedule.kind={p.schedule.kind} has nothing to choose with method.name=none (plain decoding, κ = 0); "
       "it runs as static", SCHED),
     R("S-BUCKET-ONE", "error", ("schedule.buckets",), _bucket_not_single,
@@ -761,14 +818,14 @@ RULES = (
       "deploy.disagg.role={p.deploy.disagg.role} is a serving role: `specc serve` runs it (the prefill instance "
       "ships the prompt's KV and {p.method.name}'s seed, per the method table's seed kind); `specc run` and "
       "`specc bench` decode prefill and decode in one process", "specc/runtime/disagg.py"),
-    R("S-PLUGIN", "error", ("method.plugin",), lambda p: p.method.name == "custom" and not p.method.plugin,
+    R("S-PLUGIN", "error", ("method.plugin",), lambda p: _reads(p, "plugin") and not p.method.plugin,
       "method.name=custom needs method.plugin: 'package.module:Class' (a drafter class) or the name of a "
       "'specc.drafters' entry point; see docs/plugins.md", "specc/methods.py (resolve_plugin)"),
     R("S-PLUGIN-NAME", "error", ("method.plugin",),
-      lambda p: p.method.name == "custom" and bool(p.method.plugin) and p.method.plugin in methods.METHODS,
+      lambda p: _reads(p, "plugin") and bool(p.method.plugin) and p.method.plugin in methods.METHODS,
       "method.plugin={p.method.plugin} is a builtin method's name (reserved); use method.name={p.method.plugin}",
       "specc/methods.py (reserved_names; SGLang spec_registry.py:246-250)"),
-    R("S-PLUGIN-IGN", "warning", ("method.plugin",), lambda p: p.method.name != "custom" and bool(p.method.plugin),
+    R("S-PLUGIN-IGN", "warning", ("method.plugin",), lambda p: not _reads(p, "plugin") and bool(p.method.plugin),
       "method.plugin is ignored unless method.name=custom", RT),
     R("S-PAR", "error", ("deploy.parallel",),
       lambda p: any(gt(getattr(p.deploy.parallel, k), 1) for k in ("tp", "dp", "pp", "draft_tp", "draft_pp", "draft_dp"))

@@ -23,18 +23,54 @@ from specc.rules.base import Profile, Rule, gt, lora, ne, ngram_window_set, thre
 
 SP = "config/speculative.py:"
 VC = "config/vllm.py:"
-METHODS = {"none", "draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix", "dflash", "dspark", "custom"}
-MODEL_BASED = ("draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "custom")
+#: vLLM ``SpeculativeConfig.method`` values of model-based proposers (vLLM's own names)
+MODEL_BASED = ("draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "custom_class")
 NEEDS_MODEL = ("eagle", "eagle3", "dflash", "draft_model")
 
 
+def vllm_method(name: str):
+    """vLLM 0.33.0's ``SpeculativeConfig.method`` value of method ``name``, from the method registry's
+    row (``Method.vllm_method``): None for plain decoding (a method that drafts nothing), ``"?"`` when
+    vLLM has no such method or the registry no such method. The predicates below compare these values,
+    vLLM's own names (its code branches on them), never ``method.name``."""
+    from specc import methods
+
+    m = methods.METHODS.get(name)
+    if m is None:
+        return "?"
+    if not m.drafts:
+        return None
+    return m.vllm_method or "?"
+
+
+def _plan_method(method: str) -> str:
+    """The registered plan method vLLM's ``method`` value runs as (the row whose ``vllm_method`` it is)."""
+    from specc import methods
+
+    found = methods.for_engine_name("vllm", method)
+    return found[0] if found else method
+
+
+def vm(p):
+    """:func:`vllm_method` of the plan's method."""
+    return vllm_method(p.method.name)
+
+
+def __getattr__(name):
+    if name == "METHODS":  # the plan method names vLLM runs (plain decoding included), when asked
+        from specc import methods
+
+        return {n for n in methods.METHODS if vllm_method(n) != "?"}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def spec(p) -> bool:
-    return p.method.name != "none"
+    return vm(p) is not None
 
 
 def k(p):
     """num_speculative_tokens: ``method.block_size`` (γ) for dspark, ``method.num_steps`` otherwise."""
-    return p.method.block_size if p.method.name == "dspark" else p.method.num_steps
+    return p.method.block_size if vm(p) == "dspark" else p.method.num_steps
 
 
 def _suffix_depth(p) -> int:
@@ -135,8 +171,8 @@ def _lora_budget(p, f):
 
 def mrv1(p) -> bool:
     """Features Model Runner V2 lacks force MRV1 (VC:3066-3082; DBO: VC:3241-3242)."""
-    return spec(p) and (p.method.name in ("suffix", "custom")
-                        or (p.method.parallel_drafting and p.method.name not in ("dflash", "dspark"))
+    return spec(p) and (vm(p) in ("suffix", "custom_class")
+                        or (p.method.parallel_drafting and vm(p) not in ("dflash", "dspark"))
                         or p.deploy.parallel.two_batch_overlap)
 
 
@@ -253,92 +289,92 @@ def _arch_needs(p):
 
 R = Rule
 RULES = (
-    R("M1", "error", ("method.name",), lambda p: p.method.name not in METHODS,
+    R("M1", "error", ("method.name",), lambda p: vm(p) == "?",
       "method.name={p.method.name} is not a vLLM 0.33.0 speculative method (medusa and mlp_speculator were "
       "removed after 0.32.0; frozen_kv_mtp and multi_layer_eagle are SGLang's); pick another method or "
       "engine=sglang", SP + "74-82"),
-    R("R9", "error", ("method.plugin",), lambda p: p.method.name == "custom" and not p.method.plugin,
+    R("R9", "error", ("method.plugin",), lambda p: vm(p) == "custom_class" and not p.method.plugin,
       "method.name=custom needs method.plugin = the dotted path of the proposer class", SP + "1284-1291"),
     R("R96", "error", ("method.plugin",),
-      lambda p: p.method.name == "custom" and bool(p.method.plugin) and "." not in p.method.plugin,
+      lambda p: vm(p) == "custom_class" and bool(p.method.plugin) and "." not in p.method.plugin,
       "method.plugin={p.method.plugin} must be a dotted path module.Class",
       "v1/spec_decode/custom_class_proposer.py:28-65"),
     R("R10", "error", ("draft.path", "method.name"),
-      lambda p: p.method.name in NEEDS_MODEL and not draft_path(p),
+      lambda p: vm(p) in NEEDS_MODEL and not draft_path(p),
       "method.name={p.method.name} needs draft.path (vLLM: 'num_speculative_tokens was provided but without "
       "speculative model')", SP + "1292-1295"),
-    R("R10b", "error", ("method.num_steps", "method.name"), lambda p: p.method.name == "mtp" and k(p) is None,
+    R("R10b", "error", ("method.num_steps", "method.name"), lambda p: vm(p) == "mtp" and k(p) is None,
       "method.name=mtp needs method.num_steps (K); vLLM has no default when the draft is the target",
       SP + "1252, 1946-1951"),
     R("R11", "filled", ("method.ngram.min", "method.ngram.max"),
-      lambda p: p.method.name == "ngram" and p.method.ngram.min is None and p.method.ngram.max is None,
+      lambda p: vm(p) == "ngram" and p.method.ngram.min is None and p.method.ngram.max is None,
       "method.ngram.min/max unset: vLLM uses prompt_lookup_min = max = 5", SP + "1302-1305",
       lambda p: {"method.ngram.min": 5, "method.ngram.max": 5}),
     R("R11b", "filled", ("method.ngram.min", "method.ngram.max"),
-      lambda p: p.method.name == "ngram" and (p.method.ngram.min is None) != (p.method.ngram.max is None),
+      lambda p: vm(p) == "ngram" and (p.method.ngram.min is None) != (p.method.ngram.max is None),
       "only one of method.ngram.min/max set: vLLM copies it to the other", SP + "1306-1319",
       lambda p: {"method.ngram.min": p.method.ngram.min if p.method.ngram.min is not None else p.method.ngram.max,
                  "method.ngram.max": p.method.ngram.max if p.method.ngram.max is not None else p.method.ngram.min}),
     R("R12", "error", ("method.ngram.min", "method.ngram.max"),
-      lambda p: p.method.name == "ngram" and isinstance(p.method.ngram.min, int)
+      lambda p: vm(p) == "ngram" and isinstance(p.method.ngram.min, int)
       and isinstance(p.method.ngram.max, int) and p.method.ngram.min > p.method.ngram.max,
       "method.ngram.min={p.method.ngram.min} must be <= method.ngram.max={p.method.ngram.max}", SP + "1322-1326"),
     R("R12b", "warning", ("draft.path",),
-      lambda p: p.method.name in ("ngram", "suffix", "none") and bool(draft_path(p)),
+      lambda p: (vm(p) in ("ngram", "suffix") or not spec(p)) and bool(draft_path(p)),
       "draft.path is ignored for method.name={p.method.name}: vLLM uses the target's config; drop the draft",
       SP + "1328-1331"),
-    R("R13b", "warning", ("method.name",), lambda p: p.method.name == "custom",
+    R("R13b", "warning", ("method.name",), lambda p: vm(p) == "custom_class",
       "method.name=custom (custom_class) is experimental in vLLM; its interface may break between releases",
       SP + "1334-1346"),
     R("R13d", "fallback", ("method.ngram.min", "method.ngram.max"),
-      lambda p: p.method.name in MODEL_BASED and ngram_window_set(p),
+      lambda p: vm(p) in MODEL_BASED and ngram_window_set(p),
       "method.ngram.min/max are discarded for model-based method {p.method.name}; drop them", SP + "1374-1377",
       lambda p: {"method.ngram.min": None, "method.ngram.max": None}),
     R("R14", "fallback", ("method.name", "draft.path"),
-      lambda p: p.method.name in ("draft_model", "mtp") and heuristic_method(p) is not None,
+      lambda p: vm(p) in ("draft_model", "mtp") and heuristic_method(p) is not None,
       "draft.path={p.draft.path} looks like a {new[method.name]} checkpoint: vLLM overrides "
       "method.name={p.method.name} with {new[method.name]}; rename the path or set method.name to match",
-      SP + "1430-1473", lambda p: {"method.name": heuristic_method(p)}),
-    R("R16", "warning", ("method.num_steps",), lambda p: p.method.name == "mtp" and gt(k(p), 1),
+      SP + "1430-1473", lambda p: {"method.name": _plan_method(heuristic_method(p))}),
+    R("R16", "warning", ("method.num_steps",), lambda p: vm(p) == "mtp" and gt(k(p), 1),
       "method.num_steps={p.method.num_steps} > 1 with mtp reruns the same MTP layer: expect lower acceptance",
       SP + "1486-1495"),
     R("R21", "filled", ("method.parallel_drafting",),
-      lambda p: p.method.name in ("dflash", "dspark") and not p.method.parallel_drafting,
+      lambda p: vm(p) in ("dflash", "dspark") and not p.method.parallel_drafting,
       "method.parallel_drafting is set to true for {p.method.name}", SP + "1581-1582",
       lambda p: {"method.parallel_drafting": True}),
-    R("R23", "warning", ("method.block_size",), lambda p: p.method.name == "dspark" and p.method.block_size is None,
+    R("R23", "warning", ("method.block_size",), lambda p: vm(p) == "dspark" and p.method.block_size is None,
       "method.block_size (K) unset for dspark: vLLM takes it from the draft's block_size; set it to pin K",
       SP + "1592-1599"),
     R("R24", "filled", ("method.num_steps",),
-      lambda p: p.method.name in MODEL_BASED_K and k(p) is None and bool(draft_path(p)),
+      lambda p: vm(p) in MODEL_BASED_K and k(p) is None and bool(draft_path(p)),
       "method.num_steps unset: vLLM takes K from the draft config's n_predict = {new[method.num_steps]}",
       SP + "1600-1603", lambda p: {"method.num_steps": _n_predict(p)},
       needs=("draft",), decide=lambda p, f: _n_predict(p) is not None, about="K from the draft's n_predict"),
     R("R26", "error", ("method.num_steps", "draft.path"),
-      lambda p: p.method.name in MODEL_BASED_K and k(p) is None and bool(draft_path(p)),
+      lambda p: vm(p) in MODEL_BASED_K and k(p) is None and bool(draft_path(p)),
       "method.num_steps (K) is unset and the draft config has no n_predict: vLLM refuses (\"A speculative model "
       "was provided, but `num_speculative_tokens` was not provided\"); set method.num_steps",
       SP + "1614-1618", needs=("draft",), decide=lambda p, f: _n_predict(p) is None,
       about="whether the draft config supplies K (n_predict)"),
     R("R25", "error", ("method.num_steps", "draft.path"),
-      lambda p: p.method.name in MODEL_BASED_K + ("mtp",) and isinstance(k(p), int)
-      and (bool(draft_path(p)) or p.method.name == "mtp"),
+      lambda p: vm(p) in MODEL_BASED_K + ("mtp",) and isinstance(k(p), int)
+      and (bool(draft_path(p)) or vm(p) == "mtp"),
       "method.num_steps={p.method.num_steps} with a draft whose n_predict={n}: vLLM refuses "
       "(\"num_speculative_tokens:{p.method.num_steps} must be divisible by n_predict={n}\"); use a multiple of {n} "
       "or at most {n}", SP + "1604-1612", needs=lambda p: (_draft_side(p),),
       decide=lambda p, f: bool(_n_predict(p)) and k(p) > _n_predict(p) and k(p) % _n_predict(p) != 0,
       about="K against the draft's n_predict", message_args=lambda p: {"n": _n_predict(p)}),
     R("MTP1", "error", ("method.name", "target.architecture"),
-      lambda p: p.method.name == "mtp" and not draft_path(p),
+      lambda p: vm(p) == "mtp" and not draft_path(p),
       "method.name=mtp on a target without MTP layers (model_type {t}): vLLM refuses (NotImplementedError: "
       "\"Unsupported speculative method: 'mtp'\"); use eagle3, draft_model or ngram", SP + "1496-1501",
       needs=_mtp_needs, decide=lambda p, f: not _mtp_capable(_target_type(p)),
       about="whether the target has MTP layers", message_args=lambda p: {"t": _target_type(p)}),
-    R("R36", "error", ("method.num_steps", "method.name"), lambda p: p.method.name == "ngram" and k(p) is None,
+    R("R36", "error", ("method.num_steps", "method.name"), lambda p: vm(p) == "ngram" and k(p) is None,
       "method.name=ngram needs method.num_steps: vLLM refuses (\"num_speculative_tokens must be provided\"); the "
       "ngram window (method.ngram.min/max) is not K", SP + "1946-1951"),
     R("R92", "error", ("method.parallel_drafting", "draft.path"),
-      lambda p: p.method.parallel_drafting and p.method.name in ("draft_model", "eagle", "eagle3", "dflash", "dspark")
+      lambda p: p.method.parallel_drafting and vm(p) in ("draft_model", "eagle", "eagle3", "dflash", "dspark")
       and bool(draft_path(p)),
       "method.parallel_drafting=true needs a mask token in the draft config (dflash_config.mask_token_id, "
       "mask_token_id, dspark_noise_token_id, pard_token or ptd_token_id) and {p.draft.path} has none: vLLM refuses; "
@@ -355,10 +391,10 @@ RULES = (
                                  "mns": _lora_budget(p, f)[1], "need": _lora_budget(p, f)[1] * (k(p) + 1),
                                  "why": _lora_budget(p, f)[2] or "from the launch"}),
     R("K1", "warning", ("method.num_steps",),
-      lambda p: p.method.name == "dspark" and ne(p.method.num_steps, 1),
+      lambda p: vm(p) == "dspark" and ne(p.method.num_steps, 1),
       "method.num_steps is not read for dspark: vLLM's K is method.block_size (γ)", SP + "1592-1599"),
     R("K2", "warning", ("method.block_size",),
-      lambda p: p.method.name == "dflash" and p.method.block_size is not None,
+      lambda p: vm(p) == "dflash" and p.method.block_size is not None,
       "method.block_size={p.method.block_size} is not read for dflash: vLLM's K is method.num_steps "
       "(num_speculative_tokens) and the block size comes from the draft checkpoint", SP + "1600-1618"),
     R("R29c", "error", ("draft.max_model_len", "target.max_model_len"),
@@ -366,19 +402,19 @@ RULES = (
       and isinstance(p.target.max_model_len, int) and p.draft.max_model_len > p.target.max_model_len,
       "draft.max_model_len={p.draft.max_model_len} exceeds target.max_model_len={p.target.max_model_len}",
       SP + "1686-1692, 1763-1805"),
-    R("R30", "warning", ("method.name",), lambda p: p.method.name == "suffix",
+    R("R30", "warning", ("method.name",), lambda p: vm(p) == "suffix",
       "method.name=suffix needs the arctic-inference package (pip install arctic-inference==0.1.1)",
       SP + "1727-1732"),
-    R("R30b", "fallback", ("method.num_steps",), lambda p: p.method.name == "suffix" and p.method.num_steps is None,
+    R("R30b", "fallback", ("method.num_steps",), lambda p: vm(p) == "suffix" and p.method.num_steps is None,
       "method.num_steps unset for suffix: K = suffix_decoding_max_tree_depth = {new[method.num_steps]}",
       SP + "1732-1739", lambda p: {"method.num_steps": _suffix_depth(p)}),
     R("R31", "error", ("method.suffix.max_tree_depth", "method.suffix.max_cached_requests",
                        "method.suffix.max_spec_factor", "method.suffix.min_token_prob"),
-      lambda p: p.method.name == "suffix" and bool(_suffix_bounds(p)),
+      lambda p: vm(p) == "suffix" and bool(_suffix_bounds(p)),
       "{what} (vLLM refuses the speculative config at startup)", SP + "1741-1760",
       message_args=lambda p: {"what": "; ".join(_suffix_bounds(p))}),
     R("K3", "warning", ("method.suffix.corpora", "method.suffix.max_corpus_tokens"),
-      lambda p: p.method.name == "suffix" and (bool(p.method.suffix.corpora)
+      lambda p: vm(p) == "suffix" and (bool(p.method.suffix.corpora)
                                                or p.method.suffix.max_corpus_tokens is not None),
       "method.suffix.corpora / max_corpus_tokens: vLLM's suffix decoding has no corpus drafting (its global "
       "tree holds earlier responses only); they are not exported. Run the plan on engine=specc to draft from "
@@ -403,7 +439,7 @@ RULES = (
                                                               or p.verify.synthetic.acceptance_rates is not None),
       "verify.synthetic.* is only valid with verify.rule=synthetic; drop it or set the rule", SP + "1981-1988"),
     R("R52", "error", ("draft.vocab_size", "target.vocab_size"),
-      lambda p: p.method.name == "draft_model" and p.draft is not None and ne(p.draft.vocab_size, p.target.vocab_size)
+      lambda p: vm(p) == "draft_model" and p.draft is not None and ne(p.draft.vocab_size, p.target.vocab_size)
       and p.target.vocab_size is not None,
       "draft.vocab_size={p.draft.vocab_size} != target.vocab_size={p.target.vocab_size}: vLLM needs the same "
       "vocabulary for draft_model", SP + "2036-2037, 2040-2056"),
@@ -412,7 +448,7 @@ RULES = (
       "method.topk>1 / method.tree_choices: vLLM 0.33.0 has no tree speculation (chain only); use topk 1 or "
       "engine=sglang", "v1/spec_decode/llm_base_proposer.py:1627-1628"),
     R("D1", "fallback", ("method.num_draft_tokens",),
-      lambda p: spec(p) and p.method.name != "suffix" and isinstance(k(p), int)
+      lambda p: spec(p) and vm(p) != "suffix" and isinstance(k(p), int)
       and p.method.num_draft_tokens != k(p) + 1,
       "vLLM verifies K + 1 tokens per request: method.num_draft_tokens = {new[method.num_draft_tokens]}",
       SP + "413", lambda p: {"method.num_draft_tokens": k(p) + 1}),
@@ -433,7 +469,7 @@ RULES = (
       "deploy.parallel.two_batch_overlap={p.deploy.parallel.two_batch_overlap}: vLLM runs this plan on Model "
       "Runner V1 (V2 does not support it); dspark and schedule.kind=budget are then unavailable",
       VC + "3066-3082, 758-765, 3241-3242"),
-    R("R63", "error", ("method.name", "schedule.kind"), lambda p: mrv1(p) and (p.method.name == "dspark" or budget(p)),
+    R("R63", "error", ("method.name", "schedule.kind"), lambda p: mrv1(p) and (vm(p) == "dspark" or budget(p)),
       "Model Runner V1 (forced by this plan) does not support dspark or schedule.kind=budget (adaptive "
       "verification): the plan is unsatisfiable; drop one side", VC + "3089-3151, 3332-3337"),
     R("R64", "fallback", ("schedule.kind", "deploy.parallel.dp"), lambda p: buckets_on(p) and gt(p.deploy.parallel.dp, 1),
@@ -441,7 +477,7 @@ RULES = (
       "static K", VC + "1110-1127", lambda p: {"schedule.kind": "static"}),
     R("R65", "fallback", ("schedule.kind", "method.name"),
       lambda p: buckets_on(p) and mrv1(p)
-      and p.method.name not in ("ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash"),
+      and vm(p) not in ("ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash"),
       "schedule.kind=batch_buckets is disabled on Model Runner V1 for method {p.method.name}; static K used",
       VC + "1088-1108", lambda p: {"schedule.kind": "static"}),
     R("R67", "error", ("schedule.buckets",), lambda p: buckets_on(p) and _buckets_bad(p),
@@ -453,11 +489,11 @@ RULES = (
       "schedule.buckets candidates above K={p.method.num_steps} are clipped to K (lookup is min(K_entry, K))",
       "v1/spec_decode/dynamic/utils.py:77-148"),
     R("R69", "error", ("deploy.overlap_scheduler", "method.name"),
-      lambda p: p.method.name in ("suffix", "custom") and p.deploy.overlap_scheduler is True,
+      lambda p: vm(p) in ("suffix", "custom_class") and p.deploy.overlap_scheduler is True,
       "deploy.overlap_scheduler=true (async scheduling) is not supported for {p.method.name} on Model Runner "
       "V1; set it false", VC + "1651-1679, 1711-1717"),
     R("R69b", "fallback", ("deploy.overlap_scheduler",),
-      lambda p: p.method.name in ("suffix", "custom") and p.deploy.overlap_scheduler is None,
+      lambda p: vm(p) in ("suffix", "custom_class") and p.deploy.overlap_scheduler is None,
       "deploy.overlap_scheduler (async scheduling) is turned off for method.name={p.method.name} (Model "
       "Runner V1)", VC + "1651-1679, 1711-1717",
       lambda p: {"deploy.overlap_scheduler": False}),
@@ -475,10 +511,10 @@ RULES = (
       "verify.rule=block is silently run as standard on Model Runner V1 (forced by this plan)",
       "v1/sample/rejection_sampler.py:80-115", lambda p: {"verify.rule": "standard"}),
     R("R99", "fallback", ("verify.draft_sampling",),
-      lambda p: p.method.name == "ngram" and p.verify.draft_sampling == "probabilistic",
+      lambda p: vm(p) == "ngram" and p.verify.draft_sampling == "probabilistic",
       "verify.draft_sampling=probabilistic: ngram drafts have no distribution and are verified one-hot",
       "v1/worker/gpu/spec_decode/ngram/speculator.py:155", lambda p: {"verify.draft_sampling": "greedy"}),
-    R("R100", "fallback", ("schedule.kind",), lambda p: p.method.name == "ngram" and budget(p),
+    R("R100", "fallback", ("schedule.kind",), lambda p: vm(p) == "ngram" and budget(p),
       "schedule.kind=budget: adaptive verification is silently off for ngram", "v1/worker/gpu/model_runner.py:703-706",
       lambda p: {"schedule.kind": "static"}),
     R("AV1", "error", ("schedule.kind", "deploy.lora.adapters"), lambda p: spec(p) and budget(p) and lora(p),
@@ -524,12 +560,12 @@ RULES = (
       "deploy.parallel.draft_tp={p.deploy.parallel.draft_tp}: vLLM's draft_tensor_parallel_size must be 1 or the "
       "target's tensor_parallel_size ({p.deploy.parallel.tp}); it refuses other values", SP + "1851-1870"),
     R("DTP0", "filled", ("deploy.parallel.draft_tp",),
-      lambda p: p.method.name in MODEL_BASED and p.deploy.parallel.draft_tp is None,
+      lambda p: vm(p) in MODEL_BASED and p.deploy.parallel.draft_tp is None,
       "deploy.parallel.draft_tp unset: vLLM runs the draft at the target's tensor_parallel_size = "
       "{new[deploy.parallel.draft_tp]}", SP + "1680-1685, 1851-1870",
       lambda p: {"deploy.parallel.draft_tp": p.deploy.parallel.tp}),
     R("DTP2", "error", ("deploy.parallel.draft_tp", "method.name"),
-      lambda p: p.method.name == "draft_model" and mrv1(p) and isinstance(p.deploy.parallel.draft_tp, int)
+      lambda p: vm(p) == "draft_model" and mrv1(p) and isinstance(p.deploy.parallel.draft_tp, int)
       and p.deploy.parallel.draft_tp != p.deploy.parallel.tp,
       "deploy.parallel.draft_tp={p.deploy.parallel.draft_tp} with method.name=draft_model on Model Runner V1 (forced "
       "by this plan): vLLM requires the draft's TP to equal the target's ({p.deploy.parallel.tp})",
@@ -540,7 +576,7 @@ RULES = (
       "draft's parallel config with pipeline size 1 inside each data-parallel replica and has no key for another; "
       "drop them", SP + "1890-1912"),
     R("PP3", "error", ("deploy.parallel.pp", "method.name", "target.architecture"),
-      lambda p: p.method.name in ("eagle3", "dflash") and gt(p.deploy.parallel.pp, 1),
+      lambda p: vm(p) in ("eagle3", "dflash") and gt(p.deploy.parallel.pp, 1),
       "deploy.parallel.pp={p.deploy.parallel.pp} with method.name={p.method.name}: the drafter reads the target's "
       "auxiliary hidden states, which only some decoders carry across pipeline stages; {arch} does not, so vLLM "
       "refuses at load (\"does not support {p.method.name} with pipeline parallelism\"); use pp 1 or a Llama/Qwen2/"
@@ -561,7 +597,7 @@ RULES = (
       "deploy.prefix_caching unset: vLLM enables prefix caching for generative models",
       "engine/arg_utils.py:3075-3076; config/cache.py:257", lambda p: {"deploy.prefix_caching": True}),
     R("PC2", "warning", ("deploy.prefix_caching", "method.name"),
-      lambda p: p.method.name in ("eagle", "eagle3", "mtp") and p.deploy.prefix_caching is True,
+      lambda p: vm(p) in ("eagle", "eagle3", "mtp") and p.deploy.prefix_caching is True,
       "deploy.prefix_caching with method.name={p.method.name}: a cache hit resumes one KV block earlier, because the "
       "draft's KV at a position needs the next token (the block is recomputed through the target and the draft); "
       "vLLM issue #19996 (open) measured +30-40% time-to-first-token on cache-friendly traffic. `specc explain` "

@@ -6,7 +6,7 @@ one subclass of :class:`DrafterKind` registered with :func:`register`, plus one 
 initialise its model from the target, how a batch is collated and scored (loss and per-draft-step
 top-1 agreement), and how its checkpoint is written and read in its published layout.
 
-Built-in kinds (:data:`BUILTIN`): ``eagle`` and ``eagle3`` (:mod:`specc.train.eagle`), ``medusa``
+Built-in kinds (:func:`builtin`, from the method registry's ``Method.train_kinds``): ``eagle`` and ``eagle3`` (:mod:`specc.train.eagle`), ``medusa``
 (:mod:`specc.train.medusa`), the block drafters ``dflash``, ``dspark`` and ``pard``
 (:mod:`specc.train.block`), and the MTP family ``mtp``, ``multi_layer_eagle`` and ``frozen_kv_mtp``
 (:mod:`specc.train.mtp`). Each implements ``layers`` (the target layers it reads; none for PARD),
@@ -87,26 +87,28 @@ class DrafterKind:
         return out
 
 
-#: The built-in kinds: name -> "module:Class". Looked up lazily (importlib), so this module imports
-#: none of the kinds' modules and they import only the protocol above: no import cycle.
-BUILTIN: Dict[str, str] = {
-    "eagle": "specc.train.eagle:EagleKind",
-    "eagle3": "specc.train.eagle:Eagle3Kind",
-    "medusa": "specc.train.medusa:MedusaKind",
-    "dflash": "specc.train.block:DFlashKind",
-    "dspark": "specc.train.block:DSparkKind",
-    "pard": "specc.train.block:PardKind",
-    "mtp": "specc.train.mtp:MTPKind",
-    "multi_layer_eagle": "specc.train.mtp:MultiLayerEagleKind",
-    "frozen_kv_mtp": "specc.train.mtp:FrozenKVMTPKind",
-}
+def builtin() -> Dict[str, str]:
+    """The registered kinds: name -> ``"module:Class"``, read from the method registry
+    (:attr:`specc.methods.Method.train_kinds`; a method registered through the ``specc.methods`` entry
+    points brings its kinds) when asked. Imported lazily (importlib), so this module imports none of
+    the kinds' modules and they import only the protocol above: no import cycle."""
+    from specc import methods
+
+    return {kind: ref for m in methods.METHODS.values() for kind, ref in m.train_kinds}
+
+
+def __getattr__(name):
+    if name == "BUILTIN":  # the table as a module attribute, read when asked
+        return builtin()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 KINDS: Dict[str, DrafterKind] = {}  # instances, by name (built-ins on first use, others by register)
 
 
 def register(cls):
     """Register one instance of a :class:`DrafterKind` subclass under ``cls.name`` (a class
-    decorator, for kinds defined outside :data:`BUILTIN`, e.g. a test's toy kind)."""
+    decorator, for kinds no method row declares, e.g. a test's toy kind)."""
     if not cls.name:
         raise ValueError(f"{cls.__name__}.name is empty")
     KINDS[cls.name] = cls()
@@ -115,7 +117,7 @@ def register(cls):
 
 def names() -> List[str]:
     """Every known kind name (built-in and registered), sorted."""
-    return sorted(set(BUILTIN) | set(KINDS))
+    return sorted(set(builtin()) | set(KINDS))
 
 
 def get(name: str) -> DrafterKind:
@@ -123,8 +125,9 @@ def get(name: str) -> DrafterKind:
     kinds otherwise."""
     import importlib
 
-    if name not in KINDS and name in BUILTIN:
-        module, cls = BUILTIN[name].split(":")
+    table = builtin() if name not in KINDS else {}
+    if name in table:
+        module, cls = table[name].split(":")
         KINDS[name] = getattr(importlib.import_module(module), cls)()
     if name not in KINDS:
         raise SpeccError(f"unknown drafter kind {name!r}; registered kinds: {', '.join(names())}")
