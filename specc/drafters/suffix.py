@@ -51,7 +51,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, TreeRequest, VerifyStep
+from specc.drafters.base import (BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, TreeRequest, VerifyStep,
+                                 host_batch, host_verify)
 from specc.errors import PlanError, SpeccError
 
 #: vLLM 0.33.0's defaults (SpeculativeConfig, vllm-0.33.0.md §2 rows 114-117).
@@ -608,9 +609,8 @@ class SuffixDrafter(Drafter):
         t0 = time.perf_counter()
         rows = chunk.row_index.tolist() if chunk.row_index is not None else \
             [r for r, on in enumerate(chunk.rows.tolist()) if on]
-        seq = batch.seq_lens.tolist()
-        plen = batch.prompt_lens.tolist()
-        hist = batch.tokens.cpu().numpy()
+        host = host_batch(batch)
+        seq, plen, hist = host.seq_lens, host.prompt_lens, host.tokens
         for r in rows:
             self.cache.start(r, hist[r, :seq[r]].tolist(), plen[r])
         self.update_s += time.perf_counter() - t0
@@ -622,25 +622,21 @@ class SuffixDrafter(Drafter):
         if self._pending and step.num_steps > 0 and step.num_valid is not None:
             self._observe(step)
         self._pending = {}
-        seq = batch.seq_lens.tolist()
-        active = batch.active.tolist()
-        hist = None
+        host = host_batch(batch)  # the step's host copy of the rows: no device read
+        seq, active, hist = host.seq_lens, host.active, host.tokens
         for r in range(len(seq)):
             if not active[r] or r not in self.cache.local:
                 continue
             have = self.cache.length(r)
             if seq[r] > have:
-                if hist is None:
-                    hist = batch.tokens.cpu().numpy()
                 self.cache.append(r, hist[r, have:seq[r]].tolist())
         self.update_s += time.perf_counter() - t0
 
     def _observe(self, step: VerifyStep) -> None:
         """Which drafts of each row were verified and which accepted: a chain's positions up to the
         first rejection (within the verified ones); a tree's children of the accepted path's nodes."""
-        valid = step.num_valid.tolist()
-        accepted = step.accepted.tolist()
-        path_nodes = step.accept_index.tolist() if step.accept_index is not None else None
+        host = host_verify(step)  # the step's one read of its results: no device read here
+        valid, accepted, path_nodes = host.num_valid, host.accepted, host.accept_index
         for r, (keys, parents) in self._pending.items():
             if r >= len(valid):
                 continue
@@ -733,13 +729,11 @@ class SuffixDrafter(Drafter):
 
     def _drafts(self, batch: BatchView, max_tokens: int, max_depth: int, topk: int):
         """``(row, Draft)`` for every live row that drafts something."""
-        seq = batch.seq_lens.tolist()
-        active = batch.active.tolist()
-        cap = batch.max_draft.tolist()
+        host = host_batch(batch)  # the step's host copy of the rows: no device read
+        seq, active, cap, hist = host.seq_lens, host.active, host.max_draft, host.tokens
         want = [r for r in range(batch.batch_size) if active[r] and cap[r] > 0 and r in self.cache.local]
         if not want:
             return
-        hist = batch.tokens.cpu().numpy()
         depth = self.cache.max_depth
         with self.cache.lock:
             for r in want:

@@ -307,4 +307,5 @@ def extend_drafter(ctx: Any, inp: Any, out: Any, batch_view: Any) -> None:
     ctx.drafter.commit(batch_view, VerifyStep(
         input_ids=ids, positions=positions, cache_slots=slots,
         accepted=res.accepted_len.to(torch.int64), bonus=res.bonus, target_hidden=hidden,
-        num_valid=inp.num_valid, num_steps=inp.draft_tokens.shape[1], accept_index=accept_index))
+        num_valid=inp.num_valid, num_steps=inp.draft_tokens.shape[1], accept_index=accept_index,
+        host=out.host))
