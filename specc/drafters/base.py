@@ -209,6 +209,8 @@ class StaticTree:
         expand: per depth d < κ, ``[F_d]`` int64, the nodes at depth d with children (depth 0: the root).
         mask: ``[W, W]`` bool, node i sees node j iff j is i or an ancestor.
         topk: candidates a parent needs (largest rank + 1).
+        host_parents, host_depths: the same ``parents`` / ``depths`` as Python lists (the compiled
+            tree's own lists; None when built from tensors): drafters read them, not the device.
     """
 
     parents: torch.Tensor
@@ -217,6 +219,13 @@ class StaticTree:
     expand: Tuple[torch.Tensor, ...]
     mask: torch.Tensor
     topk: int
+    host_parents: Optional[List[int]] = None
+    host_depths: Optional[List[int]] = None
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest node's depth (κ of the tree), from the host lists when present."""
+        return max(self.host_depths) if self.host_depths is not None else int(self.depths.max())
 
     @property
     def num_nodes(self) -> int:
@@ -230,7 +239,8 @@ class StaticTree:
         return cls(parents=torch.tensor(tree["parents"], **i64), depths=torch.tensor(tree["depths"], **i64),
                    ranks=torch.tensor(tree["ranks"], **i64),
                    expand=tuple(torch.tensor(e, **i64) for e in tree["expand"]),
-                   mask=torch.tensor(tree["attn_mask"], dtype=torch.bool, device=device), topk=int(tree["topk"]))
+                   mask=torch.tensor(tree["attn_mask"], dtype=torch.bool, device=device), topk=int(tree["topk"]),
+                   host_parents=[int(p) for p in tree["parents"]], host_depths=[int(d) for d in tree["depths"]])
 
 
 @dataclass

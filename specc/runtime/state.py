@@ -163,7 +163,8 @@ class StepInputs:
         request), temperature ``[B]`` fp32, top_k ``[B]`` int64, top_p ``[B]`` fp32, uniforms
         ``[B, N]`` fp32, exp_noise ``[B, V]`` fp32, draft_noise ``[B, N, V]`` fp32 (probabilistic
         drafts only), ``batch`` (the drafter's :class:`specc.drafters.base.BatchView` of the rows),
-        active ``[B]`` bool (rows holding a live request; from the step's one host-to-device copy).
+        active ``[B]`` bool (rows holding a live request; from the step's one host-to-device copy),
+        ``max_root`` (int, the highest row's pending-token position, from the host's sequence lengths).
     Filled by the draft program:
         draft_tokens ``[B, N]`` int64 (-1: not proposed), num_valid ``[B]`` int64 (drafts verified per
         row, a prefix), confidence ``[B, N]`` fp32 (the drafter's per-position estimate),
@@ -198,6 +199,7 @@ class StepInputs:
     static_tree: Optional[StaticTree] = None
     batch: Any = None
     active: Optional[torch.Tensor] = None
+    max_root: int = 0
     use_top_k: bool = True
     use_top_p: bool = True
     all_greedy: bool = False

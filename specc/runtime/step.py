@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Protocol, Seq
 import torch
 
 from specc.drafters.base import HostVerify
+from specc.kernels.verify_common import trusted_values
 from specc.runtime.batch import DecodeBatch
 from specc.runtime.metrics import SpecMetrics
 from specc.runtime.state import SpecRuntimeState, StepInputs, StepOutputs
@@ -173,6 +174,14 @@ def to_host(runtime: StepRuntime, t: torch.Tensor) -> List:
 
 
 def decode_step(runtime: StepRuntime, batch: DecodeBatch) -> Step:
+    """One decode step (:func:`run_step`) with the kernels' value checks off
+    (:func:`specc.kernels.verify_common.trusted_values`: the requests' sampling parameters were
+    checked at submission, the trees by the drafters that built them). Returns the :class:`Step`."""
+    with trusted_values():
+        return run_step(runtime, batch)
+
+
+def run_step(runtime: StepRuntime, batch: DecodeBatch) -> Step:
     """One decode step over the live rows: the schedule's state, then prepare → draft → admit →
     verify program → emit → extend. Concerns: which state (schedule), the step's data (prepare,
     admit, emit), the timing of each stage (the metrics' injected timer: no synchronisation by
@@ -251,6 +260,7 @@ def prepare(runtime: StepRuntime, batch: DecodeBatch, state: SpecRuntimeState, r
     max_draft_t, active = runtime.io.upload(max_draft, live)  # [n] int64, [n] bool: the one copy in
     inp.batch = batch.view(n, max_draft_t, runtime.trash_slot, host=batch.host_view(n, max_draft))
     inp.active = active
+    inp.max_root = max((batch.host_seq_lens[r] - 1 for r in range(n) if live[r]), default=0)
     inp.temperature.copy_(batch.temperature[:n])
     inp.top_k.copy_(batch.top_k[:n])
     inp.top_p.copy_(batch.top_p[:n])

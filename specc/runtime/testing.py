@@ -350,7 +350,8 @@ class HostReads:
 
 def _caller_site(ignore: Sequence[str]) -> Optional[str]:
     """``"path:line"`` of the innermost frame in ``specc`` (not this module), or None when the call
-    came from a file under one of ``ignore`` (path suffixes such as ``"specc/models/llama.py"``)."""
+    came from a place ``ignore`` names: a package-relative path prefix (``"specc/models/llama.py"``)
+    or ``"path::function"`` (``"specc/models/eagle.py::_lin"``)."""
     import sys
 
     f = sys._getframe(2)
@@ -358,11 +359,19 @@ def _caller_site(ignore: Sequence[str]) -> Optional[str]:
         name = f.f_code.co_filename.replace("\\", "/")
         if "/specc/" in name and not name.endswith("specc/runtime/testing.py"):
             rel = name[name.rindex("/specc/") + 1:]
-            if any(rel.startswith(p) for p in ignore):
+            func = f"{rel}::{f.f_code.co_name}"
+            if any(func == p if "::" in p else rel.startswith(p) for p in ignore):
                 return None
             return f"{rel}:{f.f_lineno}"
         f = f.f_back
     return None
+
+
+CPU_FAST_PATHS = ("specc/models/llama.py", "specc/models/qweights.py", "specc/models/eagle.py::_lin")
+"""Where the models' CPU-only fast paths hand activations to numpy (``LlamaModel``'s forward on the
+CPU, the quantized GEMMs, the draft heads' small linear layers): host code by construction, never run
+on a device, so :func:`count_host_reads` callers pass them as ``ignore`` to count the step's own I/O.
+(The target forward's device path reads nothing; the CPU one also reads its ragged shape.)"""
 
 
 class count_host_reads:
