@@ -113,9 +113,11 @@ def make_timer(kind: str = "none", device: Any = "cpu") -> StageTimer:
     synchronisation), ``"sync"`` (:class:`SyncTimer`) or ``"events"`` (:class:`EventTimer`). On a
     non-CUDA device ``"sync"`` and ``"events"`` fall back to the wall clock (the host is the device).
 
-    Raises: ValueError naming ``kind`` and the accepted values when ``kind`` is unknown."""
+    Raises: PlanError naming ``timing`` and the accepted values when ``kind`` is unknown."""
     if kind not in TIMER_KINDS:
-        raise ValueError(f"timing: unknown timer kind {kind!r}; use one of {', '.join(TIMER_KINDS)}")
+        from specc.errors import PlanError
+
+        raise PlanError(f"timing: unknown timer kind {kind!r}; use one of {', '.join(TIMER_KINDS)}")
     dev = torch.device(device)
     if dev.type != "cuda" or kind == "none":
         return WallTimer()
