@@ -35,7 +35,6 @@ STILL_READING = {
                        "specc/models/eagle.py:206 at the root"),
     "eagle_static_tree": (5, "as eagle3_tree"),
     "frozen_kv_mtp": (3, "the assistant's attended target-cache length (specc/drafters/frozen_kv.py, int(pos.max()))"),
-    "dflash": (3, "the block's visible context length (specc/models/dflash.py, int(visible.max()))"),
 }
 
 
