@@ -27,14 +27,9 @@ from step_io_support import CONFIGS
 MAX_READS = 2
 # configurations whose drafter's own forward still reads the device: (reads per step measured, where)
 STILL_READING = {
-    "eagle_chain": (5, "specc/models/eagle.py:206, the head's attended span per draft forward (positions.max().item())"),
-    "mtp": (5, "specc/models/eagle.py:206, the MTP layer's attended span per draft forward"),
-    "multi_layer_eagle": (7, "specc/models/eagle.py:206 per draft forward, and the drafter's window width "
-                             "(specc/drafters/multi_layer_eagle.py, int((last - lo).max()))"),
-    "eagle3_tree": (5, "the tree levels' attended span (specc/drafters/eagle.py, int(last.max())) and "
-                       "specc/models/eagle.py:206 at the root"),
-    "eagle_static_tree": (5, "as eagle3_tree"),
-    "frozen_kv_mtp": (3, "the assistant's attended target-cache length (specc/drafters/frozen_kv.py, int(pos.max()))"),
+    "multi_layer_eagle": (7, "each module's attended span in the head (specc/models/eagle.py:206, "
+                             "positions.max().item(), three per step) and the drafter's window width "
+                             "(specc/drafters/multi_layer_eagle.py, int((last - lo).max()), two per step)"),
 }
 
 

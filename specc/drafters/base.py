@@ -109,11 +109,14 @@ class HostBatch:
 class HostVerify:
     """The host copy of a :class:`VerifyStep`'s integers, from the decode step's one device-to-host
     read of its results: per-row lists ``accepted`` and ``num_valid``, and for a tree ``accept_index``
-    (``[B][W]``, -1 past ``accepted``; None for a chain)."""
+    (``[B][W]``, -1 past ``accepted``; None for a chain); ``roots``: each row's pending-token position
+    this step (``positions[b, 0]``: its sequence length before the step minus 1, 0 for rows without a
+    live request), from the host's sequence lengths."""
 
     accepted: List[int]
     num_valid: List[int]
     accept_index: Optional[List[List[int]]] = None
+    roots: Optional[List[int]] = None
 
 
 @dataclass

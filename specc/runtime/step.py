@@ -140,17 +140,19 @@ class StepRuntime(Protocol):
 class HostOutputs:
     """The host copy of a step's :class:`StepOutputs` (the one device-to-host read), per row of the
     step: ``accepted`` drafts, ``num_valid`` (drafts verified), ``tokens`` (the row's output tokens,
-    ``W`` entries, -1 past the bonus) and for a tree ``accept_index`` (``W`` nodes, -1 past the path;
-    None for a chain)."""
+    ``W`` entries, -1 past the bonus), for a tree ``accept_index`` (``W`` nodes, -1 past the path;
+    None for a chain), and ``roots`` (each row's pending-token position, from the host)."""
 
     accepted: List[int]
     num_valid: List[int]
     tokens: List[List[int]]
     accept_index: Optional[List[List[int]]] = None
+    roots: Optional[List[int]] = None
 
     def verify(self) -> HostVerify:
         """The drafter-facing host copy (``VerifyStep.host``)."""
-        return HostVerify(accepted=self.accepted, num_valid=self.num_valid, accept_index=self.accept_index)
+        return HostVerify(accepted=self.accepted, num_valid=self.num_valid, accept_index=self.accept_index,
+                          roots=self.roots)
 
 
 @dataclass
@@ -328,7 +330,8 @@ def emit(runtime: StepRuntime, batch: DecodeBatch, inp: StepInputs, out: StepOut
     host = to_host(runtime, torch.cat(parts, dim=1))
     outputs = HostOutputs(accepted=[row[0] for row in host], num_valid=[row[1] for row in host],
                           tokens=[row[2:2 + w] for row in host],
-                          accept_index=[row[2 + w:] for row in host] if tree else None)
+                          accept_index=[row[2 + w:] for row in host] if tree else None,
+                          roots=[batch.host_seq_lens[r] - 1 if on else 0 for r, on in enumerate(live)])
     out.host = outputs.verify()
     rows, kept, observed = [], [], []
     verified = 0
