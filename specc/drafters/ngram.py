@@ -123,8 +123,8 @@ class NgramDrafter(Drafter):
                 conf[b, :width] = self.estimate.confidence(n, width)
         self._matched = matched
         dev = batch.tokens.device
-        return Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
-                        confidence=torch.from_numpy(conf).to(dev))
+        return Proposal(tokens=_to(tokens, dev), num_valid=_to(valid, dev),
+                        confidence=_to(conf, dev))
 
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
         """Learn the acceptance estimate from this step's outcome (rows that drafted)."""
@@ -149,3 +149,10 @@ def build_drafter(spec, target=None, tokenizer=None, device=None, max_seq_len=No
     lo = window.get("min") if window.get("min") is not None else DEFAULT_WINDOW[0]
     hi = window.get("max") if window.get("max") is not None else max(lo, DEFAULT_WINDOW[1])
     return NgramDrafter(lo, hi)
+
+
+def _to(a, device) -> torch.Tensor:
+    """A host numpy array on ``device`` (on CUDA a non-blocking copy: staged from pageable memory
+    before the call returns, no stream synchronisation)."""
+    t = torch.from_numpy(a)
+    return t.to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)

@@ -673,8 +673,8 @@ class SuffixDrafter(Drafter):
             valid[r] = n
             conf[r, :n] = self._confidence(r, d, chain=True)
         dev = batch.tokens.device
-        out = Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
-                       confidence=torch.from_numpy(conf).to(dev))
+        out = Proposal(tokens=_to(tokens, dev), num_valid=_to(valid, dev),
+                       confidence=_to(conf, dev))
         self.propose_s += time.perf_counter() - t0
         return out
 
@@ -703,9 +703,9 @@ class SuffixDrafter(Drafter):
             idx = np.arange(N)
             parents = np.where(idx[None, :] < valid[:, None], parents, 0)
         dev = batch.tokens.device
-        out = Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
-                       confidence=torch.from_numpy(conf).to(dev), parents=torch.from_numpy(parents).to(dev),
-                       depths=torch.from_numpy(depths).to(dev))
+        out = Proposal(tokens=_to(tokens, dev), num_valid=_to(valid, dev),
+                       confidence=_to(conf, dev), parents=_to(parents, dev),
+                       depths=_to(depths, dev))
         self.propose_s += time.perf_counter() - t0
         return out
 
@@ -820,3 +820,10 @@ def build_drafter(spec, target=None, tokenizer=None, device=None, max_seq_len=No
 
         load_corpora(drafter, s["corpora"], tokenizer, target_path=(spec.get("target") or {}).get("path"))
     return drafter
+
+
+def _to(a, device) -> torch.Tensor:
+    """A host numpy array on ``device`` (on CUDA a non-blocking copy: staged from pageable memory
+    before the call returns, no stream synchronisation)."""
+    t = torch.from_numpy(a)
+    return t.to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)

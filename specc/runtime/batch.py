@@ -18,6 +18,14 @@ from specc.drafters.base import BatchView, HostBatch
 from specc.runtime.request import Request, RequestCounters
 
 
+def host_to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values, dtype)`` on ``device``: on CUDA copied with ``non_blocking=True`` (from
+    pageable memory the copy is staged before the call returns, so no stream synchronisation; a
+    blocking copy would synchronise the stream)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
+
+
 @dataclass
 class RowState:
     """Host-side state of one live request."""
@@ -84,18 +92,16 @@ class DecodeBatch:
             self.rows[row] = st
             self.host_seq_lens[row] = self.host_prompt_lens[row] = len(prompt)
             self.host_active[row] = True
-        idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=self.device)
+        idx = host_to_device(rows, torch.int64, self.device)
+        lens = host_to_device([len(p) for p in prompts], torch.int64, self.device)
         self._scatter(rows, prompts, [0] * len(rows))
         self.seq_lens[idx] = lens
         self.prompt_lens[idx] = lens
         self.active[idx] = True
-        self.temperature[idx] = torch.tensor([float(s.request.params.temperature) for s in states],
-                                             dtype=torch.float32, device=self.device)
-        self.top_p[idx] = torch.tensor([float(s.request.params.top_p) for s in states],
-                                       dtype=torch.float32, device=self.device)
-        self.top_k[idx] = torch.tensor([int(s.request.params.top_k) for s in states],
-                                       dtype=torch.int64, device=self.device)
+        self.temperature[idx] = host_to_device([float(s.request.params.temperature) for s in states],
+                                               torch.float32, self.device)
+        self.top_p[idx] = host_to_device([float(s.request.params.top_p) for s in states], torch.float32, self.device)
+        self.top_k[idx] = host_to_device([int(s.request.params.top_k) for s in states], torch.int64, self.device)
 
     def append_many(self, rows: List[int], new_tokens: List[List[int]]) -> None:
         """Append emitted tokens to several rows' histories (one vectorized write)."""
@@ -105,8 +111,8 @@ class DecodeBatch:
         self._scatter(rows, new_tokens, starts)
         for r, toks in zip(rows, new_tokens):
             self.host_seq_lens[r] += len(toks)
-        idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        self.seq_lens[idx] = torch.tensor([self.host_seq_lens[r] for r in rows], dtype=torch.int64, device=self.device)
+        idx = host_to_device(rows, torch.int64, self.device)
+        self.seq_lens[idx] = host_to_device([self.host_seq_lens[r] for r in rows], torch.int64, self.device)
 
     def _scatter(self, rows: List[int], seqs: List[List[int]], starts: List[int]) -> None:
         """tokens[row, start + i] = seq[i] for every (row, seq, start)."""
@@ -118,8 +124,8 @@ class DecodeBatch:
             self.host_tokens[r, s0:s0 + len(seq)] = seq
         if vals:
             dev = self.device
-            self.tokens[torch.tensor(r_idx, device=dev), torch.tensor(c_idx, device=dev)] = torch.tensor(
-                vals, dtype=torch.int64, device=dev)
+            self.tokens[host_to_device(r_idx, torch.int64, dev), host_to_device(c_idx, torch.int64, dev)] = \
+                host_to_device(vals, torch.int64, dev)
 
     def release(self, row: int) -> None:
         self.rows[row] = None

@@ -30,7 +30,7 @@ import torch
 from specc.errors import ArtifactError, PromptError
 from specc.runtime import step as S
 from specc.runtime.admission import Admission, Queued
-from specc.runtime.batch import DecodeBatch, RowState
+from specc.runtime.batch import DecodeBatch, RowState, host_to_device
 from specc.runtime.metrics import SpecMetrics, make_timer
 from specc.runtime.request import Request, RequestCounters, RequestOutput, check_prompts
 from specc.runtime.schedule import Schedule, make_schedule
@@ -515,7 +515,7 @@ class Runtime:
         runtime's generator in one vectorized draw (reproducible for the same batch and seed)."""
         shared = [r for r in rows if batch.rows[r].generator is None]
         if shared:
-            out[torch.tensor(shared, device=out.device)] = draw(self.generator, len(shared))
+            out[host_to_device(shared, torch.int64, out.device)] = draw(self.generator, len(shared))
         for r in rows:
             gen = batch.rows[r].generator
             if gen is not None:
