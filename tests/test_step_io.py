@@ -112,3 +112,17 @@ def test_make_timer_kinds():
         assert isinstance(make_timer("events", "cuda"), EventTimer)
     with pytest.raises(PlanError, match="timing"):
         make_timer("always", "cpu")
+
+
+def test_runtime_provides_what_the_step_uses():
+    """``StepRuntime`` names what a step reads of its runtime; the engine's Runtime has each of them,
+    and the step's functions take a StepRuntime (no untyped runtime)."""
+    import inspect
+
+    from specc.runtime.step import StepRuntime
+
+    rt, _ = CONFIGS["plain"]()
+    names = set(StepRuntime.__annotations__) | {"switch_to", "fill_noise"}
+    assert all(hasattr(rt, n) for n in names), sorted(n for n in names if not hasattr(rt, n))
+    for fn in (S.decode_step, S.prepare, S.admit, S.emit, S.emit_tokens, S.to_host, S.forward_passes):
+        assert inspect.signature(fn).parameters["runtime"].annotation == "StepRuntime", fn.__name__

@@ -19,11 +19,17 @@ drafters that need host data (n-gram and suffix lookups) read the batch's host m
 budget schedule admits on the device (:meth:`specc.runtime.schedule.BudgetSchedule.admit`); stage
 timing does not synchronise unless asked (:func:`specc.runtime.metrics.make_timer`).
 
-Host reads of a step, then: one on CUDA for the runtime's own I/O. On the CPU the eager step also
-reads its own ragged shape from its (CPU) inputs: the widest row's verify tokens (the step verifies
-only those columns), a second read. A drafter's own forward may add reads of its own (e.g. an
-EAGLE head's attended span, ``specc.models.eagle``); ``tests/test_step_io.py`` counts them per
-drafter configuration.
+Host reads of a step, then: one on CUDA, the runtime's own read of its results. On the CPU the eager
+step also reads its own ragged shape from its (CPU) inputs: the widest row's verify tokens (the step
+verifies only those columns), a second read. The drafters add none: lookups read the host mirrors,
+and the drafters whose forwards are sized by their own state (the draft model's catch-up width,
+EAGLE/MTP heads' attended span and tree levels, multi-layer EAGLE's windows, the frozen-KV
+assistant's span, DFlash's visible context) keep host mirrors of that state, updated from the step's
+host copies (``BatchView.host``, ``VerifyStep.host``) and read back once per prefill. The kernels'
+value checks are skipped inside the step
+(:func:`specc.kernels.verify_common.trusted_values`). ``tests/test_step_io.py`` counts the reads
+per drafter configuration (:func:`specc.runtime.testing.count_host_reads`);
+``tools/step_sync_check.py`` runs steps under ``torch.cuda.set_sync_debug_mode("error")`` on CUDA.
 """
 from __future__ import annotations
 
