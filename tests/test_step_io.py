@@ -63,6 +63,11 @@ def test_host_reads_per_step(name):
         for r, o in zip(reqs, out):
             assert o.token_ids == reference_greedy(target, r.prompt_ids, r.params.max_new_tokens), name
     assert max(per_step) <= MAX_READS, sites
+    # the drafter's host mirrors were kept through the run and equal its device state
+    for mirror, device in (("host_last_pos", "last_pos"), ("host_synced", "synced"), ("host_final", "final")):
+        if hasattr(rt.drafter, mirror):
+            assert getattr(rt.drafter, mirror) is not None, f"{name}: {mirror} lost"
+            assert getattr(rt.drafter, mirror) == getattr(rt.drafter, device).tolist(), f"{name}: {mirror}"
 
 
 def test_count_host_reads_counts_each_kind():
