@@ -151,10 +151,23 @@ def dflash():
     return _rt(t, BlockDrafter(model), _chain_specs("dflash", 3, parallel=True)), requests()
 
 
+def eagle_tree_budget():
+    """An EAGLE dynamic tree under the budget schedule (the verify budget chosen on the device)."""
+    from specc.plan.schema import MethodConfig, Plan, ScheduleConfig
+    from specc.runtime.testing import runtime_for_plan
+    t, d = _eagle("eagle")
+    table = {"verify_ms": {str(n): 10.0 + 3.0 * n for n in range(1, 257)}, "draft_ms": {"1": 2.0, "16": 4.0},
+             "capture_limit": 256}
+    plan = Plan(method=MethodConfig(name="eagle", num_steps=3, topk=2, num_draft_tokens=6),
+                schedule=ScheduleConfig(kind="budget", ragged_verify="compact", cost_table="cpu.json",
+                                        capture_batch_sizes=[1, 2]))
+    return runtime_for_plan(plan, t, d, cost_table=table), requests(t.config.vocab_size)
+
+
 CONFIGS: Dict[str, Callable[[], Tuple[Runtime, List[Request]]]] = {
     "plain": plain, "ngram": ngram, "suffix": suffix, "draft_model": draft_model_greedy,
     "draft_model_sampled": draft_model_sampled, "ngram_sampled": ngram_sampled, "eagle_chain": eagle_chain,
     "eagle3_tree": eagle3_tree, "eagle_static_tree": eagle_static_tree, "medusa_chain": medusa_chain,
     "medusa_tree": medusa_tree, "mtp": mtp, "multi_layer_eagle": multi_layer_eagle,
-    "frozen_kv_mtp": frozen_kv_mtp, "dflash": dflash,
+    "frozen_kv_mtp": frozen_kv_mtp, "dflash": dflash, "eagle_tree_budget": eagle_tree_budget,
 }
