@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -69,7 +69,10 @@ class BatchView:
             after ``propose`` as well, so a drafter may ignore it (it is there to save work).
         temperature, top_p: ``[B]`` fp32; top_k: ``[B]`` int64 (0 = off). Per-request sampling
             parameters, for probabilistic drafts (temperature 0 = greedy).
-        trash_slot: the cache slot padding writes go to (``max_seq_len - 1``).
+            trash_slot: the cache slot padding writes go to (``max_seq_len - 1``).
+        host: the same rows' integers already on the host (:class:`HostBatch`), set by the runtime's
+            decode step (None elsewhere, e.g. a drafter driven directly): lookup drafters read their
+            histories from it instead of reading the device tensors above.
     """
 
     tokens: torch.Tensor
@@ -81,10 +84,39 @@ class BatchView:
     top_p: torch.Tensor
     top_k: torch.Tensor
     trash_slot: int
+    host: Optional["HostBatch"] = None
 
     @property
     def batch_size(self) -> int:
         return int(self.tokens.shape[0])
+
+
+@dataclass
+class HostBatch:
+    """The host copy of a :class:`BatchView`'s integers, kept by the runtime as it writes them (no
+    device read): ``tokens`` ``[B, S]`` int64 numpy array (each row's history; entries at or past
+    ``seq_lens[b]`` are garbage), and per-row Python lists ``seq_lens``, ``active``, ``prompt_lens``,
+    ``max_draft`` (the same values as the view's tensors)."""
+
+    tokens: Any
+    seq_lens: List[int]
+    active: List[bool]
+    prompt_lens: List[int]
+    max_draft: List[int]
+
+
+@dataclass
+class HostVerify:
+    """The host copy of a :class:`VerifyStep`'s integers, from the decode step's one device-to-host
+    read of its results: per-row lists ``accepted`` and ``num_valid``, and for a tree ``accept_index``
+    (``[B][W]``, -1 past ``accepted``; None for a chain); ``roots``: each row's pending-token position
+    this step (``positions[b, 0]``: its sequence length before the step minus 1, 0 for rows without a
+    live request), from the host's sequence lengths."""
+
+    accepted: List[int]
+    num_valid: List[int]
+    accept_index: Optional[List[List[int]]] = None
+    roots: Optional[List[int]] = None
 
 
 @dataclass
@@ -180,6 +212,8 @@ class StaticTree:
         expand: per depth d < κ, ``[F_d]`` int64, the nodes at depth d with children (depth 0: the root).
         mask: ``[W, W]`` bool, node i sees node j iff j is i or an ancestor.
         topk: candidates a parent needs (largest rank + 1).
+        host_parents, host_depths: the same ``parents`` / ``depths`` as Python lists (the compiled
+            tree's own lists; None when built from tensors): drafters read them, not the device.
     """
 
     parents: torch.Tensor
@@ -188,6 +222,13 @@ class StaticTree:
     expand: Tuple[torch.Tensor, ...]
     mask: torch.Tensor
     topk: int
+    host_parents: Optional[List[int]] = None
+    host_depths: Optional[List[int]] = None
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest node's depth (κ of the tree), from the host lists when present."""
+        return max(self.host_depths) if self.host_depths is not None else int(self.depths.max())
 
     @property
     def num_nodes(self) -> int:
@@ -201,7 +242,8 @@ class StaticTree:
         return cls(parents=torch.tensor(tree["parents"], **i64), depths=torch.tensor(tree["depths"], **i64),
                    ranks=torch.tensor(tree["ranks"], **i64),
                    expand=tuple(torch.tensor(e, **i64) for e in tree["expand"]),
-                   mask=torch.tensor(tree["attn_mask"], dtype=torch.bool, device=device), topk=int(tree["topk"]))
+                   mask=torch.tensor(tree["attn_mask"], dtype=torch.bool, device=device), topk=int(tree["topk"]),
+                   host_parents=[int(p) for p in tree["parents"]], host_depths=[int(d) for d in tree["depths"]])
 
 
 @dataclass
@@ -240,6 +282,8 @@ class VerifyStep:
         accept_index: None for a chain; after a tree step ``[B, W]`` int64, the tree nodes the
             (chain-shaped) rows of this step came from (root first, -1 past ``accepted``): the
             fields above then hold the accepted path, not the tree.
+        host: the integers above already read on the host by the decode step (:class:`HostVerify`),
+            None when the caller did not read them (drafters then read the tensors).
     """
 
     input_ids: torch.Tensor
@@ -251,6 +295,7 @@ class VerifyStep:
     num_valid: Optional[torch.Tensor] = None
     num_steps: int = 0
     accept_index: Optional[torch.Tensor] = None
+    host: Optional[HostVerify] = None
 
 
 class Drafter(abc.ABC):
@@ -366,3 +411,22 @@ __all__: Sequence[str] = (
     "BatchView", "PrefillChunk", "DraftSampling", "Proposal", "StaticTree", "TreeRequest", "VerifyStep", "Drafter",
     "check_same_vocab", "clip_num_valid",
 )
+
+
+def host_batch(batch: BatchView) -> HostBatch:
+    """``batch.host`` when the decode step attached it (no device read), else a host copy read from
+    the view's tensors (a drafter driven directly: five device reads)."""
+    if batch.host is not None:
+        return batch.host
+    return HostBatch(tokens=batch.tokens.cpu().numpy(), seq_lens=batch.seq_lens.tolist(),
+                     active=batch.active.tolist(), prompt_lens=batch.prompt_lens.tolist(),
+                     max_draft=batch.max_draft.tolist())
+
+
+def host_verify(step: VerifyStep) -> HostVerify:
+    """``step.host`` when the decode step attached it (no device read), else a host copy read from
+    the step's tensors (``num_valid`` must be set)."""
+    if step.host is not None:
+        return step.host
+    return HostVerify(accepted=step.accepted.tolist(), num_valid=step.num_valid.tolist(),
+                      accept_index=step.accept_index.tolist() if step.accept_index is not None else None)

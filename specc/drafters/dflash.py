@@ -96,7 +96,10 @@ class BlockDrafter(Drafter):
         ids[:, 0] = anchor
         pos = (s.view(B, 1) + torch.arange(k + 1, device=dev).view(1, -1)).clamp(max=batch.trash_slot)  # [B, κ+1]
         visible = torch.where(batch.active[:B], s, torch.zeros_like(s))  # context slots < s
-        hidden = m.block_hidden(ids, pos, self.cache, visible)[:, 1:]  # [B, κ, H]
+        host = batch.host  # the step's host copy of the rows: the widest context without a device read
+        widest = (max((max(n - 1, 0) for n, on in zip(host.seq_lens[:B], host.active[:B]) if on), default=0)
+                  if host is not None else None)
+        hidden = m.block_hidden(ids, pos, self.cache, visible, max_visible=widest)[:, 1:]  # [B, κ, H]
         self.forward_passes += 1
         base = m.logits(hidden)  # [B, κ, V]
         self.last_base_logits = base

@@ -11,7 +11,7 @@ extend stage costs no forward of its own.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -57,7 +57,10 @@ class DraftModelDrafter(Drafter):
                 f"than the runtime's cache ({max_seq_len} slots); lower target.max_model_len")
         self.model.setup_cache(max_batch_size, max_seq_len)
         self.synced = torch.zeros(max_batch_size, dtype=torch.int64, device=device)  # [R] KV right below this
+        #: host mirror of ``synced`` (kept from the host values the runtime hands over; None: unknown)
+        self.host_synced: Optional[List[int]] = [0] * max_batch_size
         self._proposed_at: Optional[torch.Tensor] = None  # [B] seq_len at the last propose
+        self._host_proposed_at: Optional[List[int]] = None
 
     def draft_kv_bytes(self) -> int:
         """Bytes of the draft model's KV caches (every layer, K and V)."""
@@ -80,6 +83,12 @@ class DraftModelDrafter(Drafter):
             self.synced[chunk.row_index] = batch.prompt_lens[chunk.row_index]
         else:
             self.synced[:B] = torch.where(chunk.rows, batch.prompt_lens[:B], self.synced[:B])
+        if self.host_synced is not None:  # prefill reads its rows on the host (not a decode step)
+            rows = chunk.row_index.tolist() if chunk.row_index is not None else \
+                [r for r, on in enumerate(chunk.rows.tolist()) if on]
+            plen = batch.prompt_lens.tolist()
+            for r in rows:
+                self.host_synced[r] = int(plen[r])
 
     @torch.inference_mode()
     def propose(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
@@ -95,7 +104,7 @@ class DraftModelDrafter(Drafter):
         # feed the history from the first position without the right draft KV up to the pending token
         start = torch.minimum(self.synced[:B], seq - 1).clamp(min=0)  # [B]
         count = torch.where(act, seq - start, torch.ones_like(seq))  # [B] tokens to feed, >= 1
-        width = int(count.max())
+        width = self._widest(batch, count)
         col = torch.arange(width, device=dev).view(1, width)
         pos = (start.view(B, 1) + col).clamp(max=batch.tokens.shape[1] - 1)  # [B, w]
         ids = batch.tokens.gather(1, pos)  # [B, w]
@@ -107,6 +116,7 @@ class DraftModelDrafter(Drafter):
         self.forward_passes += 1
         self.synced[:B] = torch.where(act, seq, self.synced[:B])
         self._proposed_at = seq.clone()
+        self._mirror_propose(batch)
         self._fed_drafts = True
         trash = trash[:, :1]
         probabilistic = sampling.mode == "probabilistic"
@@ -152,7 +162,7 @@ class DraftModelDrafter(Drafter):
         k = int(num_steps)
         start = torch.minimum(self.synced[:B], seq - 1).clamp(min=0)  # [B]
         count = torch.where(act, seq - start, torch.ones_like(seq))  # [B] history tokens to feed, >= 1
-        hist = int(count.max())
+        hist = self._widest(batch, count)
         width = hist + k - 1
         col = torch.arange(width, device=dev).view(1, width)
         # history columns 0..count-1, then the κ-1 masks right after the pending token (per row)
@@ -168,6 +178,7 @@ class DraftModelDrafter(Drafter):
         self.forward_passes += 1
         self.synced[:B] = torch.where(act, seq, self.synced[:B])
         self._proposed_at = seq.clone()
+        self._mirror_propose(batch)
         self._fed_drafts = False
         conf = torch.softmax(logits, dim=-1).amax(dim=-1)  # [B, κ] top draft probability
         probs = None
@@ -194,6 +205,38 @@ class DraftModelDrafter(Drafter):
         act = batch.active[:B]
         self.synced[:B] = torch.where(act, self._proposed_at[:B] + fed, self.synced[:B])
         self._proposed_at = None
+        if batch.host is None or step.host is None or self._host_proposed_at is None or self.host_synced is None:
+            self.host_synced = None  # not handed the host values: the mirror is unknown from here on
+            return
+        cap = max(step.num_steps - 1, 0) if self._fed_drafts else 0
+        for b in range(B):
+            if batch.host.active[b]:
+                self.host_synced[b] = self._host_proposed_at[b] + min(int(step.host.accepted[b]), cap)
+        self._host_proposed_at = None
+
+    def _widest(self, batch: BatchView, count: torch.Tensor) -> int:
+        """max(count): the history tokens the widest row feeds, from the host mirrors when both are
+        known (no device read), else read from ``count`` ``[B]``."""
+        host = batch.host
+        if host is None or self.host_synced is None:
+            return int(count.max())
+        widest = 1
+        for b, (on, seq) in enumerate(zip(host.active, host.seq_lens)):
+            if on:
+                widest = max(widest, seq - max(0, min(self.host_synced[b], seq - 1)))
+        return widest
+
+    def _mirror_propose(self, batch: BatchView) -> None:
+        """The host side of a propose's ``synced`` update (live rows: their sequence length)."""
+        host = batch.host
+        if host is None or self.host_synced is None:
+            self.host_synced = None
+            self._host_proposed_at = None
+            return
+        for b, (on, seq) in enumerate(zip(host.active, host.seq_lens)):
+            if on:
+                self.host_synced[b] = seq
+        self._host_proposed_at = list(host.seq_lens)
 
 
 def check_same_token_map(draft_tokenizer, target_tokenizer, source: str) -> None:

@@ -35,7 +35,7 @@ it reaches; the rest lie past every later query's position or mask.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -87,6 +87,24 @@ class EagleDrafter(Drafter):
         self.cache = self.model.new_cache(max_batch_size, max_seq_len, device=device)
         self.g_last = torch.zeros(max_batch_size, self.model.cfg.hidden_size, device=device)
         self.last_pos = torch.zeros(max_batch_size, dtype=torch.int64, device=device)
+        #: host mirror of ``last_pos`` (from the step's host copies; None: unknown, read the device)
+        self.host_last_pos: Optional[List[int]] = [0] * max_batch_size
+
+    def _causal_mask(self, positions: torch.Tensor, highest: Optional[int]) -> Optional[torch.Tensor]:
+        """The head's default cache mask ``[B, N, S]`` (slot ``j`` visible iff ``j <= position``) over
+        ``S = highest + 1`` slots, ``highest`` the largest of ``positions`` known on the host; None
+        when it is not known (the head then reads ``positions.max()``, one device read)."""
+        if highest is None:
+            return None
+        keys = torch.arange(highest + 1, device=positions.device)
+        return keys.view(1, 1, -1) <= positions.unsqueeze(-1)
+
+    def _highest(self, B: int, ahead: int, trash: int) -> Optional[int]:
+        """max over rows ``b < B`` of ``min(last_pos[b] + ahead, trash)`` from the host mirror (None
+        when unknown)."""
+        if self.host_last_pos is None:
+            return None
+        return max(min(p + ahead, trash) for p in self.host_last_pos[:B]) if B else 0
 
     def draft_kv_bytes(self) -> int:
         """Bytes of the head's own KV cache (K and V, every row and slot)."""
@@ -100,11 +118,13 @@ class EagleDrafter(Drafter):
         return hidden[0] if len(hidden) == 1 else torch.cat(list(hidden), dim=-1)
 
     @torch.inference_mode()
-    def _extend(self, tokens, features, positions, slots, last_index, rows, batch_size: int) -> None:
+    def _extend(self, tokens, features, positions, slots, last_index, rows, batch_size: int,
+                attn_mask: Optional[torch.Tensor] = None) -> None:
         """Run the head over pairs ``[B, N]`` and store, for ``rows`` only, the output and position at
-        ``last_index [B]``."""
+        ``last_index [B]`` (``attn_mask``: the cache mask when the caller knows its span)."""
         B = tokens.shape[0]
-        g = self.model(tokens, features, positions, cache=self.cache, cache_slots=slots)  # [B, N, H]
+        g = self.model(tokens, features, positions, cache=self.cache, cache_slots=slots,
+                       attn_mask=attn_mask)  # [B, N, H]
         self.forward_passes += 1
         idx = torch.arange(B, device=tokens.device)
         last_index = last_index.clamp(0, tokens.shape[1] - 1)  # rows outside ``rows`` may point past N
@@ -128,6 +148,8 @@ class EagleDrafter(Drafter):
         slots = torch.where(valid, chunk.positions, torch.full_like(chunk.positions, batch.trash_slot))
         last = (plen - 1).clamp(min=0)
         self._extend(nxt, self._features(chunk.target_hidden), chunk.positions, slots, last, chunk.rows, B)
+        if self.host_last_pos is not None:  # prefill reads its rows' positions back (not a decode step)
+            self.host_last_pos = self.last_pos.tolist()
 
     @torch.inference_mode()
     def propose(self, batch: BatchView, num_steps: int, sampling: DraftSampling) -> Proposal:
@@ -161,8 +183,9 @@ class EagleDrafter(Drafter):
                 break
             pos = pos + 1
             slots = torch.where(active.view(B, 1) & (pos < batch.trash_slot), pos, trash)
-            g = m(t.view(B, 1), g, pos.clamp(max=batch.trash_slot), cache=self.cache, cache_slots=slots,
-                  from_target=False)  # [B, 1, H]
+            at = pos.clamp(max=batch.trash_slot)
+            g = m(t.view(B, 1), g, at, cache=self.cache, cache_slots=slots, from_target=False,
+                  attn_mask=self._causal_mask(at, self._highest(B, i + 1, batch.trash_slot)))  # [B, 1, H]
             self.forward_passes += 1
         tokens = torch.stack(toks, dim=1) if toks else torch.zeros(B, 0, dtype=torch.int64, device=dev)
         return Proposal(tokens=tokens, num_valid=torch.full((B,), num_steps, dtype=torch.int64, device=dev),
@@ -184,7 +207,8 @@ class EagleDrafter(Drafter):
         slot = last + 1 + scratch.view(1, F)  # [B, F]
         active = batch.active[:B].view(B, 1)
         slots = torch.where(active & (slot < trash), slot, torch.full_like(slot, trash))
-        span = int(last.max()) + 1 + sc
+        hi = self._highest(B, 0, 1 << 62)
+        span = (int(last.max()) if hi is None else hi) + 1 + sc
         rel = torch.arange(span, device=tokens.device).view(1, 1, span) - (last + 1).view(B, 1, 1)  # [B, 1, S]
         anc = ancestors.gather(2, rel.clamp(0, sc - 1).expand(B, F, span))
         mask = (rel < 0) | ((rel < sc) & anc)  # [B, F, S]
@@ -339,8 +363,9 @@ class EagleDrafter(Drafter):
             pos = (self.last_pos[:B].view(B, 1) + torch.arange(1, k, device=dev).view(1, -1))  # [B, κ-1]
             slots = torch.where(active.view(B, 1) & (pos < batch.trash_slot), pos, torch.full_like(pos, batch.trash_slot))
             toks = torch.full((B, k - 1), self.mask_token_id, dtype=torch.int64, device=dev)
-            g = m(toks, g0.expand(B, k - 1, g0.shape[-1]), pos.clamp(max=batch.trash_slot), cache=self.cache,
-                  cache_slots=slots, from_target=False)  # [B, κ-1, H]
+            at = pos.clamp(max=batch.trash_slot)
+            g = m(toks, g0.expand(B, k - 1, g0.shape[-1]), at, cache=self.cache, cache_slots=slots,
+                  from_target=False, attn_mask=self._causal_mask(at, self._highest(B, k - 1, batch.trash_slot)))
             self.forward_passes += 1
             logits.append(m.draft_logits(g))
         logits = torch.cat(logits, dim=1)  # [B, κ, Vd]
@@ -370,7 +395,19 @@ class EagleDrafter(Drafter):
         valid = active.view(B, 1) & (col <= acc.view(B, 1)) & (step.cache_slots != batch.trash_slot)
         slots = torch.where(valid, step.positions, torch.full_like(step.positions, batch.trash_slot))
         positions = step.positions.clamp(max=batch.trash_slot)
-        self._extend(nxt, self._features(step.target_hidden), positions, slots, acc, active, B)
+        trash = batch.trash_slot
+        host, hv = batch.host, step.host
+        if self.host_last_pos is None or host is None or hv is None or hv.roots is None:
+            self.host_last_pos = None  # not handed the host values: read the device from here on
+            self._extend(nxt, self._features(step.target_hidden), positions, slots, acc, active, B)
+            return
+        # positions[b, j] = min(root_b + j, trash): the span and each row's new last position on the host
+        highest = max(min(r + W - 1, trash) for r in hv.roots[:B]) if B else 0
+        self._extend(nxt, self._features(step.target_hidden), positions, slots, acc, active, B,
+                     attn_mask=self._causal_mask(positions, highest))
+        for b in range(B):
+            if host.active[b]:
+                self.host_last_pos[b] = min(hv.roots[b] + min(int(hv.accepted[b]), W - 1), trash)
 
     # ------------------------------------------------------------------ disaggregation seed
     @torch.inference_mode()
@@ -420,6 +457,8 @@ class EagleDrafter(Drafter):
         self.cache.v[row, :, :prompt_len] = seed["draft_v"].to(dev)
         self.g_last[row] = seed["hidden"].to(dev)
         self.last_pos[row] = int(seed["last_pos"][0])
+        if self.host_last_pos is not None:
+            self.host_last_pos[row] = int(seed["last_pos"][0])
         logits = self.model.draft_logits(self.g_last[row].view(1, 1, -1))[0, 0]
         top = self.model.draft_to_target(logits.argmax(dim=-1).view(1))
         if int(top[0]) != int(seed["topk_index"][0]):

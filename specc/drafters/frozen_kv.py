@@ -17,7 +17,7 @@ is 0). Chains only.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -54,6 +54,8 @@ class FrozenKVDrafter(Drafter):
         self.model.to(device)
         self.h_last = torch.zeros(max_batch_size, self.model.cfg.backbone_hidden_size, device=device)
         self.last_pos = torch.zeros(max_batch_size, dtype=torch.int64, device=device)
+        #: host mirror of ``last_pos`` (from the step's host copies; None: unknown, read the device)
+        self.host_last_pos: Optional[List[int]] = [0] * max_batch_size
         self.first_token = torch.zeros(max_batch_size, dtype=torch.int64, device=device)  # after prefill (seeds)
 
     def draft_kv_bytes(self) -> int:
@@ -75,6 +77,8 @@ class FrozenKVDrafter(Drafter):
         B = chunk.input_ids.shape[0]
         plen = batch.prompt_lens[:B]
         self._seed(chunk.target_hidden, (plen - 1).clamp(min=0), chunk.positions, chunk.rows, B)
+        if self.host_last_pos is not None:  # prefill reads its rows' positions back (not a decode step)
+            self.host_last_pos = self.last_pos.tolist()
         first = batch.tokens[:B].gather(1, plen.clamp(max=batch.tokens.shape[1] - 1).view(B, 1)).view(B)
         self.first_token[:B] = torch.where(chunk.rows, first, self.first_token[:B])
 
@@ -93,7 +97,9 @@ class FrozenKVDrafter(Drafter):
         B = batch.batch_size
         dev = batch.tokens.device
         pos = self.last_pos[:B].clamp(max=batch.trash_slot - 1).view(B, 1)  # [B, 1] fixed rope phase
-        keys, values = self._kv(B, int(pos.max()) + 1)
+        hi = (max(min(p, batch.trash_slot - 1) for p in self.host_last_pos[:B]) if B else 0) \
+            if self.host_last_pos is not None else int(pos.max())  # the host mirror: no device read
+        keys, values = self._kv(B, hi + 1)
         tok = batch.tokens[:B].gather(1, (pos + 1).clamp(max=batch.tokens.shape[1] - 1))  # [B, 1] pending token
         hidden = self.h_last[:B].unsqueeze(1)  # [B, 1, H_t]
         probabilistic = sampling.mode == "probabilistic"
@@ -123,6 +129,14 @@ class FrozenKVDrafter(Drafter):
         B = step.input_ids.shape[0]
         acc = step.accepted.to(step.input_ids.device)
         self._seed(step.target_hidden, acc, step.positions.clamp(max=batch.trash_slot), batch.active[:B], B)
+        host, hv = batch.host, step.host
+        if self.host_last_pos is None or host is None or hv is None or hv.roots is None:
+            self.host_last_pos = None  # not handed the host values: read the device from here on
+            return
+        W = step.input_ids.shape[1]
+        for b in range(B):  # positions[b, j] = min(root_b + j, trash)
+            if host.active[b]:
+                self.host_last_pos[b] = min(hv.roots[b] + min(int(hv.accepted[b]), W - 1), batch.trash_slot)
 
     # ------------------------------------------------------------------ disaggregation seed
     @torch.inference_mode()
@@ -173,6 +187,8 @@ class FrozenKVDrafter(Drafter):
         dev = self.h_last.device
         self.h_last[row] = seed["hidden"].to(dev)
         self.last_pos[row] = int(seed["last_pos"][0])
+        if self.host_last_pos is not None:
+            self.host_last_pos[row] = int(seed["last_pos"][0])
         if first_token is not None:
             self.first_token[row] = int(first_token)
             top = self._top1(row, int(first_token))["topk_index"]

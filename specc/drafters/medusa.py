@@ -116,7 +116,7 @@ class MedusaDrafter(Drafter):
             raise ValueError("Medusa heads draft static trees (method.tree_choices), not dynamic ones")
         b = batch.batch_size
         n = st.num_nodes
-        depth_max = int(st.depths.max())
+        depth_max = st.max_depth  # host list of the compiled tree: no device read
         self._check_depth(depth_max)
         logits, q = self._distributions(batch, depth_max, sampling)
         dev = logits.device
@@ -138,8 +138,9 @@ class MedusaDrafter(Drafter):
         # path probability of each node: product of its ancestors' head probabilities of their tokens
         tok_p = prob[:, depth_of - 1].gather(2, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
         path = torch.ones(b, n + 1, device=dev)
+        host_parents = st.host_parents if st.host_parents is not None else parent_of.tolist()
         for j in range(n):  # parents precede children
-            path[:, j + 1] = path[:, int(parent_of[j])] * tok_p[:, j]
+            path[:, j + 1] = path[:, host_parents[j]] * tok_p[:, j]
         return Proposal(tokens=tokens, num_valid=torch.full((b,), n, dtype=torch.int64, device=dev), probs=probs,
                         confidence=path[:, 1:], parents=parent_of.expand(b, n), depths=depth_of.expand(b, n))
 

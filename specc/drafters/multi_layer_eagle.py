@@ -74,6 +74,23 @@ class MultiLayerEagleDrafter(Drafter):
         self.g0 = torch.zeros(B, H, device=device)  # module 0's output at each row's last committed position
         self.last_pos = torch.zeros(B, dtype=torch.int64, device=device)
         self.final = torch.full((self.num_modules, B), -1, dtype=torch.int64, device=device)  # last final KV slot
+        #: host mirrors of ``last_pos`` and ``final`` (from the step's host copies; None: unknown, read the device)
+        self.host_last_pos: Optional[List[int]] = [0] * B
+        self.host_final: Optional[List[List[int]]] = [[-1] * B for _ in range(self.num_modules)]
+
+    def _mirrored(self) -> bool:
+        return self.host_last_pos is not None and self.host_final is not None
+
+    def _forget(self) -> None:
+        """The host mirrors are unknown from here on (a caller without host copies): read the device."""
+        self.host_last_pos = self.host_final = None
+
+    @staticmethod
+    def _causal_mask(positions: torch.Tensor, highest: int) -> torch.Tensor:
+        """The head's default cache mask ``[B, N, S]`` (slot ``j`` visible iff ``j <= position``) over
+        ``S = highest + 1`` slots, ``highest`` = ``positions.max()`` known on the host."""
+        keys = torch.arange(highest + 1, device=positions.device)
+        return keys.view(1, 1, -1) <= positions.unsqueeze(-1)
 
     def draft_kv_bytes(self) -> int:
         """Bytes of the modules' KV caches (every module, K and V)."""
@@ -87,9 +104,11 @@ class MultiLayerEagleDrafter(Drafter):
         b, n = keep.nonzero(as_tuple=True)
         self.feats[b, positions[b, n] % self.ring] = feats[b, n]
 
-    def _module0(self, tokens, feats, positions, slots, last_index, rows, B: int) -> None:
-        """Module 0 over pairs ``[B, N]``; for ``rows``: keep its output and position at ``last_index``."""
-        g = self.model.module(0, tokens, feats, positions, cache=self.caches[0], cache_slots=slots)  # [B, N, H]
+    def _module0(self, tokens, feats, positions, slots, last_index, rows, B: int, attn_mask=None) -> None:
+        """Module 0 over pairs ``[B, N]``; for ``rows``: keep its output and position at ``last_index``
+        (``attn_mask``: the cache mask when the caller knows its span)."""
+        g = self.model.module(0, tokens, feats, positions, cache=self.caches[0], cache_slots=slots,
+                              attn_mask=attn_mask)  # [B, N, H]
         self.forward_passes += 1
         idx = torch.arange(B, device=tokens.device)
         last_index = last_index.clamp(0, tokens.shape[1] - 1)
@@ -119,6 +138,9 @@ class MultiLayerEagleDrafter(Drafter):
             self.model.module(k, toks, feats, pos, cache=self.caches[k], cache_slots=torch.where(known, pos, trash))
             self.forward_passes += 1
             self.final[k, :B] = torch.where(chunk.rows, plen - k - 1, self.final[k, :B])
+        if self._mirrored():  # prefill reads its rows' state back (not a decode step)
+            self.host_last_pos = self.last_pos.tolist()
+            self.host_final = self.final.tolist()
 
     def _choose(self, logits, batch: BatchView, sampling: DraftSampling, i: int):
         """Draft ``i`` from module logits ``[B, Vd]``: ``(target ids [B], q over the target vocabulary
@@ -153,7 +175,8 @@ class MultiLayerEagleDrafter(Drafter):
         for k in range(1, num_steps):
             lo = torch.maximum(self.final[k, :B] + 1, last - self.ring + 1).clamp(min=0)
             lo = torch.where(active, torch.minimum(lo, last), last)  # [B] window start
-            width = int((last - lo).max()) + 1
+            width = self._width(batch, k, B) if self._mirrored() and batch.host is not None \
+                else int((last - lo).max()) + 1
             j = lo.view(B, 1) + torch.arange(width, device=dev).view(1, width)  # [B, w] positions
             real = active.view(B, 1) & (j <= last.view(B, 1))
             j = torch.minimum(j, last.view(B, 1))
@@ -164,7 +187,9 @@ class MultiLayerEagleDrafter(Drafter):
             t = torch.where(at > pending.view(B, 1), from_draft, hist)
             f = self.feats[:B].gather(1, (j % self.ring).unsqueeze(-1).expand(B, width, self.feats.shape[-1]))
             slots = torch.where(real, j, torch.full_like(j, batch.trash_slot))
-            out = self.model.module(k, t, f, j, cache=self.caches[k], cache_slots=slots)  # [B, w, H]
+            mask = (self._causal_mask(j, max(self.host_last_pos[:B]))
+                    if self._mirrored() and batch.host is not None and B else None)  # max j = max last
+            out = self.model.module(k, t, f, j, cache=self.caches[k], cache_slots=slots, attn_mask=mask)  # [B, w, H]
             self.forward_passes += 1
             g = out[torch.arange(B, device=dev), (last - lo).clamp(min=0, max=width - 1)]  # [B, H] at p
             tok, q, conf = self._choose(self.model.draft_logits(g), batch, sampling, k)
@@ -172,6 +197,12 @@ class MultiLayerEagleDrafter(Drafter):
             probs.append(q)
             confs.append(conf)
             self.final[k, :B] = torch.where(active, last - k, self.final[k, :B])
+            if self._mirrored() and batch.host is not None:
+                for b in range(B):
+                    if batch.host.active[b]:
+                        self.host_final[k][b] = self.host_last_pos[b] - k
+            else:
+                self._forget()
         probabilistic = sampling.mode == "probabilistic"
         return Proposal(tokens=torch.stack(toks, dim=1), num_valid=torch.full((B,), num_steps, dtype=torch.int64, device=dev),
                         probs=torch.stack(probs, dim=1) if probabilistic else None, confidence=torch.stack(confs, dim=1))
@@ -192,8 +223,32 @@ class MultiLayerEagleDrafter(Drafter):
         slots = torch.where(keep, step.positions, torch.full_like(step.positions, batch.trash_slot))
         feats = self._features(step.target_hidden)
         positions = step.positions.clamp(max=batch.trash_slot)
-        self._module0(nxt, feats, positions, slots, acc, active, B)
+        host, hv, trash = batch.host, step.host, batch.trash_slot
+        if not self._mirrored() or host is None or hv is None or hv.roots is None:
+            self._forget()
+            self._module0(nxt, feats, positions, slots, acc, active, B)
+        else:  # positions[b, j] = min(root_b + j, trash): the span and the new last positions on the host
+            highest = max(min(r + W - 1, trash) for r in hv.roots[:B]) if B else 0
+            self._module0(nxt, feats, positions, slots, acc, active, B,
+                          attn_mask=self._causal_mask(positions, highest))
+            for b in range(B):
+                if host.active[b]:
+                    self.host_last_pos[b] = min(hv.roots[b] + min(int(hv.accepted[b]), W - 1), trash)
         self._store(feats, positions, keep)
+
+    def _width(self, batch: BatchView, k: int, B: int) -> int:
+        """Module ``k``'s window width ``max(last - lo) + 1`` from the host mirrors (as ``propose``
+        computes ``lo`` on the device)."""
+        widest = 0
+        for b in range(B):
+            last = self.host_last_pos[b]
+            if batch.host.active[b]:
+                lo = max(self.host_final[k][b] + 1, last - self.ring + 1, 0)
+                lo = min(lo, last)
+            else:
+                lo = last
+            widest = max(widest, last - lo)
+        return widest + 1
 
     # ------------------------------------------------------------------ disaggregation seed
     @torch.inference_mode()
@@ -259,6 +314,10 @@ class MultiLayerEagleDrafter(Drafter):
         self.g0[row] = seed["hidden"].to(dev)
         self.last_pos[row] = int(seed["last_pos"][0])
         self.final[:, row] = seed["final"].to(dev)
+        if self._mirrored():
+            self.host_last_pos[row] = int(seed["last_pos"][0])
+            for k, f in enumerate(seed["final"].tolist()):
+                self.host_final[k][row] = int(f)
         keep = seed["features"].shape[0]
         positions = torch.arange(P - keep, P, device=dev)
         self.feats[row, positions % self.ring] = seed["features"].to(dev)

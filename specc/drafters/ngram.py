@@ -15,7 +15,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep
+from specc.drafters.base import (BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep, host_batch,
+                                 host_verify)
 
 
 def ngram_lookup(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
@@ -106,12 +107,11 @@ class NgramDrafter(Drafter):
         valid = np.zeros(B, dtype=np.int64)
         conf = np.zeros((B, num_steps), dtype=np.float32)
         matched = [0] * B
-        seq = batch.seq_lens.tolist()
-        active = batch.active.tolist()
-        cap = batch.max_draft.tolist()
+        host = host_batch(batch)  # the step's host copy of the rows: no device read
+        seq, active, cap = host.seq_lens, host.active, host.max_draft
         need = [b for b in range(B) if active[b] and cap[b] > 0]
         if need:
-            hist_all = batch.tokens.cpu().numpy()  # [B, S]
+            hist_all = host.tokens  # [B, S]
             for b in need:
                 cont, n = ngram_match(hist_all[b, :seq[b]], self.min_n, self.max_n, min(num_steps, cap[b]))
                 tokens[b, :cont.shape[0]] = cont
@@ -123,15 +123,15 @@ class NgramDrafter(Drafter):
                 conf[b, :width] = self.estimate.confidence(n, width)
         self._matched = matched
         dev = batch.tokens.device
-        return Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
-                        confidence=torch.from_numpy(conf).to(dev))
+        return Proposal(tokens=_to(tokens, dev), num_valid=_to(valid, dev),
+                        confidence=_to(conf, dev))
 
     def commit(self, batch: BatchView, step: VerifyStep) -> None:
         """Learn the acceptance estimate from this step's outcome (rows that drafted)."""
         if step.num_steps == 0 or step.num_valid is None or not self._matched:
             return
-        valid = step.num_valid.tolist()
-        accepted = step.accepted.tolist()
+        host = host_verify(step)  # the step's one read of its results: no device read here
+        valid, accepted = host.num_valid, host.accepted
         for b, n in enumerate(self._matched[:len(valid)]):
             if valid[b] > 0:
                 self.estimate.observe(n, int(valid[b]), int(accepted[b]))
@@ -149,3 +149,10 @@ def build_drafter(spec, target=None, tokenizer=None, device=None, max_seq_len=No
     lo = window.get("min") if window.get("min") is not None else DEFAULT_WINDOW[0]
     hi = window.get("max") if window.get("max") is not None else max(lo, DEFAULT_WINDOW[1])
     return NgramDrafter(lo, hi)
+
+
+def _to(a, device) -> torch.Tensor:
+    """A host numpy array on ``device`` (on CUDA a non-blocking copy: staged from pageable memory
+    before the call returns, no stream synchronisation)."""
+    t = torch.from_numpy(a)
+    return t.to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)

@@ -52,7 +52,8 @@ import numpy as np
 import torch
 
 from specc.corpus import CorpusTooLarge
-from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, TreeRequest, VerifyStep
+from specc.drafters.base import (BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, TreeRequest, VerifyStep,
+                                 host_batch, host_verify)
 from specc.errors import PlanError
 
 #: vLLM 0.33.0's defaults (SpeculativeConfig, vllm-0.33.0.md §2 rows 114-117).
@@ -605,9 +606,8 @@ class SuffixDrafter(Drafter):
         t0 = time.perf_counter()
         rows = chunk.row_index.tolist() if chunk.row_index is not None else \
             [r for r, on in enumerate(chunk.rows.tolist()) if on]
-        seq = batch.seq_lens.tolist()
-        plen = batch.prompt_lens.tolist()
-        hist = batch.tokens.cpu().numpy()
+        host = host_batch(batch)
+        seq, plen, hist = host.seq_lens, host.prompt_lens, host.tokens
         for r in rows:
             self.cache.start(r, hist[r, :seq[r]].tolist(), plen[r])
         self.update_s += time.perf_counter() - t0
@@ -619,25 +619,21 @@ class SuffixDrafter(Drafter):
         if self._pending and step.num_steps > 0 and step.num_valid is not None:
             self._observe(step)
         self._pending = {}
-        seq = batch.seq_lens.tolist()
-        active = batch.active.tolist()
-        hist = None
+        host = host_batch(batch)  # the step's host copy of the rows: no device read
+        seq, active, hist = host.seq_lens, host.active, host.tokens
         for r in range(len(seq)):
             if not active[r] or r not in self.cache.local:
                 continue
             have = self.cache.length(r)
             if seq[r] > have:
-                if hist is None:
-                    hist = batch.tokens.cpu().numpy()
                 self.cache.append(r, hist[r, have:seq[r]].tolist())
         self.update_s += time.perf_counter() - t0
 
     def _observe(self, step: VerifyStep) -> None:
         """Which drafts of each row were verified and which accepted: a chain's positions up to the
         first rejection (within the verified ones); a tree's children of the accepted path's nodes."""
-        valid = step.num_valid.tolist()
-        accepted = step.accepted.tolist()
-        path_nodes = step.accept_index.tolist() if step.accept_index is not None else None
+        host = host_verify(step)  # the step's one read of its results: no device read here
+        valid, accepted, path_nodes = host.num_valid, host.accepted, host.accept_index
         for r, (keys, parents) in self._pending.items():
             if r >= len(valid):
                 continue
@@ -674,8 +670,8 @@ class SuffixDrafter(Drafter):
             valid[r] = n
             conf[r, :n] = self._confidence(r, d, chain=True)
         dev = batch.tokens.device
-        out = Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
-                       confidence=torch.from_numpy(conf).to(dev))
+        out = Proposal(tokens=_to(tokens, dev), num_valid=_to(valid, dev),
+                       confidence=_to(conf, dev))
         self.propose_s += time.perf_counter() - t0
         return out
 
@@ -704,9 +700,9 @@ class SuffixDrafter(Drafter):
             idx = np.arange(N)
             parents = np.where(idx[None, :] < valid[:, None], parents, 0)
         dev = batch.tokens.device
-        out = Proposal(tokens=torch.from_numpy(tokens).to(dev), num_valid=torch.from_numpy(valid).to(dev),
-                       confidence=torch.from_numpy(conf).to(dev), parents=torch.from_numpy(parents).to(dev),
-                       depths=torch.from_numpy(depths).to(dev))
+        out = Proposal(tokens=_to(tokens, dev), num_valid=_to(valid, dev),
+                       confidence=_to(conf, dev), parents=_to(parents, dev),
+                       depths=_to(depths, dev))
         self.propose_s += time.perf_counter() - t0
         return out
 
@@ -730,13 +726,11 @@ class SuffixDrafter(Drafter):
 
     def _drafts(self, batch: BatchView, max_tokens: int, max_depth: int, topk: int):
         """``(row, Draft)`` for every live row that drafts something."""
-        seq = batch.seq_lens.tolist()
-        active = batch.active.tolist()
-        cap = batch.max_draft.tolist()
+        host = host_batch(batch)  # the step's host copy of the rows: no device read
+        seq, active, cap, hist = host.seq_lens, host.active, host.max_draft, host.tokens
         want = [r for r in range(batch.batch_size) if active[r] and cap[r] > 0 and r in self.cache.local]
         if not want:
             return
-        hist = batch.tokens.cpu().numpy()
         depth = self.cache.max_depth
         with self.cache.lock:
             for r in want:
@@ -823,3 +817,10 @@ def build_drafter(spec, target=None, tokenizer=None, device=None, max_seq_len=No
 
         load_corpora(drafter, s["corpora"], tokenizer, target_path=(spec.get("target") or {}).get("path"))
     return drafter
+
+
+def _to(a, device) -> torch.Tensor:
+    """A host numpy array on ``device`` (on CUDA a non-blocking copy: staged from pageable memory
+    before the call returns, no stream synchronisation)."""
+    t = torch.from_numpy(a)
+    return t.to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import torch
 
+from specc.kernels.verify_common import values_trusted
+
 __all__ = ["process_logits", "greedy_rows", "draw_randomness", "VerifyRandomness"]
 
 
@@ -28,8 +30,8 @@ def _check_params(logits: torch.Tensor, temperature: torch.Tensor, top_k, top_p)
     for name, t in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
         if t is not None and tuple(t.shape) != (batch,):
             raise ValueError(f"process_logits: {name} must have shape [B] = [{batch}], got {tuple(t.shape)}")
-    if (logits.is_cuda and torch.cuda.is_current_stream_capturing()) or torch.compiler.is_compiling():
-        return  # value checks read the device (a captured or compiled program: the requests were checked)
+    if (logits.is_cuda and torch.cuda.is_current_stream_capturing()) or torch.compiler.is_compiling() or values_trusted():
+        return  # value checks read the device (a captured or compiled program, or the runtime's step: checked at entry)
     if bool((temperature < 0).any()):
         raise ValueError("process_logits: temperature must be >= 0 (0 means greedy)")
     if top_p is not None and bool(((top_p <= 0) | (top_p > 1)).any()):

@@ -4,9 +4,36 @@ import from here, neither from the other."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+import threading
+from typing import Iterator, NamedTuple
 
 import torch
+
+_TRUST = threading.local()
+
+
+@contextlib.contextmanager
+def trusted_values() -> Iterator[None]:
+    """Within this context (on this thread) the kernels skip their *value* checks, the ones that read
+    a tensor's values on the host (``temperature >= 0``, ``top_p`` in (0, 1], ``top_k >= 0``, tree
+    parents in ``[0, j]``); shape and dtype checks still run. The runtime's decode step runs inside
+    it: its sampling parameters were checked when each request entered
+    (``specc.runtime.request.SamplingParams.validate``) and its trees are built by the drafters
+    (``specc.trees.compile_tree`` for static trees), so the per-step reads would only repeat those
+    checks, each a device synchronisation on CUDA (as under CUDA graph capture or ``torch.compile``,
+    where the kernels skip them already)."""
+    prev = getattr(_TRUST, "on", False)
+    _TRUST.on = True
+    try:
+        yield
+    finally:
+        _TRUST.on = prev
+
+
+def values_trusted() -> bool:
+    """Whether the caller is inside :func:`trusted_values` (value checks skipped)."""
+    return getattr(_TRUST, "on", False)
 
 
 class VerifyOutput(NamedTuple):

@@ -330,12 +330,14 @@ class BlockDraftModel(nn.Module):
             cv.transpose(1, 2).index_put_((bi, slots), v.transpose(1, 2).to(cv.dtype))
 
     def block_hidden(self, block_ids: torch.Tensor, positions: torch.Tensor, cache: BlockDraftCache,
-                     visible: torch.Tensor) -> torch.Tensor:
+                     visible: torch.Tensor, max_visible: Optional[int] = None) -> torch.Tensor:
         """One pass over the block ``block_ids [B, Q]`` at ``positions [B, Q]``: context slots
-        ``j < visible[b]`` of cache row b plus the whole block (non-causal). Returns the final-norm
-        hidden states ``[B, Q, H]``."""
+        ``j < visible[b]`` of cache row b plus the whole block (non-causal). ``max_visible``: the
+        caller's host copy of ``visible.max()`` (None: read it from ``visible``, one device read).
+        Returns the final-norm hidden states ``[B, Q, H]``."""
         B, Q = block_ids.shape
-        S = max(int(visible.max()), 1) if B else 1
+        widest = int(visible.max()) if max_visible is None and B else (max_visible or 0)
+        S = max(widest, 1) if B else 1
         ctx_mask = torch.arange(S, device=visible.device).view(1, S) < visible.view(B, 1)  # [B, S]
         mask = torch.cat([ctx_mask.view(B, 1, S).expand(B, Q, S),
                           torch.ones(B, Q, Q, dtype=torch.bool, device=visible.device)], dim=2)

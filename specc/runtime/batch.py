@@ -1,18 +1,29 @@
 """The decode batch: per-row token histories and sampling parameters, and per-request randomness.
 
 Rows are the runtime's batch slots (and the rows of every KV cache); a request keeps its row from
-admission to finish. All tensors live on the runtime's device; host mirrors of the few integers
-the scheduler branches on (``seq_lens``, ``active``) are kept in Python lists to avoid syncs.
+admission to finish. All tensors live on the runtime's device; host mirrors of what the step and
+the lookup drafters read (token histories, ``seq_lens``, ``prompt_lens``, ``active``) are written
+alongside them from the host values (never read back from the device), so a decode step reads the
+device once (:class:`specc.runtime.step.StepIO`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+import numpy as np
 import torch
 
-from specc.drafters.base import BatchView
+from specc.drafters.base import BatchView, HostBatch
 from specc.runtime.request import Request, RequestCounters
+
+
+def host_to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values, dtype)`` on ``device``: on CUDA copied with ``non_blocking=True`` (from
+    pageable memory the copy is staged before the call returns, so no stream synchronisation; a
+    blocking copy would synchronise the stream)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
 
 
 @dataclass
@@ -41,6 +52,8 @@ class DecodeBatch:
 
     Tensors: ``tokens [R, S]`` int64, ``seq_lens [R]`` int64, ``active [R]`` bool,
     ``prompt_lens [R]`` int64, ``temperature [R]`` fp32, ``top_p [R]`` fp32, ``top_k [R]`` int64.
+    Host mirrors (written with them): ``host_tokens [R, S]`` int64 numpy array, ``host_seq_lens``,
+    ``host_prompt_lens``, ``host_active`` (Python lists of R).
     """
 
     def __init__(self, max_rows: int, max_seq_len: int, device: torch.device) -> None:
@@ -55,6 +68,9 @@ class DecodeBatch:
         self.top_k = torch.zeros(max_rows, **i64)
         self.rows: List[Optional[RowState]] = [None] * max_rows
         self.host_seq_lens: List[int] = [0] * max_rows
+        self.host_prompt_lens: List[int] = [0] * max_rows
+        self.host_active: List[bool] = [False] * max_rows
+        self.host_tokens = np.zeros((max_rows, max_seq_len), dtype=np.int64)
 
     # ------------------------------------------------------------------ rows
     def free_rows(self) -> List[int]:
@@ -74,19 +90,18 @@ class DecodeBatch:
             return
         for row, st, prompt in zip(rows, states, prompts):
             self.rows[row] = st
-            self.host_seq_lens[row] = len(prompt)
-        idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=self.device)
+            self.host_seq_lens[row] = self.host_prompt_lens[row] = len(prompt)
+            self.host_active[row] = True
+        idx = host_to_device(rows, torch.int64, self.device)
+        lens = host_to_device([len(p) for p in prompts], torch.int64, self.device)
         self._scatter(rows, prompts, [0] * len(rows))
         self.seq_lens[idx] = lens
         self.prompt_lens[idx] = lens
         self.active[idx] = True
-        self.temperature[idx] = torch.tensor([float(s.request.params.temperature) for s in states],
-                                             dtype=torch.float32, device=self.device)
-        self.top_p[idx] = torch.tensor([float(s.request.params.top_p) for s in states],
-                                       dtype=torch.float32, device=self.device)
-        self.top_k[idx] = torch.tensor([int(s.request.params.top_k) for s in states],
-                                       dtype=torch.int64, device=self.device)
+        self.temperature[idx] = host_to_device([float(s.request.params.temperature) for s in states],
+                                               torch.float32, self.device)
+        self.top_p[idx] = host_to_device([float(s.request.params.top_p) for s in states], torch.float32, self.device)
+        self.top_k[idx] = host_to_device([int(s.request.params.top_k) for s in states], torch.int64, self.device)
 
     def append_many(self, rows: List[int], new_tokens: List[List[int]]) -> None:
         """Append emitted tokens to several rows' histories (one vectorized write)."""
@@ -96,8 +111,8 @@ class DecodeBatch:
         self._scatter(rows, new_tokens, starts)
         for r, toks in zip(rows, new_tokens):
             self.host_seq_lens[r] += len(toks)
-        idx = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        self.seq_lens[idx] = torch.tensor([self.host_seq_lens[r] for r in rows], dtype=torch.int64, device=self.device)
+        idx = host_to_device(rows, torch.int64, self.device)
+        self.seq_lens[idx] = host_to_device([self.host_seq_lens[r] for r in rows], torch.int64, self.device)
 
     def _scatter(self, rows: List[int], seqs: List[List[int]], starts: List[int]) -> None:
         """tokens[row, start + i] = seq[i] for every (row, seq, start)."""
@@ -106,19 +121,33 @@ class DecodeBatch:
             r_idx.extend([r] * len(seq))
             c_idx.extend(range(s0, s0 + len(seq)))
             vals.extend(seq)
+            self.host_tokens[r, s0:s0 + len(seq)] = seq
         if vals:
             dev = self.device
-            self.tokens[torch.tensor(r_idx, device=dev), torch.tensor(c_idx, device=dev)] = torch.tensor(
-                vals, dtype=torch.int64, device=dev)
+            self.tokens[host_to_device(r_idx, torch.int64, dev), host_to_device(c_idx, torch.int64, dev)] = \
+                host_to_device(vals, torch.int64, dev)
 
     def release(self, row: int) -> None:
         self.rows[row] = None
         self.active[row] = False
+        self.host_active[row] = False
 
-    def view(self, num_rows: int, max_draft: torch.Tensor, trash_slot: int) -> BatchView:
-        """The drafter-facing view of rows ``0..num_rows-1``."""
+    def set_active(self, row: int, on: bool) -> None:
+        """Mark ``row`` live or parked (``active`` and its host mirror)."""
+        self.active[row] = on
+        self.host_active[row] = on
+
+    def host_view(self, num_rows: int, max_draft: List[int]) -> HostBatch:
+        """The host mirrors of rows ``0..num_rows-1`` (no device read), with the step's ``max_draft``."""
+        return HostBatch(tokens=self.host_tokens[:num_rows], seq_lens=self.host_seq_lens[:num_rows],
+                         active=self.host_active[:num_rows], prompt_lens=self.host_prompt_lens[:num_rows],
+                         max_draft=list(max_draft))
+
+    def view(self, num_rows: int, max_draft: torch.Tensor, trash_slot: int,
+             host: Optional[HostBatch] = None) -> BatchView:
+        """The drafter-facing view of rows ``0..num_rows-1`` (``host``: its host copy, or None)."""
         return BatchView(
             tokens=self.tokens[:num_rows], seq_lens=self.seq_lens[:num_rows], active=self.active[:num_rows],
             prompt_lens=self.prompt_lens[:num_rows], max_draft=max_draft,
             temperature=self.temperature[:num_rows], top_p=self.top_p[:num_rows], top_k=self.top_k[:num_rows],
-            trash_slot=trash_slot)
+            trash_slot=trash_slot, host=host)

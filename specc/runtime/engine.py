@@ -30,10 +30,11 @@ import torch
 from specc.errors import ArtifactError, PromptError
 from specc.runtime import step as S
 from specc.runtime.admission import Admission, Queued
-from specc.runtime.batch import DecodeBatch, RowState
-from specc.runtime.metrics import SpecMetrics
+from specc.runtime.batch import DecodeBatch, RowState, host_to_device
+from specc.runtime.metrics import SpecMetrics, make_timer
 from specc.runtime.request import Request, RequestCounters, RequestOutput, check_prompts
 from specc.runtime.schedule import Schedule, make_schedule
+from specc.runtime.step import StepIO
 from specc.runtime.state import SpecRuntimeState, StateContext, StateSpec, build_state
 
 
@@ -93,6 +94,9 @@ class Runtime:
             without their own ``seed`` share.
         eos_token_ids: override of the tokenizer's / config's EOS ids.
         prefill_chunk: prompt columns per prefill forward (times rows in use: about this many tokens).
+        timing: how the metrics time each stage (:func:`specc.runtime.metrics.make_timer`): ``"none"``
+            (host wall clock, no synchronisation; the default), ``"sync"`` (``torch.cuda.synchronize``
+            around each stage) or ``"events"`` (CUDA events, read when they have completed).
         kernel_modules: an artifact's specialized kernel modules by variant name.
     Concerns of ``__init__`` (load): the cache geometry, the EOS set, the shared state context, one
     runtime state per spec (captured on CUDA, compiled with inductor when asked), the schedule.
@@ -112,7 +116,8 @@ class Runtime:
                  use_cuda_graphs: bool = False, seed: int = 0,
                  eos_token_ids: Optional[Sequence[int]] = None, prefill_chunk: int = 512,
                  kernel_modules: Optional[dict] = None, schedule: Optional[dict] = None,
-                 synthetic_rates: Optional[Sequence[float]] = None, compile_backend: str = "eager") -> None:
+                 synthetic_rates: Optional[Sequence[float]] = None, compile_backend: str = "eager",
+                 timing: str = "none") -> None:
         if not specs:
             raise ValueError("Runtime needs at least one state")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
@@ -168,6 +173,10 @@ class Runtime:
         self.stale_confidence = torch.ones(self.max_rows, max(s.width - 1 for s in specs), dtype=torch.float32,
                                            device=self.device)
         self._active_key: Optional[Tuple[int, int]] = None
+        make_timer(timing, self.device)  # refuse an unknown kind at load
+        self.timing = timing
+        #: the step's host buffers: one host-to-device copy in, one device-to-host copy out per step
+        self.io = StepIO(self.max_rows, max(s.width for s in specs), self.device)
         self.metrics = self.new_metrics()
         self.lora = None  # specc.runtime.lora.LoraSet once adapters are attached (attach_lora)
         self.plan_hash: Optional[str] = None  # the manifest runtime section's hash (disaggregation checks)
@@ -193,7 +202,7 @@ class Runtime:
         """Empty run metrics whose ``num_accepted_tokens_per_pos`` has one zero per draft position
         (κ_max entries), as vLLM's ``SpecDecodingStats`` (`vllm/v1/spec_decode/metrics.py`)."""
         return SpecMetrics(num_accepted_tokens_per_pos=[0] * self.k_max, num_draft_tokens_per_pos=[0] * self.k_max,
-                           draft_kv_bytes=self.draft_kv_bytes)
+                           draft_kv_bytes=self.draft_kv_bytes, timer=make_timer(self.timing, self.device))
 
     # ------------------------------------------------------------------ routing
     def route(self, num_rows: int, num_requests: Optional[int] = None) -> SpecRuntimeState:
@@ -284,6 +293,7 @@ class Runtime:
                         if on_finish is not None:
                             on_finish(ev.output)
         finally:  # an interrupted run still reports the time of what it finished
+            self.metrics.timer.flush()  # CUDA-event timings still pending (nothing for the default timer)
             self.metrics.wall_time_s += time.perf_counter() - t_start
         return outputs  # type: ignore[return-value]
 
@@ -461,7 +471,7 @@ class Runtime:
             parked = {x: batch.rows[x] for x in batch.live_rows() if x != r}
             for x in parked:
                 batch.rows[x] = None
-                batch.active[x] = False
+                batch.set_active(x, False)
             n, seq = len(st.generated), batch.host_seq_lens[r]
             try:
                 ok = self.guard(st, lambda: S.decode_step(self, batch))
@@ -470,7 +480,7 @@ class Runtime:
             finally:
                 for x, other in parked.items():
                     batch.rows[x] = other
-                    batch.active[x] = True
+                    batch.set_active(x, True)
 
     def _collect(self, batch: DecodeBatch) -> List[TokenEvent]:
         """Token events of the rows that advanced; finished rows are released (in row order).
@@ -505,7 +515,7 @@ class Runtime:
         runtime's generator in one vectorized draw (reproducible for the same batch and seed)."""
         shared = [r for r in rows if batch.rows[r].generator is None]
         if shared:
-            out[torch.tensor(shared, device=out.device)] = draw(self.generator, len(shared))
+            out[host_to_device(shared, torch.int64, out.device)] = draw(self.generator, len(shared))
         for r in rows:
             gen = batch.rows[r].generator
             if gen is not None:

@@ -7,9 +7,122 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Iterator, List, Tuple
+from typing import Any, Callable, ContextManager, Deque, Dict, Iterator, List, Optional, Protocol, Tuple
+
+import torch
 
 from specc.runtime.request import RequestCounters
+
+TIMER_KINDS = ("none", "sync", "events")
+"""How stages are timed (:func:`make_timer`)."""
+
+
+class StageTimer(Protocol):
+    """Times one stage: ``timer.stage(name, add)`` is a context manager around the stage's work that
+    calls ``add(name, wall_seconds, cpu_seconds)`` once the stage's time is known (at its end, or,
+    for CUDA events, once the device has run past it)."""
+
+    kind: str
+
+    def stage(self, name: str, add: Callable[[str, float, float], None]) -> ContextManager[None]: ...
+
+    def flush(self) -> None: ...
+
+
+class WallTimer:
+    """``kind "none"``: host wall clock (``time.perf_counter``) and process CPU time, no device
+    synchronisation. On CUDA a stage's time is then the host time to *launch* its work (kernels run
+    asynchronously), not the device time: the default, since it adds no host read to the step."""
+
+    kind = "none"
+
+    def __init__(self, sync: Optional[Callable[[], None]] = None) -> None:
+        self._sync = sync
+
+    @contextmanager
+    def stage(self, name: str, add: Callable[[str, float, float], None]) -> Iterator[None]:
+        if self._sync is not None:
+            self._sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            if self._sync is not None:
+                self._sync()
+            add(name, time.perf_counter() - t0, time.process_time() - c0)
+
+    def flush(self) -> None:
+        """Nothing pending."""
+
+
+class SyncTimer(WallTimer):
+    """``kind "sync"``: ``torch.cuda.synchronize(device)`` before and after each stage, so the wall
+    time covers the device work (two synchronisations per stage: for profiling, not serving)."""
+
+    kind = "sync"
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(lambda: torch.cuda.synchronize(device))
+
+
+class EventTimer:
+    """``kind "events"``: a pair of CUDA events (``enable_timing``) around each stage, read without
+    synchronising: a stage's device milliseconds (``Event.elapsed_time``) are added once its end event
+    has completed (``Event.query``), at a later stage's end or at :meth:`flush` (which waits for the
+    pending ones: call it off the hot path, e.g. when a run ends). CPU seconds are the host's.
+    Source: ``torch.cuda.Event`` (``elapsed_time`` is in milliseconds)."""
+
+    kind = "events"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pending: List[Tuple[str, Any, Any, Callable[[str, float, float], None]]] = []
+
+    @contextmanager
+    def stage(self, name: str, add: Callable[[str, float, float], None]) -> Iterator[None]:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        c0 = time.process_time()
+        start.record()
+        try:
+            yield
+        finally:
+            end.record()
+            add(name, 0.0, time.process_time() - c0)
+            self._pending.append((name, start, end, add))
+            self._drain(wait=False)
+
+    def _drain(self, wait: bool) -> None:
+        keep = []
+        for name, start, end, add in self._pending:
+            if wait:
+                end.synchronize()
+            if wait or end.query():
+                add(name, start.elapsed_time(end) / 1e3, 0.0)
+            else:
+                keep.append((name, start, end, add))
+        self._pending = keep
+
+    def flush(self) -> None:
+        """Wait for the pending stages' end events and add their device times."""
+        self._drain(wait=True)
+
+
+def make_timer(kind: str = "none", device: Any = "cpu") -> StageTimer:
+    """The stage timer ``kind`` for ``device``: ``"none"`` (:class:`WallTimer`, the default: no
+    synchronisation), ``"sync"`` (:class:`SyncTimer`) or ``"events"`` (:class:`EventTimer`). On a
+    non-CUDA device ``"sync"`` and ``"events"`` fall back to the wall clock (the host is the device).
+
+    Raises: PlanError naming ``timing`` and the accepted values when ``kind`` is unknown."""
+    if kind not in TIMER_KINDS:
+        from specc.errors import PlanError
+
+        raise PlanError(f"timing: unknown timer kind {kind!r}; use one of {', '.join(TIMER_KINDS)}")
+    dev = torch.device(device)
+    if dev.type != "cuda" or kind == "none":
+        return WallTimer()
+    return SyncTimer(dev) if kind == "sync" else EventTimer(dev)
+
 
 STAGES = ("prefill", "draft", "verify", "accept", "commit", "emit", "extend")
 TRACE_STEPS = 100_000
@@ -20,8 +133,9 @@ TRACE_STEPS = 100_000
 class SpecMetrics:
     """Counters summed over requests (vLLM `SpecDecodingStats` names) plus timings.
 
-    ``stage_time_s`` maps each of :data:`STAGES` to seconds of wall time (on CUDA the runtime
-    synchronizes at stage boundaries only when timing is on).
+    ``stage_time_s`` maps each of :data:`STAGES` to seconds, as measured by :attr:`timer`
+    (:func:`make_timer`): by default the host wall clock without synchronising (on CUDA the launch
+    time of a stage's kernels), device time with ``"sync"`` or ``"events"``.
     """
 
     num_drafts: int = 0
@@ -49,6 +163,8 @@ class SpecMetrics:
     kappa_steps: Dict[int, int] = field(default_factory=dict)
     trace: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=TRACE_STEPS))
     _t0: float = field(default_factory=time.perf_counter, repr=False)
+    #: how stages are timed (:func:`make_timer`; default: wall clock, no synchronisation)
+    timer: Any = field(default_factory=WallTimer, repr=False, compare=False)
 
     def record_step(self, num_steps: int, num_requests: int, accepted: int) -> None:
         """One decode step ran at κ = ``num_steps`` over ``num_requests`` live requests, accepting
@@ -71,20 +187,17 @@ class SpecMetrics:
         """Mean wall milliseconds of a step's verify program by the target tokens it ran."""
         return {n: s / c * 1e3 for n, (c, s, _) in sorted(self.verify_by_tokens.items()) if c}
 
-    @contextmanager
-    def stage(self, name: str, sync=None) -> Iterator[None]:
-        """Time a block as stage ``name`` (wall and CPU seconds); ``sync`` (callable) runs before
-        reading the clocks."""
-        if sync is not None:
-            sync()
-        t0, c0 = time.perf_counter(), time.process_time()
-        try:
-            yield
-        finally:
-            if sync is not None:
-                sync()
-            self.stage_time_s[name] = self.stage_time_s.get(name, 0.0) + time.perf_counter() - t0
-            self.stage_cpu_s[name] = self.stage_cpu_s.get(name, 0.0) + time.process_time() - c0
+    def add_stage_time(self, name: str, seconds: float, cpu_seconds: float) -> None:
+        """Add ``seconds`` of wall (or device) time and ``cpu_seconds`` of CPU time to stage ``name``."""
+        self.stage_time_s[name] = self.stage_time_s.get(name, 0.0) + seconds
+        self.stage_cpu_s[name] = self.stage_cpu_s.get(name, 0.0) + cpu_seconds
+
+    def stage(self, name: str, sync: Optional[Callable[[], None]] = None) -> ContextManager[None]:
+        """Time a block as stage ``name`` with :attr:`timer` (no device synchronisation unless the
+        timer is ``"sync"``); ``sync`` (a callable, kept for callers that ask for it explicitly) runs
+        before and after the block instead."""
+        timer = self.timer if sync is None else WallTimer(sync)
+        return timer.stage(name, self.add_stage_time)
 
     def add_request(self, counters: RequestCounters, num_prompt: int, num_output: int) -> None:
         self.num_requests += 1

@@ -310,7 +310,7 @@ class BudgetSchedule(Schedule):
         big_b = num_valid.sum()  # a 0-d tensor: the budget never exceeds the drafts proposed
         gain = torch.cat([torch.zeros(1, dtype=scores.dtype, device=dev), torch.cumsum(scores, 0)])  # [n*K+1]
         b = torch.arange(rows * k + 1, device=dev)
-        step_s = self._step_seconds(num_live + b)  # [n*K+1]
+        step_s = self._step_seconds(num_live + b, num_live + rows * k + 1)  # [n*K+1]
         draft = self.table.draft_pass_ms(num_live)
         rates = (num_live + gain) / ((draft or 0.0) / 1e3 + step_s)
         rates = torch.where(b <= big_b, rates, torch.full_like(rates, -1.0))
@@ -321,12 +321,14 @@ class BudgetSchedule(Schedule):
         self.last_budget = b_star
         return torch.minimum(taken.sum(dim=1), num_valid)
 
-    def _step_seconds(self, tokens):
+    def _step_seconds(self, tokens, bound=None):
         """Verify seconds by token count, as a tensor lookup of the cost table (``CostTable.step_ms``,
-        vLLM's ``build_table``), tabulated once per device up to the largest count a step can ask."""
+        vLLM's ``build_table``), tabulated once per device up to the largest count a step can ask.
+        ``bound``: a host-known bound > ``tokens.max()`` (None: read it from ``tokens``, a device
+        read)."""
         import torch
 
-        hi = int(tokens.max()) + 1
+        hi = int(tokens.max()) + 1 if bound is None else int(bound)
         cached = getattr(self, "_step_cache", None)
         if cached is None or cached.shape[0] < hi or cached.device != tokens.device:
             n = max(hi, 2 * (cached.shape[0] if cached is not None else 64))

@@ -148,7 +148,8 @@ def verify_tree(ctx: Any, inp: Any):
     hidden)``."""
     b, w = inp.input_ids.shape
     root = inp.positions[:, 0]  # [B] the root's position = its slot (trash rows: 0)
-    span = ctx.max_seq_len if not inp.ragged else int(root.max()) + w if b else w
+    # ragged (CPU eager): attend up to the highest root + W, known on the host (no read)
+    span = ctx.max_seq_len if not inp.ragged else inp.max_root + w if b else w
     rel = torch.arange(span, device=root.device).view(1, 1, span) - root.view(b, 1, 1)  # [B, 1, S]
     inside = (rel >= 0) & (rel < w)
     tree = inp.tree_mask.gather(2, rel.clamp(0, w - 1).expand(b, w, span))  # [B, W, S]
@@ -204,10 +205,10 @@ def commit_tree(ctx: Any, inp: Any, result: Any, hidden: Any):
     live = (inp.num_tokens > 0).view(b, 1)
     on_path = (col <= acc.view(b, 1)) & live  # [B, W]
     moved = on_path & (node != col)
-    if not inp.ragged or bool(moved.any()):  # a static program copies unconditionally (no host branch)
-        src = torch.where(moved, root + node, torch.full_like(node, trash))
-        dst = torch.where(moved, root + col, torch.full_like(node, trash))
-        ctx.target.copy_kv(src, dst)
+    # copied unconditionally (no host branch, no read): rows off the moved path copy trash to trash
+    src = torch.where(moved, root + node, torch.full_like(node, trash))
+    dst = torch.where(moved, root + col, torch.full_like(node, trash))
+    ctx.target.copy_kv(src, dst)
     slots = torch.where(on_path, root + col, torch.full_like(node, trash))
     hidden = [h.gather(1, node.view(b, w, 1).expand(b, w, h.shape[-1])) for h in hidden]
     return (inp.input_ids.gather(1, node), root + col, slots, hidden)
@@ -307,4 +308,5 @@ def extend_drafter(ctx: Any, inp: Any, out: Any, batch_view: Any) -> None:
     ctx.drafter.commit(batch_view, VerifyStep(
         input_ids=ids, positions=positions, cache_slots=slots,
         accepted=res.accepted_len.to(torch.int64), bonus=res.bonus, target_hidden=hidden,
-        num_valid=inp.num_valid, num_steps=inp.draft_tokens.shape[1], accept_index=accept_index))
+        num_valid=inp.num_valid, num_steps=inp.draft_tokens.shape[1], accept_index=accept_index,
+        host=out.host))

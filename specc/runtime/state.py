@@ -162,7 +162,9 @@ class StepInputs:
         num_tokens ``[B]`` int64 (verify tokens per row: num_valid + 1, 0 for rows without a live
         request), temperature ``[B]`` fp32, top_k ``[B]`` int64, top_p ``[B]`` fp32, uniforms
         ``[B, N]`` fp32, exp_noise ``[B, V]`` fp32, draft_noise ``[B, N, V]`` fp32 (probabilistic
-        drafts only), ``batch`` (the drafter's :class:`specc.drafters.base.BatchView` of the rows).
+        drafts only), ``batch`` (the drafter's :class:`specc.drafters.base.BatchView` of the rows),
+        active ``[B]`` bool (rows holding a live request; from the step's one host-to-device copy),
+        ``max_root`` (int, the highest row's pending-token position, from the host's sequence lengths).
     Filled by the draft program:
         draft_tokens ``[B, N]`` int64 (-1: not proposed), num_valid ``[B]`` int64 (drafts verified per
         row, a prefix), confidence ``[B, N]`` fp32 (the drafter's per-position estimate),
@@ -196,6 +198,8 @@ class StepInputs:
     tree_mask: Optional[torch.Tensor] = None
     static_tree: Optional[StaticTree] = None
     batch: Any = None
+    active: Optional[torch.Tensor] = None
+    max_root: int = 0
     use_top_k: bool = True
     use_top_p: bool = True
     all_greedy: bool = False
@@ -285,11 +289,14 @@ class StepOutputs:
             verify rows (empty when the drafter reads none).
         path: a tree's accepted path as chain-shaped rows for the drafter, ``(input_ids, positions,
             cache_slots, hidden)`` (the KV-commit stage's output), None for a chain.
+        host: the step's host copy of the integers above (:class:`specc.drafters.base.HostVerify`),
+            set by ``specc.runtime.step.emit`` from its one device-to-host read (None before).
     """
 
     result: Any
     hidden: List[torch.Tensor]
     path: Any = None
+    host: Any = None
 
 
 Program = Callable[..., Any]

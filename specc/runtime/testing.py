@@ -321,3 +321,128 @@ def shortcut_tree_rejection(draft_tokens: torch.Tensor, parents: torch.Tensor, t
     w = torch.where(removed, torch.zeros_like(p_cur), p_cur)
     w = torch.where(w.amax(1, keepdim=True) > 0, w, p_cur)
     return _path_outputs(path, accepted, draft_tokens, torch.div(w, exp_noise).argmax(-1))
+
+
+# ------------------------------------------------------------------ host reads
+HOST_READ_METHODS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
+"""``torch.Tensor`` methods that hand a tensor's values to the host (:func:`count_host_reads`)."""
+
+
+class HostReads:
+    """What :func:`count_host_reads` saw: ``calls``, a list of ``(method, "file:line")`` of each
+    device->host conversion, attributed to the nearest ``specc`` frame that made it. ``count`` is
+    their number; :meth:`by_site` groups them."""
+
+    def __init__(self) -> None:
+        self.calls: List[tuple] = []
+        self.active = True
+
+    @property
+    def count(self) -> int:
+        return len(self.calls)
+
+    def by_site(self) -> dict:
+        out: dict = {}
+        for method, site in self.calls:
+            out[f"{method} @ {site}"] = out.get(f"{method} @ {site}", 0) + 1
+        return out
+
+
+def _caller_site(ignore: Sequence[str]) -> Optional[str]:
+    """``"path:line"`` of the innermost frame in ``specc`` (not this module), or None when the call
+    came from a place ``ignore`` names: a package-relative path prefix (``"specc/models/llama.py"``)
+    or ``"path::function"`` (``"specc/models/eagle.py::_lin"``)."""
+    import sys
+
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename.replace("\\", "/")
+        if "/specc/" in name and not name.endswith("specc/runtime/testing.py"):
+            rel = name[name.rindex("/specc/") + 1:]
+            func = f"{rel}::{f.f_code.co_name}"
+            if any(func == p if "::" in p else rel.startswith(p) for p in ignore):
+                return None
+            return f"{rel}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+CPU_FAST_PATHS = ("specc/models/llama.py", "specc/models/qweights.py", "specc/models/eagle.py::_lin")
+"""Where the models' CPU-only fast paths hand activations to numpy (``LlamaModel``'s forward on the
+CPU, the quantized GEMMs, the draft heads' small linear layers): host code by construction, never run
+on a device, so :func:`count_host_reads` callers pass them as ``ignore`` to count the step's own I/O.
+(The target forward's device path reads nothing; the CPU one also reads its ragged shape.)"""
+
+
+class count_host_reads:
+    """Context manager counting the device->host conversions the code inside it makes.
+
+    Patches ``torch.Tensor.item / tolist / cpu / numpy``, the implicit reads ``int(t)``,
+    ``float(t)``, ``bool(t)``, ``operator.index(t)`` (``__int__`` ... ``__index__``), ``Tensor.to``
+    with a CPU destination from a non-CPU tensor, and ``torch.cuda.synchronize``. On CUDA each such
+    call on a device tensor is a device->host transfer (a synchronisation); on the CPU every tensor is
+    already on the host, so the calls themselves are counted (what the same code would read on a
+    device). Only calls made (directly or through ``torch``) by a frame of ``specc`` are counted, and
+    none from files under ``ignore`` (package-relative path prefixes, e.g. the target model's CPU
+    fast path ``"specc/models/llama.py"``, which converts activations to numpy and is not part of
+    the step's own I/O). Nested reads (``tolist`` calling ``__index__``) count once.
+
+    Yields a :class:`HostReads`. Not thread-safe (patches the class for the duration).
+    """
+
+    def __init__(self, ignore: Sequence[str] = ()) -> None:
+        self.ignore = tuple(ignore)
+        self.reads = HostReads()
+        self._saved: List[tuple] = []
+        self._depth = 0
+
+    def _wrap(self, name: str, fn):
+        counter = self
+
+        def wrapped(*args, **kwargs):
+            if counter._depth == 0 and counter.reads.active:
+                site = _caller_site(counter.ignore)
+                if site is not None:
+                    counter.reads.calls.append((name, site))
+            counter._depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counter._depth -= 1
+        wrapped.__name__ = getattr(fn, "__name__", name)
+        return wrapped
+
+    def _wrap_to(self, fn):
+        counter = self
+
+        def to(t, *args, **kwargs):
+            dest = kwargs.get("device")
+            if dest is None and args and isinstance(args[0], (str, torch.device)):
+                dest = args[0]
+            if (dest is not None and torch.device(dest).type == "cpu" and t.device.type != "cpu"
+                    and counter._depth == 0 and counter.reads.active):
+                site = _caller_site(counter.ignore)
+                if site is not None:
+                    counter.reads.calls.append(("to(cpu)", site))
+            counter._depth += 1
+            try:
+                return fn(t, *args, **kwargs)
+            finally:
+                counter._depth -= 1
+        return to
+
+    def __enter__(self) -> HostReads:
+        for name in HOST_READ_METHODS:
+            orig = getattr(torch.Tensor, name)
+            self._saved.append((torch.Tensor, name, orig))
+            setattr(torch.Tensor, name, self._wrap(name, orig))
+        self._saved.append((torch.Tensor, "to", torch.Tensor.to))
+        torch.Tensor.to = self._wrap_to(torch.Tensor.to)
+        self._saved.append((torch.cuda, "synchronize", torch.cuda.synchronize))
+        torch.cuda.synchronize = self._wrap("synchronize", torch.cuda.synchronize)
+        return self.reads
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, orig in reversed(self._saved):
+            setattr(owner, name, orig)
+        self._saved.clear()
