@@ -10,6 +10,7 @@ downstream reads the plan again. Torch-free.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -136,3 +137,43 @@ def compile_ir(plan: Any) -> Lowered:
     return lower_to_ir(resolved)
 
 
+
+def plan_ir(plan: Any, cost_table: Any = None) -> ir.ExecutionPlan:
+    """The execution plan of ``plan`` as given (not resolved, no cost predictions): its lowering
+    (:func:`specc.analyze.lower_plan`) and runtime section, for benchmarks and tests that build a
+    runtime over models already in memory from hand-made plans. ``cost_table``: the schedule's
+    profiled table mapping (``verify_ms`` by tokens, ``draft_ms`` by requests, ``capture_limit``),
+    replacing the one ``schedule.cost_table`` names.
+
+    Raises:
+        PlanError: a plan that does not lower, or a state the runtime cannot run.
+    """
+    from specc import codegen
+    from specc.analyze import lower_plan
+
+    low = lower_plan(plan)
+    named = plan
+    if cost_table is not None and plan.schedule.cost_table:  # the table is given: its file is not read
+        named = dataclasses.replace(plan, schedule=dataclasses.replace(plan.schedule, cost_table=None))
+    runtime = codegen.runtime_section(named, low.schedule.as_dict(), max(s.num_steps for s in low.states))
+    if cost_table is not None:
+        runtime["schedule"] = dict(runtime["schedule"], cost_table=cost_table)
+    return build_ir(codegen.check_identifier(plan.name, "plan name (the plan's `name` key)"), low.states, runtime)
+
+
+def plan_runtime(plan: Any, target: Any, tokenizer: Any, drafter: Any, *, cost_table: Any = None,
+                 max_model_len: Any = None, seed: int = 0, prefill_chunk: int = 512, device: Any = None,
+                 use_cuda_graphs: bool = False) -> Any:
+    """A runtime for ``plan``'s execution plan (:func:`plan_ir`) over models already loaded, with the
+    generic kernels (no artifact): :func:`specc.runtime.loader.ir_runtime`. For tests and benchmark
+    tools comparing hand-made plans on one target; ``specc tune``, ``run``, ``bench`` and ``serve``
+    load compiled artifacts instead.
+
+    Raises:
+        PlanError: a plan that does not lower. ArtifactError: a state the runtime cannot run.
+    """
+    from specc.runtime.loader import ir_runtime
+
+    return ir_runtime(plan_ir(plan, cost_table), target, tokenizer, drafter, device, seed=seed,
+                      max_model_len=max_model_len, prefill_chunk=prefill_chunk, use_cuda_graphs=use_cuda_graphs,
+                      compile_backend="eager", kernel_backend="auto", where=f"plan {plan.name}")
