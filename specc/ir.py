@@ -1,6 +1,7 @@
 """The execution plan: the one lowered object between a plan and a runtime.
 
-``specc.build.lower_to_ir`` resolves, checks and lowers a plan ONCE into an :class:`ExecutionPlan`;
+``specc.build.compile_ir`` resolves and checks a plan once and ``specc.build.lower_to_ir`` lowers the
+resolved plan into an :class:`ExecutionPlan`;
 codegen serializes it as the artifact's manifest (:meth:`ExecutionPlan.to_dict`) next to the
 programs it generates, and the runtime reads it back (:meth:`ExecutionPlan.from_dict`) without ever
 seeing the plan. Everything a caller needs — the captured batch sizes, each state's κ, tree,
@@ -17,7 +18,7 @@ and the fix when a manifest does not have the shape of this version.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from specc.errors import ArtifactError
 
@@ -331,14 +332,6 @@ class ExecutionPlan:
                    states=tuple(StateIR.from_dict(s, f"states[{i}]") for i, s in enumerate(states)),
                    trees=dict(_get(d, "trees", "manifest")),
                    kernels=tuple(KernelSpec.from_dict(k, f"kernels[{i}]") for i, k in enumerate(_get(d, "kernels", "manifest"))))
-
-
-def states_by_batch(ir: ExecutionPlan) -> Dict[int, List[StateIR]]:
-    """The states of each captured batch bucket, by κ."""
-    out: Dict[int, List[StateIR]] = {}
-    for s in ir.states:
-        out.setdefault(s.batch_size, []).append(s)
-    return {b: sorted(v, key=lambda s: s.num_steps) for b, v in sorted(out.items())}
 
 
 IR_KEYS = ("plan_name", "runtime", "states", "trees", "kernels")

@@ -283,7 +283,7 @@ def check_name(path: Path, manifest: Mapping[str, Any], contents: Mapping[str, b
     sources = {rel: data for rel, data in contents.items() if rel.startswith("kernels/")}
     expected = f"{plan_name}-{ir_mod.artifact_hash(manifest, sources, manifest['format_version'], manifest['specc_version'])}"
     if manifest["name"] != expected:
-        raise ArtifactError(f"{mpath}: name = {manifest['name']!r} is not the hash of the execution plan and the "
+        raise ArtifactError(f"{mpath}: name = {manifest['name']!r} is not the hash of the manifest's content (the execution plan) and the "
                             f"generated programs ({expected!r}): manifest.json was edited after compile; "
                             f"{_fix(path, manifest)}")
 

@@ -8,11 +8,11 @@ from an artifact (:func:`load_runtime`, :func:`artifact_runtime`) or an executio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from specc.errors import ArtifactError
 
-if False:  # typing only
+if TYPE_CHECKING:
     from specc.ir import ExecutionPlan  # noqa: F401
 
 

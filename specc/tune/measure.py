@@ -81,12 +81,12 @@ class Models:
         shared; a lookup drafter (n-gram, suffix decoding) is built anew for every call, because it is
         cheap to build and may keep state across requests (suffix decoding's global tree of earlier
         outputs): no run drafts from the outputs of another configuration's run over the same prompts."""
-        from specc import codegen, methods
-        from specc.analyze import lower_plan
+        from specc import methods
+        from specc.build import plan_ir
 
         def build():
             plan = candidate.plan
-            spec = codegen.runtime_section(plan, lower_plan(plan).schedule.as_dict(), candidate.measure_steps)
+            spec = plan_ir(plan).runtime.to_dict()  # the execution plan's runtime section, as compiled
             return methods.build_drafter(plan.method.name, spec, self.target, self.tokenizer, self.device,
                                          max_seq_len=self.target.config.max_model_len)
 
