@@ -1,12 +1,15 @@
 """Codegen: render a checked plan's candidate states into an artifact directory, atomically.
 
-``(plan, states) ──codegen──▶ generated/<plan>-<hash>/`` (DESIGN.md). The artifact holds
+``plan ──build──▶ ExecutionPlan ──codegen──▶ generated/<plan>-<hash>/``. The artifact holds
 
-- ``manifest.json`` — the one source of every fact the runtime reads: format version, plan name and
-  hash, specc version, the runtime section (checkpoints, method, verify rule, dtype, compile
-  backend, schedule), each candidate state once (its parameters, the kernel variant of each role,
-  its static tree by key, the cost model's prediction), the static trees compiled once
-  (:func:`specc.trees.compile_tree`), the kernel variants, and the sha256 of every other file;
+- ``manifest.json`` — the execution plan (:class:`specc.ir.ExecutionPlan`, built once by
+  :func:`specc.build.lower_to_ir`): plan name, the runtime section (checkpoints and their formats,
+  method, verify rule, dtype, compile backend, max κ, schedule), each candidate state once (its
+  parameters, programs, specialization constants, the kernel of each role, its static tree by key),
+  the static trees compiled once (:func:`specc.trees.compile_tree`) and the kernels; plus the
+  format and specc versions, the plan and template digests, and the sha256 of every other file;
+- ``predictions.json`` — the cost model's prediction per state (read by people and reports, not
+  by the runtime; not part of the name);
 - ``plan.yaml`` — the resolved plan in canonical form (the bytes the plan hash is taken of; for
   people and for the hash: the runtime never parses it);
 - ``kernels/<variant>.py`` — the verify-kernel variants the states use, from
@@ -16,10 +19,10 @@
 - ``report.md`` — a human-readable summary; ``graph.json`` — every state's stage graph, only when
   asked for (``specc compile --emit-graph``; nothing at run time reads it).
 
-What a state *runs* is not written down: the runtime derives its programs from its parameters with
-the one table (:func:`specc.programs.state_programs`), as codegen's report does.
+What a state runs is written down: its programs (:func:`specc.programs.state_programs`, the one
+table the runtime also builds its states with) are part of the execution plan.
 
-Design follows FlashInfer's JIT (``shared/reference/anchors.md`` §A4): templates hold only the
+Design follows FlashInfer's JIT: templates hold only the
 specialization, every generated name is built from all specializing parameters
 (``get_single_decode_uri``, ``flashinfer/jit/attention/modules.py:47-66``), and one table
 (:data:`KERNEL_ROLES`) says which variant a state needs. Values from the plan only reach generated
@@ -28,10 +31,10 @@ code through the ``pyliteral`` filter (``repr`` of validated plain data) and nam
 
 Determinism: the same plan, specc version and templates give byte-identical files (sorted keys, no
 timestamps; computed floats — predictions, graphs — rounded to :data:`FLOAT_DIGITS` significant
-digits, plan values kept exactly). The directory name's hash (:func:`artifact_hash`) covers the
-canonical plan, the specc version, every template, the manifest's content (runtime section, states,
-trees, kernel variants) and the bytes of every file the runtime loads, so an edit of any of them
-— the manifest included — no longer matches the name. Codegen never runs a model and never imports
+digits, plan values kept exactly). The directory name's hash (:func:`specc.ir.artifact_hash`) covers
+the format and specc versions, the execution plan and the bytes of every generated program, so an
+edit of any of them — the manifest included — no longer matches the name; predictions, the report
+and the graph describe the artifact and are not covered. Codegen never runs a model and never imports
 torch.
 """
 from __future__ import annotations
@@ -45,7 +48,7 @@ import re
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -56,8 +59,10 @@ from specc import programs, trees
 from specc.errors import ArtifactError, PlanError
 from specc.plan.schema import MAX_NAME_LEN, Plan, plan_to_dict
 
-FORMAT_VERSION = 3
-"""Version of the artifact layout; bump when manifest keys or the directory layout change."""
+FORMAT_VERSION = 4
+"""Version of the artifact layout; bump when manifest keys or the directory layout change. 4: the
+manifest is the execution plan (:mod:`specc.ir`), predictions live in ``predictions.json`` and the
+name hashes the execution plan and the generated programs only."""
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 """The shipped templates (repository top level, next to the ``specc`` package)."""
@@ -67,9 +72,10 @@ MANIFEST = "manifest.json"
 PLAN_FILE = "plan.yaml"
 GRAPH_FILE = "graph.json"
 REPORT_FILE = "report.md"
+PREDICTIONS_FILE = "predictions.json"
 REPORT_TEMPLATE = "report.md.j2"
 HASH_CHARS = 12
-"""Hex characters of the artifact hash kept in the directory name (48 bits)."""
+"""Hex characters of the tree keys (``tree_key``); the artifact name keeps as many (``specc.ir.NAME_HASH_CHARS``)."""
 FLOAT_DIGITS = 6
 """Significant digits kept of every float written to the manifest, graph and report, so that the
 last-bit differences of another libm cannot change an artifact's bytes."""
@@ -208,36 +214,6 @@ def template_hash(templates_dir: Path = TEMPLATES_DIR) -> str:
         data = p.read_bytes()
         h.update(len(rel).to_bytes(8, "little") + rel + len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
-
-
-def artifact_hash(plan_yaml: str, templates_digest: str, specc_version: str = specc.__version__,
-                  content: Optional[Mapping[str, Any]] = None) -> str:
-    """The hash in the artifact's directory name: sha256 of the format version, specc version,
-    canonical plan bytes, template digest and ``content`` — the manifest's facts the runtime reads
-    (``runtime``, ``states``, ``trees``, ``kernels`` and the sha256 of every loaded file), as
-    canonical JSON — truncated to :data:`HASH_CHARS` hex characters. The loader recomputes it, so an
-    edited manifest is refused (:func:`specc.runtime.artifact.load_artifact`)."""
-    parts = ["specc-artifact", str(FORMAT_VERSION), specc_version, sha256_hex(plan_yaml.encode()),
-             templates_digest]
-    if content is not None:
-        parts.append(sha256_hex(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()))
-    key = "\0".join(parts)
-    return sha256_hex(key.encode())[:HASH_CHARS]
-
-
-HASHED_KEYS = ("runtime", "states", "trees", "kernels", "loaded_files")
-"""The manifest keys :func:`artifact_hash` covers (``loaded_files``: the sha256 of ``plan.yaml``
-and every kernel module, the files the runtime reads)."""
-
-
-def manifest_content(manifest: Mapping[str, Any]) -> Dict[str, Any]:
-    """The part of a manifest :func:`artifact_hash` covers: :data:`HASHED_KEYS`, where
-    ``loaded_files`` is ``files`` without ``report.md`` and ``graph.json`` (rendered after the name,
-    read by no program)."""
-    files = manifest.get("files") if isinstance(manifest.get("files"), Mapping) else {}
-    out = {k: manifest.get(k) for k in HASHED_KEYS if k != "loaded_files"}
-    out["loaded_files"] = {k: v for k, v in files.items() if k not in (REPORT_FILE, GRAPH_FILE)}
-    return out
 
 
 def tree_key(tree_choices: Optional[Sequence[Sequence[int]]]) -> Optional[str]:
@@ -397,60 +373,17 @@ def _finite_or_none(v: Any) -> Any:
     return v
 
 
-@dataclass
-class CompileInputs:
-    """Everything rendering needs, computed by :func:`gather` (or given directly by tests).
-
-    ``graphs`` maps state name → JSON-ready graph data; ``predictions`` maps state name → plain
-    prediction dict; ``graph_summaries`` maps state name → short summary dict for the report;
-    ``runtime`` is the manifest's runtime section (:func:`runtime_section`), ``None`` for tests that
-    render states alone (then it is built from the plan and a static schedule)."""
-
-    plan: Plan
-    states: List[Any]
-    graphs: Dict[str, Any]
-    predictions: Dict[str, Dict[str, Any]]
-    graph_summaries: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    runtime: Optional[Dict[str, Any]] = None
-
-
-def gather(plan: Plan) -> CompileInputs:
-    """Size, lower and analyse ``plan`` (:func:`specc.analyze.analyze`): each state's stage graph
-    (validated) and cost prediction, and the manifest's runtime section.
+def gather(plan: Plan) -> "Lowered":
+    """Size, lower and analyse ``plan`` once into its execution plan, cost predictions and stage
+    graphs (:func:`specc.build.lower_to_ir`; ``plan`` as given, not resolved here).
 
     Raises:
-        PlanError: if lowering yields no state, or a state name is not an identifier, or two states
-            share a name.
-        SpeccError: an invalid stage graph.
+        PlanError: if lowering yields no state, a state name is not an identifier, two states
+            share a name, or a state cannot run. SpeccError: an invalid stage graph.
     """
-    from specc import analyze, graph as graph_mod
+    from specc.build import lower_to_ir
 
-    res = analyze.analyze(plan)
-    states = list(res.lowering.states)
-    if not states:
-        raise PlanError(f"plan {plan.name!r} lowers to no candidate state; check schedule.buckets "
-                        f"and method.num_steps")
-    seen = set()
-    for s in states:
-        check_identifier(s.name, "candidate state name")
-        if s.name in seen:
-            raise PlanError(f"two candidate states are both named {s.name!r}; lowering must name "
-                            f"each state by all its parameters")
-        seen.add(s.name)
-    graphs, summaries, predictions = {}, {}, {}
-    for s in states:
-        g = res.graphs[s.name]
-        graph_mod.check_graph(g)
-        stats = analyze.graph_stats(g)
-        summaries[s.name] = {"stages": g.number_of_nodes(), "edges": g.number_of_edges(),
-                             "draft_passes": stats["draft_passes"], "extend_passes": stats["extend_passes"],
-                             "target_passes": stats["target_passes"],
-                             "target_tokens_per_step": graph_mod.target_tokens_per_step(g)}
-        graphs[s.name] = plain_data(_finite_or_none(graph_mod.to_json(g)), f"graph of {s.name}", FLOAT_DIGITS)
-        predictions[s.name] = prediction_data(res.predictions[s.name])
-    return CompileInputs(plan, states, graphs, predictions, summaries,
-                         runtime=runtime_section(plan, res.lowering.schedule.as_dict(),
-                                                 max(s.num_steps for s in states)))
+    return lower_to_ir(plan)
 
 
 def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dict[str, Any]:
@@ -520,38 +453,35 @@ def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dic
 # Rendering
 
 
-def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
+def render(lowered: "Lowered", env: Optional[jinja2.Environment] = None,
            templates_dir: Optional[Path] = None,
            on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> Tuple[str, Dict[str, bytes]]:
-    """Render the artifact in memory.
+    """Render the artifact of a lowered plan (:func:`gather` / :func:`specc.build.lower_to_ir`) in memory.
 
-    Returns ``(dir_name, files)``: ``dir_name`` is ``<plan.name>-<hash>``; ``files`` maps each
-    artifact-relative POSIX path (``manifest.json`` included) to its bytes. ``on_file(path)`` is
-    called before each file is rendered (tests use it to make rendering fail midway).
-    ``emit_graph``: also write ``graph.json`` (every state's stage graph).
+    The manifest is the execution plan (:meth:`specc.ir.ExecutionPlan.to_dict`) plus the format and
+    specc versions, the plan and template digests, the name and the sha256 of every file; the name
+    ``<plan>-<hash>`` hashes the execution plan and the generated programs only
+    (:func:`specc.ir.artifact_hash`). The cost predictions go to ``predictions.json`` (listed and
+    checked, not part of the name), the human summary to ``report.md``.
+
+    Returns ``(dir_name, files)``: ``files`` maps each artifact-relative POSIX path (``manifest.json``
+    included) to its bytes. ``on_file(path)`` is called before each file is rendered (tests use it
+    to make rendering fail midway). ``emit_graph``: also write ``graph.json``.
 
     Raises:
-        PlanError: bad names (plan, state), a state the runtime cannot run, or a state with no kernel
-            for its verify rule.
-        ArtifactError: a missing template, or a template error (with the template's name).
+        PlanError: bad names. ArtifactError: a missing template, or a template error (with its name).
     """
+    from specc import ir as ir_mod
+
     templates_dir = Path(templates_dir or TEMPLATES_DIR)
     env = env or make_environment(templates_dir)
-    plan = inputs.plan
-    plan_name = check_identifier(plan.name, "plan name (the plan's `name` key)")
+    plan, eplan = lowered.plan, lowered.ir
+    plan_name = check_identifier(eplan.plan_name, "plan name (the plan's `name` key)")
     plan_yaml = canonical_plan_yaml(plan)
     plan_hash = "sha256:" + sha256_hex(plan_yaml.encode())
     digest = template_hash(templates_dir)
-    runtime = inputs.runtime
-    if runtime is None:
-        from specc import lower
-
-        sizes = tuple(sorted({int(s.batch_size) for s in inputs.states}))
-        spec = lower.ScheduleSpec(kind="static", capture_sizes=sizes, buckets=(), start_steps=max(
-            int(s.num_steps) for s in inputs.states))
-        runtime = runtime_section(plan, spec.as_dict(), spec.start_steps)
     plan_data = plain_data(plan_to_dict(plan), "plan")
-    synthetic_rates = runtime["verify"]["synthetic_rates"]
+    ir_data = plain_data(eplan.to_dict(), "execution plan")
 
     files: Dict[str, bytes] = {}
 
@@ -565,67 +495,36 @@ def render(inputs: CompileInputs, env: Optional[jinja2.Environment] = None,
     step(PLAN_FILE)
     emit(PLAN_FILE, plan_yaml)
 
-    variants: Dict[str, KernelVariant] = {}
-    state_entries, report_states, tree_table = [], [], {}
-    for s in inputs.states:
-        params = state_parameters(s)
-        used = kernel_variants_for(s)
-        for v in used.values():
-            variants[v.name] = v
-        prediction = inputs.predictions.get(s.name, {})
-        try:
-            progs = programs.state_programs(s, synthetic_rates)
-        except ValueError as exc:
-            raise PlanError(str(exc)) from None
-        key = tree_key(params.get("tree_choices"))
-        if key is not None and key not in tree_table:
-            tree_table[key] = plain_data(tree_buffers(params["tree_choices"]), f"tree of {s.name}")
-        entry = {"name": s.name, "parameters": params, "kernels": {role: v.name for role, v in used.items()},
-                 "tree": key, "prediction": prediction}
-        state_entries.append(entry)
-        report_states.append(dict(entry, programs=[{"stage": stage, "fn": call.fn, "args": list(call.args)}
-                                                   for stage, call in progs.items()]))
-
-    for vname in sorted(variants):
-        v = variants[vname]
-        step(v.module)
-        emit(v.module, _render(env, f"kernels/{v.family}.py.j2",
-                               {"variant": v.as_dict(), "constants": dict(v.constants),
+    for k in eplan.kernels:
+        step(k.module)
+        emit(k.module, _render(env, f"kernels/{k.family}.py.j2",
+                               {"variant": k.to_dict(), "constants": dict(k.constants),
                                 "specc_version": specc.__version__}))
+    sources = {p: b for p, b in files.items() if p.startswith("kernels/")}
+    name = f"{plan_name}-{ir_mod.artifact_hash(ir_data, sources, FORMAT_VERSION, specc.__version__)}"
 
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "specc_version": specc.__version__,
-        "plan_name": plan_name,
-        "plan_hash": plan_hash,
-        "template_hash": "sha256:" + digest,
-        "runtime": runtime,
-        "states": state_entries,
-        "trees": tree_table,
-        "kernels": [variants[k].as_dict() for k in sorted(variants)],
-        "files": {p: "sha256:" + sha256_hex(b) for p, b in sorted(files.items())},
-    }
-    manifest = plain_data(manifest, "manifest")
-    name = f"{plan_name}-{artifact_hash(plan_yaml, digest, content=manifest_content(manifest))}"
+    predictions = {s.name: lowered.predictions.get(s.name, {}) for s in eplan.states}
+    step(PREDICTIONS_FILE)
+    emit(PREDICTIONS_FILE, _json({"artifact_name": name, "states": predictions}))
 
     if emit_graph:
         step(GRAPH_FILE)
         emit(GRAPH_FILE, _json({"format_version": FORMAT_VERSION, "plan_name": plan_name,
-                                "states": {s.name: inputs.graphs.get(s.name) for s in inputs.states}}))
+                                "states": {s.name: lowered.graphs.get(s.name) for s in eplan.states}}))
 
+    report_states = [dict(e, prediction=predictions[e["name"]]) for e in ir_data["states"]]
     step(REPORT_FILE)
     emit(REPORT_FILE, _render(env, REPORT_TEMPLATE, {
         "plan_name": plan_name, "plan_hash": plan_hash, "artifact_name": name,
         "specc_version": specc.__version__, "plan": plan_data, "states": report_states,
-        "kernels": [variants[k].as_dict() for k in sorted(variants)],
-        "graph_summaries": inputs.graph_summaries,
-        "prediction_keys": [k for k in REPORT_PREDICTION_KEYS
-                            if any(k in e["prediction"] for e in state_entries)],
+        "kernels": ir_data["kernels"], "graph_summaries": lowered.graph_summaries,
+        "prediction_keys": [k for k in REPORT_PREDICTION_KEYS if any(k in p for p in predictions.values())],
     }))
 
     step(MANIFEST)
-    manifest["name"] = name
-    manifest["files"] = {p: "sha256:" + sha256_hex(b) for p, b in sorted(files.items())}
+    manifest = dict(ir_data, format_version=FORMAT_VERSION, specc_version=specc.__version__, name=name,
+                    plan_hash=plan_hash, template_hash="sha256:" + digest,
+                    files={p: "sha256:" + sha256_hex(b) for p, b in sorted(files.items())})
     emit(MANIFEST, _json(manifest))
     return name, files
 
@@ -961,14 +860,17 @@ def compile_plan(plan: Plan, out_dir: Path = DEFAULT_OUT_DIR,
         ArtifactError: template problems or an unwritable ``out_dir``.
         SpeccError: an invalid stage graph (``specc.graph.check_graph``).
     """
-    check_identifier(plan.name, "plan name (the plan's `name` key)")
-    resolved, violations = resolve_plan(plan)
-    errors = [v for v in violations if _severity(v) == "error"]
-    if errors:
-        lines = "\n".join(f"  - {format_violation(v)}" for v in errors)
-        raise PlanError(f"plan {plan.name!r} has {len(errors)} error(s) for engine 'specc':\n{lines}")
-    inputs = gather(resolved)
-    name, files = render(inputs, templates_dir=templates_dir, on_file=on_file, emit_graph=emit_graph)
+    from specc.build import resolve_checked
+
+    resolved, _ = resolve_checked(plan)
+    return compile_resolved(resolved, out_dir, templates_dir, on_file, emit_graph)
+
+
+def compile_resolved(resolved: Plan, out_dir: Path = DEFAULT_OUT_DIR, templates_dir: Optional[Path] = None,
+                     on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> CompileResult:
+    """Lower a plan already resolved and checked (``specc.build.resolve_checked``) to its execution
+    plan, render and atomically write its artifact under ``out_dir`` (raises as :func:`compile_plan`)."""
+    name, files = render(gather(resolved), templates_dir=templates_dir, on_file=on_file, emit_graph=emit_graph)
     return write_artifact(Path(out_dir), name, files, on_file=on_file)
 
 

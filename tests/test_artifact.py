@@ -47,7 +47,8 @@ def test_loads_states_kernels_and_nothing_else(artifact):
     assert [e["name"] for e in art.states] == [s.name for s in low.states]
     assert [e["parameters"]["num_steps"] for e in art.states] == [s.num_steps for s in low.states]
     assert set(art.kernels) == {k["name"] for k in manifest["kernels"]}
-    assert sorted(p for p in manifest["files"]) == ["kernels/greedy_verify_w5.py", "plan.yaml", "report.md"]
+    assert sorted(p for p in manifest["files"]) == ["kernels/greedy_verify_w5.py", "plan.yaml", "predictions.json",
+                                                         "report.md"]
     assert not (artifact / "states").exists() and not (artifact / "graph.json").exists()
     for name, module in art.kernels.items():
         assert module.NAME == name
@@ -246,7 +247,9 @@ def _edit_manifest(artifact, edit):
     lambda m: m["runtime"].update(dtype="bfloat16"),
     lambda m: m.update(plan_name="smollm2_eagle"),
     lambda m: m.update(name="smollm2_ngram-000000000000"),
-    lambda m: m.update(template_hash="sha256:" + "0" * 64),
+    lambda m: m["states"][0]["constants"].update(K=9),
+    lambda m: m["states"][0]["programs"][0].update(fn="draft_none"),
+    lambda m: m["runtime"]["target"].update(format="hf"),
     lambda m: m["states"].pop(),
 ])
 def test_edited_manifest_content_is_refused_before_import(artifact, monkeypatch, edit):

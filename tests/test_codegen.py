@@ -162,13 +162,18 @@ def test_layout_and_manifest(ngram_artifact):
     assert manifest["specc_version"] == specc.__version__
     from specc.lower import lower
 
+    predictions = json.loads((root / "predictions.json").read_text())
+    assert predictions["artifact_name"] == root.name
     states = lower(resolved_preset("smollm2_ngram"))
     assert [s["name"] for s in manifest["states"]] == [s.name for s in states]
     for entry, s in zip(manifest["states"], states):
-        assert set(entry) == {"name", "parameters", "kernels", "tree", "prediction"} and entry["tree"] is None
+        assert set(entry) == {"name", "parameters", "kernels", "tree", "programs", "constants"} and entry["tree"] is None
         assert entry["parameters"]["num_steps"] == s.num_steps
         assert entry["parameters"]["batch_size"] == s.batch_size
-        assert entry["prediction"], f"no cost prediction for {s.name}"
+        assert entry["constants"] == {"B": s.batch_size, "K": s.num_steps, "W": s.num_draft_tokens}
+        assert entry["programs"][0] == {"stage": "draft", "fn": "draft_chain", "args": [s.num_steps, "greedy"]}
+        # predictions are not part of the execution plan: they sit in predictions.json
+        assert predictions["states"][s.name], f"no cost prediction for {s.name}"
         assert entry["kernels"]["verify"] in {k["name"] for k in manifest["kernels"]}
     for k in manifest["kernels"]:
         assert (root / k["module"]).is_file()
@@ -228,9 +233,15 @@ def test_changed_plan_or_template_gives_a_new_name(tmp_path):
     assert a.path.name != b.path.name
     tdir = tmp_path / "templates_edited"
     shutil.copytree(codegen.TEMPLATES_DIR, tdir)
+    # the name hashes the execution plan and the generated programs: a program template edit renames,
+    # a report template edit does not (the report is rewritten under the same name)
     (tdir / "report.md.j2").write_text((tdir / "report.md.j2").read_text() + "\n<!-- edited -->\n")
-    c = codegen.compile_plan(load_preset("smollm2_ngram"), tmp_path / "a", templates_dir=tdir)
-    assert c.path.name != a.path.name
+    c = codegen.compile_plan(load_preset("smollm2_ngram"), tmp_path / "c", templates_dir=tdir)
+    assert c.path.name == a.path.name and "<!-- edited -->" in (c.path / "report.md").read_text()
+    kernel = tdir / "kernels" / "greedy_verify.py.j2"
+    kernel.write_text(kernel.read_text() + "\n# edited\n")
+    d = codegen.compile_plan(load_preset("smollm2_ngram"), tmp_path / "d", templates_dir=tdir)
+    assert d.path.name != a.path.name
 
 
 def test_existing_different_content_is_replaced(tmp_path):

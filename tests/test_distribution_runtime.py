@@ -110,12 +110,12 @@ def test_seeded_requests_reproducible_across_batches(target, draft):
 # ------------------------------------------------------------------ under the load-aware schedules
 def _schedule_runtime(target, draft, schedule, cost_table=None, sampling="probabilistic", seed=13):
     from specc.plan.schema import MethodConfig, Plan, VerifyConfig
-    from specc.runtime.loader import runtime_from_plan
+    from specc.build import plan_runtime
 
     plan = Plan(method=MethodConfig(name="draft_model", num_steps=K),
                 verify=VerifyConfig(rule="standard", draft_sampling=sampling), schedule=schedule)
-    return runtime_from_plan(plan, target, None, DraftModelDrafter(draft, V), cost_table=cost_table,
-                             max_model_len=16, seed=seed, prefill_chunk=1 << 15)
+    return plan_runtime(plan, target, None, DraftModelDrafter(draft, V), cost_table=cost_table,
+                        max_model_len=16, seed=seed, prefill_chunk=1 << 15)
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0])

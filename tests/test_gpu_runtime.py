@@ -6,7 +6,7 @@ import torch
 
 from specc.drafters.draft_model import DraftModelDrafter
 from specc.plan.schema import BucketConfig, MethodConfig, Plan, ScheduleConfig
-from specc.runtime.loader import runtime_from_plan
+from specc.build import plan_runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.testing import perturbed_copy, reference_greedy, tiny_llama
 
@@ -26,9 +26,9 @@ def test_captured_states_decode_exactly(schedule):
     refs = [reference_greedy(target, p, 24) for p in PROMPTS]
     plan = Plan(method=MethodConfig(name="draft_model", num_steps=3), schedule=schedule)
     table = {"verify_ms": {str(n): 1.0 + 0.2 * n for n in range(1, 64)}, "capture_limit": 1}
-    rt = runtime_from_plan(plan, target, None, DraftModelDrafter(draft, 64), cost_table=table, max_model_len=96,
-                           device=torch.device("cuda"))
-    # use_cuda_graphs is off in runtime_from_plan: switch it on and capture every state, as load does
+    rt = plan_runtime(plan, target, None, DraftModelDrafter(draft, 64), cost_table=table, max_model_len=96,
+                      device=torch.device("cuda"))
+    # use_cuda_graphs is off in plan_runtime: switch it on and capture every state, as load does
     rt.ctx.use_cuda_graphs = True
     assert all(s.capture() for s in rt.states)
     out = rt.generate([Request(prompt_ids=p, params=SamplingParams(max_new_tokens=24)) for p in PROMPTS], batch_size=4)

@@ -13,7 +13,7 @@ import pytest
 
 from specc.drafters.suffix import SuffixDrafter
 from specc.plan.schema import MethodConfig, Plan, ScheduleConfig, VerifyConfig
-from specc.runtime.loader import runtime_from_plan
+from specc.build import plan_runtime
 
 from test_distribution_runtime import ROWS, empirical_marginals, exact_marginals, target, tv  # noqa: F401
 
@@ -30,7 +30,7 @@ def test_suffix_sampling_matches_target(target, shape, temperature):
     drafter = SuffixDrafter(max_tree_depth=8, max_cached_requests=4096, max_spec_factor=4.0, min_token_prob=0.05)
     plan = Plan(method=SHAPES[shape], verify=VerifyConfig(rule="standard"),
                 schedule=ScheduleConfig(capture_batch_sizes=[ROWS]))
-    rt = runtime_from_plan(plan, target, None, drafter, max_model_len=16, seed=23, prefill_chunk=1 << 15)
+    rt = plan_runtime(plan, target, None, drafter, max_model_len=16, seed=23, prefill_chunk=1 << 15)
     emp = empirical_marginals(rt, temperature, 0.9)
     m = rt.metrics
     assert 0.2 * m.num_draft_tokens < m.num_accepted_tokens < 0.9 * m.num_draft_tokens, m.acceptance_rate

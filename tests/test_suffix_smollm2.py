@@ -30,13 +30,13 @@ def setup():
     assert paths, "the shipped smollm2_suffix artifact is missing; compile conf/plan/smollm2_suffix.yaml"
     rt, _ = load_runtime(paths[0], device="cpu")
     from specc.plan.schema import MethodConfig, Plan, RuntimeConfig
-    from specc.runtime.loader import runtime_from_plan
+    from specc.build import plan_runtime
 
     recs = {r.id: r for r in read_prompts(shipped_prompts_path())}
     prompts = [encode_prompt(recs[i], rt.tokenizer) for i in IDS]
-    plain = runtime_from_plan(Plan(method=MethodConfig(name="none", num_steps=0),
-                                   runtime=RuntimeConfig(max_batch_size=4)),
-                              rt.target, rt.tokenizer, None, max_model_len=rt.max_model_len)
+    plain = plan_runtime(Plan(method=MethodConfig(name="none", num_steps=0),
+                              runtime=RuntimeConfig(max_batch_size=4)),
+                         rt.target, rt.tokenizer, None, max_model_len=rt.max_model_len)
     ref = [o.token_ids for o in plain.generate(_requests(prompts), batch_size=1)]
     return rt, prompts, ref
 
@@ -61,13 +61,13 @@ def test_smollm2_suffix_is_exact_and_repeats_draw_from_the_global_tree(setup):
 def test_smollm2_suffix_tree_is_exact(setup):
     from specc.drafters.suffix import SuffixDrafter
     from specc.plan.schema import MethodConfig, Plan, RuntimeConfig
-    from specc.runtime.loader import runtime_from_plan
+    from specc.build import plan_runtime
 
     rt, prompts, ref = setup
     ref = [r[:32] for r in ref]  # greedy: the first 32 of 40 tokens
-    tree = runtime_from_plan(Plan(method=MethodConfig(name="suffix", num_steps=6, topk=2, num_draft_tokens=10),
-                                  runtime=RuntimeConfig(max_batch_size=4)),
-                             rt.target, rt.tokenizer, SuffixDrafter(), max_model_len=rt.max_model_len)
+    tree = plan_runtime(Plan(method=MethodConfig(name="suffix", num_steps=6, topk=2, num_draft_tokens=10),
+                             runtime=RuntimeConfig(max_batch_size=4)),
+                        rt.target, rt.tokenizer, SuffixDrafter(), max_model_len=rt.max_model_len)
     for bs in (1, 4):
         assert [o.token_ids for o in tree.generate(_requests(prompts, 32), batch_size=bs)] == ref
     assert tree.metrics.num_accepted_tokens > 0

@@ -17,7 +17,7 @@ import torch
 
 from specc.plan.schema import MethodConfig, Plan, ScheduleConfig, VerifyConfig
 from specc.runtime import stages
-from specc.runtime.loader import runtime_from_plan
+from specc.build import plan_runtime
 from specc.runtime.testing import CopyTreeDrafter, perturbed_copy, shortcut_tree_rejection
 
 from test_distribution_runtime import ROWS, empirical_marginals, exact_marginals, target, tv  # noqa: F401
@@ -41,8 +41,8 @@ def _runtime(target, draft, tree, seed):
     method, sampling = TREES[tree]
     plan = Plan(method=method, verify=VerifyConfig(rule="standard", draft_sampling=sampling),
                 schedule=ScheduleConfig(capture_batch_sizes=[ROWS]))
-    return runtime_from_plan(plan, target, None, CopyTreeDrafter(draft, max_rows=ROWS * 3), max_model_len=16,
-                             seed=seed, prefill_chunk=1 << 15)
+    return plan_runtime(plan, target, None, CopyTreeDrafter(draft, max_rows=ROWS * 3), max_model_len=16,
+                        seed=seed, prefill_chunk=1 << 15)
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0])

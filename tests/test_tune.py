@@ -916,10 +916,13 @@ def test_run_takes_a_plan_file(tiny, tmp_path, monkeypatch, capsys):
     assert rc == 0 and "reused ngram.yaml -> " in err and len(list((tmp_path / "artifacts").iterdir())) == 1
 
 
-def test_measuring_runs_ramp_the_batch_and_stop_by_rule(tiny):
+def test_measuring_runs_ramp_the_batch_and_stop_by_rule(tiny, tmp_path, monkeypatch):
     """The step samples span batch sizes (1, 2, then the full batch) so the cost fits have a slope; a
-    cost-only run stops after its steps; a deadline in the past stops after the first decode step."""
+    cost-only run stops after its steps; a deadline in the past stops after the first decode step.
+    The measured runtime is the plan's compiled artifact, from the cache (reused when compiled again)."""
     import time as _time
+
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path))
 
     from specc.plan.load import load_plan
     from specc.rules import resolve
@@ -931,6 +934,8 @@ def test_measuring_runs_ramp_the_batch_and_stop_by_rule(tiny):
     models = Models({"path": plan.target.path, "format": "hf"}, max_model_len=120)
     ids = encode(read_prompts(tiny / "prompts.txt"), models.tokenizer)
     rt = models.runtime(plain_plan(plan, [4]))
+    assert [p.parent for p in models.artifacts] == [tmp_path / "artifacts"]
+    assert (models.artifacts[0] / "manifest.json").is_file()
     per, samples, reason, tok_s = run_sampled(rt, ids, batch_size=4, max_new_tokens=8, deadline=_time.monotonic() + 60,
                                               tolerance=0.0, min_requests=2, ramp=(1, 2), ramp_steps=2, max_steps=7)
     rows = [s.rows for s in samples]
@@ -940,6 +945,8 @@ def test_measuring_runs_ramp_the_batch_and_stop_by_rule(tiny):
     per, samples, reason, _ = run_sampled(rt, ids, batch_size=4, max_new_tokens=8, deadline=_time.monotonic() - 1,
                                           tolerance=0.0, min_requests=2)
     assert len(samples) == 1 and "time share spent" in reason
+    models.runtime(plain_plan(plan, [4]))
+    assert len(set(models.artifacts)) == 1 and len(list((tmp_path / "artifacts").iterdir())) == 1
 
 
 def test_side_by_side_keeps_the_best_round_and_records_every_round(monkeypatch):

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     from specc.plan.schema import BucketConfig, MethodConfig, ScheduleConfig, SyntheticConfig, VerifyConfig
     from specc.rules import resolve
     from specc.runtime.benchmark import predicted_decode_tok_s, run_concurrency
-    from specc.runtime.loader import runtime_from_plan
+    from specc.build import plan_runtime
     from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
     from specc.runtime.request import Request, SamplingParams
 
@@ -120,8 +120,8 @@ def main(argv=None) -> int:
         drafter = None
         if with_drafter:
             drafter = suffix_drafter.build_drafter(suffix_spec) if plan.method.name == "suffix" else NgramDrafter(*window)
-        rt = runtime_from_plan(plan, target, tok, drafter, cost_table=None if plan.schedule.kind != "budget" else
-                               _table_dict(table), max_model_len=args.max_model_len)
+        rt = plan_runtime(plan, target, tok, drafter, cost_table=None if plan.schedule.kind != "budget" else
+                          _table_dict(table), max_model_len=args.max_model_len)
         return run_concurrency(rt, requests(c), c)
 
     t_start = time.perf_counter()

@@ -140,13 +140,13 @@ class Runner:
         from specc import methods
         from specc.analyze import lower_plan
         from specc.codegen import runtime_section
-        from specc.runtime.loader import runtime_from_plan
+        from specc.build import plan_runtime
 
         low = lower_plan(plan)
         spec = runtime_section(plan, low.schedule.as_dict(), max(s.num_steps for s in low.states))
         self.drafter = methods.build_drafter(plan.method.name, spec, target, tok, target.norm.weight.device,
                                              target.config.max_model_len)
-        self.rt = runtime_from_plan(plan, target, tok, self.drafter, max_model_len=args.max_model_len)
+        self.rt = plan_runtime(plan, target, tok, self.drafter, max_model_len=args.max_model_len)
         self.name, self.args, self.plan = name, args, plan
         self.outputs = []
 

@@ -51,7 +51,8 @@ def main() -> int:
     from specc.deploy_cost import ModelShape
     from specc.plan.load import load_plan
     from specc.rules import resolve
-    from specc.runtime.loader import load_models, runtime_from_plan
+    from specc.build import plan_runtime
+    from specc.runtime.loader import load_models
 
     loaded = load_plan(args.plan, [*args.overrides, f"runtime.device={args.device}"])
     plan, violations = resolve(loaded.plan, "specc")
@@ -64,8 +65,8 @@ def main() -> int:
     max_steps = max(s.num_steps for s in low.states)
     spec = codegen.runtime_section(plan, low.schedule.as_dict(), max_steps)
     target, tokenizer, drafter, dev = load_models(spec, args.device, max_steps)
-    rt = runtime_from_plan(plan, target, tokenizer, drafter, device=dev, use_cuda_graphs=cuda,
-                           max_model_len=plan.target.max_model_len)
+    rt = plan_runtime(plan, target, tokenizer, drafter, device=dev, use_cuda_graphs=cuda,
+                      max_model_len=plan.target.max_model_len)
     c = target.config
     shape = ModelShape(hidden=c.hidden_size, layers=c.num_layers, heads=c.num_heads, kv_heads=c.num_kv_heads,
                        head_dim=c.head_dim, intermediate=c.intermediate_size, vocab=c.vocab_size,

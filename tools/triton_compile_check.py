@@ -6,7 +6,8 @@ code and accepts programs the compiler refuses (a variable that starts as int64 
 int32 loop index inside an ``if`` compiles under the interpreter and fails ``ast_to_ttir`` on a GPU).
 This check runs the compiler itself (``triton.compile`` on an ``ASTSource``, every stage to the
 cubin where the NVIDIA backend's ``ptxas`` is installed) for each kernel and each constexpr variant
-the wrappers launch, with the argument types the wrappers pass (pointers by tensor dtype, integer
+the wrappers launch (the per-state sizes ``K``, ``N``, ``STEPS`` are constexprs: one representative value
+each, plus ``K = 0`` for the greedy chain), with the argument types the wrappers pass (pointers by tensor dtype, integer
 scalars as i32, or i64 where a wrapper passes a value past 2**31).
 
     python tools/triton_compile_check.py              # sm_90 (Hopper); exit 1 when a kernel fails
@@ -39,31 +40,34 @@ def variants():
     block = block_verify_triton._kernel()
     t_mask, t_greedy, t_rejection = tree_triton._kernels()
     bv, bm = verify_triton.BLOCK_V, tree_triton.BLOCK_MASK
-    chain_out = {"nvalid_ptr": I32, "acc_ptr": I32, "out_ptr": I64, "bonus_ptr": I64, "K": "i32", "V": "i32"}
+    chain_out = {"nvalid_ptr": I32, "acc_ptr": I32, "out_ptr": I64, "bonus_ptr": I64, "V": "i32"}
     sampled = {"draft_ptr": I64, "target_ptr": F32, "dprob_ptr": F32, "unif_ptr": F32, "noise_ptr": F32, **chain_out}
     for logits in (True, False):
         yield (f"verify greedy FROM_LOGITS={logits}", v_greedy,
                {"draft_ptr": I64, "target_ptr": F32 if logits else I64, **chain_out},
-               {"FROM_LOGITS": logits, "BLOCK": bv})
+               {"K": 4, "FROM_LOGITS": logits, "BLOCK": bv})
+    yield "verify greedy K=0", v_greedy, {"draft_ptr": I64, "target_ptr": F32, **chain_out}, \
+        {"K": 0, "FROM_LOGITS": True, "BLOCK": bv}
     for has_q in (True, False):
-        yield f"verify rejection HAS_DRAFT_PROBS={has_q}", v_rejection, sampled, {"HAS_DRAFT_PROBS": has_q, "BLOCK": bv}
-        yield f"block verify HAS_DRAFT_PROBS={has_q}", block, sampled, {"HAS_DRAFT_PROBS": has_q, "BLOCK": bv}
+        yield (f"verify rejection HAS_DRAFT_PROBS={has_q}", v_rejection, sampled,
+               {"K": 4, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv})
+        yield f"block verify HAS_DRAFT_PROBS={has_q}", block, sampled, {"K": 4, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv}
     for mode in TreeMaskMode:
         out = I64 if mode == TreeMaskMode.QLEN_ONLY_BITPACKING else I8
         yield (f"tree mask MODE={mode.name}", t_mask,
-               {"parents_ptr": I64, "prefix_ptr": I64, "offset_ptr": I64, "out_ptr": out, "N": "i32"},
-               {"MODE": int(mode), "BLOCK": bm})
+               {"parents_ptr": I64, "prefix_ptr": I64, "offset_ptr": I64, "out_ptr": out},
+               {"N": 7, "MODE": int(mode), "BLOCK": bm})
     tree_out = {"acc_ptr": I64, "path_ptr": I64, "bonus_ptr": I64}
     for logits in (True, False):
         yield (f"tree greedy FROM_LOGITS={logits}", t_greedy,
                {"draft_ptr": I64, "parents_ptr": I64, "target_ptr": F32 if logits else I64, "nvalid_ptr": I32,
-                **tree_out, "N": "i32", "V": "i32" if logits else "i64", "STEPS": "i32"},
-               {"FROM_LOGITS": logits, "BLOCK": 1024})
+                **tree_out, "V": "i32" if logits else "i64"},
+               {"N": 7, "STEPS": 3, "FROM_LOGITS": logits, "BLOCK": 1024})
     for has_q in (True, False):
         yield (f"tree rejection HAS_DRAFT_PROBS={has_q}", t_rejection,
                {"draft_ptr": I64, "parents_ptr": I64, "target_ptr": F32, "dprob_ptr": F32, "unif_ptr": F32,
-                "noise_ptr": F32, "nvalid_ptr": I32, "resid_ptr": F32, "qw_ptr": F32, **tree_out, "N": "i32", "V": "i32"},
-               {"HAS_DRAFT_PROBS": has_q, "BLOCK": bv})
+                "noise_ptr": F32, "nvalid_ptr": I32, "resid_ptr": F32, "qw_ptr": F32, **tree_out, "V": "i32"},
+               {"N": 7, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv})
 
 
 def main() -> int:

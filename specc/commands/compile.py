@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_plan(args.plan, list(args.overrides))
     plan = loaded.plan
     codegen.check_identifier(plan.name, "plan name (the plan's `name` key)")
-    _, violations = codegen.resolve_plan(plan)
+    resolved, violations = codegen.resolve_plan(plan)
     errors = [v for v in violations if codegen._severity(v) == "error"]
     if errors:
         print(f"specc compile: plan {plan.name!r} ({loaded.path}) has {len(errors)} error(s) for "
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if plan.engine != "specc":
         print(f"  note: plan {plan.name!r} targets engine {plan.engine!r}; compiling it for the specc "
               f"runtime (use `specc export` for {plan.engine})", file=sys.stderr)
-    result = codegen.compile_plan(plan, Path(args.out), emit_graph=args.emit_graph)
+    result = codegen.compile_resolved(resolved, Path(args.out), emit_graph=args.emit_graph)
     if args.print_path:
         print(result.path)
         return 0

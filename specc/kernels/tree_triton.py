@@ -15,7 +15,7 @@ import torch
 from specc.kernels.tree_common import (TreeMaskMode, _check_parents, _check_tree_rejection, _path_outputs, _prefix_lens,
                                       _tree_target_argmax, bitpack_dtype)
 from specc.kernels.verify_common import VerifyOutput, _num_valid
-from specc.kernels.verify_triton import BLOCK_V, _check_device, _triton
+from specc.kernels.verify_triton import BLOCK_V, _check_device, _triton, check_specialization, launch
 
 __all__ = ["tree_attention_mask_triton", "tree_greedy_verify_triton", "tree_rejection_verify_triton"]
 
@@ -28,7 +28,8 @@ def _kernels():
     triton, tl = _triton()
 
     @triton.jit
-    def mask_kernel(parents_ptr, prefix_ptr, offset_ptr, out_ptr, N, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    def mask_kernel(parents_ptr, prefix_ptr, offset_ptr, out_ptr, N: tl.constexpr, MODE: tl.constexpr,
+                    BLOCK: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         i = tl.program_id(1).to(tl.int64)
         W = N + 1
@@ -57,8 +58,8 @@ def _kernels():
             tl.store(out_ptr + b * W + i, word)
 
     @triton.jit
-    def greedy_kernel(draft_ptr, parents_ptr, target_ptr, nvalid_ptr, acc_ptr, path_ptr, bonus_ptr, N, V, STEPS,
-                      FROM_LOGITS: tl.constexpr, BLOCK: tl.constexpr):
+    def greedy_kernel(draft_ptr, parents_ptr, target_ptr, nvalid_ptr, acc_ptr, path_ptr, bonus_ptr, V,
+                      N: tl.constexpr, STEPS: tl.constexpr, FROM_LOGITS: tl.constexpr, BLOCK: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         W = N + 1
         n_valid = tl.load(nvalid_ptr + b).to(tl.int64)
@@ -103,8 +104,8 @@ def _kernels():
 
     @triton.jit
     def rejection_kernel(draft_ptr, parents_ptr, target_ptr, dprob_ptr, unif_ptr, noise_ptr, nvalid_ptr,
-                         resid_ptr, qw_ptr, acc_ptr, path_ptr, bonus_ptr, N, V,
-                         HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr):
+                         resid_ptr, qw_ptr, acc_ptr, path_ptr, bonus_ptr, V,
+                         N: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         W = N + 1
         n_valid = tl.load(nvalid_ptr + b).to(tl.int64)
@@ -262,7 +263,8 @@ def tree_attention_mask_triton(parents: torch.Tensor, mode: int = TreeMaskMode.Q
         out = torch.zeros(batch, w, dtype=torch.int64, device=dev)
     if batch:
         mask_kernel, _, _ = _kernels()
-        mask_kernel[(batch, w)](par, prefix, offsets, out, n, MODE=int(mode), BLOCK=BLOCK_MASK)
+        launch("tree_mask_kernel", mask_kernel, (batch, w), (par, prefix, offsets, out),
+               {"N": n, "MODE": int(mode), "BLOCK": BLOCK_MASK})
     if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
         return out.to(bitpack_dtype(w))
     return out.bool()
@@ -273,10 +275,13 @@ def _path_result(acc: torch.Tensor, path: torch.Tensor, bonus: torch.Tensor, dra
 
 
 def tree_greedy_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor,
-                              num_valid: Optional[torch.Tensor] = None, max_depth: Optional[int] = None,
-                              ) -> VerifyOutput:
-    """Triton kernel of `specc.kernels.tree.tree_greedy_verify` (same arguments, same result)."""
+                              num_valid: Optional[torch.Tensor] = None, max_depth: Optional[int] = None, *,
+                              num_nodes: Optional[int] = None) -> VerifyOutput:
+    """Triton kernel of `specc.kernels.tree.tree_greedy_verify` (same arguments, same result), compiled
+    per tree size and depth (``N`` draft nodes and ``STEPS`` levels are ``tl.constexpr``).
+    ``num_nodes``: the N a specialized program baked in; ValueError when the drafts are not ``[B, N]``."""
     batch, n = _check_parents(parents, draft_tokens)
+    n = check_specialization("N", num_nodes, n)
     _check_device(draft_tokens)
     dev = draft_tokens.device
     from_logits = target.dim() == 3
@@ -293,18 +298,23 @@ def tree_greedy_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tensor,
     if batch:
         _, greedy_kernel, _ = _kernels()
         dummy = torch.zeros(1, dtype=torch.int64, device=dev)
-        greedy_kernel[(batch,)](draft_tokens.contiguous() if n else dummy, parents.contiguous() if n else dummy,
-                                target_arg, valid, acc, path, bonus, n, vocab, steps,
-                                FROM_LOGITS=from_logits, BLOCK=1024, enable_fp_fusion=False)
+        launch("tree_greedy_kernel", greedy_kernel, (batch,),
+               (draft_tokens.contiguous() if n else dummy, parents.contiguous() if n else dummy,
+                target_arg, valid, acc, path, bonus, vocab),
+               {"N": n, "STEPS": steps, "FROM_LOGITS": from_logits, "BLOCK": 1024}, enable_fp_fusion=False)
     return _path_result(acc, path, bonus, draft_tokens)
 
 
 def tree_rejection_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor,
                                  draft_probs: Optional[torch.Tensor], uniforms: torch.Tensor, exp_noise: torch.Tensor,
-                                 num_valid: Optional[torch.Tensor] = None) -> VerifyOutput:
-    """Triton kernel of `specc.kernels.tree.tree_rejection_verify` (same arguments, same result).
-    Full q needs two ``[B, V]`` fp32 scratch rows (the residual and q without the rejected siblings)."""
+                                 num_valid: Optional[torch.Tensor] = None, *,
+                                 num_nodes: Optional[int] = None) -> VerifyOutput:
+    """Triton kernel of `specc.kernels.tree.tree_rejection_verify` (same arguments, same result),
+    compiled per tree size (``N`` draft nodes is a ``tl.constexpr``). Full q needs two ``[B, V]`` fp32
+    scratch rows (the residual and q without the rejected siblings). ``num_nodes``: the N a
+    specialized program baked in; ValueError when the drafts are not ``[B, N]``."""
     batch, n, vocab = _check_tree_rejection(draft_tokens, parents, target_probs, draft_probs, uniforms, exp_noise)
+    n = check_specialization("N", num_nodes, n)
     _check_device(draft_tokens)
     dev = draft_tokens.device
     valid = _num_valid(num_valid, batch, n, dev)
@@ -318,9 +328,9 @@ def tree_rejection_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tens
         _, _, rejection_kernel = _kernels()
         d64 = torch.zeros(1, dtype=torch.int64, device=dev)
         d32 = torch.zeros(1, dtype=torch.float32, device=dev)
-        rejection_kernel[(batch,)](
-            draft_tokens.contiguous() if n else d64, parents.contiguous() if n else d64, target_probs.contiguous(),
-            draft_probs.contiguous() if has_q else d32, uniforms.contiguous() if n else d32, exp_noise.contiguous(),
-            valid, scratch[0], scratch[1], acc, path, bonus, n, vocab,
-            HAS_DRAFT_PROBS=has_q, BLOCK=BLOCK_V, enable_fp_fusion=False)
+        launch("tree_rejection_kernel", rejection_kernel, (batch,),
+               (draft_tokens.contiguous() if n else d64, parents.contiguous() if n else d64, target_probs.contiguous(),
+                draft_probs.contiguous() if has_q else d32, uniforms.contiguous() if n else d32, exp_noise.contiguous(),
+                valid, scratch[0], scratch[1], acc, path, bonus, vocab),
+               {"N": n, "HAS_DRAFT_PROBS": has_q, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
     return _path_result(acc, path, bonus, draft_tokens)

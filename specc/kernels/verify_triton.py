@@ -17,9 +17,12 @@ score uses the IEEE-rounded `div_rn`: every fp32 decision rounds exactly as in t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
@@ -33,7 +36,8 @@ from specc.kernels.verify_common import (
     _target_argmax,
 )
 
-__all__ = ["greedy_verify_triton", "rejection_verify_triton", "interpreter_ready", "BLOCK_V"]
+__all__ = ["greedy_verify_triton", "rejection_verify_triton", "interpreter_ready", "record_launches", "Launch",
+           "BLOCK_V"]
 
 BLOCK_V = 1024  # vocabulary block per inner iteration (vLLM's resample block, RSU:768-800)
 
@@ -60,6 +64,48 @@ def interpreter_ready() -> bool:
     return isinstance(tl.standard.max, InterpretedFunction)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One Triton kernel launch: the kernel's name (``greedy_kernel``, ``tree_rejection_kernel``, ...)
+    and the compile-time constants (``tl.constexpr`` values) it was specialized to."""
+
+    kernel: str
+    constexprs: Dict[str, Any]
+
+
+_RECORDERS: List[List[Launch]] = []
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[List[Launch]]:
+    """Collect every Triton launch of specc's verify/tree kernels made inside the ``with`` block (in
+    this thread or any other) as :class:`Launch` records: which kernel ran and which constexprs
+    (e.g. ``K``, ``N``, ``STEPS``) Triton compiled it for."""
+    log: List[Launch] = []
+    _RECORDERS.append(log)
+    try:
+        yield log
+    finally:
+        _RECORDERS.remove(log)
+
+
+def launch(name: str, kernel: Any, grid: tuple, args: tuple, constexprs: Dict[str, Any], **options: Any) -> None:
+    """Launch ``kernel[grid](*args, **constexprs, **options)`` and record it (:func:`record_launches`).
+    Every value in ``constexprs`` is a ``tl.constexpr`` of the kernel: Triton compiles (and caches)
+    one binary per distinct tuple of them."""
+    for log in _RECORDERS:
+        log.append(Launch(name, dict(constexprs)))
+    kernel[grid](*args, **constexprs, **options)
+
+
+def check_specialization(name: str, expected: Optional[int], actual: int) -> int:
+    """The compile-time constant ``name`` of a launch: ``actual`` (read from the tensor shapes), which
+    must equal ``expected`` when a specialized program baked one in. Raises ValueError otherwise."""
+    if expected is not None and int(expected) != int(actual):
+        raise ValueError(f"kernel specialized to {name} = {int(expected)} called with inputs of {name} = {int(actual)}")
+    return int(actual)
+
+
 def _check_device(t: torch.Tensor) -> None:
     if t.device.type != "cuda" and not interpreter_ready():
         raise SpeccError(
@@ -75,8 +121,8 @@ def _kernels():
 
     @triton.jit
     def greedy_kernel(
-        draft_ptr, target_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr, K, V,
-        FROM_LOGITS: tl.constexpr, BLOCK: tl.constexpr,
+        draft_ptr, target_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr, V,
+        K: tl.constexpr, FROM_LOGITS: tl.constexpr, BLOCK: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         n = tl.load(nvalid_ptr + b).to(tl.int64)
@@ -118,8 +164,8 @@ def _kernels():
 
     @triton.jit
     def rejection_kernel(
-        draft_ptr, target_ptr, dprob_ptr, unif_ptr, noise_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr, K, V,
-        HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
+        draft_ptr, target_ptr, dprob_ptr, unif_ptr, noise_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr, V,
+        K: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         n = tl.load(nvalid_ptr + b).to(tl.int64)
@@ -211,10 +257,15 @@ def _nonempty(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def greedy_verify_triton(
-    draft_tokens: torch.Tensor, target: torch.Tensor, num_valid: torch.Tensor | None = None
+    draft_tokens: torch.Tensor, target: torch.Tensor, num_valid: torch.Tensor | None = None, *,
+    num_steps: Optional[int] = None,
 ) -> VerifyOutput:
-    """Triton kernel of `specc.kernels.verify.greedy_verify` (same arguments, same result)."""
-    batch, num_steps = _check_drafts(draft_tokens)
+    """Triton kernel of `specc.kernels.verify.greedy_verify` (same arguments, same result).
+
+    The kernel is compiled per κ (``K`` is a ``tl.constexpr``: its loops have constant trip counts).
+    ``num_steps``: the κ a specialized program baked in; ValueError when the drafts are not ``[B, κ]``."""
+    batch, k = _check_drafts(draft_tokens)
+    num_steps = check_specialization("K", num_steps, k)
     _check_device(draft_tokens)
     from_logits = target.dim() == 3
     if from_logits:
@@ -229,10 +280,9 @@ def greedy_verify_triton(
     if batch == 0:
         return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))
     greedy_kernel, _ = _kernels()
-    greedy_kernel[(batch,)](
-        _nonempty(draft_tokens, draft_tokens), target_arg, valid, acc, out, bonus, num_steps, vocab,
-        FROM_LOGITS=from_logits, BLOCK=BLOCK_V, enable_fp_fusion=False,
-    )
+    launch("greedy_kernel", greedy_kernel, (batch,),
+           (_nonempty(draft_tokens, draft_tokens), target_arg, valid, acc, out, bonus, vocab),
+           {"K": num_steps, "FROM_LOGITS": from_logits, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
     return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))
 
 
@@ -243,9 +293,14 @@ def rejection_verify_triton(
     uniforms: torch.Tensor,
     exp_noise: torch.Tensor,
     num_valid: torch.Tensor | None = None,
+    *,
+    num_steps: Optional[int] = None,
 ) -> VerifyOutput:
-    """Triton kernel of `specc.kernels.verify.rejection_verify` (same arguments, same result)."""
-    batch, num_steps, vocab = _check_rejection_inputs(draft_tokens, target_probs, draft_probs, uniforms, exp_noise)
+    """Triton kernel of `specc.kernels.verify.rejection_verify` (same arguments, same result), compiled
+    per κ (``K`` is a ``tl.constexpr``). ``num_steps``: the κ a specialized program baked in;
+    ValueError when the drafts are not ``[B, κ]``."""
+    batch, k, vocab = _check_rejection_inputs(draft_tokens, target_probs, draft_probs, uniforms, exp_noise)
+    num_steps = check_specialization("K", num_steps, k)
     _check_device(draft_tokens)
     valid = _num_valid(num_valid, batch, num_steps, draft_tokens.device)
     acc, out, bonus = _outputs(batch, num_steps, draft_tokens.device)
@@ -253,10 +308,9 @@ def rejection_verify_triton(
         return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))
     _, rejection_kernel = _kernels()
     has_q = draft_probs is not None
-    rejection_kernel[(batch,)](
-        _nonempty(draft_tokens, draft_tokens), target_probs.contiguous(),
-        _nonempty(draft_probs, target_probs) if has_q else target_probs,
-        _nonempty(uniforms, target_probs), exp_noise.contiguous(), valid, acc, out, bonus, num_steps, vocab,
-        HAS_DRAFT_PROBS=has_q, BLOCK=BLOCK_V, enable_fp_fusion=False,
-    )
+    launch("rejection_kernel", rejection_kernel, (batch,),
+           (_nonempty(draft_tokens, draft_tokens), target_probs.contiguous(),
+            _nonempty(draft_probs, target_probs) if has_q else target_probs,
+            _nonempty(uniforms, target_probs), exp_noise.contiguous(), valid, acc, out, bonus, vocab),
+           {"K": num_steps, "HAS_DRAFT_PROBS": has_q, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
     return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))

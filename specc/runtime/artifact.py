@@ -1,16 +1,18 @@
 """Load a compiled artifact (``specc compile``'s ``generated/<plan>-<hash>/``), verifying it first.
 
 Order matters: the manifest is parsed and checked, the sha256 of every listed file is verified,
-unlisted files are refused, and the artifact's name is recomputed from the manifest's own content
-(:func:`specc.codegen.artifact_hash`: an edited manifest no longer matches its name), all BEFORE
+unlisted files are refused, and the artifact's name is recomputed from the execution plan the
+manifest holds and the generated programs (:func:`specc.ir.artifact_hash`: an edited manifest or
+program no longer matches its name), all BEFORE
 anything from the artifact is imported. An artifact is identified by that content, not by the name
 of its directory: one renamed, copied or moved by hand loads (its content is checked the same way)
 and everything that reports it uses :attr:`Artifact.name`. Each kernel module is then executed from the exact bytes
 that were hashed (read once, hashed, compiled), so a file swapped between the check and the import
 cannot run, and no ``__pycache__`` is read or written.
 
-The manifest is the one source the runtime reads (DESIGN.md: "the runtime never re-reads YAML"):
-``plan.yaml`` is hashed but never parsed. Nothing here imports torch; the kernel modules may.
+The manifest is the one source the runtime reads: the execution plan
+(:class:`specc.ir.ExecutionPlan`, :attr:`Artifact.ir`); ``plan.yaml`` is hashed but never parsed, and
+nothing here imports ``specc.plan``, Hydra or torch (the kernel modules import torch).
 """
 from __future__ import annotations
 
@@ -28,13 +30,16 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
 import specc
+from specc import ir as ir_mod
 from specc.errors import ArtifactError
 from specc.io import ARTIFACT_FILE_LIMIT, ARTIFACT_TOTAL_LIMIT, file_kind, human_size, read_inside
 
 MANIFEST = "manifest.json"
 PLAN_FILE = "plan.yaml"
-SUPPORTED_FORMAT_VERSIONS = (3,)
-_REQUIRED_KEYS = ("format_version", "specc_version", "name", "plan_name", "plan_hash", "template_hash",
+FORMAT_VERSION = 4
+"""The artifact format this loader reads (``specc.codegen.FORMAT_VERSION`` writes it)."""
+SUPPORTED_FORMAT_VERSIONS = (FORMAT_VERSION,)
+_REQUIRED_KEYS = ("format_version", "specc_version", "name", "plan_name", "plan_hash",
                   "runtime", "states", "trees", "kernels", "files")
 _SAFE_REL = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _load_counter = itertools.count()
@@ -48,11 +53,13 @@ class Artifact:
         path: the artifact directory.
         manifest: the parsed ``manifest.json``.
         kernels: kernel variant name → its module (``kernels/<name>.py``).
+        ir: the execution plan the manifest holds (:class:`specc.ir.ExecutionPlan`).
     """
 
     path: Path
     manifest: Dict[str, Any]
     kernels: Dict[str, types.ModuleType]
+    ir: "ir_mod.ExecutionPlan" = None  # type: ignore[assignment]
 
     @property
     def name(self) -> str:
@@ -65,7 +72,7 @@ class Artifact:
     def states(self) -> List[Dict[str, Any]]:
         """The manifest's per-state records, in order: ``name``, ``parameters`` (the
         ``StateSpec`` fields), ``kernels`` (role → variant name), ``tree`` (key into
-        :attr:`trees` or None) and ``prediction``."""
+        :attr:`trees` or None), ``programs`` and ``constants`` (:class:`specc.ir.StateIR`)."""
         return list(self.manifest["states"])
 
     @property
@@ -115,12 +122,13 @@ def read_manifest(path: Path) -> Dict[str, Any]:
                             f"{exc.lineno}); {_fix(path)}") from None
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{mpath} is not a JSON object; {_fix(path)}")
+    if manifest.get("format_version") not in SUPPORTED_FORMAT_VERSIONS:
+        raise ArtifactError(f"{mpath}: artifact format {manifest.get('format_version')!r} is not one this "
+                            f"specc reads (format {FORMAT_VERSION}: the manifest is the execution plan); "
+                            f"recompile with specc compile: {_fix(path, manifest)}")
     missing = [k for k in _REQUIRED_KEYS if k not in manifest]
     if missing:
         raise ArtifactError(f"{mpath} lacks {', '.join(missing)}; {_fix(path, manifest)}")
-    if manifest["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
-        raise ArtifactError(f"{mpath}: artifact format {manifest['format_version']!r} is not one this "
-                            f"specc reads ({SUPPORTED_FORMAT_VERSIONS}); {_fix(path, manifest)}")
     files = manifest["files"]
     if not isinstance(files, dict) or not files:
         raise ArtifactError(f"{mpath}: 'files' must map file names to hashes; {_fix(path, manifest)}")
@@ -247,35 +255,36 @@ def load_artifact(path: str | Path) -> Artifact:
         raise ArtifactError(f"{path / PLAN_FILE} does not match the manifest's plan_hash; {_fix(path, manifest)}")
     check_name(path, manifest, contents)
     check_entries(path, manifest)
+    try:
+        eplan = ir_mod.ExecutionPlan.from_dict(manifest)
+    except (ArtifactError, KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{path / MANIFEST}: not an execution plan of this specc ({exc}); "
+                            f"{_fix(path, manifest)}") from None
     prefix = f"_specc_artifact_{next(_load_counter)}"
     kernels: Dict[str, types.ModuleType] = {}
     for entry in manifest["kernels"]:
         name, rel = _entry(entry, path, manifest, "kernel")
         kernels[name] = _import(f"{prefix}.kernels.{name}", path, rel, contents, manifest)
-    return Artifact(path=path, manifest=manifest, kernels=kernels)
+    return Artifact(path=path, manifest=manifest, kernels=kernels, ir=eplan)
 
 
 def check_name(path: Path, manifest: Mapping[str, Any], contents: Mapping[str, bytes]) -> None:
     """The manifest's ``name`` must be ``<plan_name>-<hash>`` with the hash
-    :func:`specc.codegen.artifact_hash` of ``plan.yaml``, the templates' digest, the specc version
-    and the manifest's content (:func:`specc.codegen.manifest_content`): one check covers every
-    fact of the manifest, so an edit of any of them is refused.
+    :func:`specc.ir.artifact_hash` of the execution plan the manifest holds (:data:`specc.ir.IR_KEYS`)
+    and the generated programs (``kernels/*.py``, their verified bytes): one check covers every
+    fact the runtime reads, so an edit of any of them is refused.
 
     Raises:
         ArtifactError: naming ``manifest.json`` and the fix."""
-    from specc.codegen import artifact_hash, manifest_content
-
     mpath = path / MANIFEST
-    plan_name, template = manifest["plan_name"], manifest["template_hash"]
+    plan_name = manifest["plan_name"]
     if not (isinstance(plan_name, str) and plan_name.isidentifier()):
         raise ArtifactError(f"{mpath}: plan_name {plan_name!r} is not an identifier; {_fix(path, manifest)}")
-    if not (isinstance(template, str) and template.startswith("sha256:")):
-        raise ArtifactError(f"{mpath}: template_hash {template!r} is not a sha256 digest; {_fix(path, manifest)}")
-    expected = (f"{plan_name}-"
-                f"{artifact_hash(contents[PLAN_FILE].decode('utf-8'), template[7:], manifest['specc_version'], content=manifest_content(manifest))}")
+    sources = {rel: data for rel, data in contents.items() if rel.startswith("kernels/")}
+    expected = f"{plan_name}-{ir_mod.artifact_hash(manifest, sources, manifest['format_version'], manifest['specc_version'])}"
     if manifest["name"] != expected:
-        raise ArtifactError(f"{mpath}: name = {manifest['name']!r} is not the hash of the manifest's content, "
-                            f"plan.yaml and the templates ({expected!r}): manifest.json was edited after compile; "
+        raise ArtifactError(f"{mpath}: name = {manifest['name']!r} is not the hash of the manifest's content (the execution plan) and the "
+                            f"generated programs ({expected!r}): manifest.json was edited after compile; "
                             f"{_fix(path, manifest)}")
 
 

@@ -1,14 +1,19 @@
 """Artifact → Runtime: verify the artifact (``specc.runtime.artifact.load_artifact``), load the
 target and the drafter its manifest's runtime section names, and build one runtime state per
-manifest state entry (its parameters, kernels and static tree; its programs from the one table,
-:func:`specc.programs.state_programs`) under the manifest's schedule. The runtime reads the
-manifest, never ``plan.yaml`` (DESIGN.md)."""
+state of its execution plan (:class:`specc.ir.ExecutionPlan`: parameters, kernels, static tree;
+programs from the one table, :func:`specc.programs.state_programs`) under its schedule. The runtime
+reads the execution plan, never ``plan.yaml``, and never imports ``specc.plan``: a runtime is built
+from an artifact (:func:`load_runtime`, :func:`artifact_runtime`) or an execution plan
+(:func:`ir_runtime`) only."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from specc.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from specc.ir import ExecutionPlan  # noqa: F401
 
 
 def resolve_device(requested: str) -> "torch.device":
@@ -169,57 +174,49 @@ def artifact_runtime(art: "Artifact", target, tokenizer, drafter, dev: "torch.de
         ArtifactError: no state in ``buckets``, a state this runtime cannot run, or one the schedule
             can select that is not built.
     """
-    from specc.runtime.engine import Runtime
-
-    spec = runtime_spec(art)
-    entries = [e for e in art.states if buckets is None or int(e["parameters"]["batch_size"]) in buckets]
-    if not entries:
-        have = sorted({int(e["parameters"]["batch_size"]) for e in art.states})
-        raise ArtifactError(f"{art.path.name}: no state with batch bucket in {buckets} (it has {have})")
-    specs = [state_spec(art, e) for e in entries]
-    use_graphs = dev.type == "cuda" and spec.get("cuda_graphs") is not False
-    return Runtime(target, tokenizer, drafter, specs,
-                   state_kernels={e["name"]: dict(e["kernels"]) for e in entries},
-                   trees={e["name"]: art.tree_of(e) for e in entries if e.get("tree") is not None},
-                   synthetic_rates=(spec.get("verify") or {}).get("synthetic_rates"),
-                   max_model_len=max_model_len or spec["target"].get("max_model_len"), device=dev,
-                   kernel_backend=kernel_backend or spec.get("kernel_backend") or "auto",
-                   use_cuda_graphs=use_graphs, seed=seed, kernel_modules=art.kernels,
-                   schedule=spec.get("schedule"), compile_backend=compile_backend)
+    return ir_runtime(art.ir, target, tokenizer, drafter, dev, kernel_modules=art.kernels,
+                      compile_backend=compile_backend, kernel_backend=kernel_backend, seed=seed,
+                      max_model_len=max_model_len, buckets=buckets, use_cuda_graphs=None, where=art.path.name)
 
 
-def runtime_from_plan(plan, target, tokenizer, drafter, *, cost_table: Optional[dict] = None,
-                      max_model_len: Optional[int] = None, seed: int = 0, prefill_chunk: int = 512,
-                      device: Optional[Any] = None, use_cuda_graphs: bool = False) -> "Runtime":
-    """A runtime for ``plan``'s candidate states and schedule over models already loaded — the same
-    lowering (:func:`specc.analyze.lower_plan`) and schedule spec ``specc compile`` writes, without
-    an artifact. Benchmarks that compare many schedules on one target use it; tests of schedules too.
+def ir_runtime(eplan: "ExecutionPlan", target, tokenizer, drafter, dev: Optional["torch.device"] = None, *,
+               kernel_modules: Optional[Dict[str, Any]] = None, compile_backend: Optional[str] = None,
+               kernel_backend: Optional[str] = None, seed: int = 0, max_model_len: Optional[int] = None,
+               buckets: Optional[List[int]] = None, use_cuda_graphs: Optional[bool] = None,
+               prefill_chunk: int = 512, where: str = "execution plan") -> "Runtime":
+    """The runtime of an execution plan (:class:`specc.ir.ExecutionPlan`) over models already loaded:
+    each state's parameters, kernels (``kernel_modules``: the artifact's specialized modules by
+    name; None runs the generic kernels) and static tree, the schedule, the synthetic rates.
 
     Args:
-        plan: a resolved ``Plan``. target, tokenizer, drafter: loaded models (drafter None for κ = 0).
-        cost_table: the manifest's ``runtime.schedule.cost_table`` mapping (``verify_ms`` by tokens,
-            ``draft_ms`` by requests, ``capture_limit``) for ``budget``; default: read from
-            ``schedule.cost_table`` when the plan names one.
-        use_cuda_graphs: capture each state's verify program on CUDA (as ``load_runtime`` does).
+        dev: the device (None: the Runtime's default, the target's). compile_backend / kernel_backend: default the
+            execution plan's. max_model_len: tokens per request (default the target section's).
+        buckets: build only the states of these batch buckets (a benchmark at one batch size).
+        use_cuda_graphs: capture states on CUDA (default: when ``dev`` is CUDA, unless the plan says
+            ``cuda_graphs: false``).
     Raises:
-        PlanError: a plan that does not lower. ArtifactError: a state the runtime cannot run.
+        ArtifactError: no state in ``buckets``, a state this runtime cannot run.
     """
-    from specc import programs
-    from specc.analyze import lower_plan
     from specc.runtime.engine import Runtime
     from specc.runtime.state import StateSpec
 
-    low = lower_plan(plan)
-    if cost_table is None and plan.schedule.cost_table:
-        from specc.codegen import runtime_section
-
-        cost_table = runtime_section(plan, low.schedule.as_dict(), 0)["schedule"]["cost_table"]
-    schedule = dict(low.schedule.as_dict(), cost_table=cost_table)
-    rates = None
-    if plan.verify.rule == "synthetic":
-        syn = plan.verify.synthetic
-        rates = programs.synthetic_conditional_rates(syn.acceptance_rates, syn.acceptance_length,
-                                                     max(s.num_steps for s in low.states))
-    specs = [StateSpec.from_candidate(s) for s in low.states]
-    return Runtime(target, tokenizer, drafter, specs, max_model_len=max_model_len, seed=seed, schedule=schedule,
-                   synthetic_rates=rates, prefill_chunk=prefill_chunk, device=device, use_cuda_graphs=use_cuda_graphs)
+    rt = eplan.runtime
+    states = [s for s in eplan.states if buckets is None or s.batch_size in buckets]
+    if not states:
+        have = sorted({s.batch_size for s in eplan.states})
+        raise ArtifactError(f"{where}: no state with batch bucket in {buckets} (it has {have})")
+    try:
+        specs = [StateSpec.from_dict(s.parameters) for s in states]
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: a state's parameters do not fit this runtime ({exc}); re-run specc compile") from None
+    if use_cuda_graphs is None:
+        use_cuda_graphs = dev is not None and dev.type == "cuda" and rt.cuda_graphs is not False
+    return Runtime(target, tokenizer, drafter, specs,
+                   state_kernels={s.name: dict(s.kernels) for s in states} if kernel_modules else None,
+                   trees={s.name: eplan.trees[s.tree] for s in states if s.tree is not None},
+                   synthetic_rates=list(rt.verify.synthetic_rates) if rt.verify.synthetic_rates is not None else None,
+                   max_model_len=max_model_len or rt.target.max_model_len, device=dev,
+                   kernel_backend=kernel_backend or rt.kernel_backend or "auto",
+                   use_cuda_graphs=use_cuda_graphs, seed=seed, kernel_modules=kernel_modules,
+                   schedule=rt.schedule.to_dict(), compile_backend=compile_backend or rt.compile_backend or "eager",
+                   prefill_chunk=prefill_chunk)

@@ -113,10 +113,11 @@ def shallow_copy(model: LlamaModel, num_layers: int) -> LlamaModel:
 
 def runtime_for_plan(plan, target, drafter, *, cost_table: Optional[dict] = None, max_model_len: int = 128,
                      seed: int = 0, tokenizer=None, prefill_chunk: int = 512):
-    """:func:`specc.runtime.loader.runtime_from_plan` with test defaults (no tokenizer, 128 tokens)."""
-    from specc.runtime.loader import runtime_from_plan
+    """:func:`specc.build.plan_runtime` (the plan's execution plan, generic kernels) with test defaults
+    (no tokenizer, 128 tokens). Imports ``specc.build`` (and so ``specc.plan``) only when called."""
+    from specc.build import plan_runtime
 
-    return runtime_from_plan(plan, target, tokenizer, drafter, cost_table=cost_table, max_model_len=max_model_len,
+    return plan_runtime(plan, target, tokenizer, drafter, cost_table=cost_table, max_model_len=max_model_len,
                              seed=seed, prefill_chunk=prefill_chunk)
 
 

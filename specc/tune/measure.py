@@ -55,11 +55,16 @@ class Measurement:
 
 class Models:
     """The target (loaded once) and each candidate's drafter (loaded on first use), shared by every
-    runtime tune builds. ``dtype``: the target's dtype (the cost table's measured choice, else fp32)."""
+    runtime tune builds from a compiled artifact (:meth:`runtime`). ``dtype``: the target's dtype (the
+    cost table's measured choice, else fp32). ``artifact_dir``: where candidates are compiled
+    (default ``$SPECC_CACHE_DIR/artifacts``)."""
 
     def __init__(self, target_spec: Dict[str, Any], dtype: str = "float32", max_model_len: int = 512,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", artifact_dir: Optional[Path] = None) -> None:
         from specc.models import load_target
+
+        self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
+        self.artifacts: List[Path] = []  # every artifact a runtime was built from, in order
 
         self.max_model_len = int(max_model_len)
         self.target, self.tokenizer = load_target(target_spec["path"], target_spec.get("format") or "auto",
@@ -76,12 +81,12 @@ class Models:
         shared; a lookup drafter (n-gram, suffix decoding) is built anew for every call, because it is
         cheap to build and may keep state across requests (suffix decoding's global tree of earlier
         outputs): no run drafts from the outputs of another configuration's run over the same prompts."""
-        from specc import codegen, methods
-        from specc.analyze import lower_plan
+        from specc import methods
+        from specc.build import plan_ir
 
         def build():
             plan = candidate.plan
-            spec = codegen.runtime_section(plan, lower_plan(plan).schedule.as_dict(), candidate.measure_steps)
+            spec = plan_ir(plan).runtime.to_dict()  # the execution plan's runtime section, as compiled
             return methods.build_drafter(plan.method.name, spec, self.target, self.tokenizer, self.device,
                                          max_seq_len=self.target.config.max_model_len)
 
@@ -91,13 +96,30 @@ class Models:
             self._drafters[candidate.name] = build()
         return self._drafters[candidate.name]
 
-    def runtime(self, plan, candidate=None, cost_table: Optional[dict] = None):
-        """A runtime for ``plan`` over the shared models (``candidate`` None: plain decoding)."""
-        from specc.runtime.loader import runtime_from_plan
+    def runtime(self, plan, candidate=None):
+        """The runtime of ``plan`` (``candidate`` None: plain decoding) over the shared models, built
+        from its compiled artifact: the plan is compiled into the content-addressed cache
+        (``$SPECC_CACHE_DIR/artifacts``, ``specc.commands.compile.cache_dir``; an identical artifact
+        already there is reused), loaded and verified (``specc.runtime.artifact.load_artifact``), and
+        run with its specialized kernels and the compile backend ``specc run`` would pick
+        (``specc.runtime.loader.choose_settings``) — what tune measures is what was compiled.
 
+        Raises:
+            PlanError: a plan the ``specc`` profile refuses. ArtifactError: an unwritable cache.
+        """
+        from specc import codegen
+        from specc.commands.compile import cache_dir
+        from specc.runtime.artifact import load_artifact
+        from specc.runtime.loader import artifact_runtime, choose_settings, runtime_spec
+
+        out = self.artifact_dir or cache_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        art = load_artifact(codegen.compile_plan(plan, out).path)
+        self.artifacts.append(art.path)
         drafter = self.drafter(candidate) if candidate is not None else None
-        return runtime_from_plan(plan, self.target, self.tokenizer, drafter, cost_table=cost_table,
-                                 max_model_len=self.max_model_len, device=self.device)
+        _, backend, _ = choose_settings(runtime_spec(art), self.device)
+        return artifact_runtime(art, self.target, self.tokenizer, drafter, self.device, compile_backend=backend,
+                                max_model_len=self.max_model_len)
 
 
 def encode(records: Sequence[Any], tokenizer) -> List[List[int]]:
