@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from specc import ir, programs
+from specc import codegen, ir, programs
 from specc.errors import PlanError
 
 
@@ -33,7 +34,6 @@ class Lowered:
 
 def resolve_checked(plan: Any, engine: str = "specc") -> Tuple[Any, List[Any]]:
     """``(resolved plan, violations)``; raises PlanError listing every error-severity violation."""
-    from specc import codegen
 
     codegen.check_identifier(plan.name, "plan name (the plan's `name` key)")
     resolved, violations = codegen.resolve_plan(plan, engine)
@@ -61,7 +61,6 @@ def build_ir(plan_name: str, states: Sequence[Any], runtime: Dict[str, Any]) -> 
     Raises:
         PlanError: a state the runtime cannot run, or one with no kernel for its verify rule.
     """
-    from specc import codegen
 
     rates = runtime["verify"]["synthetic_rates"]
     kernels: Dict[str, ir.KernelSpec] = {}
@@ -148,7 +147,6 @@ def plan_ir(plan: Any, cost_table: Any = None) -> ir.ExecutionPlan:
     Raises:
         PlanError: a plan that does not lower, or a state the runtime cannot run.
     """
-    from specc import codegen
     from specc.analyze import lower_plan
 
     low = lower_plan(plan)
@@ -177,3 +175,28 @@ def plan_runtime(plan: Any, target: Any, tokenizer: Any, drafter: Any, *, cost_t
     return ir_runtime(plan_ir(plan, cost_table), target, tokenizer, drafter, device, seed=seed,
                       max_model_len=max_model_len, prefill_chunk=prefill_chunk, use_cuda_graphs=use_cuda_graphs,
                       compile_backend="eager", kernel_backend="auto", where=f"plan {plan.name}")
+
+
+def compile_plan(plan: Any, out_dir: Path = codegen.DEFAULT_OUT_DIR,
+                 templates_dir: Optional[Path] = None,
+                 on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> codegen.CompileResult:
+    """Resolve and check ``plan`` against the ``specc`` profile, lower it, render and atomically
+    write its artifact under ``out_dir`` (``templates_dir`` defaults to :data:`specc.codegen.TEMPLATES_DIR`;
+    ``emit_graph``: also ``graph.json``).
+
+    Raises:
+        PlanError: a name that is not an identifier, rule errors against the ``specc`` profile (all
+            listed), or a plan that lowers to no state.
+        ArtifactError: template problems or an unwritable ``out_dir``.
+        SpeccError: an invalid stage graph (``specc.graph.check_graph``).
+    """
+    resolved, _ = resolve_checked(plan)
+    return compile_resolved(resolved, out_dir, templates_dir, on_file, emit_graph)
+
+
+def compile_resolved(resolved: Any, out_dir: Path = codegen.DEFAULT_OUT_DIR, templates_dir: Optional[Path] = None,
+                     on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> codegen.CompileResult:
+    """Lower a plan already resolved and checked (``specc.build.resolve_checked``) to its execution
+    plan, render and atomically write its artifact under ``out_dir`` (raises as :func:`compile_plan`); returns the :class:`specc.codegen.CompileResult`."""
+    name, files = codegen.render(lower_to_ir(resolved), templates_dir=templates_dir, on_file=on_file, emit_graph=emit_graph)
+    return codegen.write_artifact(Path(out_dir), name, files, on_file=on_file)

@@ -373,19 +373,6 @@ def _finite_or_none(v: Any) -> Any:
     return v
 
 
-def gather(plan: Plan) -> "Lowered":
-    """Size, lower and analyse ``plan`` once into its execution plan, cost predictions and stage
-    graphs (:func:`specc.build.lower_to_ir`; ``plan`` as given, not resolved here).
-
-    Raises:
-        PlanError: if lowering yields no state, a state name is not an identifier, two states
-            share a name, or a state cannot run. SpeccError: an invalid stage graph.
-    """
-    from specc.build import lower_to_ir
-
-    return lower_to_ir(plan)
-
-
 def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dict[str, Any]:
     """The manifest's ``runtime`` section: everything the runtime reads (it never reads ``plan.yaml``):
     target and draft checkpoints, the method's drafter options (``method.plugin`` for a custom
@@ -456,7 +443,7 @@ def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dic
 def render(lowered: "Lowered", env: Optional[jinja2.Environment] = None,
            templates_dir: Optional[Path] = None,
            on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> Tuple[str, Dict[str, bytes]]:
-    """Render the artifact of a lowered plan (:func:`gather` / :func:`specc.build.lower_to_ir`) in memory.
+    """Render the artifact of a lowered plan (:func:`specc.build.lower_to_ir`) in memory.
 
     The manifest is the execution plan (:meth:`specc.ir.ExecutionPlan.to_dict`) plus the format and
     specc versions, the plan and template digests, the name and the sha256 of every file; the name
@@ -845,33 +832,6 @@ def check_errors(plan: Plan, engine: str = "specc") -> List[Any]:
 def _severity(v: Any) -> str:
     sev = getattr(v, "severity", None)
     return str(getattr(sev, "value", sev)).lower()
-
-
-def compile_plan(plan: Plan, out_dir: Path = DEFAULT_OUT_DIR,
-                 templates_dir: Optional[Path] = None,
-                 on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> CompileResult:
-    """Resolve and check ``plan`` against the ``specc`` profile, lower it, render and atomically
-    write its artifact under ``out_dir`` (``templates_dir`` defaults to :data:`TEMPLATES_DIR`;
-    ``emit_graph``: also ``graph.json``).
-
-    Raises:
-        PlanError: a name that is not an identifier, rule errors against the ``specc`` profile (all
-            listed), or a plan that lowers to no state.
-        ArtifactError: template problems or an unwritable ``out_dir``.
-        SpeccError: an invalid stage graph (``specc.graph.check_graph``).
-    """
-    from specc.build import resolve_checked
-
-    resolved, _ = resolve_checked(plan)
-    return compile_resolved(resolved, out_dir, templates_dir, on_file, emit_graph)
-
-
-def compile_resolved(resolved: Plan, out_dir: Path = DEFAULT_OUT_DIR, templates_dir: Optional[Path] = None,
-                     on_file: Optional[Callable[[str], None]] = None, emit_graph: bool = False) -> CompileResult:
-    """Lower a plan already resolved and checked (``specc.build.resolve_checked``) to its execution
-    plan, render and atomically write its artifact under ``out_dir`` (raises as :func:`compile_plan`)."""
-    name, files = render(gather(resolved), templates_dir=templates_dir, on_file=on_file, emit_graph=emit_graph)
-    return write_artifact(Path(out_dir), name, files, on_file=on_file)
 
 
 def format_violation(v: Any, where: Optional[Callable[[str], Any]] = None) -> str:

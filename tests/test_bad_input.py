@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from specc import build
 from specc import codegen, cost
 from specc.cli import main as cli_main
 from specc.errors import ArtifactError, PlanError, PromptError
@@ -98,7 +99,7 @@ def ngram_art(ckpt, tmp_path_factory):
     from specc.plan.load import load_plan
 
     out = tmp_path_factory.mktemp("art")
-    return codegen.compile_plan(load_plan("smollm2_ngram", tiny_overrides(ckpt)).plan, out).path
+    return build.compile_plan(load_plan("smollm2_ngram", tiny_overrides(ckpt)).plan, out).path
 
 
 def _copy(art: Path, dest: Path) -> Path:
@@ -428,7 +429,7 @@ WRITER = textwrap.dedent("""
     import os, signal, sys, time
     from specc import codegen
     from specc.plan.load import load_plan
-    name, files = codegen.render(codegen.gather(load_plan("smollm2_ngram").plan))
+    name, files = codegen.render(build.lower_to_ir(load_plan("smollm2_ngram").plan))
     calls = []
     def on_file(rel):
         calls.append(rel)
@@ -466,13 +467,13 @@ def test_stale_temp_dirs_of_dead_compiles_are_removed_and_live_ones_kept(tmp_pat
     live = _writer(out, "wait")
     try:
         (live_tmp,) = [p for p in out.iterdir() if ".tmp-" in p.name and p != stale]
-        res = codegen.compile_plan(__import__("specc.plan.load", fromlist=["x"]).load_plan("smollm2_ngram").plan, out)
+        res = build.compile_plan(__import__("specc.plan.load", fromlist=["x"]).load_plan("smollm2_ngram").plan, out)
         assert res.status == "created"
         assert not stale.exists() and live_tmp.is_dir()  # the live compile's directory is untouched
     finally:
         live.kill()
         live.wait(timeout=30)
-    again = codegen.compile_plan(__import__("specc.plan.load", fromlist=["x"]).load_plan("smollm2_ngram").plan, out)
+    again = build.compile_plan(__import__("specc.plan.load", fromlist=["x"]).load_plan("smollm2_ngram").plan, out)
     assert again.status == "unchanged"
     assert sorted(p.name for p in out.iterdir()) == [res.path.name]
 
@@ -480,7 +481,7 @@ def test_stale_temp_dirs_of_dead_compiles_are_removed_and_live_ones_kept(tmp_pat
 def test_concurrent_compiles_of_one_plan_report_honestly(tmp_path):
     from specc.plan.load import load_plan
 
-    name, files = codegen.render(codegen.gather(load_plan("smollm2_ngram").plan))
+    name, files = codegen.render(build.lower_to_ir(load_plan("smollm2_ngram").plan))
     out = tmp_path / "out"
     first_writing = threading.Event()
     second_done = threading.Event()

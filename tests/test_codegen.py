@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specc import build
 from specc import codegen
 from specc.errors import ArtifactError, PlanError
 from test_codegen_support import compile_preset, load_preset, resolved_preset
@@ -195,7 +196,7 @@ def _plan_of(root):
 
 
 def test_emit_graph_writes_every_state_graph(tmp_path):
-    res = codegen.compile_plan(load_preset("smollm2_ngram"), tmp_path / "out", emit_graph=True)
+    res = build.compile_plan(load_preset("smollm2_ngram"), tmp_path / "out", emit_graph=True)
     graph = json.loads((res.path / "graph.json").read_text())
     states = json.loads((res.path / "manifest.json").read_text())["states"]
     assert set(graph["states"]) == {s["name"] for s in states} and all(graph["states"].values())
@@ -236,11 +237,11 @@ def test_changed_plan_or_template_gives_a_new_name(tmp_path):
     # the name hashes the execution plan and the generated programs: a program template edit renames,
     # a report template edit does not (the report is rewritten under the same name)
     (tdir / "report.md.j2").write_text((tdir / "report.md.j2").read_text() + "\n<!-- edited -->\n")
-    c = codegen.compile_plan(load_preset("smollm2_ngram"), tmp_path / "c", templates_dir=tdir)
+    c = build.compile_plan(load_preset("smollm2_ngram"), tmp_path / "c", templates_dir=tdir)
     assert c.path.name == a.path.name and "<!-- edited -->" in (c.path / "report.md").read_text()
     kernel = tdir / "kernels" / "greedy_verify.py.j2"
     kernel.write_text(kernel.read_text() + "\n# edited\n")
-    d = codegen.compile_plan(load_preset("smollm2_ngram"), tmp_path / "d", templates_dir=tdir)
+    d = build.compile_plan(load_preset("smollm2_ngram"), tmp_path / "d", templates_dir=tdir)
     assert d.path.name != a.path.name
 
 
@@ -263,7 +264,7 @@ def test_interrupted_compile_leaves_nothing(tmp_path, fraction):
     """`on_file` is called once per file rendered, then once per file written: failing at call
     ceil(fraction * 2n) interrupts rendering (fraction < 0.5) or writing (>= 0.5) midway; 1.0 fails
     just before the last file is written."""
-    n = len(codegen.render(codegen.gather(load_preset("smollm2_ngram")))[1])
+    n = len(codegen.render(build.lower_to_ir(load_preset("smollm2_ngram")))[1])
     fail_at = max(1, math.ceil(fraction * 2 * n))
     calls = []
 
@@ -281,7 +282,7 @@ def test_interrupted_compile_leaves_nothing(tmp_path, fraction):
 
 def test_interrupted_write_leaves_nothing(tmp_path):
     plan = load_preset("smollm2_ngram")
-    name, files = codegen.render(codegen.gather(plan))
+    name, files = codegen.render(build.lower_to_ir(plan))
     n = len(files)
     assert n >= 4
     calls = []
@@ -301,7 +302,7 @@ def test_template_missing_variable_is_an_error(tmp_path):
     shutil.copytree(codegen.TEMPLATES_DIR, tdir)
     (tdir / "report.md.j2").write_text("{{ no_such_variable }}\n")
     with pytest.raises(ArtifactError, match="report.md.j2"):
-        codegen.compile_plan(load_preset("smollm2_ngram"), tmp_path / "out", templates_dir=tdir)
+        build.compile_plan(load_preset("smollm2_ngram"), tmp_path / "out", templates_dir=tdir)
     assert list((tmp_path / "out").iterdir()) == [] if (tmp_path / "out").exists() else True
 
 
@@ -313,7 +314,7 @@ def test_template_missing_variable_is_an_error(tmp_path):
 def test_plan_name_must_be_identifier(tmp_path, name):
     plan = replace(load_preset("smollm2_ngram"), name=name)
     with pytest.raises(PlanError, match="not a valid identifier"):
-        codegen.compile_plan(plan, tmp_path / "out")
+        build.compile_plan(plan, tmp_path / "out")
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
@@ -322,7 +323,7 @@ def test_plan_strings_appear_only_as_literals(tmp_path):
     evil = '/tmp/x"; import os; os.system("echo pwned") #\nprint("owned")'
     base = load_preset("smollm2_ngram")
     plan = replace(base, target=replace(base.target, path=evil))
-    res = codegen.compile_plan(plan, tmp_path / "out")
+    res = build.compile_plan(plan, tmp_path / "out")
     for p in sorted(res.path.rglob("*.py")):
         src = p.read_text()
         assert evil not in src and 'print("owned")' not in src.replace(repr(evil), "")
@@ -392,9 +393,9 @@ def test_shipped_presets_compile(preset, tmp_path):
     errors = codegen.check_errors(plan)
     if errors:
         with pytest.raises(PlanError, match=re.escape(errors[0].message[:40])):
-            codegen.compile_plan(plan, tmp_path / "out")
+            build.compile_plan(plan, tmp_path / "out")
         return
-    res = codegen.compile_plan(plan, tmp_path / "out")
+    res = build.compile_plan(plan, tmp_path / "out")
     assert (res.path / "manifest.json").is_file()
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specc import build
 from specc import codegen
 
 
@@ -20,4 +21,4 @@ def resolved_preset(name: str, overrides=()):
 
 def compile_preset(name: str, out: Path, overrides=(), on_file=None):
     """Compile a shipped preset into ``out`` with the shipped templates; returns the CompileResult."""
-    return codegen.compile_plan(load_preset(name, overrides), out, on_file=on_file)
+    return build.compile_plan(load_preset(name, overrides), out, on_file=on_file)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from specc import build
 from specc import codegen
 from specc.plan.load import list_presets, load_plan
 
@@ -35,7 +36,7 @@ def shipped_presets():
 def fresh(tmp_path_factory):
     """Every shipped preset compiled once, from this source tree, into a temporary directory."""
     out = tmp_path_factory.mktemp("fresh")
-    return {p: codegen.compile_plan(load_plan(p).plan, out).path for p in shipped_presets()}
+    return {p: build.compile_plan(load_plan(p).plan, out).path for p in shipped_presets()}
 
 
 @pytest.mark.parametrize("preset", shipped_presets())

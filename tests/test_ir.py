@@ -34,7 +34,7 @@ def test_execution_plan_round_trips_through_json(preset):
 
 def test_artifact_manifest_is_the_execution_plan(tmp_path):
     low = build.compile_ir(load_plan("smollm2_adaptive").plan)
-    res = codegen.compile_plan(load_plan("smollm2_adaptive").plan, tmp_path)
+    res = build.compile_plan(load_plan("smollm2_adaptive").plan, tmp_path)
     art = load_artifact(res.path)
     assert art.ir == low.ir
     manifest = json.loads((res.path / "manifest.json").read_text())
@@ -55,7 +55,7 @@ def test_ir_module_imports_no_plan_or_torch():
 
 
 def test_old_format_artifact_is_refused_with_the_fix(tmp_path):
-    res = codegen.compile_plan(load_plan("smollm2_ngram").plan, tmp_path)
+    res = build.compile_plan(load_plan("smollm2_ngram").plan, tmp_path)
     mpath = res.path / "manifest.json"
     manifest = json.loads(mpath.read_text())
     manifest["format_version"] = 3

@@ -17,7 +17,8 @@ import types
 import pytest
 import torch
 
-from specc import codegen, programs
+from specc import build
+from specc import programs
 from specc.kernels.verify_triton import record_launches
 from specc.plan.load import load_plan
 from specc.runtime import stages
@@ -39,7 +40,7 @@ CASES = [("smollm2_adaptive", ()), ("smollm2_adaptive", ("verify.rule=standard",
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     out = tmp_path_factory.mktemp("art")
-    return [load_artifact(codegen.compile_plan(load_plan(p, list(o)).plan, out / str(i)).path)
+    return [load_artifact(build.compile_plan(load_plan(p, list(o)).plan, out / str(i)).path)
             for i, (p, o) in enumerate(CASES)]
 
 

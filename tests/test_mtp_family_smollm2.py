@@ -40,7 +40,7 @@ def plain_outputs():
 
 @pytest.mark.parametrize("method", ["mtp", "multi_layer_eagle", "frozen_kv_mtp"])
 def test_preset_gives_plain_greedy_text_at_batch_1_and_4(method, plain_outputs, tmp_path):
-    from specc.codegen import compile_plan
+    from specc.build import compile_plan
     from specc.plan.load import load_plan
     from specc.runtime.loader import load_runtime
 

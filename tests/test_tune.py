@@ -695,7 +695,7 @@ def test_emitted_plans_pass_the_engines_rules(tmp_path, name):
     own rules as `specc export` checks them (a tree has no vLLM equivalent: the refusal is written)."""
     from specc.tune import emit
     from specc.tune.candidates import discover
-    from specc import codegen
+    from specc import build
 
     cand = next(c for c in discover()[0] if c.name == name)
     k = max(cand.kappas)
@@ -706,7 +706,7 @@ def test_emitted_plans_pass_the_engines_rules(tmp_path, name):
     out.write_text(emit.dump_plan(doc, ["test"]))
     plan, errors = emit.check_loads(out, "specc")
     assert errors == [] and plan.schedule.kind == "batch_buckets" and plan.schedule.buckets[1].candidates == [k]
-    assert codegen.compile_plan(plan, tmp_path / "art").path.is_dir()
+    assert build.compile_plan(plan, tmp_path / "art").path.is_dir()
     ok, text = emit.export_text(out, "vllm")
     assert ok == (cand.shape != "tree"), text
     if ok:

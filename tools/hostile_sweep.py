@@ -223,7 +223,7 @@ def tiny_artifact(d: Path) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_runtime_artifact import _write_checkpoint  # the tests' tiny checkpoint writer
 
-    from specc import codegen
+    from specc import build
     from specc.plan.load import load_plan
     from specc.runtime.testing import tiny_llama
 
@@ -232,7 +232,7 @@ def tiny_artifact(d: Path) -> dict:
     _write_checkpoint(tiny_llama(seed=0, vocab_size=V), ckpt / "target")
     overrides = [f"target.path={ckpt / 'target'}", "target.format=hf", f"target.vocab_size={V}",
                  "target.max_model_len=128"]
-    art = codegen.compile_plan(load_plan("smollm2_ngram", overrides).plan, d / "arts").path
+    art = build.compile_plan(load_plan("smollm2_ngram", overrides).plan, d / "arts").path
     renamed = d / "arts" / "renamed_by_hand"
     shutil.copytree(art, renamed)
     plan = d / "tiny_plan.yaml"

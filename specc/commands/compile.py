@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Compile ``args.plan``. Returns the exit code; raises ``SpeccError`` for unusable input."""
+    from specc import build
     from specc import codegen
     from specc.plan.load import load_plan
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if plan.engine != "specc":
         print(f"  note: plan {plan.name!r} targets engine {plan.engine!r}; compiling it for the specc "
               f"runtime (use `specc export` for {plan.engine})", file=sys.stderr)
-    result = codegen.compile_resolved(resolved, Path(args.out), emit_graph=args.emit_graph)
+    result = build.compile_resolved(resolved, Path(args.out), emit_graph=args.emit_graph)
     if args.print_path:
         print(result.path)
         return 0
@@ -76,14 +77,14 @@ def is_artifact(source: str) -> bool:
 def artifact_for(source: str, overrides=(), say=None) -> Path:
     """The artifact to run for ``source``: itself when it is an artifact directory, else the plan it
     names (a file or a preset, with ``overrides``) compiled on the fly into :func:`cache_dir`
-    (``specc.codegen.compile_plan``: checked against the ``specc`` profile, written atomically; an
+    (``specc.build.compile_plan``: checked against the ``specc`` profile, written atomically; an
     identical artifact already there is reused). ``say`` gets one line about what happened.
 
     Raises:
         SpeccError: overrides given with an artifact directory; PlanError: a plan that does not load
             or that the ``specc`` profile refuses (every error listed).
     """
-    from specc import codegen
+    from specc import build, codegen
     from specc.errors import SpeccError
     from specc.plan.load import load_plan
 
@@ -101,7 +102,7 @@ def artifact_for(source: str, overrides=(), say=None) -> Path:
     except OSError as exc:
         raise SpeccError(f"cannot create the artifact cache {out} ({exc.strerror or exc}); set SPECC_CACHE_DIR "
                          f"to a writable folder") from None
-    result = codegen.compile_plan(plan, out)
+    result = build.compile_plan(plan, out)
     if say is not None:
         verb = "reused" if result.status == "unchanged" else "compiled"
         say(f"{verb} {loaded.path.name if hasattr(loaded.path, 'name') else source} -> {result.path}")

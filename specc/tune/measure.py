@@ -107,14 +107,14 @@ class Models:
         Raises:
             PlanError: a plan the ``specc`` profile refuses. ArtifactError: an unwritable cache.
         """
-        from specc import codegen
+        from specc import build
         from specc.commands.compile import cache_dir
         from specc.runtime.artifact import load_artifact
         from specc.runtime.loader import artifact_runtime, choose_settings, runtime_spec
 
         out = self.artifact_dir or cache_dir()
         out.mkdir(parents=True, exist_ok=True)
-        art = load_artifact(codegen.compile_plan(plan, out).path)
+        art = load_artifact(build.compile_plan(plan, out).path)
         self.artifacts.append(art.path)
         drafter = self.drafter(candidate) if candidate is not None else None
         _, backend, _ = choose_settings(runtime_spec(art), self.device)
