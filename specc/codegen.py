@@ -234,7 +234,7 @@ class KernelVariant:
     """One specialized kernel module ``kernels/<name>.py``, rendered from
     ``templates/kernels/<family>.py.j2`` with ``constants`` baked in as module constants.
 
-    The name is built from every constant (FlashInfer's URI rule, anchors.md §A4), so two states that
+    The name is built from every constant (FlashInfer's URI rule, flashinfer-ai/flashinfer flashinfer/jit), so two states that
     need the same specialization share one module and two different ones never collide."""
 
     family: str
@@ -315,7 +315,7 @@ def kernel_variants_for(state: Any) -> Dict[str, KernelVariant]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Tree buffers (compile once; Medusa's generate_medusa_buffers, anchors.md §A5.1)
+# Tree buffers (compile once; Medusa's generate_medusa_buffers, FasterDecoding/Medusa medusa/model/utils.py:32-125)
 
 
 def tree_buffers(tree_choices: Optional[Sequence[Sequence[int]]]) -> Optional[Dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 A candidate state is one (captured batch size, κ, tree shape, verify width, verify rule) the schedule
 can select at run time; codegen emits one program per state and the runtime swaps between them
-atomically (SGLang's ``SpecRuntimeState``, sglang-0.5.23.md §4 "Runtime state and switching").
+atomically (SGLang's ``SpecRuntimeState``).
 
 Pruning follows SGLang's ``cuda_graph_bs_for_step`` (adaptive_spec_params.py:328-340): a captured batch
 size b gets a state for step κ only if the schedule slot that b routes to lists κ. Routing is SGLang's
@@ -33,12 +33,12 @@ from specc import cost, methods, trees
 from specc.errors import PlanError
 from specc.plan.schema import Plan
 
-# SGLang's default adaptive config (adaptive_spec_params.py:28-53; sglang-0.5.23.md §4).
+# SGLang's default adaptive config (adaptive_spec_params.py:28-53).
 SGLANG_DEFAULT_ADAPTIVE = {1: (1, 3, 5, 7), 8: (0, 1, 3), 32: (0, 1), 64: (0,)}
 
 @dataclass(frozen=True)
 class CandidateState:
-    """One program the runtime may switch to (shared interface, notes/TEAM.md).
+    """One program the runtime may switch to (the interface codegen and the runtime share).
 
     Fields:
         name: valid Python identifier built from every parameter, e.g. ``b4_k3_topk1_w4_greedy_chain``
@@ -122,7 +122,7 @@ class ScheduleSpec:
     ``num_steps_cap`` (vLLM looks up ``min(K_entry, K)``, DYN:77-148), and for ``budget`` the
     ``ragged_verify`` mode (SGLang's: ``compact`` verifies only the admitted tokens, ``cap_accept``
     verifies every draft and caps acceptance at the admitted ones, ``static`` admits everything;
-    sglang-0.5.23.md §5). ``auto`` runs as the adaptive controller over its derived candidates."""
+    SGLang 0.5.23 sglang/srt/speculative/eagle_worker_v2.py:742-919). ``auto`` runs as the adaptive controller over its derived candidates."""
 
     kind: str
     capture_sizes: Tuple[int, ...]
@@ -179,7 +179,7 @@ def plan_tree_choices(plan: Plan) -> Optional[Tuple[Tuple[int, ...], ...]]:
 
 def base_num_steps(plan: Plan) -> Tuple[int, Optional[str]]:
     """κ of a static plan: ``method.num_steps``; for parallel drafters ``num_draft_tokens − 1`` or
-    ``block_size`` when num_steps is unset (DSpark γ = num_draft_tokens − 1, sglang-0.5.23.md §5);
+    ``block_size`` when num_steps is unset (DSpark γ = num_draft_tokens − 1);
     else the engine default. Returns (κ, note or None)."""
     m = plan.method
     if m.name == "none":
@@ -210,7 +210,7 @@ def verify_width(plan: Plan, num_steps: int) -> int:
 
     chain / parallel / plain: κ + 1 (SGLang EG20 and AD11). Static tree: the nodes of its first κ
     levels + 1 (:func:`state_tree_choices`). Dynamic tree (topk > 1): ``method.num_draft_tokens`` when
-    set, else the whole candidate pool + 1 (topk + (κ − 1)·topk² nodes, sglang-0.5.23.md §5); a
+    set, else the whole candidate pool + 1 (topk + (κ − 1)·topk² nodes); a
     smaller κ of an adaptive schedule caps it at its own pool + 1. Raises PlanError when
     num_draft_tokens − 1 exceeds the pool of the plan's own κ (a case SGLang does not check at
     startup)."""
@@ -281,7 +281,7 @@ def derive_auto_buckets(plan: Plan, sizes: Sequence[int], alpha: float, model: c
                         ) -> Tuple[Dict[int, Tuple[int, ...]], Dict[int, str]]:
     """``schedule.kind: auto``: each captured size's κ candidates from the batch model.
 
-    For every captured batch b the best κ (max tokens/s, second seed's search over 0..max_steps;
+    For every captured batch b the best κ (max tokens/s, a search over 0..max_steps;
     default 0..max(8, method.num_steps) for chains, 0..γ for block drafters) is found at α − spread,
     α and α + spread; the candidates are those (deduplicated), so an adaptive controller can follow
     acceptance within that band (``spread`` 0 gives one κ per bucket). Consecutive sizes with equal
@@ -296,7 +296,7 @@ def derive_auto_buckets(plan: Plan, sizes: Sequence[int], alpha: float, model: c
     if max_steps is None:
         if par:  # a block drafter emits γ tokens; verifying a prefix of the block is the only knob
             max_steps = base_num_steps(plan)[0]
-        else:  # the second seed's search range 0..8, widened to a larger method.num_steps
+        else:  # search range 0..8, widened to a larger method.num_steps
             max_steps = max(8, int(plan.method.num_steps or 0))
     per_size: List[Tuple[int, Tuple[int, ...], str]] = []
     for b in sizes:

@@ -19,7 +19,7 @@ A state runs five stage programs, each a function of :mod:`specc.runtime.stages`
 * **commit** — ``commit_none`` (a chain's KV is in place by position) or ``commit_tree`` (moves the
   accepted path's target KV into place and hands the drafter the path);
 * **extend** — ``extend_drafter`` whenever the plan has a drafter (at κ = 0 too, as SGLang runs
-  draft-extend at steps = 0, sglang-0.5.23.md §4: a state switch must find the drafter in sync),
+  draft-extend at steps = 0: a state switch must find the drafter in sync),
   else ``extend_none``.
 
 :func:`unsupported_reason` says why the runtime cannot run a state (and codegen refuses to compile
@@ -93,8 +93,8 @@ class StatePrograms:
 
 def synthetic_conditional_rates(rates: Optional[Sequence[float]], length: Optional[float],
                                 num_steps: int) -> Tuple[float, ...]:
-    """vLLM's synthetic acceptance as conditional per-position rates c_0..c_{κ-1} (vllm-0.33.0.md §5
-    "Synthetic"): ``length`` L becomes the minimum-variance staircase of unconditional rates
+    """vLLM's synthetic acceptance as conditional per-position rates c_0..c_{κ-1}
+    (vllm/config/speculative.py:589-597): ``length`` L becomes the minimum-variance staircase of unconditional rates
     (``floor(L − 1)`` ones, then ``L − 1 − floor(L − 1)``, then zeros; SP:589-597), then
     c_i = r_i / r_{i−1} with r_{−1} = 1 and c_i = 0 where the denominator is 0
     (``v1/spec_decode/utils.py:848-851``). ``rates`` (unconditional, non-increasing) are used as given,

@@ -1,4 +1,4 @@
-"""Sampled speculative output follows the target distribution (issue 4). Marked slow (~4 min here).
+"""Sampled speculative output follows the target distribution. Marked slow (~4 min here).
 
 On a 16-token random model, the empirical distribution of each of the first four generated tokens
 (the first from prefill, the rest from speculative steps with κ = 3, where drafts are accepted,

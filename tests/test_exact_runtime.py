@@ -1,4 +1,4 @@
-"""Exactness: greedy speculative output equals plain greedy output token for token (issue 4).
+"""Exactness: greedy speculative output equals plain greedy output token for token.
 
 Every method (κ = 0, ngram, draft_model) at κ ∈ {1, 3, 5}, batch 1 and batch 4, with prompts of
 different lengths — a 1-token prompt among them — and a request whose max_new_tokens < κ + 1. The

@@ -5,7 +5,7 @@
 
 Prints the wall time of each run of the `specc` console script (a fresh process each time, as a
 user or CI sees it), the best and the median, and whether torch was imported (it must not be).
-The target is < 1.5 s per run (issue 2). On a loaded shared machine the wall time includes waiting
+The target is < 1.5 s per run. On a loaded shared machine the wall time includes waiting
 for a CPU, so the CPU time (user + sys) is printed too.
 """
 from __future__ import annotations

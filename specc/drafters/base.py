@@ -35,7 +35,7 @@ Conventions shared by all methods:
 Methods: ``ngram`` (specc.drafters.ngram), ``suffix`` (specc.drafters.suffix: suffix trees, chains or
 trees, ``release`` moving a finished request's output into its global tree), ``draft_model`` (specc.drafters.draft_model; PARD in its
 parallel mode), the block drafters ``dflash`` / ``dspark`` (specc.drafters.dflash: ``propose_block``,
-context K/V written in ``commit``), and the EAGLE family (P-EAGLE in its parallel mode), which implements this same class in ``specc.drafters.eagle`` (issue 5): it sets
+context K/V written in ``commit``), and the EAGLE family (P-EAGLE in its parallel mode), which implements this same class in ``specc.drafters.eagle``: it sets
 ``hidden_layers`` to the target layers it fuses, keeps its own KV cache written by position, runs its
 layer over the accepted tokens in ``commit`` (``step.target_hidden`` holds the target's hidden states
 for all κ + 1 verify rows; rows past ``step.accepted[b]`` are rejected and must be ignored or
@@ -180,7 +180,7 @@ class Proposal:
             unused.
         confidence: ``[B, K]`` fp32 in [0, 1], the drafter's estimate that draft i is accepted given
             that drafts ``0..i-1`` were (the ``budget`` schedule's survival probability is their running
-            product; second seed "Deciding how much to verify by load"). It must not depend on the
+            product; vLLM vllm/v1/worker/gpu/spec_decode/adaptive_verification.py:55-64). It must not depend on the
             token drafted at i itself (for model drafters: the top probability of the draft
             distribution at i, not the probability of a sampled token), so verifying a prefix chosen
             from it keeps rejection sampling exact. None: no estimate (the schedule then treats every

@@ -1,6 +1,6 @@
 """DFlash / DSpark block drafting behind the runtime's drafter protocol (one draft pass per step).
 
-Per decode step (z-lab's ``dflash_generate``; SGLang's DFlash/DSpark workers, sglang-0.5.23.md §5):
+Per decode step (z-lab's ``dflash_generate``; SGLang's DFlash/DSpark workers):
 
 * ``propose_block``: one non-causal pass over ``[pending token, MASK × κ]`` at positions
   ``s .. s + κ`` (``s`` = the pending token's position) attending to the committed context
@@ -17,7 +17,7 @@ Per decode step (z-lab's ``dflash_generate``; SGLang's DFlash/DSpark workers, sg
 Disaggregation (``specc.runtime.disagg``, seed kind ``target_hidden``): the prefill instance ships the
 target's hidden states at ``target_layer_ids`` over the prompt and the decode instance runs this
 drafter's prefill on them, writing the same context K/V (SGLang ships the draft KV pool itself,
-sglang-0.5.23.md §6, prefill.py:301-317; the hidden states are larger but need no drafter-specific
+prefill.py:301-317; the hidden states are larger but need no drafter-specific
 export).
 """
 from __future__ import annotations

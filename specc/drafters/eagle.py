@@ -1,7 +1,7 @@
 """EAGLE / EAGLE-3 drafting behind the runtime's drafter protocol: chains (topk = 1), dynamic trees
 (EAGLE-2 style, topk > 1) and static trees (``method.tree_choices``).
 
-Per decode step (SGLang's EAGLE worker call pattern; seeds, speculative-decoding-zoo: one draft
+Per decode step (SGLang's EAGLE worker call pattern; one draft
 extension and ``num_steps - 1`` recurrent calls):
 
 * ``propose``: the head's output ``g`` at the last committed pair gives draft 1; each further draft
@@ -21,8 +21,8 @@ mask (the committed prefix plus the node's own ancestors' scratch slots). The dr
 accepted path (``commit``, which the runtime hands the path as a chain) overwrites the scratch slots
 it reaches; the rest lie past every later query's position or mask.
 
-* Dynamic tree (SGLang's EAGLE worker, sglang-0.5.23.md §5, eagle_worker_v2.py:742-919; EAGLE-2's
-  ``topK_genrate``, anchors.md §A3): the root's topk children; then per level each of the topk beams
+* Dynamic tree (SGLang's EAGLE worker, eagle_worker_v2.py:742-919; EAGLE-2's
+  ``topK_genrate``, SafeAILab/EAGLE eagle/model/cnets.py): the root's topk children; then per level each of the topk beams
   expands into its topk children scored by cumulative draft log-probability, all topk² join the
   candidate pool and the best topk become the next beams; finally the best ``num_draft_tokens - 1``
   pool nodes are kept. They are numbered in score order (ties: pool order), a topological order
@@ -413,7 +413,7 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def export_seed(self, row: int, prompt_len: int) -> dict:
         """The seed a prefill instance ships for row ``row`` after its prefill (SGLang's
-        ``EagleDraftInput``, sglang-0.5.23.md §6): ``draft_k``/``draft_v`` ``[kv_heads, P, head_dim]``
+        ``EagleDraftInput``): ``draft_k``/``draft_v`` ``[kv_heads, P, head_dim]``
         (the head's KV over the prompt pairs, positions ``0 .. P-1``), ``hidden`` ``[H]`` (the head's
         output at the last pair, which the first draft reads), ``last_pos`` ``[1]`` int64 (= P - 1),
         and the draft's top-1 at that state: ``topk_p`` ``[1]`` fp32, ``topk_index`` ``[1]`` int64

@@ -153,7 +153,7 @@ class FrozenKVDrafter(Drafter):
 
     def export_seed(self, row: int, prompt_len: int) -> dict:
         """The seed a prefill instance ships for ``row`` (SGLang counts FROZEN_KV_MTP among the methods
-        whose seed carries draft hidden states, sglang-0.5.23.md §6): the target's final-norm hidden
+        whose seed carries draft hidden states): the target's final-norm hidden
         state at the prompt's last position ``hidden [H_t]``, its position ``last_pos [1]``, and the
         first draft's top-1 ``topk_p [1]``, ``topk_index [1]`` (one assistant pass over the prompt's KV
         from the first generated token). No draft KV: there is none."""

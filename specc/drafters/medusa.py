@@ -2,7 +2,7 @@
 hidden state at the last committed position proposes the next κ tokens (a chain: each head's top
 token; ``method.parallel_drafting`` is implied, one draft pass) or a static tree
 (``method.tree_choices``: node ``[.., r]`` at depth d takes head d-1's rank-r candidate; Medusa's
-``generate_candidates``, anchors.md §A2).
+``generate_candidates``, FasterDecoding/Medusa medusa/model/utils.py).
 
 State per row: ``h_last [B, H]``, the target's final-norm hidden state at the position whose logits
 gave the pending token (prefill: the prompt's last position; after a step: the last accepted node,

@@ -1,6 +1,6 @@
 """MTP (DeepSeek-style NEXTN) drafting behind the runtime's drafter protocol: one MTP layer
 (:mod:`specc.models.mtp`) run recurrently, as SGLang runs ``--speculative-algorithm NEXTN`` (it becomes
-EAGLE, sglang-0.5.23.md N3) and vLLM runs single-layer MTP with K > 1 (the same layer rerun).
+EAGLE) and vLLM runs single-layer MTP with K > 1 (the same layer rerun).
 
 The run-time contract is the EAGLE head's (:class:`specc.drafters.eagle.EagleDrafter`, whose
 extend / propose / tree / seed code this drafter uses unchanged): the layer keeps its own KV cache,
@@ -45,7 +45,7 @@ def build_drafter(spec: Any, target: Any, tokenizer: Any = None, device: Any = "
                   max_seq_len: Optional[int] = None) -> MTPDrafter:
     """Runtime factory of method ``mtp`` (``specc.methods``): loads the MTP layer of ``draft.path``
     (``pkg://`` allowed), or of ``target.path`` when the plan names no draft (SGLang points NEXTN's
-    draft at the target, sglang-0.5.23.md EG6), bound to ``target``.
+    draft at the target), bound to ``target``.
 
     Raises ``CheckpointError`` for a path that is not an MTP checkpoint directory (a target without
     MTP layers), a checkpoint for another target, or one with several MTP layers."""

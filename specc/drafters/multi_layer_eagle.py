@@ -254,7 +254,7 @@ class MultiLayerEagleDrafter(Drafter):
     @torch.inference_mode()
     def export_seed(self, row: int, prompt_len: int) -> dict:
         """The seed a prefill instance ships for ``row`` (SGLang ships the draft KV pool of every
-        runner with the draft hidden state and top-k, eagle_disaggregation.py; sglang-0.5.23.md §6):
+        runner with the draft hidden state and top-k, eagle_disaggregation.py):
         each module's KV over the prompt ``draft_k.{k}``/``draft_v.{k}`` ``[kv_heads, P, head_dim]``,
         module 0's output ``hidden [H]``, ``last_pos [1]`` (= P - 1), each module's last final position
         ``final [n]``, the target's final-norm hidden states at the prompt's last ``min(P, R)`` positions

@@ -2,7 +2,7 @@
 request's own tokens (prompt + generated).
 
 Rule (Saxena's prompt lookup decoding; vLLM ``NgramProposer`` with ``prompt_lookup_min/max``,
-vllm-0.33.0.md §2): for n = ``max_n`` down to ``min_n``, take the last n tokens of the history and
+vllm/config/speculative.py:1302-1305): for n = ``max_n`` down to ``min_n``, take the last n tokens of the history and
 find their most recent earlier occurrence; propose the (up to κ) tokens that followed it. The first
 n with a match wins; no match at any n proposes nothing (``num_valid = 0``: that step is plain
 decoding). Drafts are one-hot (q = δ), so with the standard rule they are verified as greedy drafts.
@@ -50,7 +50,7 @@ def ngram_match(history: np.ndarray, min_n: int, max_n: int, k: int):
 
 class AcceptanceEstimate:
     """Per-position acceptance learned online, for drafts without a distribution (vLLM falls back to
-    an online estimator there too: ``OnlineAcceptanceEstimator``, vllm-0.33.0.md §6). Keyed by
+    an online estimator there too: ``OnlineAcceptanceEstimator``). Keyed by
     (matched n-gram size, draft position i): the fraction of steps that reached position i (drafts
     ``0..i-1`` accepted) in which draft i was accepted, with a Beta(1, 1) prior (0.5 before any
     observation). Depends only on earlier steps' outcomes, never on the current draft tokens."""

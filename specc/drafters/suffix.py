@@ -4,7 +4,7 @@ outputs, and over documents (corpora), with no model forward.
 Facts (Oliaro et al., "SuffixDecoding", arXiv:2411.04975; Arctic Inference's ``SuffixDecodingCache``
 and ``SuffixTree``; vLLM ``method: suffix``, keys ``suffix_decoding_max_tree_depth`` 24,
 ``..._max_cached_requests`` 10000, ``..._max_spec_factor`` 1.0, ``..._min_token_prob`` 0.1 with the
-bounds of vllm-0.33.0.md rows 30-31, SP:1741-1760):
+bounds of vllm/config/speculative.py:1741-1760):
 
 * Each request has a **local** suffix tree over its prompt and output, extended as tokens are
   accepted (never rebuilt). A **global** tree holds earlier requests' outputs (FIFO-evicted past
@@ -56,7 +56,7 @@ from specc.drafters.base import (BatchView, Drafter, DraftSampling, PrefillChunk
                                  host_batch, host_verify)
 from specc.errors import PlanError
 
-#: vLLM 0.33.0's defaults (SpeculativeConfig, vllm-0.33.0.md §2 rows 114-117).
+#: vLLM 0.33.0's defaults (SpeculativeConfig, vllm/config/speculative.py:538-553).
 DEFAULTS = {"max_tree_depth": 24, "max_cached_requests": 10000, "max_spec_factor": 1.0, "min_token_prob": 0.1}
 #: Tokens the global tree takes from corpora and added documents together, when the plan leaves
 #: ``method.suffix.max_corpus_tokens`` unset (a tree holds about 200 bytes per token of text).
@@ -529,7 +529,7 @@ class FrequencyCalibration:
     from f (a unique continuation after a one-token match has f = 1; on fresh prompts the target
     accepts a fraction of that, and a budget that trusted f would verify every such draft). It depends
     only on the history and earlier steps' outcomes, never on the current step's randomness (vLLM's
-    online acceptance estimator, vllm-0.33.0.md §6, keyed the same way for n-gram drafts in
+    online acceptance estimator, keyed the same way for n-gram drafts in
     ``specc.drafters.ngram``)."""
 
     PRIOR = 4.0

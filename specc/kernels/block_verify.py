@@ -20,7 +20,7 @@ the draft x_{τ+1} removed, w_τ cancels), else from p at position τ. The emitt
 target distribution exactly (Sun et al., Theorem 2), and the expected accepted length is at least the
 standard rule's on the same drafts (their Theorem 3, "the comparison theorem"). Layout and formulas:
 vLLM 0.33.0 ``rejection_sampler_utils.py`` RSU:321-499 (running ratio, residual mass), RSU:627-659
-(threshold, longest passing prefix), RSU:925-961 (resample); vllm-0.33.0.md §5 "Block verification".
+(threshold, longest passing prefix), RSU:925-961 (resample).
 
 Indexing: drafts ``[B, K]``; target row i (``target_probs[:, i]``) is the distribution of draft i
 (row 0 follows the pending token) and row K that of the bonus after K accepted drafts; draft row i

@@ -2,8 +2,8 @@
 
 The same function is applied to the target logits (giving p) and to the draft logits (giving q), so
 the two distributions the verify rule compares were shaped by the same per-request parameters
-(issue 4, item 2). vLLM 0.33.0 shapes the draft with temperature only (vllm-0.33.0.md §5,
-SPEC:536-540); standard rejection sampling is exact for any q with q(x) > 0 at the drafted token,
+vLLM 0.33.0 shapes the draft with temperature only
+(vllm/v1/worker/gpu/spec_decode/speculator.py:536-540); standard rejection sampling is exact for any q with q(x) > 0 at the drafted token,
 so shaping q the same way as p only raises acceptance, never breaks the output distribution.
 
 Also here: `draw_randomness`, the one place the random tensors that the verify kernels consume are

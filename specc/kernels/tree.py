@@ -76,7 +76,7 @@ def tree_attention_mask(parents: torch.Tensor, mode: int = TreeMaskMode.QLEN_ONL
                         prefix_lens: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
     """The tree attention mask of a batch of draft trees, in one of SGLang's three packings
     (``TreeMaskMode``, kernels/ops/speculative/spec_tree.py:46-49; built by
-    ``build_tree_kernel_efficient``, eagle_utils.py:138-234; sglang-0.5.23.md §5).
+    ``build_tree_kernel_efficient``, eagle_utils.py:138-234).
 
     Node i attends to node j iff j is i or an ancestor of i (the root included), and to the whole
     cached prefix before the tree.
@@ -138,7 +138,7 @@ def tree_greedy_verify(draft_tokens: torch.Tensor, parents: torch.Tensor, target
     """Greedy tree verification: from the root, repeatedly accept the child (lowest node first) whose
     token equals the target's argmax at the last accepted node; the bonus is the argmax at the node
     where no child matches (SGLang ``verify_tree_greedy``, kernels/ops/speculative/tree.py:61 and
-    spec_tree.py:211; sglang-0.5.23.md §5). The emitted tokens equal plain greedy decoding.
+    spec_tree.py:211). The emitted tokens equal plain greedy decoding.
 
     Args:
         draft_tokens: ``[B, N]`` int64 draft nodes. parents: ``[B, N]`` int64 (module docstring).

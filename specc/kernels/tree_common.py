@@ -14,7 +14,7 @@ from specc.kernels.verify_common import VerifyOutput, values_trusted
 
 
 class TreeMaskMode(enum.IntEnum):
-    """SGLang's ``TreeMaskMode`` (kernels/ops/speculative/spec_tree.py:46-49; sglang-0.5.23.md §5)."""
+    """SGLang's ``TreeMaskMode`` (kernels/ops/speculative/spec_tree.py:46-49)."""
 
     FULL_MASK = 0             # bool, per request [W, prefix + W] row-major, requests concatenated
     QLEN_ONLY = 1             # bool [B, W, W], the tree part only

@@ -153,7 +153,7 @@ def rejection_verify(
     p_i with x_i removed. If every proposed draft was accepted (or none was proposed: K = 0, num_valid
     = 0, a placeholder draft) the bonus is drawn from p at the next position. The emitted tokens are
     then distributed exactly as sampling from p one token at a time. Sources: vLLM 0.33.0 RSU:660-697
-    (acceptance), RSU:905-961 (resample), RS1:937-951 (u against p/q); vllm-0.33.0.md §5.
+    (acceptance), RSU:905-961 (resample), RS1:937-951 (u against p/q).
 
     Empty residual: if max(p_i - q_i, 0) is zero everywhere then p_i <= q_i and, both summing to 1,
     p_i = q_i wherever either is positive, so acceptance had probability min(1, p/q) = 1 and a
@@ -196,8 +196,8 @@ def synthetic_verify(
     exp_noise: torch.Tensor,
     num_valid: torch.Tensor | None = None,
 ) -> VerifyOutput:
-    """Synthetic acceptance, the zoo seed's ablation harness with vLLM's semantics (vllm-0.33.0.md §5
-    "Synthetic"; RSU:612-614, 691-693): draft i is accepted iff ``u[b, i] < c_i`` for every draft up to
+    """Synthetic acceptance, an ablation harness with vLLM's semantics
+    (vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py:612-614, 691-693): draft i is accepted iff ``u[b, i] < c_i`` for every draft up to
     it, whatever the tokens and for greedy and sampled requests alike, so P(first i+1 drafts
     accepted) = Π c_j, the unconditional rate r_i. The token at the first rejection comes from the
     normal resample path (p with the rejected draft removed, one-hot q); after all accepted drafts it

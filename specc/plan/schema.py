@@ -1,6 +1,6 @@
 """The plan schema: typed dataclasses registered in Hydra's ConfigStore.
 
-The user-facing keys are a public contract (issue 2). A value of ``None`` means "not written by the
+The user-facing keys are a public contract. A value of ``None`` means "not written by the
 user": an engine profile's ``filled`` rules report the value the engine would put there, and
 ``fallback`` rules report values it overrides. The dataclasses are plain data; nothing here imports
 torch.

@@ -186,7 +186,7 @@ def predicted_decode_tok_s(res: ConcurrencyResult, table, draft_passes: int) -> 
     """The cost model's decode throughput for a measured run, from a profiled cost table
     (:class:`specc.cost.CostTable`): at the run's mean batch B, each step emits B·τ tokens and costs
     ``draft_passes`` draft passes over B requests plus a verify of B·(1 + drafts per request) tokens
-    (the second seed's throughput model, ``batch · E / step time``, with E and the verified drafts
+    (the roofline throughput model, ``batch · E / step time``, with E and the verified drafts
     taken from the run's own acceptance). A check of the cost side of the model, not of α."""
     b = max(res.mean_batch, 1e-9)
     d = table.draft_pass_ms(max(1, round(b))) or 0.0

@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation: what the prefill instance ships so the decode instance speculates on
 its first step, the wire format, and the checks on arrival.
 
-What ships per request (sglang-0.5.23.md §6; seeds, "Speculation across a prefill/decode boundary"):
+What ships per request (SGLang 0.5.23 sglang/srt/disaggregation/prefill.py:301-317):
 
 * always: the prompt's token ids, the first generated token, and the target's KV of the prompt
   (positions ``0 .. P-1``: the first token is the pending token, its KV is written by the first

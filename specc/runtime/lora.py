@@ -15,8 +15,8 @@ tokens by adapter; forward hooks on the target's decoder-layer linears add each 
 (SGLang's segmented LoRA GEMM, one segment per adapter; a speculative verify gives every request a
 uniform width of its own κ + 1 tokens). The target's embeddings and LM head carry no adapter, and
 the drafter calls them directly (``LlamaModel.embed`` / ``lm_head``), so it never sees adapter
-deltas (SGLang peels the LoRA wrapper off the shared LM head for drafts: seeds, "Speculation plus
-LoRA"). Adapters that target the embeddings or the LM head are refused.
+deltas (SGLang peels the LoRA wrapper off the shared LM head for drafts: ``unwrap_lora_layer`` in
+sglang/srt/speculative/eagle_worker_v2.py). Adapters that target the embeddings or the LM head are refused.
 """
 from __future__ import annotations
 

@@ -17,15 +17,15 @@ Kinds (``manifest.json`` ``runtime.schedule``, written by codegen from ``specc.l
 
 * ``static`` — one κ per bucket: the runtime's earlier routing.
 * ``batch_buckets`` — vLLM's ``num_speculative_tokens_per_batch_size``: κ looked up by the number of
-  running requests (floor lookup, gaps and the tail carry the previous K; vllm-0.33.0.md rule 67-68,
+  running requests (floor lookup, gaps and the tail carry the previous K,
   DYN:77-148, SCH:1711-1714), capped at ``num_steps_cap``.
 * ``adaptive`` (and ``auto``, whose candidates the cost model derived) — SGLang 0.5.23's controller
-  (sglang-0.5.23.md §4; adaptive_spec_params.py:171-261): per slot an EMA (α = 0.2) of the mean
+  (adaptive_spec_params.py:171-261): per slot an EMA (α = 0.2) of the mean
   accepted drafts per request, 10 warm-up batches, then a decision every 5th; from κ = 0 it probes the
   next candidate up; otherwise it drops while ``ema ≤ prev − 0.5 + down_h`` (``0.5 + down_h`` when
   prev is 0), and only if it did not drop, rises while ``ema > cur − 0.5 + up_h``; an optional ceiling.
-* ``budget`` — vLLM's adaptive verification / DSpark's budget (vllm-0.33.0.md §6; second seed
-  "Deciding how much to verify by load"): every (request, position) scored by its survival
+* ``budget`` — vLLM's adaptive verification / DSpark's budget (vLLM
+  vllm/v1/worker/gpu/spec_decode/adaptive_verification.py:46-72, 305-373): every (request, position) scored by its survival
   probability, b* = argmax_b (R + Σ top-b scores) / (draft(R) + verify(R + b)) from the profiled
   cost table, admitted as a global top-b with earlier positions first (``specc.cost``), so each
   request verifies a prefix of its drafts.
@@ -286,7 +286,7 @@ class BudgetSchedule(Schedule):
     def admit(self, confidence, num_valid, num_live: int):
         """b* and the admitted prefix per row, computed on the device (no host read): confidences
         ``[n, K]`` in [0, 1], positions past ``num_valid`` scored 0 (rows without a live request have
-        ``num_valid`` 0). The same selection as :func:`specc.cost.select_verify_budget` (second seed,
+        ``num_valid`` 0). The same selection as :func:`specc.cost.select_verify_budget` (vLLM adaptive_verification.py:305-373,
         "Deciding how much to verify by load"; vLLM 0.33.0 AV:305-373): survival = running product of
         the confidences (as a cumulative sum of logs), slots ranked highest survival first with ties to
         the earlier position then the earlier request (:func:`specc.cost.admission_order`), b* =

@@ -17,7 +17,7 @@ position ``seq_len - 1 + i``, so rows past the accepted prefix are simply overwr
 and hidden by the causal-by-position mask, and the commit stage has nothing to do. A tree's node i
 sits at position ``seq_len - 1 + depth(i)`` but slot ``seq_len - 1 + i``; after acceptance the
 commit stage copies the accepted path's KV to the slots of its positions (Medusa's gather-copy,
-anchors.md §A2), after which the tree is a chain again for every later step.
+FasterDecoding/Medusa medusa/model/utils.py), after which the tree is a chain again for every later step.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 A :class:`SpecRuntimeState` bundles every buffer sized by its constants (bucket B, κ, verify width
 W = ``num_draft_tokens``: κ + 1 for a chain, the tree's node count for a tree; vocabulary V) and the
-state's programs, so switching states is a pointer swap (SGLang's ``SpecRuntimeState``, DESIGN.md
-"Swap states atomically"). A static tree's buffers (parents, depths, mask, ranks) are compiled once
+state's programs, so switching states is a pointer swap (SGLang's ``SpecRuntimeState``,
+sglang/srt/speculative/adaptive_runtime_state.py:10-34). A static tree's buffers (parents, depths, mask, ranks) are compiled once
 (the manifest's ``trees``) and never rewritten. The programs come from the one table of programs a
 state runs (:func:`specc.programs.state_programs`), derived from the state's parameters.
 

@@ -1,11 +1,10 @@
 """Predict decode throughput for every (drafter, κ or tree) at every batch size, and choose the plan.
 
-The model is the one the rest of specc uses (:mod:`specc.cost`), the second seed's throughput
-(``shared/seeds/block-drafts-and-load-aware-verification.txt``, "The higher the load": tokens/s =
+The model is the one the rest of specc uses (:mod:`specc.cost`), the roofline throughput (tokens/s =
 B · E / step time) with
 
 * **E** from the measured acceptance (:meth:`specc.acceptance.Entry.expected_tokens`: 1 + Σ_{i<κ} r_i,
-  §6.2's E(α, κ) with per-position rates; a tree's measured τ), :func:`specc.cost.expected_tokens_from_rates`;
+  E(α, κ) (Leviathan et al. 2023, arXiv:2211.17192) with per-position rates; a tree's measured τ), :func:`specc.cost.expected_tokens_from_rates`;
 * **step time** (:func:`specc.cost.decode_step_ms`) = the verify time of the step's B requests and
   B · (1 + drafts per request) target tokens — the profiled cost table's (vLLM's ``build_table`` lookup,
   :meth:`specc.cost.CostTable.step_ms`), or, when a spot check shows the table's shape no longer fits

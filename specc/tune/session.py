@@ -110,7 +110,7 @@ class Session:
         return cost.load_cost_table(str(path)), str(path), f"profiled now ({path})"
 
     def promise(self, cand) -> float:
-        """How promising a drafter looks before measuring: the §6.2 batch-1 speedup E / (1 + passes·c) at
+        """How promising a drafter looks before measuring: the batch-1 speedup E / (1 + passes·c) at
         its best κ, with E from its shipped acceptance record (on the shipped prompts) and c from
         :func:`specc.sizing.draft_cost_ratio`; +inf without a record (unknown: measured first)."""
         from specc import acceptance, methods, sizing
