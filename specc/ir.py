@@ -1,6 +1,6 @@
 """The execution plan: the one lowered object between a plan and a runtime.
 
-``specc.build.compile_ir`` resolves and checks a plan once and ``specc.build.lower_to_ir`` lowers the
+``specc.compiler.build.compile_ir`` resolves and checks a plan once and ``specc.compiler.build.lower_to_ir`` lowers the
 resolved plan into an :class:`ExecutionPlan`;
 codegen serializes it as the artifact's manifest (:meth:`ExecutionPlan.to_dict`) next to the
 programs it generates, and the runtime reads it back (:meth:`ExecutionPlan.from_dict`) without ever
@@ -23,7 +23,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from specc.errors import ArtifactError
 
 STAGES = ("draft", "verify", "accept", "commit", "extend")
-"""The five stage programs of a state, in order (``specc.programs``)."""
+"""The five stage programs of a state, in order (``specc.compiler.programs``)."""
 
 _FIX = "recompile the plan with `specc compile PLAN`"
 
@@ -82,7 +82,7 @@ class VerifyIR:
 
 @dataclass(frozen=True)
 class BucketIR:
-    """One slot of the schedule's table (``specc.lower.BucketSpec``): floor key in requests, the κ
+    """One slot of the schedule's table (``specc.compiler.lower.BucketSpec``): floor key in requests, the κ
     candidates, the adaptive controller's hysteresis and ceiling coefficient."""
 
     key: int
@@ -94,7 +94,7 @@ class BucketIR:
 
 @dataclass(frozen=True)
 class ScheduleIR:
-    """How the runtime picks a state (``specc.lower.ScheduleSpec`` plus the profiled cost table,
+    """How the runtime picks a state (``specc.compiler.lower.ScheduleSpec`` plus the profiled cost table,
     ``verify_ms`` by tokens and ``draft_ms`` by requests, and the budget's confidence source)."""
 
     kind: str
@@ -183,7 +183,7 @@ class RuntimeIR:
 class KernelSpec:
     """One specialized kernel module ``kernels/<name>.py`` rendered from ``templates/kernels/<family>.py.j2``
     with ``constants`` baked in (e.g. ``NUM_DRAFT_TOKENS``, ``DRAFT_PROBS``); the name is built from
-    every constant (``specc.codegen.KernelVariant``)."""
+    every constant (``specc.compiler.codegen.KernelVariant``)."""
 
     name: str
     family: str
@@ -205,7 +205,7 @@ class KernelSpec:
 @dataclass(frozen=True)
 class ProgramIR:
     """One stage program: ``specc.runtime.stages.<fn>(ctx, inputs, *args)`` with the state's
-    constants as ``args`` (plain literals; ``specc.programs.Call``)."""
+    constants as ``args`` (plain literals; ``specc.compiler.programs.Call``)."""
 
     stage: str
     fn: str
@@ -214,7 +214,7 @@ class ProgramIR:
 
 @dataclass(frozen=True)
 class StateIR:
-    """One candidate state (``specc.lower.CandidateState``) with everything it runs.
+    """One candidate state (``specc.compiler.lower.CandidateState``) with everything it runs.
 
     Fields: ``batch_size`` B (requests), ``num_steps`` κ, ``topk``, ``num_draft_tokens`` W (verify
     rows per request incl. the bonus/root), ``verify_rule``, ``draft_sampling``, ``parallel``,
@@ -275,7 +275,7 @@ def _freeze(a: Any) -> Any:
 @dataclass(frozen=True)
 class ExecutionPlan:
     """The lowered plan (see the module docstring): ``plan_name``, the :class:`RuntimeIR`, the states
-    (sorted by batch size, κ), the static trees compiled once by key (``specc.trees.compile_tree``
+    (sorted by batch size, κ), the static trees compiled once by key (``specc.compiler.trees.compile_tree``
     buffers as plain lists), the specialized kernels, and ``notes`` (lowering's notes on defaults)."""
 
     plan_name: str

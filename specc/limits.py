@@ -4,7 +4,7 @@ allocated: how many cache rows of a model fit in the memory available now.
 A runtime (``specc run``/``bench``/``serve``/``tune``/``generate``) holds the target's weights and,
 per row, a KV cache of every position up to ``max_model_len`` and a step's logits;
 :func:`runtime_bytes` counts them in fp32 (the widest dtype the runtime computes in) from the
-model's shape, read from its checkpoint header (:func:`specc.deploy_cost.checkpoint_shape`), so an
+model's shape, read from its checkpoint header (:func:`specc.predict.deploy_cost.checkpoint_shape`), so an
 option asking for more rows or positions than fit is refused with the largest value that does
 (:func:`check_fits`), instead of the allocation failing minutes later or the machine swapping.
 
@@ -34,7 +34,7 @@ def memory_budget() -> Tuple[int, int]:
 
 
 def runtime_bytes(shape, rows: int, positions: int) -> int:
-    """Bytes a runtime over a target of ``shape`` (:class:`specc.deploy_cost.ModelShape`) holds with
+    """Bytes a runtime over a target of ``shape`` (:class:`specc.predict.deploy_cost.ModelShape`) holds with
     ``rows`` cache rows of ``positions`` positions: the weights, every row's KV cache
     (``2 · layers · kv_heads · head_dim`` values per position) and a step's logits per row, in fp32."""
     return (shape.param_count() * FP32 + int(shape.kv_bytes_per_token(FP32)) * positions * rows

@@ -6,9 +6,9 @@ from typing import Optional
 
 import torch
 
-from specc.models.frozen_kv import FrozenKVConfig, FrozenKVAssistant, bind
-from specc.models.mtp import MTPConfig, MTPModel
-from specc.models.multi_layer_eagle import MultiLayerEagleModel
+from specc.methods.frozen_kv_mtp.model import FrozenKVConfig, FrozenKVAssistant, bind
+from specc.methods.mtp.model import MTPConfig, MTPModel
+from specc.methods.multi_layer_eagle.model import MultiLayerEagleModel
 
 METHODS = ("mtp", "multi_layer_eagle", "frozen_kv_mtp")
 
@@ -82,10 +82,10 @@ def exact_model(method: str, target, layers: int = 3):
 def drafter_for(method: str, model, target, num_steps: int = 3):
     """The runtime drafter of ``method`` over ``model``."""
     if method == "mtp":
-        from specc.drafters.mtp import MTPDrafter
+        from specc.methods.mtp.drafter import MTPDrafter
         return MTPDrafter(model, target.config.num_layers, target.norm)
     if method == "multi_layer_eagle":
-        from specc.drafters.multi_layer_eagle import MultiLayerEagleDrafter
+        from specc.methods.multi_layer_eagle.drafter import MultiLayerEagleDrafter
         return MultiLayerEagleDrafter(model, target.config.num_layers, target.norm, num_steps)
-    from specc.drafters.frozen_kv import FrozenKVDrafter
+    from specc.methods.frozen_kv_mtp.drafter import FrozenKVDrafter
     return FrozenKVDrafter(model, target)

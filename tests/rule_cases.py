@@ -1,5 +1,5 @@
 """Hand-written trigger / near-miss plans for every rule of every engine profile (used by
-tests/test_rules_table.py). Each case: (base plan, overrides that trigger the rule, extra overrides
+tests/check/test_rules_table.py). Each case: (base plan, overrides that trigger the rule, extra overrides
 that make a nearby plan that does not trigger it, expected severity). The expected severities were
 worked out from the engines' source (the file:line each rule cites), not from running the code; a
 ``fallback`` whose overridden key was unset is expected as ``filled``.
@@ -420,7 +420,7 @@ CASES = {
     "vllm.IG4": (V_E3, {"schedule.buckets": {1: {"candidates": [3]}}}, {"schedule.buckets": {}}, "warning"),
     "vllm.IG6": (V_E3, {"deploy.disagg.role": "decode"}, {"deploy.disagg.role": "none"}, "warning"),
     # ---------------- specc ----------------
-    # compile uses the name as a directory and module name (specc/codegen.py check_identifier).
+    # compile uses the name as a directory and module name (specc/compiler/codegen.py check_identifier).
     "specc.S-NAME": (S_E3, {"name": "my-plan"}, {"name": "my_plan"}, "error"),
     # MTP without draft.path reads the target's NEXTN layers (SGLang EG6); SmolLM2's GGUF ships none
     "specc.S-MTP-DRAFT": (S_MTP, {"draft": None}, {"draft": {"path": MTP1, "format": "hf"}}, "error"),
@@ -457,7 +457,7 @@ CASES = {
     "specc.S-TOPK-FILL": (S_E3, {"method.topk": None}, {"method.topk": 1}, "filled"),
     "specc.S-WIDTH": (S_E3, {"method.num_draft_tokens": 6}, {"method.num_draft_tokens": 4}, "error"),
     "specc.S-WIDTH-FILL": (S_E3, {"method.num_draft_tokens": None}, {"method.num_draft_tokens": 4}, "filled"),
-    # trees (specc/trees.py, specc/runtime/stages.py; SGLang's limits, arg_groups/speculative_hook.py:494-559, U7)
+    # trees (specc/compiler/trees.py, specc/runtime/stages.py; SGLang's limits, arg_groups/speculative_hook.py:494-559, U7)
     "specc.S-TREE-KIND": (S_E3, {"method.name": "medusa", "draft.path": "x/medusa", "method.topk": 2,
                                  "method.num_draft_tokens": 6}, {"method.name": "eagle3", "draft.path": SMOL_E3["path"]},
                           "error"),

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specc.drafters.draft_model import DraftModelDrafter
-from specc.drafters.ngram import NgramDrafter
+from specc.methods.draft_model.drafter import DraftModelDrafter
+from specc.methods.ngram.drafter import NgramDrafter
 from specc.runtime.engine import Runtime
 from specc.runtime.state import StateSpec
 from specc.runtime.testing import perturbed_copy, tiny_llama

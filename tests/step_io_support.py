@@ -1,5 +1,5 @@
 """Runtimes of every drafter configuration the runtime tests build cheaply (no tests here), for the
-host-read checks of ``tests/test_step_io.py``: each builder returns ``(runtime, requests)`` on small
+host-read checks of ``tests/runtime/test_step_io.py``: each builder returns ``(runtime, requests)`` on small
 random models (``specc.runtime.testing.tiny_llama``, ``test_eagle_support.tiny_target``) with a
 mix of prompts; ``SAMPLED`` marks the ones whose requests sample (temperature > 0, seeded)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from specc.lower import state_name
+from specc.compiler.lower import state_name
 from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
@@ -48,37 +48,37 @@ def plain():
 
 
 def ngram():
-    from specc.drafters.ngram import NgramDrafter
+    from specc.methods.ngram.drafter import NgramDrafter
     return _rt(tiny_llama(seed=0), NgramDrafter(1, 3), _chain_specs("ngram", 3)), requests()
 
 
 def suffix():
-    from specc.drafters.suffix import SuffixDrafter
+    from specc.methods.suffix.drafter import SuffixDrafter
     d = SuffixDrafter(max_tree_depth=8, max_cached_requests=64, max_spec_factor=2.0, min_token_prob=0.05)
     return _rt(tiny_llama(seed=0), d, _chain_specs("suffix", 3)), requests()
 
 
 def draft_model_greedy():
-    from specc.drafters.draft_model import DraftModelDrafter
+    from specc.methods.draft_model.drafter import DraftModelDrafter
     t = tiny_llama(seed=0)
     return _rt(t, DraftModelDrafter(perturbed_copy(t, 0.03, seed=1), 64), _chain_specs("draft_model", 3)), requests()
 
 
 def draft_model_sampled():
-    from specc.drafters.draft_model import DraftModelDrafter
+    from specc.methods.draft_model.drafter import DraftModelDrafter
     t = tiny_llama(seed=0)
     specs = _chain_specs("draft_model", 3, rule="standard", sampling="probabilistic")
     return _rt(t, DraftModelDrafter(perturbed_copy(t, 0.03, seed=1), 64), specs), requests(temperature=1.0)
 
 
 def ngram_sampled():
-    from specc.drafters.ngram import NgramDrafter
+    from specc.methods.ngram.drafter import NgramDrafter
     return (_rt(tiny_llama(seed=0), NgramDrafter(1, 3), _chain_specs("ngram", 3, rule="standard")),
             requests(temperature=0.8))
 
 
 def _eagle(kind: str):
-    from specc.drafters.eagle import EagleDrafter
+    from specc.methods.eagle.drafter import EagleDrafter
     from test_eagle_support import random_head, tiny_target
     t = tiny_target(seed=3)
     return t, EagleDrafter(random_head(kind, t, seed=4), t.config.num_layers, t.norm)
@@ -95,26 +95,26 @@ def eagle3_tree():
 
 
 def eagle_static_tree():
-    from specc.trees import normalize_choices
+    from specc.compiler.trees import normalize_choices
     t, d = _eagle("eagle")
     tc = normalize_choices(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
     return _rt(t, d, _tree_spec("eagle", 3, 2, len(tc) + 1, tc)), requests(t.config.vocab_size)
 
 
 def medusa_chain():
-    from specc.drafters.medusa import MedusaDrafter
+    from specc.methods.medusa.drafter import MedusaDrafter
     from test_eagle_support import tiny_target
-    from test_medusa import random_heads
+    from tests.methods.test_medusa import random_heads
     t = tiny_target(seed=7)
     d = MedusaDrafter(random_heads(t, 4, 1, seed=8, scale=0.1), t.config.num_layers, t.norm)
     return _rt(t, d, _tree_spec("medusa", 3, 1, 4, None, parallel=True)), requests(t.config.vocab_size)
 
 
 def medusa_tree():
-    from specc.drafters.medusa import MedusaDrafter
-    from specc.trees import normalize_choices
+    from specc.methods.medusa.drafter import MedusaDrafter
+    from specc.compiler.trees import normalize_choices
     from test_eagle_support import tiny_target
-    from test_medusa import random_heads
+    from tests.methods.test_medusa import random_heads
     t = tiny_target(seed=7)
     d = MedusaDrafter(random_heads(t, 4, 1, seed=8, scale=0.1), t.config.num_layers, t.norm)
     tc = normalize_choices(((0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)))
@@ -144,8 +144,8 @@ def frozen_kv_mtp():
 
 
 def dflash():
-    from specc.drafters.dflash import BlockDrafter
-    from specc.models.dflash import random_block_drafter
+    from specc.methods.dflash.drafter import BlockDrafter
+    from specc.methods.dflash.model import random_block_drafter
     t = tiny_llama(seed=0)
     model = random_block_drafter(t, kind="dflash", block_size=8, mask_token_id=63, seed=1)
     return _rt(t, BlockDrafter(model), _chain_specs("dflash", 3, parallel=True)), requests()

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specc import build
-from specc import codegen
+from specc.compiler import build
+from specc.compiler import codegen
 
 
 def load_preset(name: str, overrides=()):

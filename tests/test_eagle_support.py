@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specc.models.config import LlamaConfig
-from specc.models.eagle import EagleConfig, EagleModel, default_aux_layer_ids
+from specc.methods.eagle.model import EagleConfig, EagleModel, default_aux_layer_ids
 from specc.models.llama import LlamaModel
 
 V, H, LAYERS = 96, 32, 6

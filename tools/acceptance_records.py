@@ -6,10 +6,10 @@ drafts, merged by proposals: :func:`specc.tune.candidates.discover`), decode the
 (``specc/data/prompts.jsonl``, held out from every training stage) greedily with the runtime at the
 candidate's κ, and write acceptance per draft position, τ and their 95 % intervals into the drafter's
 record (``<drafter dir>/acceptance.json``, or ``specc/data/acceptance/<name>.json`` for a drafter
-built at install and for methods without a drafter checkpoint; :func:`specc.acceptance.record_path`).
+built at install and for methods without a drafter checkpoint; :func:`specc.predict.acceptance.record_path`).
 Other entries of a record file are kept. ``specc explain`` and ``specc compile`` read these records,
 so afterwards recompile the shipped artifacts (``generated/README.md``) and run
-``tests/test_generated_drift.py``.
+``tests/compiler/test_generated_drift.py``.
 
     OMP_NUM_THREADS=1 python tools/acceptance_records.py                       # every drafter
     OMP_NUM_THREADS=1 python tools/acceptance_records.py smollm2_135m_eagle3   # one drafter (all its presets)
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     args = ap.parse_args(argv)
 
-    from specc import acceptance
+    from specc.predict import acceptance
     from specc.runtime.prompts import read_prompts, select, shipped_prompts_path
     from specc.tune.candidates import discover
     from specc.tune.measure import Models, encode, measure
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
             acceptance.write_record(path, [e])
     if not args.dry_run:
         print("records written; recompile the shipped artifacts (generated/README.md) and run "
-              "tests/test_generated_drift.py")
+              "tests/compiler/test_generated_drift.py")
     return 0
 
 

@@ -168,12 +168,12 @@ def main(argv=None) -> None:
 
     import torch
 
-    from specc.drafters.dflash import BlockDrafter
-    from specc.drafters.draft_model import DraftModelDrafter, parallel_mask_token
-    from specc.drafters.eagle import EagleDrafter
+    from specc.methods.dflash.drafter import BlockDrafter
+    from specc.methods.draft_model.drafter import DraftModelDrafter, parallel_mask_token
+    from specc.methods.eagle.drafter import EagleDrafter
     from specc.models import load_target
-    from specc.models.dflash import load_block_drafter
-    from specc.models.eagle_loader import load_eagle_head
+    from specc.methods.dflash.model import load_block_drafter
+    from specc.methods.eagle.loader import load_eagle_head
     from specc.models.llama import configure_cpu_threads
 
     torch.set_num_threads(1)

@@ -75,15 +75,17 @@ def main(argv=None) -> int:
 
     import torch
 
-    from specc import cost, lower, methods
-    from specc.drafters import suffix as suffix_drafter
-    from specc.drafters.ngram import NgramDrafter
+    from specc import methods
+    from specc.predict import cost
+    from specc.compiler import lower
+    from specc.methods.suffix import drafter as suffix_drafter
+    from specc.methods.ngram.drafter import NgramDrafter
     from specc.models import load_target
     from specc.plan.load import load_plan
     from specc.plan.schema import BucketConfig, MethodConfig, ScheduleConfig, SyntheticConfig, VerifyConfig
-    from specc.rules import resolve
+    from specc.check import resolve
     from specc.runtime.benchmark import predicted_decode_tok_s, run_concurrency
-    from specc.build import plan_runtime
+    from specc.compiler.build import plan_runtime
     from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
     from specc.runtime.request import Request, SamplingParams
 
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
             pilot = run(plan_for(d, ScheduleConfig(kind="static"), 4), min(args.concurrency))
             alpha = cost.alpha_for_expected_tokens(min(max(pilot.tau, 1.0), 5.0), 4)
         else:
-            from specc.sizing import plan_alpha
+            from specc.predict.sizing import plan_alpha
 
             alpha = plan_alpha(plan_for(d, ScheduleConfig(kind="static"), 4))[0]
         probe = plan_for(d, ScheduleConfig(kind="auto", cost_table=args.cost_table, alpha=alpha))

@@ -29,8 +29,8 @@ sys.path.insert(0, sys.argv[1])
 import torch
 from specc.models import load_target
 from specc.models.llama import configure_cpu_threads
-from specc.models.eagle_loader import load_eagle_head
-from specc.drafters.eagle import EagleDrafter
+from specc.methods.eagle.loader import load_eagle_head
+from specc.methods.eagle.drafter import EagleDrafter
 from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec

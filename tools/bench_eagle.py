@@ -81,9 +81,9 @@ def main(argv=None) -> None:
         if kind not in HEADS or not path:
             ap.error(f"--head takes KIND[:LABEL]=DIR with KIND in {sorted(HEADS)}, got {item!r}")
         heads[f"{kind}:{label}" if label else kind] = pathlib.Path(path)
-    from specc.drafters.eagle import EagleDrafter
+    from specc.methods.eagle.drafter import EagleDrafter
     from specc.models import load_target
-    from specc.models.eagle_loader import load_eagle_head
+    from specc.methods.eagle.loader import load_eagle_head
     from specc.models.llama import configure_cpu_threads
 
     target, tok = load_target(TARGET_PATH, "gguf")

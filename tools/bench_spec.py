@@ -31,8 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specc.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from specc.drafters.ngram import NgramDrafter  # noqa: E402
+from specc.methods.draft_model.drafter import DraftModelDrafter  # noqa: E402
+from specc.methods.ngram.drafter import NgramDrafter  # noqa: E402
 from specc.models import load_target  # noqa: E402
 from specc.runtime.engine import Runtime  # noqa: E402
 from specc.runtime.prompts import encode_prompt, read_prompts, select, shipped_prompts_path  # noqa: E402

@@ -124,7 +124,7 @@ def main(argv=None) -> int:
 
 
 def _plan(plan):
-    from specc.rules import resolve
+    from specc.check import resolve
 
     resolved, violations = resolve(plan, "specc")
     errors = [v for v in violations if v.severity == "error"]
@@ -138,9 +138,9 @@ class Runner:
 
     def __init__(self, name, plan, target, tok, args):
         from specc import methods
-        from specc.analyze import lower_plan
-        from specc.codegen import runtime_section
-        from specc.build import plan_runtime
+        from specc.predict.analyze import lower_plan
+        from specc.compiler.codegen import runtime_section
+        from specc.compiler.build import plan_runtime
 
         low = lower_plan(plan)
         spec = runtime_section(plan, low.schedule.as_dict(), max(s.num_steps for s in low.states))

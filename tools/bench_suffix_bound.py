@@ -9,19 +9,19 @@ and the step advances by the matched prefix plus the bonus token (Leviathan et a
 The answers are the target's distilled greedy answers of a data recipe (``answers:<recipe>``, built
 from installable corpora, never the evaluation prompts). The last ``--held-out`` answers are the
 prompts replayed; the corpus of the global tree is taken from the others, in shard order, as the
-preset's ``answers:`` entry does (``specc.corpus``), so no replayed answer is in the corpus.
+preset's ``answers:`` entry does (``specc.methods.suffix.corpus``), so no replayed answer is in the corpus.
 
 Configurations, each over the same held-out answers:
 
 * ``ngram``: the n-gram preset (prompt lookup, ``--ngram-min``..``--ngram-max``, κ = ``--ngram-kappa``).
 * ``suffix``: the suffix preset's chain (κ = ``--kappa``, ``max_spec_factor``, ``min_token_prob``),
-  local and global trees, the higher score wins (``specc.drafters.suffix``).
+  local and global trees, the higher score wins (``specc.methods.suffix.drafter``).
 * ``suffix local``: the request's own tree only (no corpus, no earlier outputs).
 * ``suffix κ=4``, ``suffix min_token_prob 0.3``, ``suffix max_spec_factor 2``: one setting changed.
 * ``suffix calibrated + budget``: local or global chosen by calibrated expected accepted length
-  (:class:`specc.drafters.suffix.FrequencyCalibration`, learned online over the replay), the chosen
+  (:class:`specc.methods.suffix.drafter.FrequencyCalibration`, learned online over the replay), the chosen
   chain cut where its calibrated survival stops paying for its verify token: the ``budget`` schedule's
-  b* = argmax_b (1 + Σ_{j<b} survival_j) / step_ms(1 + b) at batch 1 (``specc.cost.select_verify_budget``).
+  b* = argmax_b (1 + Σ_{j<b} survival_j) / step_ms(1 + b) at batch 1 (``specc.predict.cost.select_verify_budget``).
 * ``oracle``: per step, whichever of the local draft, the global draft and the n-gram draft the target
   accepts furthest. No selection rule over these structures can do better, so this bounds what
   tuning the selection could give.
@@ -53,16 +53,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specc.cost import load_cost_table, select_verify_budget  # noqa: E402
-from specc.drafters.ngram import ngram_lookup  # noqa: E402
-from specc.drafters.suffix import FrequencyCalibration, SpecLimits, SuffixCache, SuffixTree, speculate  # noqa: E402
+from specc.predict.cost import load_cost_table, select_verify_budget  # noqa: E402
+from specc.methods.ngram.drafter import ngram_lookup  # noqa: E402
+from specc.methods.suffix.drafter import FrequencyCalibration, SpecLimits, SuffixCache, SuffixTree, speculate  # noqa: E402
 
 Drafter = Callable[[SuffixTree, List[int]], List[List[int]]]
 
 
 def load_answers(recipe: str) -> List[Tuple[List[int], List[int]]]:
     """``[(prompt ids, answer ids)]`` of a data recipe's distilled shards, in shard order."""
-    from specc.corpus import _answer_dirs
+    from specc.methods.suffix.corpus import _answer_dirs
     from specc.train import shards as S
 
     dirs, why = _answer_dirs(f"answers:{recipe}")

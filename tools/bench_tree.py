@@ -59,9 +59,9 @@ def load_prompts(tok, per_category: int):
 
 
 def spec_of(method: str, k: int, topk: int, w: int, tree=None):
-    from specc.lower import state_name
+    from specc.compiler.lower import state_name
     from specc.runtime.state import StateSpec
-    from specc.trees import normalize_choices
+    from specc.compiler.trees import normalize_choices
 
     tc = normalize_choices(tree) if tree else None
     parallel = method == "medusa" and tc is None and k > 0
@@ -116,9 +116,9 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from specc.drafters.eagle import EagleDrafter
+    from specc.methods.eagle.drafter import EagleDrafter
     from specc.models import load_target
-    from specc.models.eagle_loader import load_eagle_head
+    from specc.methods.eagle.loader import load_eagle_head
     from specc.models.llama import configure_cpu_threads
 
     configure_cpu_threads(args.threads)
@@ -133,8 +133,8 @@ def main(argv=None) -> None:
         for k, topk in TREE_SHAPES.get(w, []):
             configs.append((f"eagle3 tree W={w} κ={k} topk={topk}", eagle, spec_of("eagle3", k, topk, w)))
     if MEDUSA.is_dir():
-        from specc.drafters.medusa import MedusaDrafter
-        from specc.models.medusa import load_medusa_heads
+        from specc.methods.medusa.drafter import MedusaDrafter
+        from specc.methods.medusa.model import load_medusa_heads
 
         heads = load_medusa_heads(MEDUSA, target.config, target.lm_head)
         medusa = MedusaDrafter(heads, target.config.num_layers, target.norm)

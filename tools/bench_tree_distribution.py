@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Tree rejection sampling against the shortcut rule, side by side: the total variation between the
 runtime's sampled tokens and the target's exact distribution (enumerated), for the trees and settings
-of ``tests/test_tree_distribution.py`` (a 16-token random target, a perturbed copy as the drafter,
+of ``tests/runtime/test_tree_distribution.py`` (a 16-token random target, a perturbed copy as the drafter,
 the first four generated tokens, temperature 0.5 and 1.0, top-p 0.9).
 
 Prints, per tree and temperature, the max TV over the four token positions of the exact rule

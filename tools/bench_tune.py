@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     print(f"specc tune took {tune_s / 60:.1f} min (budget {budget:g} min)", flush=True)
 
     from specc.plan.load import load_plan
-    from specc.rules import resolve
+    from specc.check import resolve
     from specc.tune.candidates import discover, identity
     from specc.tune.confirm import Entry, side_by_side
     from specc.tune.measure import Models, encode

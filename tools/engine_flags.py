@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write an engine version's launch-flag table (``specc/importer/flags/<engine>-<version>.json``)
+"""Write an engine version's launch-flag table (``specc/engines/<engine>/flags/<version>.json``)
 from the engine's own argument parser.
 
     python tools/engine_flags.py sglang 0.5.23 --source /path/to/unpacked/sglang/wheel
@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "specc" / "importer" / "flags"
+OUT = Path(__file__).resolve().parent.parent / "specc" / "engines"
 
 
 def _kind(action) -> str:
@@ -130,8 +130,8 @@ def main() -> int:
         data.update(vllm_serving_names())
     data = {"engine": args.engine, "version": args.version,
             "generated_by": "tools/engine_flags.py from the engine's own parser", **data}
-    OUT.mkdir(parents=True, exist_ok=True)
-    out = OUT / f"{args.engine}-{args.version}.json"
+    (OUT / args.engine / "flags").mkdir(parents=True, exist_ok=True)
+    out = OUT / args.engine / "flags" / f"{args.version}.json"
     out.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     print(f"wrote {out} ({len(data['actions'])} actions)")
     return 0

@@ -20,7 +20,7 @@ and hands the command to the engine exactly as its launcher does:
 
 It writes ``tests/fixtures/engine_verdicts/<engine>-<version>.json``: per case the command, the
 verdict (``ok`` or ``error`` with the exception's type and first line) and the resolved values of
-the deployment keys. ``tests/test_engine_verdicts.py`` compares ``specc check`` with it. Engine
+the deployment keys. ``tests/check/test_engine_verdicts.py`` compares ``specc check`` with it. Engine
 packages are not dependencies of specc: run this with a scratch environment that has what the
 engine's argument modules import. Modules they import at module level but never call while
 resolving arguments can be stubbed with ``--stub NAME`` (each stub is recorded in the output).
@@ -170,7 +170,7 @@ def sglang_verdict(argv, env, hardware):
     import sglang.srt.arg_groups.memory_hook as memory_hook
     from sglang.srt.server_args import ServerArgs
 
-    from specc import cost
+    from specc.predict import cost
 
     mem = cost.load_hardware_profile(hardware).memory_bytes if hardware else None
     memory_hook.get_device_memory_capacity = lambda device=None: (mem / (1 << 20)) if mem else None

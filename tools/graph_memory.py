@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Measure the CUDA-graph memory of a plan's captured states and compare it with the prediction
-``specc explain`` prints (:func:`specc.deploy_cost.graph_memory`, engine ``specc``).
+``specc explain`` prints (:func:`specc.predict.deploy_cost.graph_memory`, engine ``specc``).
 
     python tools/graph_memory.py smollm2_eagle3 schedule.capture_batch_sizes=[1,8,32,64]
     python tools/graph_memory.py smollm2_eagle3 verify.rule=standard verify.draft_sampling=probabilistic \\
@@ -46,12 +46,13 @@ def main() -> int:
               "--device cpu to trace the programs' allocations", file=sys.stderr)
         return 2
     cuda = args.device == "cuda"
-    from specc import codegen, deploy_cost
-    from specc.analyze import lower_plan
-    from specc.deploy_cost import ModelShape
+    from specc.compiler import codegen
+    from specc.predict import deploy_cost
+    from specc.predict.analyze import lower_plan
+    from specc.predict.deploy_cost import ModelShape
     from specc.plan.load import load_plan
-    from specc.rules import resolve
-    from specc.build import plan_runtime
+    from specc.check import resolve
+    from specc.compiler.build import plan_runtime
     from specc.runtime.loader import load_models
 
     loaded = load_plan(args.plan, [*args.overrides, f"runtime.device={args.device}"])

@@ -223,7 +223,7 @@ def tiny_artifact(d: Path) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_runtime_artifact import _write_checkpoint  # the tests' tiny checkpoint writer
 
-    from specc import build
+    from specc.compiler import build
     from specc.plan.load import load_plan
     from specc.runtime.testing import tiny_llama
 

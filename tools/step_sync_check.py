@@ -24,9 +24,9 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from specc.drafters.draft_model import DraftModelDrafter
-from specc.drafters.ngram import NgramDrafter
-from specc.drafters.suffix import SuffixDrafter
+from specc.methods.draft_model.drafter import DraftModelDrafter
+from specc.methods.ngram.drafter import NgramDrafter
+from specc.methods.suffix.drafter import SuffixDrafter
 from specc.runtime import step as S
 from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams

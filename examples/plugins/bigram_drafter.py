@@ -13,7 +13,7 @@ Use it from a plan::
       plugin: bigram                          # the entry point ``pyproject.toml`` here declares
       num_steps: 3
 
-It subclasses ``specc.drafters.base.Drafter``, so it inherits the attributes and ``setup``; it
+It subclasses ``specc.methods.base.Drafter``, so it inherits the attributes and ``setup``; it
 implements ``prefill``, ``propose`` and ``commit`` and overrides ``from_spec`` to read options.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
-from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep
+from specc.methods.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep
 
 
 def bigram_continuation(history: np.ndarray, k: int) -> list:

@@ -129,7 +129,7 @@ def _rel(path) -> str:
 def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]) -> List[Result]:
     """Load every source and check it; never stops at the first failing plan."""
     from specc.plan.load import load_plan
-    from specc.rules import profile, resolve
+    from specc.check import profile, resolve
 
     results: List[Result] = []
     for src in sources:
@@ -415,8 +415,8 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
     (``sglang`` or ``sglang==0.5.23``; None: the newest release). ``file``: a file holding the command
     (``--file``)."""
     from specc.importer import CommandError, import_command, imported_plan
-    from specc.rules import profile, resolve
-    from specc.rules.base import Violation
+    from specc.check import profile, resolve
+    from specc.check.base import Violation
 
     label = f"<{engine} command>"
     try:

@@ -1,5 +1,5 @@
 """``specc compile PLAN [overrides] [--out DIR]``: check a plan against the ``specc`` profile, lower
-it, and write its artifact ``DIR/<plan>-<hash>/`` (see ``specc.codegen``).
+it, and write its artifact ``DIR/<plan>-<hash>/`` (see ``specc.compiler.codegen``).
 
 Exit codes: 0 compiled (or already up to date), 1 the plan has rule errors (all printed),
 2 unusable input (a plan that does not load, an unwritable DIR: printed by ``specc.cli``).
@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Compile ``args.plan``. Returns the exit code; raises ``SpeccError`` for unusable input."""
-    from specc import build
-    from specc import codegen
+    from specc.compiler import build
+    from specc.compiler import codegen
     from specc.plan.load import load_plan
 
     loaded = load_plan(args.plan, list(args.overrides))
@@ -77,14 +77,15 @@ def is_artifact(source: str) -> bool:
 def artifact_for(source: str, overrides=(), say=None) -> Path:
     """The artifact to run for ``source``: itself when it is an artifact directory, else the plan it
     names (a file or a preset, with ``overrides``) compiled on the fly into :func:`cache_dir`
-    (``specc.build.compile_plan``: checked against the ``specc`` profile, written atomically; an
+    (``specc.compiler.build.compile_plan``: checked against the ``specc`` profile, written atomically; an
     identical artifact already there is reused). ``say`` gets one line about what happened.
 
     Raises:
         SpeccError: overrides given with an artifact directory; PlanError: a plan that does not load
             or that the ``specc`` profile refuses (every error listed).
     """
-    from specc import build, codegen
+    from specc.compiler import build
+    from specc.compiler import codegen
     from specc.errors import SpeccError
     from specc.plan.load import load_plan
 

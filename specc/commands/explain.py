@@ -3,7 +3,7 @@ several plans side by side.
 
 α comes from ``--alpha``, ``--acceptance`` (a ``specc run --json`` output or an acceptance record),
 ``schedule.alpha``, the plan's synthetic acceptance, or the drafter's acceptance record
-(:mod:`specc.acceptance`), and the header says which. With none of them no α is assumed: the table
+(:mod:`specc.predict.acceptance`), and the header says which. With none of them no α is assumed: the table
 gives each state's α to pay (the α at which it ties plain decoding, at batch 1 and at its bucket)
 instead of E and the speedups, and the JSON has ``alpha: null`` and ``alpha_to_pay`` per state.
 
@@ -19,7 +19,7 @@ non-finite ``--c`` are ``SpeccError`` (``specc explain: error: ...``, exit 2). B
 means speculation pays at no batch size (E < 1 + draft cost; JSON ``0.0``), ``never`` that the
 state is plain decode (JSON ``null``).
 
-Formulas: :mod:`specc.cost` (speculative decoding's yield and speedup, Leviathan et al. 2023,
+Formulas: :mod:`specc.predict.cost` (speculative decoding's yield and speedup, Leviathan et al. 2023,
 arXiv:2211.17192, over a roofline step model). Torch is never imported.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _fmt_bytes(n: Optional[int]) -> str:
 
 def _fmt_be(x: float) -> str:
     """``never`` (κ = 0: plain decode never loses to itself), ``<1`` (speculation does not pay even at
-    batch 1, see :func:`specc.cost.break_even_batch`), else the batch size to one decimal."""
+    batch 1, see :func:`specc.predict.cost.break_even_batch`), else the batch size to one decimal."""
     return "never" if math.isinf(x) else ("<1" if x < 1 else f"{x:.1f}")
 
 
@@ -100,7 +100,7 @@ def validate_outputs(args: argparse.Namespace) -> None:
     Raises SpeccError (exit 2) for: a ``--plot`` extension matplotlib cannot write, a ``--plot`` path
     that cannot be created, a ``--graphs`` path that exists and is not a directory (or cannot be
     created), a non-finite or negative ``--c`` (c = t_draft / t_target ≥ 0; 0 is a free drafter),
-    a non-finite ``--alpha`` (the range [0, 1] is checked by :func:`specc.lower.plan_alpha`)."""
+    a non-finite ``--alpha`` (the range [0, 1] is checked by :func:`specc.compiler.lower.plan_alpha`)."""
     c = getattr(args, "draft_cost", None)
     if c is not None and not (math.isfinite(c) and c >= 0):
         raise SpeccError(f"--c must be a finite number >= 0 (c = t_draft / t_target, 0 = a free drafter), "
@@ -109,7 +109,7 @@ def validate_outputs(args: argparse.Namespace) -> None:
     if a is not None and not math.isfinite(a):
         raise SpeccError(f"--alpha must lie in [0, 1], got {a}")
     if getattr(args, "acceptance", None):
-        from specc.acceptance import AcceptanceError, is_record_file, read_record
+        from specc.predict.acceptance import AcceptanceError, is_record_file, read_record
         from specc.io import RUN_JSON_LIMIT, read_bounded
 
         text = str(read_bounded(args.acceptance, RUN_JSON_LIMIT, "--acceptance file"))
@@ -137,7 +137,7 @@ COLUMNS = ("state", "B", "κ", "W", "draft fwd", "extend fwd", "target fwd", "ta
 
 
 def table_rows(preds) -> List[List[str]]:
-    """One row of strings per :class:`specc.cost.Prediction`, in :data:`COLUMNS` order."""
+    """One row of strings per :class:`specc.predict.cost.Prediction`, in :data:`COLUMNS` order."""
     rows = []
     for p in preds:
         rows.append([p.state, str(p.batch_size), str(p.num_steps), str(p.num_draft_tokens),
@@ -181,7 +181,7 @@ def plot(path: str, plan, preds, title: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from specc import cost
+    from specc.predict import cost
 
     spec = [p for p in preds if p.num_steps > 0]
     by_k: Dict[tuple, object] = {}
@@ -234,11 +234,12 @@ def plot(path: str, plan, preds, title: str) -> None:
 
 def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = None,
             hardware: Optional[str] = None, acceptance=None) -> dict:
-    """Lower, graph, validate and predict every state of ``plan`` (:func:`specc.analyze.analyze`).
-    Returns a dict with ``inputs`` (:class:`specc.sizing.CostInputs`), ``lowering``
-    (:class:`specc.lower.Lowering`), ``predictions`` (list of :class:`specc.cost.Prediction`),
+    """Lower, graph, validate and predict every state of ``plan`` (:func:`specc.predict.analyze.analyze`).
+    Returns a dict with ``inputs`` (:class:`specc.predict.sizing.CostInputs`), ``lowering``
+    (:class:`specc.compiler.lower.Lowering`), ``predictions`` (list of :class:`specc.predict.cost.Prediction`),
     ``graphs`` (state name → DiGraph) and ``issues`` (state name → list of GraphIssue)."""
-    from specc import analyze, graph
+    from specc.predict import analyze
+    from specc.compiler import graph
 
     res = analyze.analyze(plan, alpha=alpha, c=draft_cost, hardware=hardware, acceptance=acceptance)
     low = res.lowering
@@ -254,7 +255,7 @@ class MeasuredAcceptance:
 
     ``rates[i]`` = accepted tokens at draft position i / verify steps (vLLM's per-position counts
     over steps, so 1 + Σ rates = τ, the run's tokens per step); ``alpha`` the constant
-    per-position α with E(α, κ) = τ at the run's κ = len(rates) (:func:`specc.cost.alpha_for_expected_tokens`,
+    per-position α with E(α, κ) = τ at the run's κ = len(rates) (:func:`specc.predict.cost.alpha_for_expected_tokens`,
     the inversion ``verify.synthetic.acceptance_rates`` uses)."""
 
     alpha: float
@@ -315,7 +316,7 @@ def read_acceptance(path: str) -> MeasuredAcceptance:
             non-negative integers or do not fit together (more accepted at a position than steps,
             or more at a later position than an earlier one), or a run that drafted nothing.
     """
-    from specc import cost
+    from specc.predict import cost
     from specc.io import RUN_JSON_LIMIT, read_bounded
 
     text = str(read_bounded(path, RUN_JSON_LIMIT, "--acceptance file"))
@@ -353,11 +354,11 @@ def measured_width_speedups(preds, measured: Optional[MeasuredAcceptance], input
     request and step for a verify over B·(1 + d̄) tokens (d̄ = the run's verified drafts per request and
     step), against plain decoding's B tokens: τ · t(B) / (t_lookup(B) + t(B·(1 + d̄))), with t and
     t_lookup the profiled cost table's step and draft-stage times when the plan has one
-    (:func:`specc.cost.batch_throughput`), else the T* roofline max(1, n / T*). Empty when the run
+    (:func:`specc.predict.cost.batch_throughput`), else the T* roofline max(1, n / T*). Empty when the run
     did not record its drafts or the method is not a lookup."""
     if measured is None or measured.drafts_per_step is None or not lookup:
         return {}
-    from specc import cost
+    from specc.predict import cost
 
     model = getattr(inputs, "batch_model", None)
     out = {}
@@ -413,7 +414,7 @@ def planning_only(plan, violations) -> list:
 
 def _legend(preds, inputs=None) -> List[str]:
     """What the two speedup columns mean, and which batch-1 rows differ and why (``inputs``: the
-    plan's :class:`specc.sizing.CostInputs`; with a profiled cost table, speedup@B of chain,
+    plan's :class:`specc.predict.sizing.CostInputs`; with a profiled cost table, speedup@B of chain,
     parallel and plain states comes from its measured step times)."""
     t_star = preds[0].saturation_tokens
     table = getattr(inputs, "batch_model", None) is not None
@@ -472,7 +473,7 @@ def alpha_to_pay(state, inputs, stats, at_batch: bool) -> Optional[float]:
     not pay, 0.0 when α = 0 already does, None for a plain state (κ = 0)."""
     from dataclasses import replace
 
-    from specc import cost
+    from specc.predict import cost
 
     base = replace(inputs, acceptance=None)
 
@@ -512,7 +513,7 @@ def assumed_rows(preds, pays) -> List[List[str]]:
 def match_record(entries, plan, path: str):
     """The entry of an acceptance record file (``--acceptance RECORD.json``) measured for ``plan``'s
     target, drafter and proposals. Raises SpeccError naming ``--acceptance`` and the entries it has."""
-    from specc.acceptance import proposal_key
+    from specc.predict.acceptance import proposal_key
 
     key = proposal_key(plan)
     draft = str(plan.draft.path) if plan.draft is not None and plan.draft.path else None
@@ -530,8 +531,8 @@ def analyze_one(args: argparse.Namespace, source: str, overrides: List[str]):
     from dataclasses import replace
 
     from specc.plan.load import load_plan
-    from specc.rules import resolve
-    from specc import sizing
+    from specc.check import resolve
+    from specc.predict import sizing
 
     loaded = load_plan(source, overrides)
     engine = args.engine or loaded.plan.engine
@@ -570,7 +571,7 @@ def analyze_one(args: argparse.Namespace, source: str, overrides: List[str]):
                       f"measured rate with the fitted α")
     pays = {}
     if assumed:
-        from specc.analyze import graph_stats
+        from specc.predict.analyze import graph_stats
 
         for st in res["lowering"].states:
             stats = graph_stats(res["graphs"][st.name])
@@ -634,7 +635,7 @@ def run(args: argparse.Namespace) -> int:
 
 def print_one(args: argparse.Namespace, ctx) -> int:
     """Write the graphs and plot, and print one explained plan (table or JSON)."""
-    from specc import graph
+    from specc.compiler import graph
 
     plan, res, preds, loaded = ctx["plan"], ctx["res"], ctx["preds"], ctx["loaded"]
     low, issues = res["lowering"], res["issues"]
@@ -685,7 +686,7 @@ def print_one(args: argparse.Namespace, ctx) -> int:
     if ctx["alpha_note"]:
         print(f"  note: {ctx['alpha_note']}")
     print(f"captured batch sizes: {list(low.capture_sizes)}")
-    from specc.lower import route_slot
+    from specc.compiler.lower import route_slot
 
     keys = sorted(low.buckets)
     used = {route_slot(keys, b) for b in low.capture_sizes}
@@ -731,10 +732,12 @@ def print_one(args: argparse.Namespace, ctx) -> int:
 
 
 def deployment_lines(plan, engine: str, states, preds, inputs, hardware: Optional[str]):
-    """The plan's :class:`specc.deploy_cost.DeploymentReport` on the hardware profile (``--hardware``,
+    """The plan's :class:`specc.predict.deploy_cost.DeploymentReport` on the hardware profile (``--hardware``,
     else ``schedule.hardware``, else by ``runtime.device``), or None when the target's shape is not
     known (no readable config.json or GGUF header, and not in ``specc/data/model_shapes.json``)."""
-    from specc import cost, deploy_cost, sizing
+    from specc.predict import cost
+    from specc.predict import deploy_cost
+    from specc.predict import sizing
 
     hw = cost.load_hardware_profile(hardware or sizing.default_hardware(plan))
     static = float(sum(p.graph_buffer_bytes or 0 for p in preds))
@@ -818,7 +821,7 @@ def run_side_by_side(args: argparse.Namespace, plans: List[str], overrides: List
     """Explain several plans and print them side by side: per plan its method, schedule and α (with
     its source), then per captured batch size the state the plan runs there with the best predicted
     ``speedup@B`` (its κ and that speedup; without a measured or given α, the α it needs)."""
-    from specc.lower import route_slot
+    from specc.compiler.lower import route_slot
 
     ctxs, rc = [], 0
     for src in plans:

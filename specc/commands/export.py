@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the launch command (or JSON settings). Exit 0, 1 on rule errors, 2 on unusable input."""
     from specc.export import export, resolve_pkg_paths
-    from specc.rules import check
+    from specc.check import check
 
     loaded = load_plan(args.plan, list(args.overrides))
     engine = args.engine or loaded.plan.engine

@@ -189,7 +189,7 @@ def _check_memory(path: str, fmt: str, max_model_len: int, rows: int) -> None:
     """``--max-model-len`` against this machine's memory: the target's weights and a KV cache of that
     many positions for each prompt (:func:`specc.limits.check_runtime_positions`), before the model
     loads. Unknown shapes (no readable header) are left to the loader."""
-    from specc.deploy_cost import checkpoint_shape
+    from specc.predict.deploy_cost import checkpoint_shape
     from specc.limits import check_runtime_positions
 
     shape = checkpoint_shape(path, "hf" if fmt == "auto" else fmt)

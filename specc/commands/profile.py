@@ -51,14 +51,14 @@ def _cuda_available() -> bool:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from specc import codegen
+    from specc.compiler import codegen
     from specc.io import check_output_file
     from specc.plan.load import load_plan
 
     out = Path(args.out)
     check_output_file(out, "--out")
     loaded = load_plan(args.plan, list(args.overrides))  # checked before torch is imported
-    from specc.analyze import lower_plan
+    from specc.predict.analyze import lower_plan
     from specc.runtime.loader import load_models
     from specc.runtime.profile import (check_sizes, choose, cost_table, profile_costs, time_state_shapes,
                                        token_grid)

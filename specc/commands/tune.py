@@ -111,7 +111,7 @@ def validate(args) -> Tuple[list, List[int], Path]:
         raise _fail("--out", f"{out}: the plan file must end in .yaml")
     check_output_file(out, "--out")
     if args.cost_table is not None:
-        from specc import cost
+        from specc.predict import cost
         from specc.errors import PlanError
 
         try:
@@ -128,7 +128,7 @@ def check_target_room(args, path: Optional[str], fmt: Optional[str], max_model_l
     (:func:`specc.limits.check_runtime_rows`: weights and a KV cache of ``max_model_len`` positions per
     row), before any model loads. ``path`` / ``fmt``: the target checkpoint. Raises SpeccError
     naming the option."""
-    from specc.deploy_cost import checkpoint_shape
+    from specc.predict.deploy_cost import checkpoint_shape
     from specc.limits import check_runtime_rows
 
     max_len = int(max_model_len or 2048)

@@ -1,14 +1,14 @@
 """Plan -> SGLang / vLLM launch settings. Never imports torch.
 
-``to_sglang(plan) -> SGLangLaunch`` (:mod:`specc.export.sglang`) and ``to_vllm(plan) -> VLLMLaunch``
-(:mod:`specc.export.vllm`) use the same plan -> engine mapping as the rule tables in
-:mod:`specc.rules`, so a plan that passes ``specc check --engine X`` exports to settings engine X
+``to_sglang(plan) -> SGLangLaunch`` (:mod:`specc.engines.sglang.exporter`) and ``to_vllm(plan) -> VLLMLaunch``
+(:mod:`specc.engines.vllm.exporter`) use the same plan -> engine mapping as the rule tables in
+:mod:`specc.check`, so a plan that passes ``specc check --engine X`` exports to settings engine X
 accepts.
 """
 from typing import List, Tuple
 
-from specc.export.sglang import SGLangLaunch, to_sglang  # noqa: F401
-from specc.export.vllm import VLLMLaunch, to_vllm  # noqa: F401
+from specc.engines.sglang.exporter import SGLangLaunch, to_sglang  # noqa: F401
+from specc.engines.vllm.exporter import VLLMLaunch, to_vllm  # noqa: F401
 
 
 def export(plan, engine: str):
@@ -38,7 +38,7 @@ def resolve_pkg_paths(plan) -> Tuple[object, List[str]]:
     """
     from specc.errors import SpeccError
     from specc.models.resolve import PKG_SCHEME, resolve_model_path
-    from specc.rules.base import clone, get, set_key
+    from specc.check.base import clone, get, set_key
 
     out = clone(plan)
     warnings: List[str] = []

@@ -5,8 +5,8 @@ JSON, or a file holding either) back into plan keys.
     print(plan_yaml(imp, name="my_plan"))
 
 Flags are read as the engine version's own parser reads them (:mod:`specc.importer.parse`), mapped
-to plan keys with the inverse of :mod:`specc.export` (:mod:`specc.importer.sglang`,
-:mod:`specc.importer.vllm`); flags without a plan key are listed in the written YAML and kept as
+to plan keys with the inverse of :mod:`specc.export` (:mod:`specc.engines.sglang.importer`,
+:mod:`specc.engines.vllm.importer`); flags without a plan key are listed in the written YAML and kept as
 launch facts for the rules (``specc check --sglang-args/--vllm-args``). Never imports torch.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ ENGINES = ("sglang", "vllm")
 def known_versions(engine: str) -> List[str]:
     """``engine`` and its pinned releases with a rule table (``sglang``, ``sglang==0.5.23``), as
     ``specc check --engine`` accepts them."""
-    from specc.rules import known_engines
+    from specc.check import known_engines
 
     return [e for e in known_engines() if e.split("==", 1)[0] == engine]
 
@@ -51,8 +51,8 @@ def import_command(engine: str, text: Optional[str] = None, argv: Optional[Seque
         :class:`CommandError` when no launch command of ``engine`` is found, KeyError for an unknown
         engine or version (naming the known ones, as ``specc check --engine`` does).
     """
-    from specc.importer import sglang as sgl
-    from specc.importer import vllm as vl
+    from specc.engines.sglang import importer as sgl
+    from specc.engines.vllm import importer as vl
 
     if engine not in ENGINES:
         raise KeyError(f"unknown engine {engine!r} (sglang or vllm)")

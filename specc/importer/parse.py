@@ -1,6 +1,6 @@
 """Read a launch command as the engine's own parser reads it.
 
-``specc/importer/flags/<engine>-<version>.json`` is the engine's flag table, written from its real
+``specc/engines/<engine>/flags/<version>.json`` is the engine's flag table, written from its real
 parser by ``tools/engine_flags.py`` (SGLang 0.5.23: ``argparse.ArgumentParser`` +
 ``ServerArgs.add_cli_args``; vLLM 0.33.0: ``FlexibleArgumentParser`` + ``make_arg_parser``).
 :func:`parse_flags` rebuilds an ``argparse`` parser from that table (every value kept as a string,
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from specc.releases import release_key
+from specc.engines.releases import release_key
 
-FLAGS_DIR = Path(__file__).resolve().parent / "flags"
+ENGINES_DIR = Path(__file__).resolve().parent.parent / "engines"
 SUGGEST_MAX = 64
 """Distinct unknown flags that get "did you mean" suggestions (each costs a ``difflib`` pass over the
 table); the rest are reported without."""
@@ -63,7 +63,7 @@ class FlagTable:
 
 def available(engine: str) -> List[str]:
     """Versions of ``engine`` with a flag table, oldest first."""
-    return sorted((p.stem.split("-", 1)[1] for p in FLAGS_DIR.glob(f"{engine}-*.json")), key=release_key)
+    return sorted((p.stem for p in (ENGINES_DIR / engine / "flags").glob("*.json")), key=release_key)
 
 
 @functools.lru_cache(maxsize=8)
@@ -84,7 +84,7 @@ def load_table(engine: str, version: Optional[str] = None) -> FlagTable:
         if not older:
             raise KeyError(f"no launch-flag table for {engine}=={version} (have {', '.join(versions)})")
         version = older[-1]
-    data = json.loads((FLAGS_DIR / f"{engine}-{version}.json").read_text())
+    data = json.loads((ENGINES_DIR / engine / "flags" / f"{version}.json").read_text())
     extra = {k: v for k, v in data.items() if k not in ("engine", "version", "prog", "allow_abbrev", "actions")}
     return FlagTable(engine=engine, version=version, prog=data["prog"], allow_abbrev=data["allow_abbrev"],
                      actions=tuple(data["actions"]), extra=extra)

@@ -206,7 +206,7 @@ def synthetic_verify(
 
     Args:
         draft_tokens: ``[B, K]`` int64. target_probs: ``[B, K+1, V]`` fp32 after ``process_logits``.
-        conditional_rates: K conditional rates c_i in [0, 1] (``specc.programs.synthetic_conditional_rates``).
+        conditional_rates: K conditional rates c_i in [0, 1] (``specc.compiler.programs.synthetic_conditional_rates``).
         uniforms: ``[B, K]`` fp32 in [0, 1). exp_noise: ``[B, V]`` fp32 Exp(1) draws > 0.
         num_valid: ``[B]`` int positions that may be accepted (None: all K).
     Returns: ``VerifyOutput`` as :func:`rejection_verify`.

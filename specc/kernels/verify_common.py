@@ -20,7 +20,7 @@ def trusted_values() -> Iterator[None]:
     parents in ``[0, j]``); shape and dtype checks still run. The runtime's decode step runs inside
     it: its sampling parameters were checked when each request entered
     (``specc.runtime.request.SamplingParams.validate``) and its trees are built by the drafters
-    (``specc.trees.compile_tree`` for static trees), so the per-step reads would only repeat those
+    (``specc.compiler.trees.compile_tree`` for static trees), so the per-step reads would only repeat those
     checks, each a device synchronisation on CUDA (as under CUDA graph capture or ``torch.compile``,
     where the kernels skip them already)."""
     prev = getattr(_TRUST, "on", False)

@@ -29,7 +29,7 @@ def dump_resolved(plan: Plan) -> str:
 
     Args:
         plan: a typed Plan (normally ``load_plan(...).plan``, or the engine-resolved plan of
-            ``specc.rules.resolve``).
+            ``specc.check.resolve``).
     Returns:
         YAML text; ``yaml.safe_load`` of it gives back the same nested values.
     """

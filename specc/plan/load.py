@@ -562,7 +562,7 @@ def _range_errors(plan: S.Plan) -> List[Tuple[str, str]]:
                                                f"memory the engine takes (e.g. 0.85)"))
     parser = plan.deploy.reasoning_parser
     if parser is not None:
-        from specc import engine_names
+        from specc.engines import names as engine_names
 
         known = engine_names.all_reasoning_parsers()
         if parser not in known:
@@ -599,7 +599,7 @@ def _range_errors(plan: S.Plan) -> List[Tuple[str, str]]:
 def _state_count_bound(plan: S.Plan) -> int:
     """How many candidate states lowering makes at most, counted without lowering: one per
     (captured batch size, κ candidate of the bucket it routes to) — the rule of
-    :func:`specc.lower.lower_report`; 4 per size for SGLang's default adaptive table, 3 for
+    :func:`specc.compiler.lower.lower_report`; 4 per size for SGLang's default adaptive table, 3 for
     ``auto`` (κ at α − 0.1, α, α + 0.1), 1 otherwise."""
     import bisect
 

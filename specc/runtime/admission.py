@@ -16,7 +16,7 @@ from typing import Any, Deque, List
 import torch
 
 from specc import methods
-from specc.drafters.base import PrefillChunk
+from specc.methods.base import PrefillChunk
 from specc.kernels import process_logits
 from specc.runtime.batch import DecodeBatch, RowState
 from specc.runtime.request import Request, RequestCounters

@@ -37,7 +37,7 @@ from specc.io import ARTIFACT_FILE_LIMIT, ARTIFACT_TOTAL_LIMIT, file_kind, human
 MANIFEST = "manifest.json"
 PLAN_FILE = "plan.yaml"
 FORMAT_VERSION = 4
-"""The artifact format this loader reads (``specc.codegen.FORMAT_VERSION`` writes it)."""
+"""The artifact format this loader reads (``specc.compiler.codegen.FORMAT_VERSION`` writes it)."""
 SUPPORTED_FORMAT_VERSIONS = (FORMAT_VERSION,)
 _REQUIRED_KEYS = ("format_version", "specc_version", "name", "plan_name", "plan_hash",
                   "runtime", "states", "trees", "kernels", "files")
@@ -77,7 +77,7 @@ class Artifact:
 
     @property
     def trees(self) -> Dict[str, Dict[str, Any]]:
-        """Static trees compiled once (:func:`specc.trees.compile_tree`), by key."""
+        """Static trees compiled once (:func:`specc.compiler.trees.compile_tree`), by key."""
         return dict(self.manifest["trees"])
 
     def tree_of(self, entry: Mapping[str, Any]) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, List, Optional
 import numpy as np
 import torch
 
-from specc.drafters.base import BatchView, HostBatch
+from specc.methods.base import BatchView, HostBatch
 from specc.runtime.request import Request, RequestCounters
 
 

@@ -184,7 +184,7 @@ def run_concurrency(runtime, requests: Sequence, concurrency: int) -> Concurrenc
 
 def predicted_decode_tok_s(res: ConcurrencyResult, table, draft_passes: int) -> float:
     """The cost model's decode throughput for a measured run, from a profiled cost table
-    (:class:`specc.cost.CostTable`): at the run's mean batch B, each step emits B·τ tokens and costs
+    (:class:`specc.predict.cost.CostTable`): at the run's mean batch B, each step emits B·τ tokens and costs
     ``draft_passes`` draft passes over B requests plus a verify of B·(1 + drafts per request) tokens
     (the roofline throughput model, ``batch · E / step time``, with E and the verified drafts
     taken from the run's own acceptance). A check of the cost side of the model, not of α."""

@@ -76,7 +76,7 @@ class Runtime:
     Args:
         target: ``specc.models.llama.LlamaModel`` (weights loaded; its cache is set up here).
         tokenizer: ``specc.models.tokenizer.Tokenizer`` or None (then no stop strings / text).
-        drafter: ``specc.drafters.base.Drafter`` or None (κ = 0 states only).
+        drafter: ``specc.methods.base.Drafter`` or None (κ = 0 states only).
         specs: the states' constants (``StateSpec``; from an artifact's manifest or built directly).
         state_kernels: optional ``{state name: {role: kernel variant name}}`` (an artifact's
             specialized kernels, modules in ``kernel_modules``).

@@ -1,7 +1,7 @@
 """Artifact → Runtime: verify the artifact (``specc.runtime.artifact.load_artifact``), load the
 target and the drafter its manifest's runtime section names, and build one runtime state per
 state of its execution plan (:class:`specc.ir.ExecutionPlan`: parameters, kernels, static tree;
-programs from the one table, :func:`specc.programs.state_programs`) under its schedule. The runtime
+programs from the one table, :func:`specc.compiler.programs.state_programs`) under its schedule. The runtime
 reads the execution plan, never ``plan.yaml``, and never imports ``specc.plan``: a runtime is built
 from an artifact (:func:`load_runtime`, :func:`artifact_runtime`) or an execution plan
 (:func:`ir_runtime`) only."""
@@ -103,7 +103,7 @@ def choose_settings(spec: Dict[str, Any], dev: "torch.device") -> Tuple[str, str
 
 def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: int = 0):
     """The target, its tokenizer and the drafter a runtime section names (``manifest.json``
-    ``runtime``, or :func:`specc.codegen.runtime_section` of a plan): ``(target, tokenizer, drafter,
+    ``runtime``, or :func:`specc.compiler.codegen.runtime_section` of a plan): ``(target, tokenizer, drafter,
     device)``. The target's cache is sized for ``target.max_model_len + max_steps + 2`` slots.
 
     Raises:

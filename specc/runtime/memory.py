@@ -1,6 +1,6 @@
 """What a state's verify program allocates: the working set a CUDA-graph capture records into the
 state's memory pool, measured on the CPU by tracing allocations (``torch.profiler`` with
-``profile_memory``), for checking the graph-memory formula of :mod:`specc.deploy_cost` without a GPU.
+``profile_memory``), for checking the graph-memory formula of :mod:`specc.predict.deploy_cost` without a GPU.
 On CUDA the capture itself records the pool (``SpecRuntimeState.graph_pool_bytes``).
 """
 from __future__ import annotations

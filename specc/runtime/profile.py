@@ -9,7 +9,7 @@ size is timed ``repeats`` times after one warm-up run and the median kept; the a
 plan's verify rule over the same logits) is timed the same way; ``verify_ms = forward_ms +
 accept_ms``. A draft pass is one ``propose`` of κ = 1 over b requests.
 
-Cost-table JSON (``format: specc-cost-table/1``), read by :func:`specc.cost.load_cost_table`:
+Cost-table JSON (``format: specc-cost-table/1``), read by :func:`specc.predict.cost.load_cost_table`:
 
 ====================  ======================================================================
 key                   meaning
@@ -139,7 +139,7 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
     Raises:
         ValueError: the sizes do not fit the target's cache (:func:`check_sizes`).
     """
-    from specc.drafters.base import DraftSampling, PrefillChunk
+    from specc.methods.base import DraftSampling, PrefillChunk
     from specc.kernels import greedy_verify, process_logits, rejection_verify
     from specc.runtime.batch import DecodeBatch
 

@@ -13,7 +13,7 @@ the kind of schedule (vLLM's draft-length policy protocol):
 * ``observe(bucket, accepted)`` after verification, with the accepted drafts of each live request
   (bonus excluded).
 
-Kinds (``manifest.json`` ``runtime.schedule``, written by codegen from ``specc.lower.ScheduleSpec``):
+Kinds (``manifest.json`` ``runtime.schedule``, written by codegen from ``specc.compiler.lower.ScheduleSpec``):
 
 * ``static`` — one κ per bucket: the runtime's earlier routing.
 * ``batch_buckets`` — vLLM's ``num_speculative_tokens_per_batch_size``: κ looked up by the number of
@@ -27,7 +27,7 @@ Kinds (``manifest.json`` ``runtime.schedule``, written by codegen from ``specc.l
 * ``budget`` — vLLM's adaptive verification / DSpark's budget (vLLM
   vllm/v1/worker/gpu/spec_decode/adaptive_verification.py:46-72, 305-373): every (request, position) scored by its survival
   probability, b* = argmax_b (R + Σ top-b scores) / (draft(R) + verify(R + b)) from the profiled
-  cost table, admitted as a global top-b with earlier positions first (``specc.cost``), so each
+  cost table, admitted as a global top-b with earlier positions first (``specc.predict.cost``), so each
   request verifies a prefix of its drafts.
 
 Every state a policy can select must exist at load: :func:`make_schedule` checks and raises
@@ -256,13 +256,13 @@ class BudgetSchedule(Schedule):
 
     The profiled cost table comes from the manifest (``runtime.schedule.cost_table``: ``verify_ms``
     by target tokens, ``draft_ms`` by requests); lookups follow vLLM's ``build_table``
-    (:class:`specc.cost.CostTable`)."""
+    (:class:`specc.predict.cost.CostTable`)."""
 
     kind = "budget"
 
     def __init__(self, spec: Mapping[str, Any], states: Iterable[StateKey]) -> None:
         super().__init__(spec, states)
-        from specc import cost
+        from specc.predict import cost
 
         table = spec.get("cost_table")
         if not table or not table.get("verify_ms"):
@@ -286,10 +286,10 @@ class BudgetSchedule(Schedule):
     def admit(self, confidence, num_valid, num_live: int):
         """b* and the admitted prefix per row, computed on the device (no host read): confidences
         ``[n, K]`` in [0, 1], positions past ``num_valid`` scored 0 (rows without a live request have
-        ``num_valid`` 0). The same selection as :func:`specc.cost.select_verify_budget` (vLLM adaptive_verification.py:305-373,
+        ``num_valid`` 0). The same selection as :func:`specc.predict.cost.select_verify_budget` (vLLM adaptive_verification.py:305-373,
         "Deciding how much to verify by load"; vLLM 0.33.0 AV:305-373): survival = running product of
         the confidences (as a cumulative sum of logs), slots ranked highest survival first with ties to
-        the earlier position then the earlier request (:func:`specc.cost.admission_order`), b* =
+        the earlier position then the earlier request (:func:`specc.predict.cost.admission_order`), b* =
         argmax_b (S + Σ_{j<b} score_j) / (draft + step(N_nd + b)) with S = N_nd = the live requests,
         the first maximum winning ties, b ≤ Σ num_valid. ``ragged_verify: static`` admits
         everything (None). Returns ``[n]`` int64."""

@@ -1,6 +1,6 @@
 """The stage programs a state runs: draft, verify, accept, commit, extend, over a step's inputs
 (:class:`specc.runtime.state.StepInputs`), bound to the constants of
-:func:`specc.programs.state_programs`:
+:func:`specc.compiler.programs.state_programs`:
 
 * ``draft_*(ctx, inp, *constants)`` writes the drafts into ``inp``;
 * ``verify_*(ctx, inp) -> (logits [B, W, V] fp32, hidden [list of [B, W, H]])``;
@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specc.drafters.base import DraftSampling, TreeRequest, VerifyStep, clip_num_valid
+from specc.methods.base import DraftSampling, TreeRequest, VerifyStep, clip_num_valid
 from specc.kernels import block_verify, greedy_verify, process_logits, rejection_verify, synthetic_verify
 from specc.kernels.tree import TreeMaskMode, tree_attention_mask, tree_greedy_verify, tree_rejection_verify
 

@@ -5,7 +5,7 @@ W = ``num_draft_tokens``: κ + 1 for a chain, the tree's node count for a tree; 
 state's programs, so switching states is a pointer swap (SGLang's ``SpecRuntimeState``,
 sglang/srt/speculative/adaptive_runtime_state.py:10-34). A static tree's buffers (parents, depths, mask, ranks) are compiled once
 (the manifest's ``trees``) and never rewritten. The programs come from the one table of programs a
-state runs (:func:`specc.programs.state_programs`), derived from the state's parameters.
+state runs (:func:`specc.compiler.programs.state_programs`), derived from the state's parameters.
 
 The step is data: the runtime fills a :class:`StepInputs` (``specc.runtime.step.prepare``), the
 draft program writes the drafts into it, and the **verify program** (:meth:`SpecRuntimeState.program`:
@@ -28,13 +28,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from specc.drafters.base import StaticTree
+from specc.methods.base import StaticTree
 from specc.errors import ArtifactError
 
 
 @dataclass(frozen=True)
 class StateSpec:
-    """The constants of one candidate state (the fields of ``specc.lower.CandidateState``)."""
+    """The constants of one candidate state (the fields of ``specc.compiler.lower.CandidateState``)."""
 
     name: str
     method: str
@@ -79,8 +79,8 @@ class StateSpec:
 
     @property
     def cache_slack(self) -> int:
-        """KV slots per row past ``max_model_len`` this state needs (:func:`specc.trees.cache_slack`)."""
-        from specc.trees import cache_slack
+        """KV slots per row past ``max_model_len`` this state needs (:func:`specc.compiler.trees.cache_slack`)."""
+        from specc.compiler.trees import cache_slack
 
         return cache_slack(self.num_steps, self.topk, self.width, static=self.tree_choices is not None)
 
@@ -91,8 +91,8 @@ class StateSpec:
 
     def check_supported(self) -> None:
         """Raise ArtifactError naming the field when this runtime cannot run the state
-        (:func:`specc.programs.unsupported_reason`)."""
-        from specc.programs import unsupported_reason
+        (:func:`specc.compiler.programs.unsupported_reason`)."""
+        from specc.compiler.programs import unsupported_reason
 
         reason = unsupported_reason(self)
         if reason:
@@ -104,7 +104,7 @@ class StateContext:
     """What a state's programs may use. Built once by the runtime, shared by all states.
 
     target: the target ``LlamaModel`` (cache already set up for ``max_batch_size`` x ``max_seq_len``).
-    drafter: a ``specc.drafters.base.Drafter`` or None (κ = 0 only).
+    drafter: a ``specc.methods.base.Drafter`` or None (κ = 0 only).
     device: where every buffer lives. vocab_size: V of the target.
     max_seq_len: cache slots per row, slack for κ + 1 rows past max_model_len and the trash slot
         (``max_seq_len - 1``) included.
@@ -162,7 +162,7 @@ class StepInputs:
         num_tokens ``[B]`` int64 (verify tokens per row: num_valid + 1, 0 for rows without a live
         request), temperature ``[B]`` fp32, top_k ``[B]`` int64, top_p ``[B]`` fp32, uniforms
         ``[B, N]`` fp32, exp_noise ``[B, V]`` fp32, draft_noise ``[B, N, V]`` fp32 (probabilistic
-        drafts only), ``batch`` (the drafter's :class:`specc.drafters.base.BatchView` of the rows),
+        drafts only), ``batch`` (the drafter's :class:`specc.methods.base.BatchView` of the rows),
         active ``[B]`` bool (rows holding a live request; from the step's one host-to-device copy),
         ``max_root`` (int, the highest row's pending-token position, from the host's sequence lengths).
     Filled by the draft program:
@@ -209,7 +209,7 @@ class StepInputs:
     @classmethod
     def allocate(cls, spec: StateSpec, ctx: StateContext, tree: Optional[Mapping[str, Any]] = None,
                  ) -> "StepInputs":
-        """Buffers of ``spec``; ``tree``: a static tree's compiled lists (``specc.trees.compile_tree``,
+        """Buffers of ``spec``; ``tree``: a static tree's compiled lists (``specc.compiler.trees.compile_tree``,
         the manifest's ``trees`` entry), compiled here from ``spec.tree_choices`` when None.
         Raises ArtifactError when the tree's node count is not the state's verify width."""
         b, v, dev = spec.batch_size, ctx.vocab_size, ctx.device
@@ -223,7 +223,7 @@ class StepInputs:
         if spec.is_tree and spec.num_steps > 0:
             if spec.tree_choices is not None:
                 if tree is None:
-                    from specc.trees import compile_tree
+                    from specc.compiler.trees import compile_tree
 
                     tree = compile_tree(spec.tree_choices)
                 if int(tree["num_nodes"]) != w:
@@ -289,7 +289,7 @@ class StepOutputs:
             verify rows (empty when the drafter reads none).
         path: a tree's accepted path as chain-shaped rows for the drafter, ``(input_ids, positions,
             cache_slots, hidden)`` (the KV-commit stage's output), None for a chain.
-        host: the step's host copy of the integers above (:class:`specc.drafters.base.HostVerify`),
+        host: the step's host copy of the integers above (:class:`specc.methods.base.HostVerify`),
             set by ``specc.runtime.step.emit`` from its one device-to-host read (None before).
     """
 
@@ -475,7 +475,7 @@ class SpecRuntimeState:
         dynamic dimensions) when ``ctx.compile_backend`` is ``inductor`` and the state was not captured;
         one warm-up call compiles it here, at load (its seconds in :attr:`capture_s`). Returns whether
         it compiled. The compiled function is the same :meth:`program`; outputs equal eager's
-        (``tests/test_step_program.py``)."""
+        (``tests/runtime/test_step_program.py``)."""
         if self.ctx.compile_backend != "inductor" or self._graph is not None:
             return False
         import time
@@ -490,9 +490,9 @@ class SpecRuntimeState:
 
 
 def select_programs(spec: StateSpec, synthetic_rates: Optional[Sequence[float]] = None) -> BoundPrograms:
-    """The stage programs of a state, from the one table (:func:`specc.programs.state_programs`),
+    """The stage programs of a state, from the one table (:func:`specc.compiler.programs.state_programs`),
     bound to their constants. Raises ArtifactError for a state this runtime cannot run."""
-    from specc import programs
+    from specc.compiler import programs
     from specc.runtime import stages
 
     try:

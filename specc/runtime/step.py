@@ -27,7 +27,7 @@ EAGLE/MTP heads' attended span and tree levels, multi-layer EAGLE's windows, the
 assistant's span, DFlash's visible context) keep host mirrors of that state, updated from the step's
 host copies (``BatchView.host``, ``VerifyStep.host``) and read back once per prefill. The kernels'
 value checks are skipped inside the step
-(:func:`specc.kernels.verify_common.trusted_values`). ``tests/test_step_io.py`` counts the reads
+(:func:`specc.kernels.verify_common.trusted_values`). ``tests/runtime/test_step_io.py`` counts the reads
 per drafter configuration (:func:`specc.runtime.testing.count_host_reads`);
 ``tools/step_sync_check.py`` runs steps under ``torch.cuda.set_sync_debug_mode("error")`` on CUDA.
 """
@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Protocol, Seq
 
 import torch
 
-from specc.drafters.base import HostVerify
+from specc.methods.base import HostVerify
 from specc.kernels.verify_common import trusted_values
 from specc.runtime.batch import DecodeBatch
 from specc.runtime.metrics import SpecMetrics
@@ -107,7 +107,7 @@ class StepRuntime(Protocol):
 
     Attributes:
         device: where the step's tensors live.
-        drafter: the :class:`specc.drafters.base.Drafter` (or None); read for ``forward_passes``.
+        drafter: the :class:`specc.methods.base.Drafter` (or None); read for ``forward_passes``.
         schedule: the :class:`specc.runtime.schedule.Schedule` (``select``, ``admit``, ``observe``,
             ``verify_all``).
         by_key: ``(bucket, κ) ->`` :class:`SpecRuntimeState`.

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from specc.drafters.base import Drafter
+from specc.methods.base import Drafter
 from specc.models.config import LlamaConfig
 from specc.models.llama import LlamaModel
 
@@ -102,7 +102,7 @@ def reference_greedy(model: LlamaModel, prompt: Sequence[int], max_new_tokens: i
 
 def shallow_copy(model: LlamaModel, num_layers: int) -> LlamaModel:
     """A draft made from a target without training: its first ``num_layers`` decoder layers, final
-    norm, embeddings and head (the recipe of ``specc.models.shallow``), as a separate in-memory model
+    norm, embeddings and head (the recipe of ``specc.methods.draft_model.shallow``), as a separate in-memory model
     with its own KV cache."""
     draft = copy.deepcopy(model)
     draft.layers = torch.nn.ModuleList(list(draft.layers)[:num_layers])
@@ -113,9 +113,9 @@ def shallow_copy(model: LlamaModel, num_layers: int) -> LlamaModel:
 
 def runtime_for_plan(plan, target, drafter, *, cost_table: Optional[dict] = None, max_model_len: int = 128,
                      seed: int = 0, tokenizer=None, prefill_chunk: int = 512):
-    """:func:`specc.build.plan_runtime` (the plan's execution plan, generic kernels) with test defaults
-    (no tokenizer, 128 tokens). Imports ``specc.build`` (and so ``specc.plan``) only when called."""
-    from specc.build import plan_runtime
+    """:func:`specc.compiler.build.plan_runtime` (the plan's execution plan, generic kernels) with test defaults
+    (no tokenizer, 128 tokens). Imports ``specc.compiler.build`` (and so ``specc.plan``) only when called."""
+    from specc.compiler.build import plan_runtime
 
     return plan_runtime(plan, target, tokenizer, drafter, cost_table=cost_table, max_model_len=max_model_len,
                              seed=seed, prefill_chunk=prefill_chunk)
@@ -182,8 +182,8 @@ class CopyTreeDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, batch, num_steps: int, sampling):
         """A chain: the tree with one child per node."""
-        from specc.drafters.base import StaticTree, TreeRequest
-        from specc.trees import chain_choices, compile_tree
+        from specc.methods.base import StaticTree, TreeRequest
+        from specc.compiler.trees import chain_choices, compile_tree
 
         tree = StaticTree.from_buffers(compile_tree(chain_choices(num_steps)), batch.tokens.device)
         prop = self.propose_tree(batch, TreeRequest(num_steps, 1, num_steps, tree), sampling)
@@ -192,7 +192,7 @@ class CopyTreeDrafter(Drafter):
 
     @torch.inference_mode()
     def propose_tree(self, batch, tree, sampling):
-        from specc.drafters.base import Proposal
+        from specc.methods.base import Proposal
         from specc.kernels import process_logits
 
         b = batch.batch_size
@@ -241,8 +241,8 @@ class CopyTreeDrafter(Drafter):
                         confidence=path_p[:, 1:], parents=st.parents.expand(b, n), depths=st.depths[1:].expand(b, n))
 
     def _dynamic(self, batch, tree):
-        """SGLang's EAGLE tree over this model's log-probabilities (see ``specc.drafters.eagle``)."""
-        from specc.drafters.base import Proposal
+        """SGLang's EAGLE tree over this model's log-probabilities (see ``specc.methods.eagle.drafter``)."""
+        from specc.methods.base import Proposal
 
         b, k, steps, n = batch.batch_size, tree.topk, tree.num_steps, tree.num_nodes
         lp = torch.log_softmax(self._level_logits(batch, torch.zeros(b, 1, 0, dtype=torch.int64))[:, 0], -1)
@@ -352,7 +352,7 @@ class HostReads:
 def _caller_site(ignore: Sequence[str]) -> Optional[str]:
     """``"path:line"`` of the innermost frame in ``specc`` (not this module), or None when the call
     came from a place ``ignore`` names: a package-relative path prefix (``"specc/models/llama.py"``)
-    or ``"path::function"`` (``"specc/models/eagle.py::_lin"``)."""
+    or ``"path::function"`` (``"specc/methods/eagle/model.py::_lin"``)."""
     import sys
 
     f = sys._getframe(2)
@@ -368,7 +368,7 @@ def _caller_site(ignore: Sequence[str]) -> Optional[str]:
     return None
 
 
-CPU_FAST_PATHS = ("specc/models/llama.py", "specc/models/qweights.py", "specc/models/eagle.py::_lin")
+CPU_FAST_PATHS = ("specc/models/llama.py", "specc/models/qweights.py", "specc/methods/eagle/model.py::_lin")
 """Where the models' CPU-only fast paths hand activations to numpy (``LlamaModel``'s forward on the
 CPU, the quantized GEMMs, the draft heads' small linear layers): host code by construction, never run
 on a device, so :func:`count_host_reads` callers pass them as ``ignore`` to count the step's own I/O.

@@ -207,7 +207,7 @@ def add_document_route(app: FastAPI, state: ServerState) -> None:
     under its lock, a bounded chunk at a time, so decoding steps go on between chunks. 400 for a bad
     body, 413 past ``MAX_DOCUMENT_BYTES`` or past the plan's ``method.suffix.max_corpus_tokens`` (the
     message names the bound), 200 with the tokens added and the corpus size."""
-    from specc.corpus import CorpusTooLarge
+    from specc.methods.suffix.corpus import CorpusTooLarge
 
     @app.post("/v1/suffix/documents", openapi_extra=_body_schema(DocumentRequest))
     async def add_document(http: HttpRequest):

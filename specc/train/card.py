@@ -105,7 +105,7 @@ def render(out: pathlib.Path) -> pathlib.Path:
         L.append(f"Continued from the checkpoint `{rec['info']['init_from']}` (`--init-from`).")
     L += ["", "## Data card", "",
           "Every prompt is built from text in installable packages (below); the shipped evaluation prompts "
-          "`specc/data/prompts.jsonl` are never read by any stage, and `tests/test_train_prompts_held_out.py` "
+          "`specc/data/prompts.jsonl` are never read by any stage, and `tests/train/test_train_prompts_held_out.py` "
           "checks that no committed training prompt shares an 8-word span with them.", ""]
     corp = card.get("corpora") or {}
     if corp:

@@ -6,10 +6,10 @@ one subclass of :class:`DrafterKind` registered with :func:`register`, plus one 
 initialise its model from the target, how a batch is collated and scored (loss and per-draft-step
 top-1 agreement), and how its checkpoint is written and read in its published layout.
 
-Built-in kinds (:func:`builtin`, from the method registry's ``Method.train_kinds``): ``eagle`` and ``eagle3`` (:mod:`specc.train.eagle`), ``medusa``
-(:mod:`specc.train.medusa`), the block drafters ``dflash``, ``dspark`` and ``pard``
-(:mod:`specc.train.block`), and the MTP family ``mtp``, ``multi_layer_eagle`` and ``frozen_kv_mtp``
-(:mod:`specc.train.mtp`). Each implements ``layers`` (the target layers it reads; none for PARD),
+Built-in kinds (:func:`builtin`, from the method registry's ``Method.train_kinds``): ``eagle`` and ``eagle3`` (:mod:`specc.methods.eagle.recipe`), ``medusa``
+(:mod:`specc.methods.medusa.recipe`), the block drafters ``dflash``, ``dspark`` and ``pard``
+(:mod:`specc.methods.dflash.recipe`), and the MTP family ``mtp``, ``multi_layer_eagle`` and ``frozen_kv_mtp``
+(:mod:`specc.methods.mtp.recipe`). Each implements ``layers`` (the target layers it reads; none for PARD),
 ``build``, ``collate`` + ``loss`` (its own objective), ``save`` / ``load`` in its published layout,
 and optionally ``finish`` (work after the last step on held-out data, e.g. DSpark's confidence
 calibration).

@@ -33,7 +33,7 @@ FP32 = 4
 
 def distill_bytes(shape, batch: int, positions: int) -> Tuple[int, str]:
     """Peak bytes of distilling with ``batch`` cache rows of ``positions`` positions each through a
-    target of ``shape`` (:class:`specc.deploy_cost.ModelShape`), counted in fp32 from the code that
+    target of ``shape`` (:class:`specc.predict.deploy_cost.ModelShape`), counted in fp32 from the code that
     runs: the larger of
 
     * the dtype probe (:func:`specc.device.pick_dtype` over :func:`specc.train.recipe.decode_shapes`:

@@ -17,7 +17,7 @@ Categories and what each is made of (every prompt carries its ``category`` and `
   and LibreOffice passages and chat transcripts with questions about them.
 
 The instruction wordings are our own. The shipped evaluation prompts (``specc/data/prompts.jsonl``)
-are never read here; ``tests/test_train_prompts_held_out.py`` checks that no committed training
+are never read here; ``tests/train/test_train_prompts_held_out.py`` checks that no committed training
 prompt shares an 8-word span with them.
 
 Teacher forcing (:func:`reference_pairs`): prompts of the same categories whose answer is real text

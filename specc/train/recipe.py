@@ -497,9 +497,9 @@ def shard_of(text: str, n: int, name: str, part: str) -> int:
 
 
 def target_shape(data: DataRecipe):
-    """The :class:`specc.deploy_cost.ModelShape` of the data recipe's target, read from its
+    """The :class:`specc.predict.deploy_cost.ModelShape` of the data recipe's target, read from its
     checkpoint's header without loading weights. Raises :class:`RecipeError` when it cannot be read."""
-    from specc.deploy_cost import checkpoint_shape
+    from specc.predict.deploy_cost import checkpoint_shape
 
     shape = checkpoint_shape(data.target, "gguf" if data.target_format == "gguf" else "hf")
     if shape is None:

@@ -9,7 +9,7 @@ One arrow of the pipeline (``prompts + drafters ──tune─▶ plan``), in fou
 * :mod:`specc.tune.measure` — acceptance per draft position on a sample of the prompts, stopped when
   the 95 % interval of τ is tight or the time share is spent, plus the drafter's measured step costs.
 * :mod:`specc.tune.predict` — every (drafter, κ or tree) at every concurrency with the cost model
-  (:mod:`specc.cost`) and the device's cost table; the plan with per-bucket κ; torch-free.
+  (:mod:`specc.predict.cost`) and the device's cost table; the plan with per-bucket κ; torch-free.
 * :mod:`specc.tune.confirm` — the top predictions and the chosen plan run side by side through the
   runtime's concurrency benchmark (:func:`specc.runtime.benchmark.run_concurrency`), interleaved.
 * :mod:`specc.tune.emit` — the plan YAML, its SGLang / vLLM settings (``specc export``), its

@@ -4,7 +4,7 @@ By default every shipped plan preset (``conf/plan/*.yaml``) that targets the ``s
 (a method other than ``none``), is run by specc's runtime (its row of :mod:`specc.methods` has
 ``runtime``) and verifies greedily or by rejection sampling is a candidate; presets that only
 change the schedule of the same drafter (``smollm2_adaptive``, ``smollm2_budget``, …) collapse into
-one candidate, keyed like acceptance records (:func:`specc.acceptance.proposal_key`). So a new
+one candidate, keyed like acceptance records (:func:`specc.predict.acceptance.proposal_key`). So a new
 method — one drafter module, one row of the method table, one preset naming its drafter — is
 measured without a change here. ``--plans`` replaces the presets with the user's own plans.
 
@@ -62,7 +62,7 @@ class Candidate:
 
         Raises: TuneError when the runtime's rules refuse the variant (naming the rule)."""
         from specc.plan.schema import BucketConfig, ScheduleConfig
-        from specc.rules import resolve
+        from specc.check import resolve
 
         plan = self.plan
         m = plan.method
@@ -140,7 +140,7 @@ def _why_not(plan) -> Optional[str]:
 
 def _candidate(name: str, source: str, loaded_plan, max_steps: int) -> Candidate:
     from specc.plan.schema import ScheduleConfig, VerifyConfig
-    from specc.rules import resolve
+    from specc.check import resolve
 
     plan = dataclasses.replace(loaded_plan, engine="specc", verify=VerifyConfig(rule="greedy"),
                                schedule=ScheduleConfig(kind="static"))
@@ -169,7 +169,7 @@ def _candidate(name: str, source: str, loaded_plan, max_steps: int) -> Candidate
 
 def identity(plan) -> str:
     """Candidates that propose the same drafts share this key (target, draft, proposal key)."""
-    from specc.acceptance import proposal_key
+    from specc.predict.acceptance import proposal_key
 
     draft = plan.draft.path if plan.draft is not None else None
     return json.dumps([plan.target.path, draft, proposal_key(plan)], sort_keys=True)
@@ -260,7 +260,7 @@ def discover(target: str = DEFAULT_TARGET, method_names: Optional[Sequence[str]]
                 raise TuneError(f"--methods {m}: does not fit --target {tname}: {why}")
         cands = [c for c in cands if c.method in wanted]
     if engine in ("sglang", "vllm"):
-        from specc.rules import check
+        from specc.check import check
 
         kept = []
         for c in cands:

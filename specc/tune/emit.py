@@ -10,7 +10,7 @@ Files, next to ``--out PLAN.yaml`` (stem S):
   schedule for the method;
 * ``S.launch.sh`` — ``specc export`` of both (SGLang's adaptive config in ``S.sglang_adaptive.json``),
   each only when that engine's rules accept the plan (else the refusal is written instead);
-* ``S.acceptance.json`` — the acceptance record of every measured drafter (:mod:`specc.acceptance`);
+* ``S.acceptance.json`` — the acceptance record of every measured drafter (:mod:`specc.predict.acceptance`);
 * ``S.report.md``, ``S.json``, ``S.png`` — predicted against measured, and the plot.
 
 Torch-free; the YAML is checked by loading it back (:func:`specc.plan.load.load_plan`) before it is
@@ -105,7 +105,7 @@ def verdict(plan_or_doc: Any, engine: str, where: Optional[Path] = None) -> Tupl
     import tempfile
 
     from specc.plan.load import load_plan
-    from specc.rules import check
+    from specc.check import check
 
     plan = plan_or_doc
     if isinstance(plan_or_doc, dict):
@@ -129,7 +129,7 @@ def export_text(path: Path, engine: str, adaptive_path: Optional[Path] = None) -
     rule message is kept as a comment above the command."""
     from specc.export import export, resolve_pkg_paths
     from specc.plan.load import load_plan
-    from specc.rules import check
+    from specc.check import check
 
     plan = load_plan(str(path)).plan
     lines = [f"# {engine}: specc export {path.name} --engine {engine}"]

@@ -1,10 +1,10 @@
 """Measure a candidate drafter on the user's prompts: acceptance per draft position (an acceptance
-record entry, :mod:`specc.acceptance`) and what each decode step cost, stage by stage, at the live
+record entry, :mod:`specc.predict.acceptance`) and what each decode step cost, stage by stage, at the live
 batch of that step.
 
 The candidate decodes the prompts through the runtime (continuous batching, at most ``batch_size``
 requests in flight, greedy, κ = the candidate's ``measure_steps``). Each finished request adds its
-counters; the run stops as soon as the 95 % interval of τ (:func:`specc.acceptance.ratio_ci`, requests
+counters; the run stops as soon as the 95 % interval of τ (:func:`specc.predict.acceptance.ratio_ci`, requests
 as clusters) is within ``tolerance`` of τ on either side (and at least ``min_requests`` finished), when
 its time share is spent (once at least one decode step ran), or when the prompts run out. Requests
 still decoding then are cancelled and their partial counters kept (every verify step they took is a
@@ -82,7 +82,7 @@ class Models:
         cheap to build and may keep state across requests (suffix decoding's global tree of earlier
         outputs): no run drafts from the outputs of another configuration's run over the same prompts."""
         from specc import methods
-        from specc.build import plan_ir
+        from specc.compiler.build import plan_ir
 
         def build():
             plan = candidate.plan
@@ -107,7 +107,7 @@ class Models:
         Raises:
             PlanError: a plan the ``specc`` profile refuses. ArtifactError: an unwritable cache.
         """
-        from specc import build
+        from specc.compiler import build
         from specc.commands.compile import cache_dir
         from specc.runtime.artifact import load_artifact
         from specc.runtime.loader import artifact_runtime, choose_settings, runtime_spec
@@ -133,7 +133,7 @@ def prompts_info(records: Sequence[Any], used: Sequence[Any], source: str) -> Di
     """The ``prompts`` block of an acceptance entry: source, the sha256 of every prompt of the file in
     file order (:func:`prompts_sha256`: a record measured on the same prompts is recognised by it), how
     many were used and of which category, and the held-out statement for the shipped set."""
-    from specc.acceptance import HELD_OUT
+    from specc.predict.acceptance import HELD_OUT
     from specc.runtime.prompts import shipped_prompts_path
 
     cats: Dict[str, int] = {}
@@ -159,7 +159,7 @@ def reusable_entry(candidate, records: Sequence[Any], max_new_tokens: int):
     """The drafter's shipped acceptance entry when it was measured on exactly these prompts (same
     texts in the same order, every one used), with the same new-token count, on this target and on
     these drafter weights — a measurement of this very workload — else None."""
-    from specc import acceptance
+    from specc.predict import acceptance
 
     found = acceptance.find(candidate.plan)
     e = found.entry
@@ -179,7 +179,7 @@ def _stage_snapshot(metrics) -> Dict[str, float]:
 
 def _tau_half_width(per_request: Sequence[Dict[str, Any]]) -> Tuple[float, float]:
     """(τ, half-width of its 95 % interval) over the finished requests."""
-    from specc.acceptance import ratio_ci
+    from specc.predict.acceptance import ratio_ci
 
     rows = [r for r in per_request if r["num_steps"] > 0]
     if len(rows) < 2:
@@ -295,7 +295,7 @@ def measure(models: Models, candidate, prompt_ids: Sequence[List[int]], records:
     import platform
 
     import specc
-    from specc import acceptance
+    from specc.predict import acceptance
     from specc.runtime.profile import _cpu_name
 
     t_start = time.monotonic()

@@ -1,13 +1,13 @@
 """Predict decode throughput for every (drafter, κ or tree) at every batch size, and choose the plan.
 
-The model is the one the rest of specc uses (:mod:`specc.cost`), the roofline throughput (tokens/s =
+The model is the one the rest of specc uses (:mod:`specc.predict.cost`), the roofline throughput (tokens/s =
 B · E / step time) with
 
-* **E** from the measured acceptance (:meth:`specc.acceptance.Entry.expected_tokens`: 1 + Σ_{i<κ} r_i,
-  E(α, κ) (Leviathan et al. 2023, arXiv:2211.17192) with per-position rates; a tree's measured τ), :func:`specc.cost.expected_tokens_from_rates`;
-* **step time** (:func:`specc.cost.decode_step_ms`) = the verify time of the step's B requests and
+* **E** from the measured acceptance (:meth:`specc.predict.acceptance.Entry.expected_tokens`: 1 + Σ_{i<κ} r_i,
+  E(α, κ) (Leviathan et al. 2023, arXiv:2211.17192) with per-position rates; a tree's measured τ), :func:`specc.predict.cost.expected_tokens_from_rates`;
+* **step time** (:func:`specc.predict.cost.decode_step_ms`) = the verify time of the step's B requests and
   B · (1 + drafts per request) target tokens — the profiled cost table's (vLLM's ``build_table`` lookup,
-  :meth:`specc.cost.CostTable.step_ms`), or, when a spot check shows the table's shape no longer fits
+  :meth:`specc.predict.cost.CostTable.step_ms`), or, when a spot check shows the table's shape no longer fits
   this machine, the forward timed now at B requests x W tokens (:class:`VerifyGrid`, :func:`table_fits`)
   — times the load factor λ (the verify time the measuring runs saw over that base for the same
   steps: the machine's load now against when the base was timed),
@@ -27,7 +27,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from specc import cost, methods
+from specc import methods
+from specc.predict import cost
 
 VerifyMs = Callable[[float, float], float]  # (requests, verified target tokens) -> ms
 
@@ -219,8 +220,8 @@ LOAD_MIN_SAMPLES = 5
 def step_verify_ms(verify: VerifyMs, pad_ms: float, entry, num_steps: int, rows: float) -> float:
     """The base verify time (before λ) of one step of ``rows`` requests at κ = ``num_steps`` (0 or
     ``entry`` None: plain decoding): ``verify(rows, rows · (1 + d))`` for the d drafts per request
-    (:meth:`specc.acceptance.Entry.drafts_per_step`) plus ``pad_ms`` per token slot the ragged
-    verify pads — every row to the widest row's drafts (:meth:`specc.acceptance.Entry.widest_drafts`),
+    (:meth:`specc.predict.acceptance.Entry.drafts_per_step`) plus ``pad_ms`` per token slot the ragged
+    verify pads — every row to the widest row's drafts (:meth:`specc.predict.acceptance.Entry.widest_drafts`),
     so ``rows · (widest − d)`` slots. A drafter whose requests draft different lengths (a lookup:
     n-gram, suffix) pays for the padding at batch; one that always drafts κ pays none."""
     if entry is None or num_steps <= 0:

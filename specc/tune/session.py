@@ -27,7 +27,7 @@ SPOT_MIN_S = 20.0  # the spot check may take a tenth of the budget, and at least
 def plain_plan(base, capture):
     """Plain decoding (κ = 0, no drafter) of ``base``'s target with ``capture`` batch sizes."""
     from specc.plan.schema import MethodConfig, ScheduleConfig, VerifyConfig
-    from specc.rules import resolve
+    from specc.check import resolve
 
     p = dataclasses.replace(base, name="plain", method=MethodConfig(name="none", num_steps=0), draft=None,
                             verify=VerifyConfig(rule="greedy"),
@@ -70,7 +70,7 @@ class Session:
     def cost_table(self, threads: int):
         """The cost table: ``--cost-table``, else a shipped or cached one for this CPU, else profiled
         now (and cached). Returns ``(CostTable, path for plans, how)``."""
-        from specc import cost
+        from specc.predict import cost
         from specc.tune.tables import find_table
 
         if self.args.cost_table:
@@ -86,7 +86,7 @@ class Session:
         """Profile this device now (a coarse grid, 2 repeats) and cache it; returns ``(CostTable, path, how)``."""
         import os
 
-        from specc import cost
+        from specc.predict import cost
         from specc.tune.tables import cpu_name, table_dirs
         from specc.runtime.profile import cost_table, profile_costs
 
@@ -112,8 +112,10 @@ class Session:
     def promise(self, cand) -> float:
         """How promising a drafter looks before measuring: the batch-1 speedup E / (1 + passes·c) at
         its best κ, with E from its shipped acceptance record (on the shipped prompts) and c from
-        :func:`specc.sizing.draft_cost_ratio`; +inf without a record (unknown: measured first)."""
-        from specc import acceptance, methods, sizing
+        :func:`specc.predict.sizing.draft_cost_ratio`; +inf without a record (unknown: measured first)."""
+        from specc import methods
+        from specc.predict import acceptance
+        from specc.predict import sizing
 
         found = acceptance.find(cand.plan)
         if found.entry is None:
@@ -461,7 +463,7 @@ class Session:
 
     # ------------------------------------------------------------------ emit
     def emit(self, pred, choice, final, measurements, plain, results, configs, table_ref, how) -> List[str]:
-        from specc import acceptance
+        from specc.predict import acceptance
         from specc.tune import emit
         from specc.tune.confirm import explain_miss
         from specc.tune.predict import Config, adaptive_candidates, bucket_sizes
@@ -837,9 +839,9 @@ def sample_records(records: list, seed: int = 0) -> list:
 
 def bucket_kappa(choice, rows: float) -> int:
     """κ a bucket plan (``choice.buckets``: ``{batch bucket: κ}``) runs at ``rows`` live requests,
-    rounded to a whole request: SGLang's floor lookup of the buckets (:func:`specc.lower.route_slot`,
+    rounded to a whole request: SGLang's floor lookup of the buckets (:func:`specc.compiler.lower.route_slot`,
     adaptive_spec_params.py:342-358)."""
-    from specc.lower import route_slot
+    from specc.compiler.lower import route_slot
 
     return int(choice.buckets[route_slot(sorted(choice.buckets), max(1, int(round(rows))))])
 
@@ -866,7 +868,7 @@ def measured_values(pred, results, configs, plans, concurrency):
     counts toward plain decoding's factor, since its drafter idled."""
     import statistics
 
-    from specc.lower import route_slot
+    from specc.compiler.lower import route_slot
     from specc.tune.predict import Config, bucket_sizes
 
     sizes = bucket_sizes(concurrency)

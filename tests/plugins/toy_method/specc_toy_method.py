@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specc.drafters.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep
+from specc.methods.base import BatchView, Drafter, DraftSampling, PrefillChunk, Proposal, VerifyStep
 from specc.methods import Method, RuntimeSupport
 
 
@@ -31,7 +31,7 @@ def repeat_continuation(history: np.ndarray, k: int, max_period: int = 16) -> li
 
 
 class RepeatDrafter(Drafter):
-    """The runtime drafter of ``method.name: repeat`` (the drafter protocol of specc.drafters.base)."""
+    """The runtime drafter of ``method.name: repeat`` (the drafter protocol of specc.methods.base)."""
 
     name = "repeat"
     prefill_row_index = True

@@ -1,0 +1,74 @@
+"""Profile-independent checkpoint rules: every engine needs the checkpoints it is given to load.
+
+:data:`PROFILE` (``checkpoint``) is run by :func:`specc.check.check` for every engine, after the
+engine's own table, and reported as ``checkpoint.<id>``: a local ``target.path`` / ``draft.path``
+must be a loadable checkpoint, and a plan's ``vocab_size`` must agree with its ``config.json``.
+The checkpoints are read by :func:`specc.models.checkpoints.read_checkpoint` (torch-free).
+"""
+from __future__ import annotations
+
+from specc.models.checkpoints import cfg_get, read_checkpoint
+from specc.check.base import Profile, Rule, get
+
+
+
+
+def _ck(p, key):
+    fmt = get(p, key.rsplit(".", 1)[0] + ".format") or "hf"
+    return read_checkpoint(key, get(p, key), fmt)
+
+
+def _uses_draft(p) -> bool:
+    return p.draft is not None and bool(p.draft.path) and p.method.name not in ("none", "ngram", "suffix", "custom")
+
+
+def _bad(p, key) -> bool:
+    ck = _ck(p, key)
+    return ck is not None and bool(ck.problems)
+
+
+def _why(p, key) -> str:
+    ck = _ck(p, key)
+    return "; ".join(ck.problems) if ck else ""
+
+
+def _vocab_mismatch(p, key) -> bool:
+    ck = _ck(p, key)
+    sect = p.target if key == "target.path" else p.draft
+    v = cfg_get(ck.config, "vocab_size") if ck else None
+    return isinstance(v, int) and sect is not None and isinstance(sect.vocab_size, int) and sect.vocab_size != v
+
+
+def _cfg_vocab(p, key):
+    ck = _ck(p, key)
+    return cfg_get(ck.config, "vocab_size") if ck else None
+
+
+SRC = "specc/check/checkpoints.py"
+R = Rule
+RULES = (
+    R("CK-TARGET", "error", ("target.path",), lambda p: _bad(p, "target.path"),
+      "target.path={p.target.path} is not a loadable checkpoint: {why}", SRC,
+      message_args=lambda p: {"why": _why(p, "target.path")}),
+    R("CK-DRAFT", "error", ("draft.path",), lambda p: _uses_draft(p) and _bad(p, "draft.path"),
+      "draft.path={p.draft.path} is not a loadable checkpoint: {why}", SRC,
+      message_args=lambda p: {"why": _why(p, "draft.path")}),
+    R("CK-TARGET-VOCAB", "error", ("target.vocab_size", "target.path"),
+      lambda p: _vocab_mismatch(p, "target.path"),
+      "target.vocab_size={p.target.vocab_size} but {p.target.path}/config.json says vocab_size={v}; fix "
+      "target.vocab_size (or drop it: the checkpoint decides)", SRC,
+      message_args=lambda p: {"v": _cfg_vocab(p, "target.path")}),
+    R("CK-DRAFT-VOCAB", "error", ("draft.vocab_size", "draft.path"),
+      lambda p: _uses_draft(p) and _vocab_mismatch(p, "draft.path"),
+      "draft.vocab_size={p.draft.vocab_size} but {p.draft.path}/config.json says vocab_size={v}; fix "
+      "draft.vocab_size (or drop it: the checkpoint decides)", SRC,
+      message_args=lambda p: {"v": _cfg_vocab(p, "draft.path")}),
+)
+
+def _version() -> str:
+    from specc import __version__
+
+    return f"specc=={__version__}"
+
+
+PROFILE = Profile(name="checkpoint", version=_version(), root="", rules=RULES)

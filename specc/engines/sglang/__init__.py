@@ -1,0 +1,12 @@
+"""SGLang: rule tables per release, flag tables, launch-command importer, exporter."""
+from __future__ import annotations
+
+from typing import Tuple
+
+
+def rule_tables() -> Tuple[object, ...]:
+    """The rule table (:class:`specc.check.base.Profile`) of every release of this engine that specc
+    checks; a new release is one more module here, listed below."""
+    from specc.engines.sglang import rules_0_5_23
+
+    return (rules_0_5_23.PROFILE,)
