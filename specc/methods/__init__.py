@@ -3,15 +3,17 @@
 One :class:`Method` row per ``method.name``. Lowering, stage graphs, the cost model, the engine
 profiles' rules (``specc``, ``sglang``, ``vllm``), the exporters, the training tool's drafter kinds,
 codegen and the runtime's drafter construction read the row's facts instead of comparing method
-names, so a new method is one drafter module plus one row (SGLang keeps the same facts on its
+names, so a new method is one package: ``specc/methods/<name>/`` holding its row (``__init__``),
+its drafter, its model and loader and its training recipe (SGLang keeps the same facts on its
 ``SpeculativeAlgorithm`` enum: ``has_draft_kv``, ``carries_draft_hidden_states``, ``create_worker``;
 ``sglang/srt/speculative/spec_info.py:174-178``). Where an engine's own code branches on its
 algorithm or method string, the rules compare that engine's name, read from the row
 (``sglang_algorithm``, ``vllm_method``), never ``method.name``.
 
 Rows register through the ``specc.methods`` entry-point group (``name = "module:attr"`` naming a
-row); the built-ins are declared in ``pyproject.toml`` the same way, and :data:`BUILTIN` keeps them
-available when the installed metadata is stale. :data:`METHODS` reads the entry points on first use.
+row); the built-ins are declared in ``pyproject.toml`` the same way (each row in its own package,
+``specc.methods.ngram:NGRAM``...), and :data:`BUILTIN_REFS` keeps them available when the installed
+metadata is stale. The row types are :mod:`specc.methods.facts`. :data:`METHODS` reads the entry points on first use.
 
 Torch-free and import-free (only :mod:`specc.errors`; a plugin row's module is imported when the
 registry is first read): ``specc check`` and ``specc explain`` read it.
@@ -21,320 +23,40 @@ from __future__ import annotations
 import importlib
 import warnings
 from collections.abc import MutableMapping
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from specc.errors import PlanError
 
-# How a method proposes its draft tokens (the draft shape of one step):
-#   "none"   - no drafts (plain decoding)
-#   "lookup" - a host lookup in the request's own tokens, no model forward (n-gram, suffix)
-#   "chain"  - κ sequential draft forwards, one token each (draft model, EAGLE heads, MTP)
-#   "block"  - one draft forward emits the whole block of κ tokens (DFlash, DSpark)
-#   "heads"  - one pass of κ heads over the target's last hidden state (Medusa)
-DRAFT_SHAPES = ("none", "lookup", "chain", "block", "heads")
+from specc.methods.facts import (BLOCK_RUNTIME, CHAIN_RUNTIME, DRAFT_SHAPES, HIDDEN_KINDS,  # noqa: F401
+                                 PARALLEL_CAPABLE_RUNTIME, SCHEDULES, SEED_KINDS, TREE_RUNTIME,
+                                 VERIFY_RULES, Method, RuntimeSupport)
 
-# Which target hidden states a drafter consumes:
-#   "none"   - tokens only
-#   "last"   - the target's final-norm hidden state (EAGLE-1, Medusa, MTP)
-#   "fused"  - several layers fused into one feature (EAGLE-3: low / mid / high layers)
-#   "layers" - K/V context projected from chosen target layers (DFlash/DSpark ``target_layer_ids``)
-HIDDEN_KINDS = ("none", "last", "fused", "layers")
-
-# What the prefill instance ships to the decode instance beyond the prompt's KV, so the decode side
-# speculates on its first step (SGLang 0.5.23: the draft KV rides the KV transfer,
-# sglang/srt/disaggregation/prefill.py:301-317; the draft hidden state and top-k in the metadata
-# buffer, disaggregation/utils.py:466-476):
-#   "none"         - nothing (plain decoding, lookups: they read the token history)
-#   "draft_prefill"- nothing, but the decode side must prefill the draft model's own KV
-#   "hidden_topk"  - the draft hidden state and the draft's top-k (SGLang ``EagleDraftInput``)
-#   "lengths"      - nothing beyond the last token and the sequence lengths (DFlash/DSpark)
-SEED_KINDS = ("none", "draft_prefill", "hidden_topk", "target_hidden", "lengths")
-
-VERIFY_RULES = ("greedy", "standard", "block", "synthetic")
-SCHEDULES = ("static", "batch_buckets", "adaptive", "budget", "auto")
+#: The built-in rows, in table order (the registry lists them first): ``module:attr`` of each, the
+#: same references pyproject.toml declares under ``[project.entry-points."specc.methods"]``; read
+#: here too so that stale package metadata (an editable install not re-run) loses none of them.
+BUILTIN_REFS: Tuple[str, ...] = ("specc.methods.none:NONE", "specc.methods.ngram:NGRAM", "specc.methods.suffix:SUFFIX", "specc.methods.draft_model:DRAFT_MODEL", "specc.methods.eagle:EAGLE", "specc.methods.eagle:EAGLE3", "specc.methods.mtp:MTP", "specc.methods.multi_layer_eagle:MULTI_LAYER_EAGLE", "specc.methods.frozen_kv_mtp:FROZEN_KV_MTP", "specc.methods.medusa:MEDUSA", "specc.methods.dflash:DFLASH", "specc.methods.dflash:DSPARK", "specc.methods.custom:CUSTOM")
 
 
-@dataclass(frozen=True)
-class RuntimeSupport:
-    """What specc's own runtime runs for a method.
-
-    Attributes:
-        drafter: ``"module:function"`` of the runtime drafter factory, called as
-            ``factory(spec, target, tokenizer, device, max_seq_len)`` with the artifact's runtime
-            section (:func:`build_drafter`); empty for plain decoding.
-        verify_rules: verify rules the runtime runs for the method.
-        draft_sampling: ``verify.draft_sampling`` values the drafter can honour.
-        schedules: ``schedule.kind`` values the runtime runs for the method.
-        confidence: where the ``budget`` schedule's per-position confidence comes from:
-            ``"draft_probability"`` (the drafter's probability of its proposal), ``"online"``
-            (a per-position acceptance estimate learned online, vLLM's fallback for drafts without
-            a distribution), ``"head"`` (a trained confidence head), ``"frequency"`` (the empirical
-            frequency of the drafted continuation: suffix decoding), ``""`` (none).
-        shapes: state kinds (:func:`state_kind`) the runtime runs: ``plain``, ``chain``, ``parallel``,
-            ``tree``.
-    """
-
-    drafter: str
-    verify_rules: Tuple[str, ...] = ("greedy", "standard", "synthetic")
-    draft_sampling: Tuple[str, ...] = ("greedy",)
-    schedules: Tuple[str, ...] = SCHEDULES
-    confidence: str = ""
-    shapes: Tuple[str, ...] = ("plain", "chain")
+def builtin() -> Tuple[Method, ...]:
+    """The built-in rows, imported from their packages on first use (each package's
+    ``__init__`` is torch-free)."""
+    out = []
+    for ref in BUILTIN_REFS:
+        mod, _, attr = ref.partition(":")
+        out.append(getattr(importlib.import_module(mod), attr))
+    return tuple(out)
 
 
-@dataclass(frozen=True)
-class Method:
-    """Every fact about one draft method.
+def __getattr__(name: str) -> Any:
+    # BUILTIN and the rows by their constant names (methods.EAGLE, ...), resolved on first use
+    if name == "BUILTIN":
+        return builtin()
+    for ref in BUILTIN_REFS:
+        if ref.endswith(":" + name):
+            mod, _, attr = ref.partition(":")
+            return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Attributes:
-        name: the plan's ``method.name``.
-        summary: one line for messages and docs.
-        draft_shape: one of :data:`DRAFT_SHAPES`.
-        needs_draft_checkpoint: ``draft.path`` must name a checkpoint (a draft model or head).
-        has_draft_kv: the drafter keeps its own KV cache (SGLang ``has_draft_kv``;
-            spec_info.py:174-178). Frozen-KV MTP reads the target's KV instead (``frozen_kv``).
-        frozen_kv: the drafter attends over the target's KV and keeps none (SGLang FROZEN_KV_MTP,
-            sglang/srt/speculative/frozen_kv_mtp_*.py).
-        target_hidden: one of :data:`HIDDEN_KINDS`.
-        parallel_capable: ``method.parallel_drafting: true`` makes one pass emit the block (vLLM
-            PARD for draft_model, P-EAGLE for eagle/eagle3; vLLM config/speculative.py:511).
-        always_parallel: one pass emits the block whatever the plan says (vLLM config/speculative.py:1581-1582 sets
-            ``parallel_drafting`` for dflash/dspark).
-        dynamic_tree: ``method.topk > 1`` builds an EAGLE-2 style tree per step (SGLang
-            sglang/srt/speculative/eagle_worker_v2.py:742-919).
-        static_tree: ``method.tree_choices`` (Medusa-style paths) is meaningful.
-        default_num_steps: κ when the plan leaves ``method.num_steps`` unset: SGLang's EG12 default
-            (speculative_hook.py:1164-1174: "anything else -> (3, 1, 4)"), DFlash's block 16
-            (DF13, speculative_hook.py:389-425: γ = 15), DSpark's γ = 7 (DS13, dspark_config.py:21)
-            and suffix decoding's K = ``suffix_decoding_max_tree_depth`` = 24 (vLLM config/speculative.py:1732-1739).
-        default_c: draft cost ratio c = t_draft / t_target of one draft pass when nothing better is
-            known: a 1B-class draft for an 8B target (0.165) for separate draft models; a one-layer
-            head (0.25 ms over an 8B bf16 target's 5.97 ms memory floor on an H100 = 0.042) for heads and block
-            drafters; 0.01 for Medusa's residual heads; 0 for lookups.
-        seed: one of :data:`SEED_KINDS`: what ``specc serve``'s prefill instance ships for the drafter
-            (``specc.runtime.disagg``): ``hidden_topk`` the head's KV (if it keeps one) and state,
-            ``draft_prefill`` nothing (the decode side prefills the draft model), ``target_hidden`` the
-            target's hidden states at the drafter's layers over the prompt (Medusa, DFlash, DSpark),
-            ``none`` nothing.
-        extend_pass: the extend stage runs a draft forward over the accepted tokens (SGLang's
-            draft-extend); None: the same as ``has_draft_kv``. False for the draft model (its KV catches
-            up inside its next first proposal pass) and DFlash/DSpark (their context K/V is projected
-            from the target's hidden states, no draft forward: SGLang's DFlash has "no draft/draft-extend
-            split"); frozen-KV MTP has no draft KV to extend.
-        draft_from_extend: the extend pass's last output gives draft 1, so κ drafts take κ − 1
-            proposal passes (the EAGLE family: SGLang's EAGLE worker runs num_steps − 1 recurrent
-            calls and one draft extension per iteration, and the extension's output starts the next
-            iteration, sglang/srt/speculative/eagle_worker_v2.py:742-919).
-        target_ships_draft: the draft layers usually ship inside the target checkpoint (MTP/NEXTN);
-            ``draft.path`` is optional and defaults to the target's (SGLang EG6).
-        runtime: :class:`RuntimeSupport`, or None when specc's runtime does not run the method
-            (``specc check --engine specc`` refuses it; export it to SGLang/vLLM).
-        option_sections: the ``method.*`` sub-sections the method reads (``"ngram"``, ``"suffix"``,
-            ``"markov"``, ``"confidence_head"``, ``"plugin"``); the rules fill and check these and warn
-            when a plan sets one the method ignores.
-        one_module_per_step: the draft checkpoint holds one module per draft step (κ ≤ its module
-            count; no adaptive κ: SGLang's ``MultiLayerEagleWorkerV2`` has no adaptive support).
-        shares_target_head: the drafter projects through the target's LM head and its checkpoint stores
-            none (the MTP family), so a draft pass streams the target's head too (:mod:`specc.predict.sizing`).
-        sglang_algorithm: the ``SpeculativeAlgorithm`` SGLang 0.5.23 runs the method as, after its
-            aliasing (``sglang/srt/speculative/spec_info.py:174-178``; NEXTN becomes EAGLE,
-            ``speculative_hook.py:1062-1082``); None when SGLang lacks the method (or for plain decoding).
-        sglang_flag: the ``--speculative-algorithm`` value ``specc export`` writes; None: the same as
-            ``sglang_algorithm`` (``mtp`` is written NEXTN).
-        sglang_multi_layer: SGLang runs it with ``--enable-multi-layer-eagle`` (one MTP module per step,
-            ``speculative_hook.py:1203-1215``).
-        vllm_method: vLLM 0.33.0's ``SpeculativeConfig.method`` value (``vllm/config/speculative.py``
-            ``SpeculativeMethod``); None when vLLM lacks the method (or for plain decoding).
-        train_kinds: ``(kind, "module:Class")`` of the training tool's drafter kinds that train a
-            checkpoint for the method (:mod:`specc.train.kinds`); empty when nothing is trained.
-        example_draft: a ``conf/draft`` preset holding a checkpoint for the method, named in messages
-            (``defaults: - /draft: NAME``); None when there is none.
-    """
-
-    name: str
-    summary: str
-    draft_shape: str
-    needs_draft_checkpoint: bool
-    has_draft_kv: bool
-    target_hidden: str
-    default_c: float
-    seed: str
-    frozen_kv: bool = False
-    extend_pass: Optional[bool] = None
-    draft_from_extend: bool = False
-    target_ships_draft: bool = False
-    default_num_steps: int = 3
-    parallel_capable: bool = False
-    always_parallel: bool = False
-    dynamic_tree: bool = False
-    static_tree: bool = False
-    runtime: Optional[RuntimeSupport] = None
-    option_sections: Tuple[str, ...] = ()
-    one_module_per_step: bool = False
-    shares_target_head: bool = False
-    sglang_algorithm: Optional[str] = None
-    sglang_flag: Optional[str] = None
-    sglang_multi_layer: bool = False
-    vllm_method: Optional[str] = None
-    train_kinds: Tuple[Tuple[str, str], ...] = ()
-    example_draft: Optional[str] = None
-
-    @property
-    def trains(self) -> bool:
-        """``specc train`` trains a checkpoint for the method (it has a drafter kind)."""
-        return bool(self.train_kinds)
-
-    @property
-    def engine_names(self) -> Dict[str, Optional[str]]:
-        """The name each engine runs the method as (``specc`` its own, ``sglang`` the algorithm,
-        ``vllm`` the method value); None where that engine lacks it."""
-        return {"specc": self.name if self.runtime is not None else None, "sglang": self.sglang_algorithm,
-                "vllm": self.vllm_method}
-
-    @property
-    def lookup(self) -> bool:
-        """Drafts come from a lookup, no draft forward pass."""
-        return self.draft_shape == "lookup"
-
-    @property
-    def drafts(self) -> bool:
-        """The method proposes draft tokens at all (False for plain decoding)."""
-        return self.draft_shape != "none"
-
-    @property
-    def consumes_hidden(self) -> bool:
-        """The drafter reads target hidden states (EAGLE family, MTP, DFlash/DSpark, Medusa)."""
-        return self.target_hidden != "none"
-
-    @property
-    def extend_forward(self) -> bool:
-        """The extend stage runs a draft forward (see ``extend_pass``)."""
-        return self.has_draft_kv if self.extend_pass is None else bool(self.extend_pass)
-
-    @property
-    def seed_carries_hidden(self) -> bool:
-        """The disaggregation seed carries the draft hidden state (SGLang
-        ``carries_draft_hidden_states``, sglang/srt/speculative/spec_info.py)."""
-        return self.seed == "hidden_topk"
-
-
-_CHAIN_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"), schedules=SCHEDULES,
-                      shapes=("plain", "chain"))
-# chain drafters that also emit the block in one pass with method.parallel_drafting (PARD, P-EAGLE)
-_PARALLEL_CAPABLE_RUNTIME = dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "parallel"))
-# block drafters: one non-causal pass over [bonus, MASK × γ] (DFlash, DSpark)
-_BLOCK_RUNTIME = dict(verify_rules=("greedy", "standard", "block", "synthetic"), schedules=SCHEDULES,
-                      draft_sampling=("greedy", "probabilistic"), shapes=("plain", "parallel"))
-# EAGLE heads also grow trees: dynamic (topk > 1) and static (tree_choices), verified in one target
-# forward with the tree mask (specc.runtime.stages.verify_tree; SGLang eagle_utils.py:138-234); the block rule
-# stays a chain rule (refused on trees by the S-VERIFY rule)
-_TREE_RUNTIME = dict(_PARALLEL_CAPABLE_RUNTIME, shapes=("plain", "chain", "parallel", "tree"))
-
-# The built-in rows. Each is declared in pyproject.toml under [project.entry-points."specc.methods"]
-# (``none = "specc.methods:NONE"``...) exactly as a third-party method is; :data:`BUILTIN` is the
-# fallback when the installed package metadata predates that table (an editable install not re-run).
-NONE = Method("none", "plain decoding: κ = 0, every step emits the target's own token", "none",
-       needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
-       runtime=RuntimeSupport(drafter="", verify_rules=("greedy", "standard"),
-                              draft_sampling=("greedy", "probabilistic"), schedules=("static",),
-                              shapes=("plain",)))
-NGRAM = Method("ngram", "prompt lookup: continue the longest earlier match of the last tokens (no model)", "lookup",
-       needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0, seed="none",
-       runtime=RuntimeSupport(drafter="specc.methods.ngram.drafter:build_drafter", confidence="online",
-                              **_CHAIN_RUNTIME),
-       option_sections=("ngram",), sglang_algorithm="NGRAM", vllm_method="ngram")
-SUFFIX = Method("suffix", "suffix decoding: suffix trees over the prompt, earlier outputs and corpora (no model)",
-       "lookup", needs_draft_checkpoint=False, has_draft_kv=False, target_hidden="none", default_c=0.0,
-       seed="none", dynamic_tree=True, default_num_steps=24,
-       runtime=RuntimeSupport(drafter="specc.methods.suffix.drafter:build_drafter", confidence="frequency",
-                              verify_rules=("greedy", "standard"), schedules=SCHEDULES,
-                              shapes=("plain", "chain", "tree")),
-       option_sections=("suffix",), vllm_method="suffix")
-DRAFT_MODEL = Method("draft_model", "a separate small causal LM drafts κ tokens one by one", "chain",
-       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="none", default_c=0.165,
-       seed="draft_prefill", parallel_capable=True, extend_pass=False,
-       runtime=RuntimeSupport(drafter="specc.methods.draft_model.drafter:build_drafter",
-                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                              **_PARALLEL_CAPABLE_RUNTIME),
-       sglang_algorithm="STANDALONE", vllm_method="draft_model",
-       train_kinds=(("pard", "specc.methods.dflash.recipe:PardKind"),),
-       example_draft="smollm2_135m_shallow")
-EAGLE = Method("eagle", "EAGLE head: one decoder layer over [token embedding; target's last hidden state]", "chain",
-       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
-       seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
-       runtime=RuntimeSupport(drafter="specc.methods.eagle.drafter:build_drafter",
-                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                              **_TREE_RUNTIME),
-       sglang_algorithm="EAGLE", vllm_method="eagle", train_kinds=(("eagle", "specc.methods.eagle.recipe:EagleKind"),),
-       example_draft="smollm2_135m_eagle")
-EAGLE3 = Method("eagle3", "EAGLE-3 head: fused low/mid/high target layers, reduced draft vocabulary", "chain",
-       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="fused", default_c=0.042,
-       seed="hidden_topk", parallel_capable=True, dynamic_tree=True, static_tree=True, draft_from_extend=True,
-       runtime=RuntimeSupport(drafter="specc.methods.eagle.drafter:build_drafter",
-                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                              **_TREE_RUNTIME),
-       sglang_algorithm="EAGLE3", vllm_method="eagle3", train_kinds=(("eagle3", "specc.methods.eagle.recipe:Eagle3Kind"),),
-       example_draft="smollm2_135m_eagle3")
-MTP = Method("mtp", "DeepSeek-style MTP (NEXTN) layer over [norm(embedding); norm(hidden)], run recurrently", "chain",
-       needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="last", default_c=0.042,
-       seed="hidden_topk", dynamic_tree=True, draft_from_extend=True, target_ships_draft=True,
-       runtime=RuntimeSupport(drafter="specc.methods.mtp.drafter:build_drafter",
-                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                              **dict(_CHAIN_RUNTIME, shapes=("plain", "chain", "tree"))),
-       shares_target_head=True, sglang_algorithm="EAGLE", sglang_flag="NEXTN", vllm_method="mtp",
-       train_kinds=(("mtp", "specc.methods.mtp.recipe:MTPKind"),),
-       example_draft="smollm2_135m_mtp")
-MULTI_LAYER_EAGLE = Method("multi_layer_eagle", "one MTP module per draft step (SGLang's draft_runners)", "chain",
-       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="last", default_c=0.042,
-       seed="hidden_topk", draft_from_extend=True,
-       runtime=RuntimeSupport(drafter="specc.methods.multi_layer_eagle.drafter:build_drafter",
-                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                              **dict(_CHAIN_RUNTIME, schedules=("static", "batch_buckets", "budget"))),
-       one_module_per_step=True, shares_target_head=True, sglang_algorithm="EAGLE", sglang_multi_layer=True,
-       train_kinds=(("multi_layer_eagle", "specc.methods.mtp.recipe:MultiLayerEagleKind"),),
-       example_draft="smollm2_135m_multi_layer_eagle")
-FROZEN_KV_MTP = Method("frozen_kv_mtp", "an assistant drafter attending over the target's KV (keeps none of its own)",
-       "chain", needs_draft_checkpoint=True, has_draft_kv=False, frozen_kv=True, target_hidden="last",
-       default_c=0.042, seed="hidden_topk",
-       runtime=RuntimeSupport(drafter="specc.methods.frozen_kv_mtp.drafter:build_drafter",
-                              draft_sampling=("greedy", "probabilistic"), confidence="draft_probability",
-                              **_CHAIN_RUNTIME),
-       shares_target_head=True, sglang_algorithm="FROZEN_KV_MTP", train_kinds=(("frozen_kv_mtp", "specc.methods.mtp.recipe:FrozenKVMTPKind"),),
-       example_draft="smollm2_135m_frozen_kv_mtp")
-MEDUSA = Method("medusa", "κ residual heads over the target's last hidden state, one pass, static tree", "heads",
-       needs_draft_checkpoint=True, has_draft_kv=False, target_hidden="last", default_c=0.01,
-       seed="target_hidden", always_parallel=True, static_tree=True,
-       runtime=RuntimeSupport(drafter="specc.methods.medusa.drafter:build_drafter", verify_rules=("greedy", "standard"),
-                              draft_sampling=("greedy", "probabilistic"), schedules=SCHEDULES,
-                              confidence="draft_probability", shapes=("plain", "parallel", "tree")),
-       train_kinds=(("medusa", "specc.methods.medusa.recipe:MedusaKind"),),
-       example_draft="smollm2_135m_medusa")
-DFLASH = Method("dflash", "block diffusion draft: [bonus, MASK × γ] in one non-causal pass over target context",
-       "block", needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-       seed="target_hidden", always_parallel=True, default_num_steps=15, extend_pass=False,
-       runtime=RuntimeSupport(drafter="specc.methods.dflash.drafter:build_drafter", confidence="draft_probability",
-                              **_BLOCK_RUNTIME),
-       sglang_algorithm="DFLASH", vllm_method="dflash", train_kinds=(("dflash", "specc.methods.dflash.recipe:DFlashKind"),),
-       example_draft="smollm2_135m_dflash")
-DSPARK = Method("dspark", "DFlash backbone + low-rank Markov head + confidence head", "block",
-       needs_draft_checkpoint=True, has_draft_kv=True, target_hidden="layers", default_c=0.042,
-       seed="target_hidden", always_parallel=True, default_num_steps=7, extend_pass=False,
-       runtime=RuntimeSupport(drafter="specc.methods.dflash.drafter:build_drafter", confidence="head",
-                              **_BLOCK_RUNTIME),
-       option_sections=("markov", "confidence_head"), sglang_algorithm="DSPARK", vllm_method="dspark",
-       train_kinds=(("dspark", "specc.methods.dflash.recipe:DSparkKind"),),
-       example_draft="smollm2_135m_dspark")
-CUSTOM = Method("custom", "a user drafter plugin (method.plugin)", "chain",
-       needs_draft_checkpoint=False, has_draft_kv=True, target_hidden="none", default_c=0.165,
-       seed="draft_prefill", extend_pass=False,
-       runtime=RuntimeSupport(drafter="specc.methods:build_plugin_drafter",
-                              verify_rules=("greedy", "standard"), draft_sampling=("greedy", "probabilistic"),
-                              schedules=SCHEDULES, shapes=("plain", "chain")),
-       option_sections=("plugin",), sglang_algorithm="PLUGIN", vllm_method="custom_class")
-
-#: The built-in rows, in table order (the registry lists them first).
-BUILTIN: Tuple[Method, ...] = (NONE, NGRAM, SUFFIX, DRAFT_MODEL, EAGLE, EAGLE3, MTP, MULTI_LAYER_EAGLE, FROZEN_KV_MTP, MEDUSA, DFLASH, DSPARK, CUSTOM)
 
 
 #: Entry-point group through which a method registers: ``name = "module:attr"`` naming a
@@ -400,7 +122,7 @@ def _discover() -> Tuple[Dict[str, Method], Dict[str, str]]:
     entry point was skipped (by entry-point name)."""
     from importlib.metadata import entry_points
 
-    rows: Dict[str, Method] = {m.name: m for m in BUILTIN}
+    rows: Dict[str, Method] = {m.name: m for m in builtin()}
     problems: Dict[str, str] = {}
     try:
         eps = list(entry_points(group=METHOD_ENTRY_POINT_GROUP))
