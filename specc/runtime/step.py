@@ -5,7 +5,7 @@ extend program. :class:`Step` names the data that flows (``StepInputs -> program
 then the host copy :class:`HostOutputs`); :class:`StepRuntime` names exactly what a step uses of
 its runtime (``specc.runtime.engine.Runtime`` implements it).
 
-KV is committed by position (gpt-fast, anchors A1): the verify forward of a step writes the target
+KV is committed by position (as gpt-fast, pytorch-labs/gpt-fast model.py KVCache): the verify forward of a step writes the target
 KV of rows ``seq_len-1 .. seq_len-1+κ`` of each request; the accepted prefix is kept simply by
 advancing ``seq_len``; rejected entries are overwritten by the next step and hidden meanwhile by the
 causal-by-position mask. Padding (inactive rows) writes to the trash slot.
