@@ -2,7 +2,7 @@
 
 A drafter proposes up to κ tokens per request each decode step; the runtime verifies them with the
 target and tells the drafter what was accepted. Every cache a drafter keeps is written **by position**
-(gpt-fast's ``KVCache``, anchors A1): a rejected draft's entries are simply overwritten by a later
+(gpt-fast's ``KVCache``, pytorch-labs/gpt-fast model.py): a rejected draft's entries are simply overwritten by a later
 step and hidden by the causal-by-position mask, so there is never an explicit rollback.
 
 Call order, per batch of rows (one row = one request; rows are the runtime's batch slots, fixed for

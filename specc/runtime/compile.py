@@ -6,7 +6,7 @@ KV commit) over the state's full static inputs (every row of the bucket, the sta
 attention over every cache slot: no shape read from the data), compiled by inductor with no dynamic
 dimensions; ``freezing`` folds the target's weights into the graph as constants, so oneDNN packs
 them once (its prepacked linear) instead of at every call (PyTorch's inductor CPU guide). The KV
-cache is written in place through the compiled graph (gpt-fast's static cache, anchors A1).
+cache is written in place through the compiled graph (gpt-fast's static cache, pytorch-labs/gpt-fast model.py).
 
 Each state gets a function with its own code object (named after the state), so dynamo keeps one
 cache entry per state: states sharing one code object would count as recompilations of it, and past

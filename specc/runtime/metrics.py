@@ -221,7 +221,7 @@ class SpecMetrics:
 
     @property
     def tau(self) -> float:
-        """Mean emitted tokens per verify step incl. the bonus (Spec-Bench τ, anchors B1)."""
+        """Mean emitted tokens per verify step incl. the bonus (Spec-Bench's τ, Xia et al. 2024, arXiv:2401.07851)."""
         return self.num_emitted / self.num_steps if self.num_steps else 0.0
 
     @property

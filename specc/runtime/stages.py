@@ -11,7 +11,7 @@
 Verify, accept and commit make up the state's verify program (``SpecRuntimeState.program``), the one
 function that runs eager, captured or compiled; they read only ``inp`` and return their results.
 
-Verification follows gpt-fast's position-indexed KV (anchors A1): the verify forward writes the
+Verification follows gpt-fast's position-indexed KV (pytorch-labs/gpt-fast model.py): the verify forward writes the
 target KV of each request's verify rows at slots ``seq_len - 1 + i``; for a chain, row i is also
 position ``seq_len - 1 + i``, so rows past the accepted prefix are simply overwritten by a later step
 and hidden by the causal-by-position mask, and the commit stage has nothing to do. A tree's node i

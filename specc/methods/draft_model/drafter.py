@@ -1,7 +1,7 @@
 """Draft-model speculation: an independent small causal LM (its own embeddings, layers, head and KV
 cache) proposes κ tokens autoregressively (Leviathan et al. 2023; vLLM ``draft_model``).
 
-The draft KV cache is written by position like the target's (gpt-fast's ``KVCache``, anchors A1).
+The draft KV cache is written by position like the target's (gpt-fast's ``KVCache``, pytorch-labs/gpt-fast model.py).
 The drafter remembers per row how many leading positions of its cache hold the right KV
 (``synced``): each ``propose`` first feeds the history from there up to the pending token in one
 forward (normally one or two tokens: the bonus, or the last accepted draft and the bonus —
