@@ -7,6 +7,8 @@ The checkpoints are read by :func:`specc.models.checkpoints.read_checkpoint` (to
 """
 from __future__ import annotations
 
+from specc import methods
+from specc.errors import PlanError
 from specc.models.checkpoints import cfg_get, read_checkpoint
 from specc.check.base import Profile, Rule, get
 
@@ -19,7 +21,15 @@ def _ck(p, key):
 
 
 def _uses_draft(p) -> bool:
-    return p.draft is not None and bool(p.draft.path) and p.method.name not in ("none", "ngram", "suffix", "custom")
+    """Whether the plan's method reads ``draft.path`` (a draft checkpoint, or MTP layers shipped
+    apart from the target); an unknown method (refused by the schema) reads none."""
+    if p.draft is None or not p.draft.path:
+        return False
+    try:
+        m = methods.get(p.method.name)
+    except PlanError:
+        return False
+    return m.needs_draft_checkpoint or m.target_ships_draft
 
 
 def _bad(p, key) -> bool:

@@ -423,7 +423,7 @@ def runtime_section(plan: Plan, schedule: Dict[str, Any], max_steps: int) -> Dic
     }
     if m.plugin:
         section["method"]["plugin"] = m.plugin
-    if m.name == "suffix":  # suffix decoding's settings and corpora (read at load; absent for other methods)
+    if "suffix" in methods.get(m.name).option_sections:  # suffix decoding's settings and corpora (read at load; absent for other methods)
         sx = m.suffix
         section["method"]["suffix"] = {"max_tree_depth": sx.max_tree_depth, "max_cached_requests": sx.max_cached_requests,
                                        "max_spec_factor": sx.max_spec_factor, "min_token_prob": sx.min_token_prob,

@@ -195,7 +195,7 @@ def build_state_graph(state: CandidateState, ctx: Optional[GraphContext] = None)
         cons = {"last_tokens": (["B"], i64)}
         if hidden_fed:
             cons["draft_hidden"] = (["B", "H"], act)
-        if m == "dspark":
+        if "markov" in methods.get(m).option_sections:  # a block drafter with a Markov head (DSpark)
             b.stage("draft_block", "draft_block_forward", "draft",
                     {"block_logits": (["B", "K", "V"], f32)}, cons,
                     note="[bonus | MASK x K] block through one forward (DFlash/DSpark)")

@@ -184,7 +184,7 @@ def base_num_steps(plan: Plan) -> Tuple[int, Optional[str]]:
     ``block_size`` when num_steps is unset (DSpark γ = num_draft_tokens − 1);
     else the engine default. Returns (κ, note or None)."""
     m = plan.method
-    if m.name == "none":
+    if not methods.get(m.name).drafts:
         return 0, None
     tc = plan_tree_choices(plan)
     if tc is not None:

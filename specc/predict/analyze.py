@@ -11,6 +11,7 @@ from typing import Dict, Optional
 
 import networkx as nx
 
+from specc import methods
 from specc.predict import cost
 from specc.compiler import graph
 from specc.compiler import lower
@@ -33,7 +34,7 @@ def lower_plan(plan: Plan, inputs: Optional[sizing.CostInputs] = None) -> lower.
     """Lower ``plan``; a ``schedule.kind: auto`` plan gets its batch model
     (:func:`specc.predict.sizing.auto_batch_model`) and α (``inputs.alpha``, else :func:`specc.predict.sizing.plan_alpha`).
     Raises PlanError as :func:`specc.compiler.lower.lower_report` and :func:`specc.predict.sizing.auto_batch_model`."""
-    if plan.schedule.kind != "auto" or plan.method.name == "none":
+    if plan.schedule.kind != "auto" or not methods.get(plan.method.name).drafts:
         return lower.lower_report(plan)
     alpha = inputs.alpha if inputs is not None else sizing.plan_alpha(plan)[0]
     return lower.lower_report(plan, alpha, sizing.auto_batch_model(plan))

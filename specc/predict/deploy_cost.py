@@ -136,7 +136,7 @@ def model_shape(plan, which: str) -> Optional[ModelShape]:
         m = methods.get(plan.method.name)
         if not m.drafts or m.lookup:
             return None
-        if not path and plan.method.name in ("mtp", "frozen_kv_mtp"):
+        if not path and (m.target_ships_draft or m.frozen_kv):
             t = model_shape(plan, "target")
             if t is None:
                 return None
