@@ -527,7 +527,9 @@ def prefix_prefill(engine: str, method: str, c: float, t_params: float, dtype_by
     draft (the prefix line's text names the vLLM tracker report that measured its cost).
     Every drafting method with a draft model also prefills its draft over the uncached prompt tokens:
     c target-steps' worth per token. ``uncached``: new prompt tokens after the hit."""
-    eagle_drop = engine == "vllm" and method in ("eagle", "eagle3", "mtp")
+    # keyed on vLLM's own method string for the row (its EAGLE-style proposers), not on the plan's name
+    vm = methods.get(method).vllm_method if method in methods.method_names() else None
+    eagle_drop = engine == "vllm" and vm in ("eagle", "eagle3", "mtp")
     recompute = block if eagle_drop else 0
     t_target = prefill_s(recompute, t_params, dtype_bytes, hw, tp) if recompute else 0.0
     t_draft = c * prefill_s(recompute + uncached, t_params, dtype_bytes, hw, tp)
@@ -586,7 +588,7 @@ def _hidden_outputs(method: str) -> int:
     m = methods.get(method)
     if not m.consumes_hidden:
         return 0
-    return 3 if method == "eagle3" else 1
+    return 3 if m.target_hidden == "fused" else 1
 
 
 def deployment_report(plan, engine: str, states: Sequence[Any], hw, dtype_bytes: float, c: float,
