@@ -80,6 +80,9 @@ class Runtime:
         specs: the states' constants (``StateSpec``; from an artifact's manifest or built directly).
         state_kernels: optional ``{state name: {role: kernel variant name}}`` (an artifact's
             specialized kernels, modules in ``kernel_modules``).
+        state_programs: optional ``{state name: ((stage, fn, args), ...)}``, the stage programs the
+            execution plan lists (``specc.ir.StateIR.programs``); a state without them takes its
+            programs from the one table (``specc.compiler.programs.state_programs``).
         trees: optional ``{state name: compiled static tree}`` (the manifest's ``trees``); compiled
             from ``spec.tree_choices`` when absent.
         max_model_len: tokens per request (prompt + output) at most.
@@ -111,6 +114,7 @@ class Runtime:
 
     def __init__(self, target, tokenizer, drafter, specs: Sequence[StateSpec], *,
                  state_kernels: Optional[Dict[str, Dict[str, str]]] = None,
+                 state_programs: Optional[Dict[str, Sequence[Tuple[str, str, Tuple[Any, ...]]]]] = None,
                  trees: Optional[Dict[str, Any]] = None, max_model_len: Optional[int] = None,
                  device: Optional[torch.device] = None, kernel_backend: str = "auto",
                  use_cuda_graphs: bool = False, seed: int = 0,
@@ -159,7 +163,7 @@ class Runtime:
         by_key: Dict[Tuple[int, int], SpecRuntimeState] = {}
         for spec in specs:
             st = build_state(spec, self.ctx, synthetic_rates, kernels=(state_kernels or {}).get(spec.name),
-                             tree=(trees or {}).get(spec.name))
+                             tree=(trees or {}).get(spec.name), programs=(state_programs or {}).get(spec.name))
             if st.spec.key in by_key:
                 raise ArtifactError(f"states {by_key[st.spec.key].spec.name} and {st.spec.name} share bucket "
                                     f"{st.spec.batch_size} and κ = {st.spec.num_steps}; re-run specc compile")

@@ -1,7 +1,7 @@
 """Artifact → Runtime: verify the artifact (``specc.runtime.artifact.load_artifact``), load the
 target and the drafter its manifest's runtime section names, and build one runtime state per
-state of its execution plan (:class:`specc.ir.ExecutionPlan`: parameters, kernels, static tree;
-programs from the one table, :func:`specc.compiler.programs.state_programs`) under its schedule. The runtime
+state of its execution plan (:class:`specc.ir.ExecutionPlan`: parameters, stage programs, kernels, static tree) under its
+schedule. The runtime
 reads the execution plan, never ``plan.yaml``, and never imports ``specc.plan``: a runtime is built
 from an artifact (:func:`load_runtime`, :func:`artifact_runtime`) or an execution plan
 (:func:`ir_runtime`) only."""
@@ -213,6 +213,7 @@ def ir_runtime(eplan: "ExecutionPlan", target, tokenizer, drafter, dev: Optional
         use_cuda_graphs = dev is not None and dev.type == "cuda" and rt.cuda_graphs is not False
     return Runtime(target, tokenizer, drafter, specs,
                    state_kernels={s.name: dict(s.kernels) for s in states} if kernel_modules else None,
+                   state_programs={s.name: tuple((p.stage, p.fn, p.args) for p in s.programs) for s in states},
                    trees={s.name: eplan.trees[s.tree] for s in states if s.tree is not None},
                    synthetic_rates=list(rt.verify.synthetic_rates) if rt.verify.synthetic_rates is not None else None,
                    max_model_len=max_model_len or rt.target.max_model_len, device=dev,

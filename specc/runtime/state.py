@@ -4,8 +4,10 @@ A :class:`SpecRuntimeState` bundles every buffer sized by its constants (bucket 
 W = ``num_draft_tokens``: κ + 1 for a chain, the tree's node count for a tree; vocabulary V) and the
 state's programs, so switching states is a pointer swap (SGLang's ``SpecRuntimeState``,
 sglang/srt/speculative/adaptive_runtime_state.py:10-34). A static tree's buffers (parents, depths, mask, ranks) are compiled once
-(the manifest's ``trees``) and never rewritten. The programs come from the one table of programs a
-state runs (:func:`specc.compiler.programs.state_programs`), derived from the state's parameters.
+(the manifest's ``trees``) and never rewritten. The programs are the ones the execution plan lists for the
+state (``specc.ir.StateIR.programs``, :func:`bind_programs`); a state built directly from its
+constants (tests, tools) takes them from the same table codegen used
+(:func:`specc.compiler.programs.state_programs`).
 
 The step is data: the runtime fills a :class:`StepInputs` (``specc.runtime.step.prepare``), the
 draft program writes the drafts into it, and the **verify program** (:meth:`SpecRuntimeState.program`:
@@ -510,12 +512,36 @@ def _bind(fn: Callable, args: Tuple[Any, ...]) -> Program:
     return program
 
 
+def bind_programs(calls: Sequence[Tuple[str, str, Tuple[Any, ...]]], where: str) -> BoundPrograms:
+    """The stage programs an execution plan lists for a state (``specc.ir.StateIR.programs``:
+    ``(stage, fn, args)`` for each of draft, verify, accept, commit, extend), bound to their
+    constants. Raises ArtifactError naming the state when a stage is missing or repeated, or a
+    program is not one of :mod:`specc.runtime.stages`."""
+    from specc.runtime import stages
+
+    bound: Dict[str, Program] = {}
+    for stage, fn, args in calls:
+        prog = getattr(stages, fn, None) if not fn.startswith("_") else None
+        if stage not in BoundPrograms.__dataclass_fields__ or stage in bound or not callable(prog):
+            raise ArtifactError(f"{where}: program {stage}={fn} is not a stage program of this runtime "
+                                f"(or repeats a stage); re-run specc compile")
+        bound[stage] = _bind(prog, tuple(args))
+    missing = [k for k in BoundPrograms.__dataclass_fields__ if k not in bound]
+    if missing:
+        raise ArtifactError(f"{where}: no program for stage(s) {', '.join(missing)}; re-run specc compile")
+    return BoundPrograms(**bound)
+
+
 def build_state(spec: StateSpec, ctx: StateContext, synthetic_rates: Optional[Sequence[float]] = None,
                 kernels: Optional[Mapping[str, str]] = None, tree: Optional[Mapping[str, Any]] = None,
-                ) -> SpecRuntimeState:
-    """Build a runtime state: its programs from the one table (:func:`select_programs`), its kernel
+                programs: Optional[Sequence[Tuple[str, str, Tuple[Any, ...]]]] = None) -> SpecRuntimeState:
+    """Build a runtime state: its programs as the execution plan lists them (``programs``,
+    :func:`bind_programs`; a runtime built from an artifact or IR always has them) or, for a state
+    built directly from its constants, from the one table (:func:`select_programs`); its kernel
     variants (role → an artifact kernel module's name; none: the generic kernels) and its static tree
     (the manifest's compiled entry; compiled from ``spec.tree_choices`` by the same function codegen
     uses when None). Raises ArtifactError for a state this runtime cannot run."""
     spec.check_supported()
-    return SpecRuntimeState(spec, ctx, select_programs(spec, synthetic_rates), kernels=kernels, tree=tree)
+    bound = (bind_programs(programs, f"state {spec.name}") if programs
+             else select_programs(spec, synthetic_rates))
+    return SpecRuntimeState(spec, ctx, bound, kernels=kernels, tree=tree)

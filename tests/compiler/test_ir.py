@@ -70,3 +70,22 @@ def test_old_format_artifact_is_refused_with_the_fix(tmp_path):
 def test_from_dict_names_a_missing_key():
     with pytest.raises(ArtifactError, match="'runtime'"):
         ir.ExecutionPlan.from_dict({"plan_name": "p", "states": [], "trees": {}, "kernels": []})
+
+
+def test_runtime_binds_the_programs_the_execution_plan_lists():
+    """A state's stage programs are read from the IR (``StateIR.programs``), not re-derived: each
+    bound program is the one the IR names, and an IR naming something that is not a stage program
+    is refused with the state's name."""
+    from specc.runtime import state as S
+
+    eplan = build.plan_ir(load_plan("smollm2_eagle3_tree").plan)
+    for s in eplan.states:
+        calls = [(p.stage, p.fn, p.args) for p in s.programs]
+        bound = S.bind_programs(calls, f"state {s.name}")
+        assert [getattr(bound, stage).__name__ for stage, _, _ in calls] == [fn for _, fn, _ in calls]
+    s = eplan.states[-1]
+    bad = [(p.stage, "check_supported" if p.stage == "accept" else p.fn, p.args) for p in s.programs]
+    with pytest.raises(ArtifactError, match=f"state {s.name}: program accept=check_supported"):
+        S.bind_programs(bad, f"state {s.name}")
+    with pytest.raises(ArtifactError, match="no program for stage"):
+        S.bind_programs([(p.stage, p.fn, p.args) for p in s.programs if p.stage != "extend"], "state x")

@@ -61,10 +61,17 @@ PROMPTS = [[5], [9, 8, 7, 9, 8, 7, 10], list(range(20, 41))]
     ("smollm2_draft_model", ("draft.path={draft}", "draft.vocab_size=64", "draft.max_model_len=128",
                              "verify=standard", "verify.draft_sampling=probabilistic")),
 ])
-def test_compiled_artifact_decodes_exactly(models, tmp_path, capsys, preset, extra):
+def test_compiled_artifact_decodes_exactly(models, tmp_path, capsys, preset, extra, monkeypatch):
+    from specc.runtime import state as runtime_state
+
     target, root = models
     extra = [e.format(draft=root / "draft") for e in extra]
     path = _compile(preset, root, tmp_path, capsys, extra)
+
+    def rederived(*a, **k):
+        raise AssertionError("a state's programs were re-derived instead of read from the execution plan")
+
+    monkeypatch.setattr(runtime_state, "select_programs", rederived)  # the IR's programs only
     rt, art = load_runtime(path, device="cpu")
     # every state was built from its manifest entry, with the artifact's kernel variant
     assert [s.spec.name for s in sorted(rt.states, key=lambda s: s.spec.name)] == sorted(e["name"] for e in art.states)
