@@ -79,7 +79,7 @@ def ngram_sampled():
 
 def _eagle(kind: str):
     from specc.methods.eagle.drafter import EagleDrafter
-    from test_eagle_support import random_head, tiny_target
+    from tests.test_eagle_support import random_head, tiny_target
     t = tiny_target(seed=3)
     return t, EagleDrafter(random_head(kind, t, seed=4), t.config.num_layers, t.norm)
 
@@ -103,7 +103,7 @@ def eagle_static_tree():
 
 def medusa_chain():
     from specc.methods.medusa.drafter import MedusaDrafter
-    from test_eagle_support import tiny_target
+    from tests.test_eagle_support import tiny_target
     from tests.methods.test_medusa import random_heads
     t = tiny_target(seed=7)
     d = MedusaDrafter(random_heads(t, 4, 1, seed=8, scale=0.1), t.config.num_layers, t.norm)
@@ -113,7 +113,7 @@ def medusa_chain():
 def medusa_tree():
     from specc.methods.medusa.drafter import MedusaDrafter
     from specc.compiler.trees import normalize_choices
-    from test_eagle_support import tiny_target
+    from tests.test_eagle_support import tiny_target
     from tests.methods.test_medusa import random_heads
     t = tiny_target(seed=7)
     d = MedusaDrafter(random_heads(t, 4, 1, seed=8, scale=0.1), t.config.num_layers, t.norm)
@@ -122,8 +122,8 @@ def medusa_tree():
 
 
 def _mtp(method: str):
-    from mtp_family_support import drafter_for, random_model
-    from test_eagle_support import tiny_target
+    from tests.mtp_family_support import drafter_for, random_model
+    from tests.test_eagle_support import tiny_target
     t = tiny_target(seed=5)
     d = drafter_for(method, random_model(method, t, 3, seed=6), t, 3)
     specs = [StateSpec(f"b{b}_k3_topk1_w4_greedy_chain", method, b, 3, topk=1, num_draft_tokens=4)

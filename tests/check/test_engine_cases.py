@@ -17,7 +17,7 @@ from specc.plan.load import load_plan, plan_from_dict
 from specc.check import check, profile, resolve
 from specc.check.base import Rule, derive
 
-from rule_cases import (DFLASH_LOCAL, E3_DRAFT, LLAMA, MTP2_TARGET, PARD_MASK, PARD_NOMASK, SGL_ADAPT, SGL_DSPARK,
+from tests.rule_cases import (DFLASH_LOCAL, E3_DRAFT, LLAMA, MTP2_TARGET, PARD_MASK, PARD_NOMASK, SGL_ADAPT, SGL_DSPARK,
                         SGL_E3, V_E3, build, make_checkpoint)
 
 REPO = Path(__file__).resolve().parents[2]

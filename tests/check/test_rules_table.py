@@ -13,7 +13,7 @@ from specc.plan.schema import Plan
 from specc.check import PROFILES, check, resolve
 from specc.check.base import SEVERITIES, get
 
-from rule_cases import CASES, S_E3, SGL_ADAPT, SGL_E3, build
+from tests.rule_cases import CASES, S_E3, SGL_ADAPT, SGL_E3, build
 
 def _plan(data):
     return plan_from_dict(data, validate=False)

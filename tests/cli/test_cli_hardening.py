@@ -102,7 +102,7 @@ def test_interrupted_distill_keeps_every_finished_answer_and_resumes(tmp_path):
     from specc.train import distill, shards as S
 
     from tests.train.test_train_pipeline import V, _naive_greedy, tiny_target
-    from train_support import TinyTokenizer
+    from tests.train_support import TinyTokenizer
 
     target = tiny_target(seed=4)
     tok = TinyTokenizer(V)

@@ -151,7 +151,7 @@ def test_cpu_dtype_rule_reads_the_profile(tmp_path):
     from specc.check import check
     from specc.runtime.profile import choose
 
-    from rule_cases import S_NG, build
+    from tests.rule_cases import S_NG, build
 
     def warned(table):
         data = build(S_NG, {"runtime.device": "cpu", "runtime.dtype": "bfloat16"},

@@ -14,7 +14,7 @@ import specc
 from specc.compiler import codegen
 from specc.errors import ArtifactError
 from specc.runtime.artifact import load_artifact
-from test_codegen_support import compile_preset, resolved_preset
+from tests.test_codegen_support import compile_preset, resolved_preset
 
 
 @pytest.fixture(scope="module")

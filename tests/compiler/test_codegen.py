@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from specc.compiler import build
 from specc.compiler import codegen
 from specc.errors import ArtifactError, PlanError
-from test_codegen_support import compile_preset, load_preset, resolved_preset
+from tests.test_codegen_support import compile_preset, load_preset, resolved_preset
 
 # ------------------------------------------------------------------------------------------------
 # pyliteral / identifier

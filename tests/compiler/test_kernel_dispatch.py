@@ -10,7 +10,7 @@ function the program called must be the artifact module's ``verify``, not the ge
 """
 from __future__ import annotations
 
-import triton_support  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+import tests.triton_support  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
 
 import types
 
@@ -25,7 +25,7 @@ from specc.runtime import stages
 from specc.runtime.artifact import load_artifact
 from specc.runtime.state import StateSpec
 
-from triton_support import IN_PROCESS, fresh_process_test, needs_triton
+from tests.triton_support import IN_PROCESS, fresh_process_test, needs_triton
 
 V = 8  # vocabulary of the random scores (the kernels read V at run time)
 

@@ -17,8 +17,8 @@ from specc.runtime.loader import load_runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.compiler.trees import compile_tree, normalize_choices
 
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, naive_greedy, random_head, tiny_target
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, naive_greedy, random_head, tiny_target
 from tests.methods.test_medusa import random_heads
 
 MEDUSA_TREE = [[0], [1], [2], [0, 0], [1, 0], [0, 1], [0, 0, 0]]

@@ -4,7 +4,7 @@ on CUDA), and both equal an independent per-request Python loop of the rule, edg
 
 import torch
 
-from triton_support import DEVICE, IN_PROCESS, fresh_process_test, needs_triton  # noqa: E402,F401  (before triton)
+from tests.triton_support import DEVICE, IN_PROCESS, fresh_process_test, needs_triton  # noqa: E402,F401  (before triton)
 
 import pytest  # noqa: E402
 

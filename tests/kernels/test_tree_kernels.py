@@ -7,7 +7,7 @@ emitted token's distribution per node shape (the runtime-level TV test is in tes
 
 import torch
 
-from triton_support import DEVICE, IN_PROCESS, fresh_process_test, needs_triton  # noqa: E402,F401  (before triton)
+from tests.triton_support import DEVICE, IN_PROCESS, fresh_process_test, needs_triton  # noqa: E402,F401  (before triton)
 
 import pytest  # noqa: E402
 

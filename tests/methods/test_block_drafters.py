@@ -180,7 +180,7 @@ def test_pard_greedy_exact(target, reference, k):
 @pytest.mark.parametrize("k", GAMMAS)
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_p_eagle_greedy_exact(kind, k):
-    from test_eagle_support import V, naive_greedy, random_head, tiny_target
+    from tests.test_eagle_support import V, naive_greedy, random_head, tiny_target
 
     tt = tiny_target(seed=3)
     head = random_head(kind, tt, seed=13, draft_vocab=64)

@@ -17,8 +17,8 @@ from specc.errors import CheckpointError
 from specc.methods.eagle.model import EagleModel, default_aux_layer_ids
 from specc.methods.eagle.loader import load_eagle_head, published_key_map, save_eagle_head
 
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, random_head, tiny_target
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, random_head, tiny_target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

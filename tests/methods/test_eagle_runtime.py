@@ -15,8 +15,8 @@ from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
 
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, naive_greedy, oracle_eagle_head, random_head, tiny_target
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, naive_greedy, oracle_eagle_head, random_head, tiny_target
 
 
 def _spec(kind: str, k: int, b: int, rule: str = "greedy", draft_sampling: str = "greedy") -> StateSpec:

@@ -19,8 +19,8 @@ from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
 from specc.compiler.trees import compile_tree, normalize_choices
 
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import H, V, naive_greedy, tiny_target
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import H, V, naive_greedy, tiny_target
 
 
 def random_heads(target, num_heads=4, layers=1, seed=0, own=False, scale=0.3) -> MedusaModel:

@@ -194,7 +194,7 @@ def test_direct_export_refuses_naming_the_method(toy_registered):
 def test_compile_load_and_run_on_smollm2(toy_registered, tmp_path):
     """``specc compile`` on the plan naming the plugin method, then the artifact's runtime decodes with
     the plugin's drafter exactly as plain greedy on the same target (real SmolLM2)."""
-    from serve_support import smollm2_available
+    from tests.serve_support import smollm2_available
     from specc.cli import main
     from specc.runtime.loader import load_runtime
 

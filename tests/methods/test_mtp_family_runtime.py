@@ -13,9 +13,9 @@ from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
 
-from mtp_family_support import METHODS, drafter_for, exact_model, random_model
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, naive_greedy, tiny_target
+from tests.mtp_family_support import METHODS, drafter_for, exact_model, random_model
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, naive_greedy, tiny_target
 
 
 def _spec(method: str, k: int, b: int, rule: str = "greedy") -> StateSpec:

@@ -136,7 +136,7 @@ def test_builtin_names_are_reserved(target):
 def test_compiled_plugin_plan_loads_and_runs(tmp_path):
     """A custom plan compiles (the plugin rides in the manifest's runtime section) and its runtime builds
     the plugin through the method table and decodes with it (real SmolLM2)."""
-    from serve_support import smollm2_available
+    from tests.serve_support import smollm2_available
     from specc.cli import main
     from specc.runtime.loader import load_runtime
 

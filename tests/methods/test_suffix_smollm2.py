@@ -10,7 +10,7 @@ import torch
 from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
 from specc.runtime.request import Request, SamplingParams
 
-from serve_support import smollm2_available
+from tests.serve_support import smollm2_available
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ from specc.runtime.engine import Runtime
 from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
 
-from mtp_family_support import drafter_for, random_model
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, random_head, tiny_target
+from tests.mtp_family_support import drafter_for, random_model
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, random_head, tiny_target
 
 MASK = V - 1  # the mask token of the parallel (PARD / P-EAGLE) drafters here
 

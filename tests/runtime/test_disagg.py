@@ -21,8 +21,8 @@ from specc.runtime.request import Request, SamplingParams
 from specc.runtime.state import StateSpec
 from specc.runtime.testing import perturbed_copy
 
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, naive_greedy, random_head, tiny_target
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, naive_greedy, random_head, tiny_target
 
 PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 1, 2, 3], [9, 8, 7, 9, 8, 7, 9, 8], [3, 3, 3, 20, 21, 22, 23, 40], [11]]
 METHODS = ["none", "ngram", "draft_model", "eagle", "eagle3", "eagle3_tree", "medusa", "dflash", "dspark", "mtp",
@@ -48,7 +48,7 @@ def _drafter(method, target, seed=3):
         from specc.methods.medusa.drafter import MedusaDrafter
         return MedusaDrafter(random_heads(target, 3, 1, seed=seed), target.config.num_layers, target.norm)
     if method in ("mtp", "multi_layer_eagle", "frozen_kv_mtp"):
-        from mtp_family_support import drafter_for, random_model
+        from tests.mtp_family_support import drafter_for, random_model
         return drafter_for(method, random_model(method, target, draft_vocab=64, seed=seed), target, 3)
     if method in ("dflash", "dspark"):
         from specc.methods.dflash.drafter import BlockDrafter

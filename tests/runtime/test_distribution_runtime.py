@@ -156,11 +156,7 @@ def test_mtp_family_sampling_matches_target(target, method):
     """MTP (one layer, recurrent), multi-layer EAGLE (one module per step) and frozen-KV MTP (the
     assistant over the target's KV), each with probabilistic drafts over a 12-token draft vocabulary
     (q scattered into the target's 16 ids): the sampled tokens follow the target's distribution."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from mtp_family_support import drafter_for, random_model
+    from tests.mtp_family_support import drafter_for, random_model
 
     model = random_model(method, target, layers=K, draft_vocab=12, seed=7, scale=0.3)
     spec = StateSpec(f"b{ROWS}_k{K}", method, ROWS, K, num_draft_tokens=K + 1, verify_rule="standard",

@@ -44,7 +44,7 @@ def test_captured_tree_state_decodes_exactly(tree_choices):
     from specc.runtime.engine import Runtime
     from specc.runtime.state import StateSpec
 
-    from test_eagle_support import random_head, tiny_target
+    from tests.test_eagle_support import random_head, tiny_target
 
     target = tiny_target(seed=3)
     head = random_head("eagle3", target, seed=13, draft_vocab=64)
@@ -71,7 +71,7 @@ def serve_matches_runtime(device: str, n_prompts: int = 4, max_tokens: int = 24)
 
     import httpx
 
-    from serve_support import smollm2_available
+    from tests.serve_support import smollm2_available
     from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
     from specc.serve.server import BackgroundServer, load_server_state
 

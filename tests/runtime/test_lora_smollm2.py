@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from serve_support import load_smollm2
+from tests.serve_support import load_smollm2
 from specc import methods
 from specc.runtime.engine import Runtime
 from specc.runtime.lora import load_lora_set

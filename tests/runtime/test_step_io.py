@@ -22,7 +22,7 @@ from specc.runtime.metrics import EventTimer, SpecMetrics, SyncTimer, WallTimer,
 from specc.runtime.step import StepIO
 from specc.runtime.testing import CPU_FAST_PATHS, count_host_reads, reference_greedy
 
-from step_io_support import CONFIGS
+from tests.step_io_support import CONFIGS
 
 MAX_READS = 2
 # configurations whose drafter's own forward still reads the device: (reads per step measured, where)

@@ -19,8 +19,8 @@ from specc.runtime.testing import (CopyTreeDrafter, perturbed_copy, quantized_co
                                    runtime_for_plan, tiny_llama)
 from specc.compiler.trees import compile_tree, normalize_choices
 
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, naive_greedy, oracle_eagle_head, random_head, tiny_target
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, naive_greedy, oracle_eagle_head, random_head, tiny_target
 
 STATIC_TREES = {
     "star": ((0,), (1,), (2,)),

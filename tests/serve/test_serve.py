@@ -21,7 +21,7 @@ from specc.methods.ngram.drafter import NgramDrafter
 from specc.runtime.request import Request, SamplingParams
 from specc.serve.server import BackgroundServer, state_from_runtime
 
-from serve_support import load_smollm2, tiny_runtime
+from tests.serve_support import load_smollm2, tiny_runtime
 from tests.runtime.test_engine_incremental import PoisonDrafter
 from tests.runtime.test_lora import write_adapter, merged
 

@@ -17,7 +17,7 @@ import pytest
 from specc.runtime.request import Request, SamplingParams
 from specc.serve.server import BackgroundServer, state_from_runtime
 
-from serve_support import load_smollm2, tiny_runtime
+from tests.serve_support import load_smollm2, tiny_runtime
 from tests.serve.test_serve import PacedDrafter, _metric
 
 

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from serve_support import smollm2_available
+from tests.serve_support import smollm2_available
 from specc.runtime.prompts import encode_prompt, read_prompts, shipped_prompts_path
 from specc.runtime.request import Request, SamplingParams
 

@@ -22,7 +22,7 @@ from specc.errors import SpeccError
 from specc.serve.limits import check_http_url
 from specc.serve.server import FINAL_GRACE, BackgroundServer, state_from_runtime
 
-from serve_support import load_smollm2, tiny_runtime
+from tests.serve_support import load_smollm2, tiny_runtime
 from tests.serve.test_serve import PacedDrafter
 
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -14,7 +14,7 @@ from specc.methods.suffix.drafter import SuffixDrafter
 from specc.runtime.request import Request, SamplingParams
 from specc.serve.server import BackgroundServer, state_from_runtime
 
-from serve_support import load_smollm2, tiny_runtime
+from tests.serve_support import load_smollm2, tiny_runtime
 
 CHATS = ["What is the capital of France?", "Write a haiku about rain.", "List three prime numbers.",
          "Why is the sky blue?"]

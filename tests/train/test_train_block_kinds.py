@@ -11,8 +11,8 @@ import torch
 
 from specc.train import fit as FIT, kinds as K
 
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, tiny_target
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, tiny_target
 from tests.train.test_train_pipeline import _distilled, _recipes
 
 

@@ -16,9 +16,9 @@ from specc.methods.base import BatchView, PrefillChunk
 from specc.train import data as D
 from specc.train import fit as FIT, kinds as K
 
-from mtp_family_support import drafter_for, random_model
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, naive_greedy, tiny_target
+from tests.mtp_family_support import drafter_for, random_model
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, naive_greedy, tiny_target
 from tests.train.test_train_pipeline import _distilled, _recipes, _validation
 
 
@@ -201,8 +201,8 @@ def test_warm_start_from_an_eagle_head_keeps_its_predictions(tmp_path, kind, lay
     estimates; the head's fc bias is zeroed here, as the mapping drops it)."""
     from specc.methods.eagle.loader import load_eagle_head, save_eagle_head
     from specc.methods.mtp.model import MTPModel
-    from test_eagle_support import random_head
-    from mtp_family_support import mtp_config
+    from tests.test_eagle_support import random_head
+    from tests.mtp_family_support import mtp_config
 
     target = tiny_target(seed=5)
     head = random_head("eagle", target, seed=3)
@@ -234,8 +234,8 @@ def test_warm_start_refuses_a_head_of_another_kind(tmp_path):
     from specc.errors import SpeccError
     from specc.methods.eagle.loader import save_eagle_head
     from specc.methods.mtp.model import MTPModel
-    from test_eagle_support import random_head
-    from mtp_family_support import mtp_config
+    from tests.test_eagle_support import random_head
+    from tests.mtp_family_support import mtp_config
 
     target = tiny_target(seed=5)
     save_eagle_head(random_head("eagle3", target, seed=3, draft_vocab=48), tmp_path / "e3", target_config=target.config)

@@ -15,9 +15,9 @@ from specc.errors import SpeccError
 from specc.train import card, corpora, distill, fit as FIT, kinds as K, prompts as P, recipe as R
 from specc.methods.eagle.recipe import loss_positions, ttt_forward
 
-from test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
-from test_eagle_support import V, tiny_target
-from train_support import TinyTokenizer, fake_corpora
+from tests.test_eagle_support import one_thread  # noqa: F401  (autouse fixture)
+from tests.test_eagle_support import V, tiny_target
+from tests.train_support import TinyTokenizer, fake_corpora
 
 LAYERS = 6  # tiny_target's
 
