@@ -31,6 +31,18 @@ _ONEDNN_SNIPPET = (
 )
 
 
+def cpu_name() -> str:
+    """This CPU's model name (``model name`` of ``/proc/cpuinfo``; else :func:`platform.processor`,
+    else the machine type): the ``device_name`` a CPU cost table is matched on."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 @functools.lru_cache(maxsize=1)
 def onednn_info() -> Dict[str, str]:
     """oneDNN's own report of this CPU, read from its verbose output in a child process (a few

@@ -253,7 +253,7 @@ def main(argv=None) -> int:
             print(f"| {name} | {r['tau']:.2f} | {r['drafted_per_step']:.2f} | {r['vs_ngram_priced']:.2f}× "
                   f"| {r['vs_ngram_flat_verify']:.2f}× |")
     if args.json:
-        from specc.runtime.profile import _cpu_name as cpu_name
+        from specc.device import cpu_name
 
         settings = dict(vars(args), cost_table=_relative(args.cost_table))
         out = {"settings": settings, "priced_by": priced_by, "cpu": cpu_name(), "results": results}

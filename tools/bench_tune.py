@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         results.update(res)
         notes += nts
     bench_s = time.perf_counter() - t1
-    from specc.runtime.profile import _cpu_name
+    from specc.device import cpu_name
     import torch
 
     rows, goals = [], []
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     for n in notes:
         print(n)
     if args.out:
-        data = {"cpu": _cpu_name(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        data = {"cpu": cpu_name(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
                 "tune_seconds": tune_s, "budget_min": args.budget_min, "bench_seconds": bench_s,
                 "tuned": {"plan": str(tuned), "choice": tune_data["choice"], "report": tune_data.get("runs")},
                 "settings": vars(args),

@@ -48,6 +48,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from specc.device import cpu_name
+
 FORMAT = "specc-cost-table/1"
 
 
@@ -106,16 +108,6 @@ def _median_ms(fn: Callable[[], Any], repeats: int, sync: Optional[Callable[[], 
             sync()
         ts.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(ts)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @torch.inference_mode()
@@ -227,7 +219,7 @@ def cost_table(measured: Dict[str, Any], *, device: torch.device, plan: str, met
 
     import specc
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return dict({"format": FORMAT, "device": device.type, "device_name": name, "threads": threads,
                  "versions": {"specc": specc.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
                               "python": platform.python_version()},

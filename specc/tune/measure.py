@@ -296,7 +296,7 @@ def measure(models: Models, candidate, prompt_ids: Sequence[List[int]], records:
 
     import specc
     from specc.predict import acceptance
-    from specc.runtime.profile import _cpu_name
+    from specc.device import cpu_name
 
     t_start = time.monotonic()
     deadline = t_start + seconds
@@ -322,7 +322,7 @@ def measure(models: Models, candidate, prompt_ids: Sequence[List[int]], records:
         decode={"max_new_tokens": max_new_tokens, "batch_size": batch_size, "verify": "greedy", "temperature": 0.0,
                 "dtype": models.dtype},
         measured={"date": datetime.date.today().isoformat(), "specc": specc.__version__, "command": command,
-                  "cpu": _cpu_name() if models.device.type == "cpu" else str(models.device),
+                  "cpu": cpu_name() if models.device.type == "cpu" else str(models.device),
                   "python": platform.python_version(), "seconds": round(time.monotonic() - t_start, 1),
                   "stop": reason})
     return Measurement(name=candidate.name, entry=entry, samples=samples, seconds=time.monotonic() - t_start,

@@ -9,21 +9,8 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
+from specc.device import cpu_name  # noqa: F401  (the name a CPU cost table is matched on)
 from specc.errors import SpeccError
-
-
-def cpu_name() -> str:
-    """This CPU's model name (``model name`` of ``/proc/cpuinfo``; else :func:`platform.processor`,
-    else the machine type): the ``device_name`` a CPU cost table is matched on."""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def table_dirs() -> List[Path]:
