@@ -33,7 +33,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from specc.errors import SpeccError
 
-ENGINES = ("specc", "sglang", "vllm")
 FORMATS = ("text", "json", "github", "sarif")
 
 
@@ -128,8 +127,9 @@ def _rel(path) -> str:
 
 def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]) -> List[Result]:
     """Load every source and check it; never stops at the first failing plan."""
-    from specc.plan.load import load_plan
     from specc.check import profile, resolve
+    from specc.engines import engine_names
+    from specc.plan.load import load_plan
 
     results: List[Result] = []
     for src in sources:
@@ -138,7 +138,7 @@ def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]
         except SpeccError as exc:
             results.append(Result(plan_path=src, error=str(exc)))
             continue
-        engines = list(ENGINES) if engine == "all" else [engine or loaded.plan.engine]
+        engines = list(engine_names()) if engine == "all" else [engine or loaded.plan.engine]
         for eng in engines:
             try:
                 prof = profile(eng)

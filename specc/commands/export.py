@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="plan file or preset name")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                         help="Hydra overrides: group=option or dotted.key=value")
-    parser.add_argument("--engine", choices=("sglang", "vllm"), default=None,
-                        help="engine to launch (default: the plan's `engine` key)")
+    parser.add_argument("--engine", default=None, metavar="ENGINE",
+                        help="engine to launch: sglang, vllm or another engine with an exporter "
+                             "(specc.engines; default: the plan's `engine` key)")
     parser.add_argument("--format", choices=("shell", "json"), default="shell", dest="fmt")
 
 
@@ -33,11 +34,18 @@ def run(args: argparse.Namespace) -> int:
     from specc.export import export, resolve_pkg_paths
     from specc.check import check
 
+    from specc import engines
+
+    targets = engines.exporters()
+    if args.engine is not None and args.engine not in targets:
+        print(f"specc export: error: --engine {args.engine!r}: plans export to {', '.join(targets)} "
+              "(specc plans are compiled: `specc compile`)", file=sys.stderr)
+        return 2
     loaded = load_plan(args.plan, list(args.overrides))
     engine = args.engine or loaded.plan.engine
-    if engine not in ("sglang", "vllm"):
+    if engine not in targets:
         print(f"specc export: error: plan {loaded.plan.name!r} targets engine {engine!r}; "
-              "specc plans are compiled (`specc compile`), pass --engine sglang or --engine vllm",
+              "specc plans are compiled (`specc compile`), pass " + " or ".join(f"--engine {t}" for t in targets),
               file=sys.stderr)
         return 2
     violations = check(loaded.plan, engine)

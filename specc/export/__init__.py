@@ -12,13 +12,19 @@ from specc.engines.vllm.exporter import VLLMLaunch, to_vllm  # noqa: F401
 
 
 def export(plan, engine: str):
-    """Launch settings for ``engine`` (``sglang`` or ``vllm``).
+    """Launch settings for ``engine``: its package's ``export(plan)`` (:mod:`specc.engines`).
 
     Raises:
-        KeyError: any other engine (``specc`` plans are compiled, not exported).
+        KeyError: an unknown engine, or one without an exporter (``specc`` plans are compiled, not
+            exported).
         PlanError: the plan has no equivalent on that engine.
     """
-    return {"sglang": to_sglang, "vllm": to_vllm}[engine](plan)
+    from specc import engines
+
+    fn = getattr(engines.get(engine), "export", None)
+    if not callable(fn):
+        raise KeyError(f"engine {engine!r} has no exporter; plans export to: {', '.join(engines.exporters())}")
+    return fn(plan)
 
 
 #: Plan keys holding model paths that an engine opens.

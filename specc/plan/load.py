@@ -381,13 +381,14 @@ class _Choices(dict):
     def __missing__(self, key: str) -> Tuple[str, ...]:
         if key == "method.name":
             return S.METHOD_NAMES
+        if key == "engine":
+            return S.ENGINES
         raise KeyError(key)
 
 
 #: Allowed values of enumerated string keys (schema constants); ``CHOICES["method.name"]`` is the
 #: method registry's names (:class:`_Choices`).
 CHOICES: Dict[str, Tuple[str, ...]] = _Choices({
-    "engine": S.ENGINES,
     "target.format": S.MODEL_FORMATS,
     "target.dtype": S.DTYPES,
     "draft.format": S.MODEL_FORMATS,

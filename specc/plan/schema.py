@@ -22,10 +22,13 @@ def __getattr__(name):
         from specc import methods
 
         return methods.method_names()
+    if name == "ENGINES":  # the engine packages and the specc.engines entry points (specc.engines)
+        from specc import engines
+
+        return engines.engine_names()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-ENGINES = ("specc", "sglang", "vllm")
 #: Longest plan name (characters): it becomes the artifact's directory ``<name>-<hash>`` and the
 #: compile's temporary ``.<name>-<hash>.tmp-<random>``, which must stay within a file name's 255
 #: bytes (Linux NAME_MAX) with room to spare.

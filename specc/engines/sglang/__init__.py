@@ -10,3 +10,11 @@ def rule_tables() -> Tuple[object, ...]:
     from specc.engines.sglang import rules_0_5_23
 
     return (rules_0_5_23.PROFILE,)
+
+
+def export(plan):
+    """The plan as this engine's launch settings (:func:`specc.engines.sglang.exporter.to_sglang`; raises
+    PlanError when the plan has no equivalent here)."""
+    from specc.engines.sglang.exporter import to_sglang
+
+    return to_sglang(plan)

@@ -10,3 +10,11 @@ def rule_tables() -> Tuple[object, ...]:
     from specc.engines.vllm import rules_0_33_0
 
     return (rules_0_33_0.PROFILE,)
+
+
+def export(plan):
+    """The plan as this engine's launch settings (:func:`specc.engines.vllm.exporter.to_vllm`; raises
+    PlanError when the plan has no equivalent here)."""
+    from specc.engines.vllm.exporter import to_vllm
+
+    return to_vllm(plan)
