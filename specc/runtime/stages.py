@@ -247,7 +247,8 @@ def _kernel(ctx: Any, inp: Any, default: Callable) -> Callable:
     ``default``'s family (``FAMILY``, e.g. ``rejection_verify``) and specialized to this step's verify
     width, else the generic ``default``. (A κ = 0 state of a greedy artifact carries a
     ``greedy_verify`` variant, but its accept program samples through ``rejection_verify`` whenever a
-    row is not greedy, and always when captured or compiled.)"""
+    row is not greedy, and always when captured or compiled; a greedy-rule state's accept program takes
+    the generic ``rejection_verify`` for a step with a sampled row the same way.)"""
     name = inp.kernels.get("verify") if inp.kernels else None
     module = ctx.kernel_modules.get(name) if name else None
     if (module is None or getattr(module, "NUM_DRAFT_TOKENS", None) != inp.input_ids.shape[1]
