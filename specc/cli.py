@@ -25,7 +25,7 @@ SUBCOMMANDS = {
     "profile": "measure a cost table (step time by verify token count) on this machine",
     "tune": "which plan is fastest for these prompts here: measure, predict, confirm, emit",
     "import": "read an SGLang or vLLM launch command back into a plan",
-    "serve": "serve a compiled artifact over an OpenAI-compatible HTTP API",
+    "serve": "serve a plan or compiled artifact over an OpenAI-compatible HTTP API",
     "train": "build training data from installable corpora and train a drafter for a target",
 }
 #: subcommands whose module name differs from the command (``import`` is a Python keyword)

@@ -1,4 +1,8 @@
-"""``specc serve ARTIFACT``: an OpenAI-compatible server (FastAPI + uvicorn) over a compiled artifact.
+"""``specc serve PLAN|ARTIFACT [OVERRIDES]``: an OpenAI-compatible server (FastAPI + uvicorn) over a
+compiled artifact. A plan (a YAML file or a preset name, with Hydra overrides) is compiled on the fly
+into the artifact cache first, as ``specc run`` does (the one resolver,
+:func:`specc.commands.compile.artifact_for`: ``~/.cache/specc/artifacts/<plan>-<hash>``, reused while
+the plan and specc are unchanged).
 
 ``/v1/completions``, ``/v1/chat/completions`` (streaming or not), ``/v1/models``, ``/health``,
 ``/metrics`` (Prometheus). Binds 127.0.0.1 unless ``--host`` says otherwise. ``--role prefill`` /
@@ -11,7 +15,8 @@ time a request head and body may take (408 beyond), ``--keep-alive-timeout`` an 
 Every flag is checked before the models load: numbers while parsing, ``--prefill-url`` (http or
 https with a host), ``--host``/``--port`` (resolved and bound once), ``--max-waiting`` and
 ``--max-request-bytes`` against this machine's memory (a full queue of bodies as large as the limit
-must fit), ``--role`` and ``--batch-size`` against the artifact.
+must fit), ``--role`` and ``--batch-size`` against the artifact (``--host``/``--port`` and memory
+before a plan is compiled).
 """
 from __future__ import annotations
 
@@ -60,7 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from specc.serve.limits import (DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_KEEP_ALIVE_TIMEOUT,
                                     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SHUTDOWN_TIMEOUT)
 
-    parser.add_argument("artifact", metavar="ARTIFACT", help="compiled artifact directory (from specc compile)")
+    parser.add_argument("artifact", metavar="PLAN|ARTIFACT",
+                        help="a plan (YAML file or preset name: compiled on the fly into the cache) or a compiled "
+                             "artifact directory (from specc compile)")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra overrides of the plan: group=option or dotted.key=value")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=port_int, default=8000)
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
@@ -111,9 +120,11 @@ def run(args) -> int:
 
     check_listen(args.host, args.port)
     check_memory(args.max_waiting, args.max_request_bytes)
+    from specc.commands.compile import artifact_for
     from specc.runtime.artifact import load_artifact
     from specc.serve.server import Server, artifact_role, check_role, load_server_state
 
+    args.artifact = str(artifact_for(args.artifact, args.overrides, say=lambda m: print(m, file=sys.stderr)))
     art = load_artifact(args.artifact)
     check_role(args.role or artifact_role(art), args.prefill_url)
     if args.batch_size is not None:

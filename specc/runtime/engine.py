@@ -313,12 +313,15 @@ class Runtime:
         self._check_rule(request, index)
 
     def _check_rule(self, r: Request, i: int) -> None:
-        if r.params.temperature > 0 and any(s.spec.verify_rule == "greedy" and s.spec.num_steps > 0
-                                            for s in self.states):
+        # a greedy-rule state samples a temperature > 0 row by the standard rule (stages.accept_greedy),
+        # exact for one-hot q; a tree's probabilistic drafts are kept by score or without the child
+        # ranks the tree rule needs (specc.compiler.programs refuses them under verify.rule=standard)
+        if r.params.temperature > 0 and any(s.greedy_rule and s.spec.is_tree and s.spec.draft_sampling == "probabilistic"
+                                            and s.spec.num_steps > 0 for s in self.states):
             raise PromptError(
-                f"prompt {r.request_id or i}: temperature {r.params.temperature} needs the standard verify "
-                f"rule, but this artifact verifies greedily (verify.rule=greedy); pass temperature 0 or "
-                f"compile the plan with verify.rule=standard")
+                f"prompt {r.request_id or i}: temperature {r.params.temperature}: this artifact verifies a draft "
+                f"tree greedily from probabilistic drafts (verify.draft_sampling=probabilistic), which cannot be "
+                f"sampled exactly; pass temperature 0 or compile the plan with verify.draft_sampling=greedy")
         if r.adapter is not None and (self.lora is None or r.adapter not in self.lora.names):
             known = ", ".join(self.lora.names) if self.lora is not None else "none loaded"
             raise PromptError(f"prompt {r.request_id or i}: LoRA adapter {r.adapter!r} is not loaded ({known}); "

@@ -162,7 +162,15 @@ def verify_tree(ctx: Any, inp: Any):
 
 def accept_tree_greedy(ctx: Any, inp: Any, logits: torch.Tensor, max_depth: int):
     """Greedy tree rule (``specc.kernels.tree_greedy_verify``): from the root, accept the child equal
-    to the target argmax while one matches. Returns the VerifyOutput."""
+    to the target argmax while one matches. A step with a sampled row (``inp.all_greedy`` False)
+    verifies by tree rejection sampling instead (:func:`accept_tree_standard`, q = ``inp.draft_probs``
+    or one-hot), exact at every row's temperature / top-k / top-p, so a greedy plan serves sampled
+    requests as vLLM and SGLang choose the rule per request (SGLang's EAGLE verify: a batch whose
+    ``sampling_info.is_all_greedy`` takes the greedy tree kernel, any other
+    ``tree_speculative_sampling_target_only``).
+    Returns the VerifyOutput."""
+    if not inp.all_greedy:
+        return accept_tree_standard(ctx, inp, logits, inp.draft_probs is not None, max_depth)
     fn = _kernel(ctx, inp, tree_greedy_verify)
     return fn(inp.draft_tokens, inp.parents, logits, inp.num_valid, max_depth, backend=ctx.kernel_backend)
 
@@ -179,6 +187,13 @@ def accept_tree_standard(ctx: Any, inp: Any, logits: torch.Tensor, probabilistic
     fn = _kernel(ctx, inp, tree_rejection_verify)
     return fn(inp.draft_tokens, inp.parents, _target_probs(inp, logits), q, inp.uniforms, inp.exp_noise,
               inp.num_valid, backend=ctx.kernel_backend)
+
+
+GREEDY_RULE_ACCEPTS = ("accept_greedy", "accept_tree_greedy")
+"""Accept programs that run the greedy kernel only when every row of the step is greedy
+(``inp.all_greedy``) and the standard rule otherwise; a captured or compiled state with one of them
+is captured for its all-greedy steps and runs a step with sampled rows eagerly
+(``specc.runtime.state.SpecRuntimeState.run``)."""
 
 
 def commit_none(ctx: Any, inp: Any, result: Any, hidden: Any) -> None:
@@ -232,7 +247,8 @@ def _kernel(ctx: Any, inp: Any, default: Callable) -> Callable:
     ``default``'s family (``FAMILY``, e.g. ``rejection_verify``) and specialized to this step's verify
     width, else the generic ``default``. (A κ = 0 state of a greedy artifact carries a
     ``greedy_verify`` variant, but its accept program samples through ``rejection_verify`` whenever a
-    row is not greedy, and always when captured or compiled.)"""
+    row is not greedy, and always when captured or compiled; a greedy-rule state's accept program takes
+    the generic ``rejection_verify`` for a step with a sampled row the same way.)"""
     name = inp.kernels.get("verify") if inp.kernels else None
     module = ctx.kernel_modules.get(name) if name else None
     if (module is None or getattr(module, "NUM_DRAFT_TOKENS", None) != inp.input_ids.shape[1]
@@ -243,7 +259,15 @@ def _kernel(ctx: Any, inp: Any, default: Callable) -> Callable:
 
 def accept_greedy(ctx: Any, inp: Any, logits: torch.Tensor):
     """Greedy rule (``specc.kernels.greedy_verify``, or the artifact's variant): accept drafts equal
-    to the target argmax. Returns the VerifyOutput."""
+    to the target argmax. A step with a sampled row (``inp.all_greedy`` False) verifies by the
+    standard rule instead (:func:`accept_standard`: rejection sampling with q = ``inp.draft_probs``,
+    or one-hot q for greedy drafts, which is exact for any draft), so a greedy plan serves sampled
+    requests exactly and its temperature-0 rows keep the greedy result; vLLM and SGLang choose the
+    rule per request the same way (vllm/v1/sample/rejection_sampler.py ``rejection_sample``:
+    ``all_greedy`` / ``is_greedy`` rows by argmax, the rest by rejection sampling). Returns the
+    VerifyOutput."""
+    if not inp.all_greedy:
+        return accept_standard(ctx, inp, logits, inp.draft_probs is not None)
     fn = _kernel(ctx, inp, greedy_verify)
     return fn(inp.draft_tokens, logits, inp.num_valid, backend=ctx.kernel_backend)
 

@@ -177,7 +177,8 @@ class StepInputs:
         SGLang's ``QLEN_ONLY``), static_tree (a static tree's compiled buffers, constant).
     Flags of the step (python values; fixed for a captured or compiled program): ``use_top_k`` /
         ``use_top_p`` (skip the sort when no row filters), ``all_greedy`` (every live row has
-        temperature 0), ``ragged`` (the target forward skips padding tokens); ``kernels``: role →
+        temperature 0; a captured or compiled state: False, or True for a greedy-rule state whose
+        step has no sampled row), ``ragged`` (the target forward skips padding tokens); ``kernels``: role →
         the artifact's kernel variant name.
     """
 
@@ -376,6 +377,16 @@ class SpecRuntimeState:
         """Whether the verify program runs over the full static inputs (captured or compiled)."""
         return self._graph is not None or self._compiled is not None
 
+    @property
+    def greedy_rule(self) -> bool:
+        """Whether the state's accept program is a greedy-rule one
+        (:data:`specc.runtime.stages.GREEDY_RULE_ACCEPTS`): the greedy kernel when every row of the step
+        is greedy, the standard rule when a row samples. Captured or compiled, such a state holds the
+        all-greedy program and runs a step with sampled rows eagerly (:meth:`run`)."""
+        from specc.runtime.stages import GREEDY_RULE_ACCEPTS
+
+        return getattr(self.programs.accept, "__name__", "") in GREEDY_RULE_ACCEPTS
+
     def begin(self, rows: int) -> StepInputs:
         """The inputs of a step over rows ``0..rows-1``: eager, a view of those rows (the target forward
         then runs ragged on the CPU); captured or compiled, all B rows at the static width."""
@@ -407,7 +418,12 @@ class SpecRuntimeState:
     def run(self, inp: StepInputs, timer: Callable[[str], Any] = _NO_TIMER) -> StepOutputs:
         """Run the verify program the way this state was built to: replay the captured graph, call the
         compiled function, or call :meth:`program` eagerly (``timer`` then times each stage; the
-        captured and compiled programs are timed as one "verify" stage by the caller)."""
+        captured and compiled programs are timed as one "verify" stage by the caller). A greedy-rule
+        state (:attr:`greedy_rule`) captured or compiled for all-greedy steps runs a step with a sampled
+        row (``inp.all_greedy`` False) eagerly over the same full static inputs: that step takes the
+        standard rule, which the captured program does not hold."""
+        if self.static and self.greedy_rule and not inp.all_greedy:
+            return self.program(inp, timer)
         if self._graph is not None:
             self._graph.replay()
             return self._graph_out
@@ -431,12 +447,13 @@ class SpecRuntimeState:
     # ------------------------------------------------------------------ capture and compile
     def _static_inputs(self) -> StepInputs:
         """The full inputs set up so a warm-up or capture run leaves the caches' real entries untouched
-        (every KV write to the trash slot) and takes the general path (no host-side branching)."""
+        (every KV write to the trash slot) and takes the general path (no host-side branching); a
+        greedy-rule state (:attr:`greedy_rule`) takes its all-greedy path, the greedy kernel."""
         b = self.inputs
         b.cache_slots.fill_(self.ctx.trash_slot)
         b.positions.copy_(torch.arange(self.spec.width, device=b.positions.device).expand_as(b.positions))
         b.use_top_k = b.use_top_p = True
-        b.all_greedy = b.ragged = False
+        b.all_greedy, b.ragged = self.greedy_rule, False
         return b
 
     def capture(self) -> bool:

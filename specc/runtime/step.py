@@ -275,7 +275,9 @@ def prepare(runtime: StepRuntime, batch: DecodeBatch, state: SpecRuntimeState, r
     params = [batch.rows[r].request.params if live[r] else None for r in range(n)]
     inp.use_top_k = state.static or any(p is not None and p.top_k > 0 and p.temperature > 0 for p in params)
     inp.use_top_p = state.static or any(p is not None and p.top_p < 1 and p.temperature > 0 for p in params)
-    inp.all_greedy = not state.static and all(p is None or p.temperature == 0 for p in params)
+    # a captured / compiled program takes one path: the general one, or a greedy-rule state's greedy
+    # kernel (a step with a sampled row then runs that state eagerly, SpecRuntimeState.run)
+    inp.all_greedy = (not state.static or state.greedy_rule) and all(p is None or p.temperature == 0 for p in params)
     sampled = [r for r in range(n) if params[r] is not None and params[r].temperature > 0]
     # the synthetic rule draws acceptance uniforms for greedy rows too (vLLM accepts by the curve for all)
     drawn = [r for r in range(n) if live[r]] if spec.verify_rule == "synthetic" else sampled

@@ -55,8 +55,10 @@ class ServerState:
         loop: the ``EngineLoop``. metrics: ``ServeMetrics``.
         model_name: the served base model name; adapters: LoRA adapter names (also model names).
         role: ``none`` | ``prefill`` | ``decode``. prefill: the decode role's ``PrefillClient``.
-        greedy_only: the plan verifies greedily (then temperature > 0 is refused, and an omitted
-            temperature means 0; otherwise it means OpenAI's default, 1).
+        default_temperature: the temperature of a request that omits it: 0 for a plan that verifies
+            greedily (the rule it was tuned for), else OpenAI's default, 1. Any request's temperature
+            is served exactly: a greedy plan verifies a step with sampled rows by the standard rule
+            (``specc.runtime.stages.accept_greedy``).
         info: facts for ``/v1/models`` and logs (artifact, plan hash, states).
         max_request_bytes: the largest request body accepted (bytes; larger ones get 413).
         body_timeout: seconds a body may take to arrive (plus 1 s per 500 bytes; slower: 408).
@@ -69,7 +71,7 @@ class ServerState:
     adapters: List[str] = field(default_factory=list)
     role: str = "none"
     prefill: Any = None
-    greedy_only: bool = False
+    default_temperature: float = 1.0
     info: Dict[str, Any] = field(default_factory=dict)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     body_timeout: float = DEFAULT_BODY_TIMEOUT
@@ -312,11 +314,7 @@ def _request(state: ServerState, body, prompt_ids: List[int], adapter: Optional[
                             f"{rt.max_model_len}; ask for at most {room}", field_name, code="context_length_exceeded")
     temperature = body.temperature
     if temperature is None:
-        temperature = 0.0 if state.greedy_only else 1.0
-    if temperature > 0 and state.greedy_only:
-        raise ApiError(400, f"temperature={temperature}: this plan verifies greedily (verify.rule=greedy), which "
-                            f"reproduces temperature 0 only; pass temperature 0 or serve a plan compiled with "
-                            f"verify.rule=standard", "temperature")
+        temperature = state.default_temperature
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
     params = SamplingParams(max_new_tokens=int(max_tokens), temperature=float(temperature),
                             top_p=float(body.top_p) if body.top_p is not None else 1.0, top_k=int(top_k),

@@ -5,7 +5,10 @@ Bodies follow OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` (and vLL
 ``seed`` extensions). Fields this server cannot honour are refused with a 400 naming the field rather
 than silently ignored: ``n > 1``, ``best_of > 1``, ``echo``, ``logprobs``, ``suffix``, non-zero
 presence/frequency penalties and ``logit_bias`` (they would change the output distribution, which
-speculative verification must reproduce exactly), and any unknown field. Types are strict, as
+speculative verification must reproduce exactly), a ``response_format`` other than ``{"type":
+"text"}`` (JSON mode and JSON schemas need constrained decoding, a grammar backend such as vLLM's
+xgrammar, which specc serve does not have), chat ``tools`` and a ``tool_choice`` other than
+``"none"`` (no tool-call parser), and any unknown field. Types are strict, as
 OpenAI's API checks them: ``max_tokens: true`` or ``"4"`` and ``stream: "yes"`` are 400s naming the
 field, never converted (pydantic's strict mode; an integer is still a valid number).
 """
@@ -64,6 +67,7 @@ class _Sampling(_Body):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: Optional[Dict[str, float]] = None
     user: Optional[str] = None
+    response_format: Optional[Dict[str, Any]] = None
 
     @field_validator("stop")
     @classmethod
@@ -92,6 +96,15 @@ class _Sampling(_Body):
             raise ApiError(400, "logit_bias is not supported; leave it unset", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream=true", "stream_options")
+        if self.response_format is not None:
+            kind = self.response_format.get("type")
+            if kind in ("json_object", "json_schema"):
+                raise ApiError(400, f"response_format type {kind!r} needs constrained decoding (a grammar backend, as "
+                                    f"vLLM's xgrammar), and specc serve has no grammar backend; drop response_format "
+                                    f"or send {{\"type\": \"text\"}}", "response_format")
+            if kind != "text":
+                raise ApiError(400, f"response_format.type must be 'text' (got {_preview(kind)}); specc serve "
+                                    f"answers plain text only", "response_format.type")
 
 
 class CompletionRequest(_Sampling):
@@ -136,9 +149,17 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = None
+    tools: Optional[List[Any]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        if self.tools:
+            raise ApiError(400, "tools: specc serve has no tool calling (no tool-call parser, no grammar backend); "
+                                "drop tools", "tools")
+        if self.tool_choice is not None and self.tool_choice != "none":
+            raise ApiError(400, f"tool_choice={_preview(self.tool_choice)}: specc serve has no tool calling; drop "
+                                f"tool_choice or send \"none\"", "tool_choice")
         if self.logprobs or self.top_logprobs is not None:
             raise ApiError(400, "logprobs is not supported", "logprobs")
         if self.max_tokens is not None and self.max_completion_tokens is not None \

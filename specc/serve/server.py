@@ -121,7 +121,7 @@ def state_from_runtime(runtime, *, model_name: str, role: str = "none", prefill_
     loop = EngineLoop(runtime, metrics, max_waiting=max_waiting, batch_size=batch_size, threads=threads)
     adapters = list(runtime.lora.names) if runtime.lora is not None else []
     state = ServerState(runtime=runtime, loop=loop, metrics=metrics, model_name=model_name, adapters=adapters,
-                        role=role, greedy_only="greedy" in rules, info=dict(info or {}),
+                        role=role, default_temperature=0.0 if "greedy" in rules else 1.0, info=dict(info or {}),
                         max_request_bytes=int(max_request_bytes), body_timeout=float(body_timeout))
     if role == "decode":
         from specc.serve.disagg_client import PrefillClient

@@ -69,6 +69,7 @@ def test_every_state_launches_its_specialized_kernel(artifacts):
             variant = entry["kernels"]["verify"]
             module = art.kernels[variant]
             inp = _inputs(spec, entry["kernels"], gen)
+            inp.all_greedy = call.fn in stages.GREEDY_RULE_ACCEPTS  # a greedy rule samples when a row does
             logits = torch.randn(1, spec.num_draft_tokens, V, generator=gen)
             if spec.num_steps == 0:
                 # a κ = 0 state samples its token through the generic rule (the _kernel docstring says why)

@@ -153,8 +153,9 @@ def test_one_failing_request_fails_alone(target, reference, at_prefill):
 
 def test_submit_checks_the_request(target):
     rt = _runtime(target, NgramDrafter(1, 3), "ngram")
-    with pytest.raises(PromptError, match="temperature"):
-        rt.submit(_req(PROMPTS[0], temperature=0.5))  # greedy verify rule
+    with pytest.raises(PromptError, match="top_p"):
+        rt.submit(_req(PROMPTS[0], temperature=0.5, top_p=0.0))
+    rt.check_request(_req(PROMPTS[0], temperature=0.5))  # the greedy verify rule samples it (standard rule)
     with pytest.raises(PromptError, match="max_model_len"):
         rt.submit(_req(list(range(1, 60)) * 2))
     with pytest.raises(PromptError, match="adapter"):

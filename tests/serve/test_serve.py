@@ -115,8 +115,14 @@ def test_bad_requests_answer_openai_errors_naming_the_field(tok):
 
         assert "unknown field" in bad(400, "foo", extra_body={"foo": 1})["message"]
         bad(400, "temperature", temperature=3.0)
-        body = bad(400, "temperature", temperature=0.5)  # greedy verify rule
-        assert "verify.rule=greedy" in body["message"]
+        for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}):
+            body = bad(400, "response_format", response_format=fmt)
+            assert fmt["type"] in body["message"] and "no grammar backend" in body["message"]
+        bad(400, "response_format.type", response_format={"type": "xml"})
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+        assert "tools" in bad(400, "tools", tools=[tool])["message"]
+        assert "tool_choice" in bad(400, "tool_choice", tool_choice="auto")["message"]
+        bad(400, "tool_choice", tool_choice={"type": "function", "function": {"name": "get_weather"}})
         bad(400, "top_p", top_p=0)
         bad(400, "n", n=2)
         bad(400, "max_tokens", max_tokens=0)
@@ -135,6 +141,28 @@ def test_bad_requests_answer_openai_errors_naming_the_field(tok):
         m = httpx.get(srv.url + "/metrics").text
         assert _metric(m, "specc:request_success_total") == 0
         assert _metric(m, "specc:requests_rejected_total", reason="invalid") >= 13
+
+
+def test_greedy_plan_samples_and_takes_the_fields_openai_clients_send(tok):
+    """A greedy-verify plan answers a sampled request (the standard rule for that step) with the
+    runtime's own seeded sample; an omitted temperature means 0 there; ``response_format: text`` and
+    ``tool_choice: none`` are accepted and change nothing."""
+    rt = tiny_runtime(tok, rule="greedy")
+    greedy = _reference(rt, tok, CHATS[0], 12)
+    samp = _reference(rt, tok, CHATS[3], 12, temperature=0.8, top_p=0.95, seed=3)
+    assert samp.token_ids != _reference(rt, tok, CHATS[3], 12).token_ids  # the sample is not the greedy output
+    with BackgroundServer(state_from_runtime(rt, model_name="tiny")) as srv:
+        c = _client(srv)
+        r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": CHATS[3]}], max_tokens=12,
+                                      temperature=0.8, top_p=0.95, seed=3)
+        assert r.choices[0].message.content == samp.text
+        for kw in ({}, {"response_format": {"type": "text"}}, {"tool_choice": "none"}, {"tools": []}):
+            r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": CHATS[0]}],
+                                          max_tokens=12, **kw)
+            assert r.choices[0].message.content == greedy.text, kw
+        r = c.completions.create(model="tiny", prompt="The capital of France is", max_tokens=4, temperature=0,
+                                 extra_body={"response_format": {"type": "text"}})
+        assert r.usage.completion_tokens == 4
 
 
 class PacedDrafter(NgramDrafter):
