@@ -141,7 +141,10 @@ class Violation:
 
     ``rule`` is ``<profile>.<id>``; ``keys`` the dotted plan keys involved; ``source`` the engine
     version and ``file:line``; ``sets`` the values the engine fills in or overrides (dotted key ->
-    value) for ``filled``/``fallback``.
+    value) for ``filled``/``fallback``. ``stands_in``: for an error about a value the engine refuses
+    (a misspelt algorithm), the plan keys whose values were put in for it (``method.name``,
+    ``method.plugin``): the violations that follow only from those values are not reported
+    (:func:`drop_dependent`).
     """
 
     rule: str
@@ -150,6 +153,7 @@ class Violation:
     message: str
     source: str
     sets: Tuple[Tuple[str, Any], ...] = field(default=())
+    stands_in: Tuple[str, ...] = field(default=())
 
     def to_json(self) -> Dict[str, Any]:
         out = {"rule": self.rule, "severity": self.severity, "keys": list(self.keys),
@@ -157,6 +161,33 @@ class Violation:
         if self.sets:
             out["sets"] = {k: v for k, v in self.sets}
         return out
+
+
+def drop_dependent(violations: Sequence[Violation], given: Optional[Sequence[str]] = None) -> List[Violation]:
+    """One root per mistake: ``violations`` without those that only follow from an earlier error's
+    stand-in values.
+
+    An error with ``stands_in`` keys reports a value the engine refuses and names the plan keys whose
+    values were put in for it (a misspelt ``--speculative-algorithm EAGEL3`` becomes
+    ``method.name=custom``, ``method.plugin=EAGEL3``). A later violation follows from that mistake, and
+    is dropped, when it reads at least one stand-in key and every other key it reads is one the input
+    did not set (not in ``given``; None: every key counts as set): fixing the root removes it, and it
+    says nothing about what the user wrote. A violation that also reads a key the user set is kept, as
+    is every violation when no error has ``stands_in``. Order is kept."""
+    out: List[Violation] = []
+    guessed: set = set()
+    for v in violations:
+        keys = set(v.keys)
+        if guessed and keys & guessed and not v.stands_in:
+            others = keys - guessed
+            if given is not None and not others & set(given):
+                continue
+            if given is None and not others:
+                continue
+        if v.severity == "error":
+            guessed.update(v.stands_in)
+        out.append(v)
+    return out
 
 
 # ------------------------------------------------------------------------------------------
