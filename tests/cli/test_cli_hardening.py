@@ -335,7 +335,7 @@ def test_profile_max_tokens_too_large_names_max_tokens(capsys, tmp_path):
     assert rc == 2 and "lower --context" in err
 
 
-def test_large_prompts_file_shows_progress_while_read(tmp_path, capsys):
+def test_large_prompts_file_shows_progress_while_read(tmp_path, capsys, monkeypatch):
     from specc.runtime.prompts import PROGRESS_BYTES, read_prompts
 
     path = tmp_path / "big.jsonl"
@@ -345,9 +345,12 @@ def test_large_prompts_file_shows_progress_while_read(tmp_path, capsys):
             f.write(json.dumps({"id": f"p{i}", "prompt": "Tell me about topic number 12345, please."}) + "\n")
             i += 1
     capsys.readouterr()
-    recs = read_prompts(path, progress=True)
-    err = capsys.readouterr().err
-    assert len(recs) > 50_000 and f"reading {path}" in err and "lines" in err
+    recs = read_prompts(path, progress=True)  # stderr is not a terminal here: no bar
+    assert len(recs) > 50_000 and capsys.readouterr() == ("", "")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    read_prompts(path, progress=True)
+    out, err = capsys.readouterr()
+    assert f"reading {path}" in err and "lines" in err and out == ""  # on stderr only, never stdout
     read_prompts(path)  # no bar unless asked
     assert capsys.readouterr().err == ""
 
