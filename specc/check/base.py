@@ -10,12 +10,28 @@ SGLang's ``handle_speculative_decoding`` does (sglang 0.5.23 ``arg_groups/pipeli
 from __future__ import annotations
 
 import dataclasses
+import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from specc.console import plural
 from specc.plan.schema import Plan
 
 SEVERITIES = ("error", "warning", "fallback", "filled", "undecided")
+
+
+class _MessageFormat(string.Formatter):
+    """``str.format`` for rule messages, plus one format spec: ``{field:~word}`` writes the count with
+    its unit in the right number (``{n:~token}`` -> ``1 token`` / ``2 tokens``, :func:`specc.console.plural`),
+    so a template never prints "1 tokens"."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        if format_spec.startswith("~"):
+            return plural(value, format_spec[1:])
+        return super().format_field(value, format_spec)
+
+
+MESSAGE_FORMAT = _MessageFormat()
 
 
 @dataclass(frozen=True)
@@ -31,7 +47,8 @@ class Rule:
         keys: the dotted plan keys the condition reads (reported to the user).
         when: predicate over the plan; True means the rule applies.
         message: ``str.format`` template; fields: ``p`` (the plan as resolved so far), ``new``
-            (dict of values ``sets`` returned). It names the keys and the fix.
+            (dict of values ``sets`` returned); ``{field:~word}`` writes a count with its unit in the right
+            number (``{n:~token}``: ``1 token``, ``2 tokens``). It names the keys and the fix.
         source: ``file:line`` in the engine (relative to the profile's package root) or in specc.
         sets: for filled/fallback rules, plan -> {dotted_key: new value}.
         needs: checkpoints the rule reads (``"target"``, ``"draft"``), or ``plan -> that tuple``. When
@@ -279,7 +296,7 @@ def run_profile(profile: Profile, plan: Plan, facts: Optional[Facts] = None,
             if severity == "fallback" and new and all(get(work, k) is None for k in new):
                 severity = "filled"
             extra = _call(rule.message_args, work, facts) if rule.message_args else {}
-            message = rule.message.format(p=work, new=new, f=facts, **extra)
+            message = MESSAGE_FORMAT.format(rule.message, p=work, new=new, f=facts, **extra)
             for k, v in new.items():
                 set_key(work, k, v)
         except Exception as exc:  # noqa: BLE001 - check() must never raise on a plan

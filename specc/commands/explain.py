@@ -717,7 +717,7 @@ def print_one(args: argparse.Namespace, ctx) -> int:
         print(f"measured width ({plan.method.name} drafts only what its match gives; the run verified "
               f"{measured.drafts_per_step:.2f} drafts per request and step, τ = {measured.tau:.2f}): speedup@B = "
               + ", ".join(f"{k} {v:.2f}x" for k, v in by_width.items()))
-    print(f"{len(preds)} states; stage graphs: "
+    print(f"{plural(len(preds), 'state')}; stage graphs: "
           + ("all valid" if not bad else f"{len(bad)} INVALID"))
     for name, found in bad.items():
         for i in found:
