@@ -250,7 +250,8 @@ def parse_flags(table: FlagTable, argv: List[str]) -> Parsed:
     except ParseError as exc:
         out.errors.append(f"{name} refuses the command: {exc}")
         return out
-    groups = _with_values(unknown, args) + _with_values(aside, aside)
+    value = functools.partial(_is_value, parser)
+    groups = _with_values(unknown, args, value) + _with_values(aside, aside, value)
     out.values = {k: v for k, v in vars(ns).items() if not (_positional(table, k) and v is None)}
     for a in _option_words(args):
         flag = a.split("=", 1)[0]
@@ -265,13 +266,13 @@ def parse_flags(table: FlagTable, argv: List[str]) -> Parsed:
                           f"{', '.join('/'.join(a['options']) for a in missing)}")
     hints: Dict[str, List[str]] = {}  # distinct unknown flag -> its suggestions (the first SUGGEST_MAX)
     for word, given in groups:
-        if word.startswith("-"):
+        if not value(word):
             flag = word.split("=", 1)[0]
             if flag not in hints:
                 hints[flag] = suggest(table, flag) if len(hints) < SUGGEST_MAX else []
             hint = hints[flag]
             # one error per unknown flag, naming the values written after it (argparse lists them as extras too)
-            shown = " ".join([flag] + [repr(v) if " " in v or not v else v for v in given])
+            shown = " ".join([word] + [repr(v) if " " in v or not v else v for v in given])
             out.errors.append(f"{shown}: not a {name} flag" + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
         else:
             out.errors.append(f"{word!r}: unexpected argument for {name} (a value for a flag that takes none, or "
@@ -279,11 +280,16 @@ def parse_flags(table: FlagTable, argv: List[str]) -> Parsed:
     return out
 
 
-def _with_values(extras: List[str], args: List[str]) -> List[Tuple[str, List[str]]]:
-    """``extras`` (words argparse did not take, in ``args`` order) as ``(word, values)``: the plain words
-    that directly follow an unknown ``--flag`` (written without ``=``) in ``args`` are its values, so
-    ``--foo 3`` is one mistake; any other plain word stands alone (a value for a switch). Each word is
-    found in ``args`` after the previous one, so a repeated word keeps its own position."""
+def _is_value(parser: argparse.ArgumentParser, word: str) -> bool:
+    """A word argparse reads as a value, not an option: no leading ``-``, or a negative number."""
+    return not word.startswith("-") or word == "-" or _looks_negative(parser, word)
+
+
+def _with_values(extras: List[str], args: List[str], is_value) -> List[Tuple[str, List[str]]]:
+    """``extras`` (words argparse did not take, in ``args`` order) as ``(word, values)``: the values
+    (``is_value``) that directly follow an unknown ``--flag`` (written without ``=``) in ``args`` are its
+    values, so ``--foo 3`` is one mistake; any other value stands alone (a value for a switch). Each word
+    is found in ``args`` after the previous one, so a repeated word keeps its own position."""
     out: List[Tuple[str, List[str]]] = []
     pos, last = 0, -2  # where to look next in args; args index of the current group's last word
     for word in extras:
@@ -293,7 +299,7 @@ def _with_values(extras: List[str], args: List[str]) -> List[Tuple[str, List[str
             at = -2
         pos = at + 1 if at >= 0 else pos
         group = out[-1] if out else None
-        if (group is not None and not word.startswith("-") and group[0].startswith("-")
+        if (group is not None and is_value(word) and not is_value(group[0])
                 and "=" not in group[0] and at >= 0 and at == last + 1):
             group[1].append(word)
         else:

@@ -124,7 +124,7 @@ def test_an_unknown_flag_with_a_value_is_one_error_naming_both(engine, words):
     assert errors[0]["message"].startswith(f"--foo 3: not a {engine}==") and "flag" in errors[0]["message"]
     imp = import_command(engine, argv=words + ["--foo", "3", "--bar=4", "--speculative-num-stepz", "3"])
     assert imp.errors[:2] == [f"--foo 3: not a {imp.engine}=={imp.version} flag",
-                              f"--bar: not a {imp.engine}=={imp.version} flag"], imp.errors
+                              f"--bar=4: not a {imp.engine}=={imp.version} flag"], imp.errors
     assert imp.errors[2].startswith("--speculative-num-stepz 3: not a"), imp.errors
     assert len(imp.errors) == 3, imp.errors
 
@@ -137,6 +137,10 @@ def test_a_value_after_a_switch_is_still_its_own_error():
     assert sorted(imp.errors) == sorted(["--foo: not a sglang==0.5.23 flag",
                                          "'5': unexpected argument for sglang==0.5.23 (a value for a flag that "
                                          "takes none, or the value of an unknown flag)"]), imp.errors
+    # a negative number is a value (argparse reads it as one); a value after --flag=value stands alone
+    imp = import_command("sglang", argv=SGL + ["--foo", "-1", "--bar=1", "2"])
+    assert imp.errors[:2] == ["--foo -1: not a sglang==0.5.23 flag", "--bar=1: not a sglang==0.5.23 flag"], imp.errors
+    assert len(imp.errors) == 3 and imp.errors[2].startswith("'2': unexpected argument"), imp.errors
 
 
 def test_no_empty_keys_field_in_a_violation_line():
