@@ -309,3 +309,12 @@ def test_summary_counts_agree_in_number(capsys):
     for word in ("error", "warning", "fallback"):
         n = int(re.search(rf"(\d+) {word}", last).group(1))
         assert f"{n} {word}{'' if n == 1 else 's'}" in last, last
+
+
+def test_rule_messages_write_counts_in_the_right_number(capsys):
+    from specc.check.base import MESSAGE_FORMAT
+
+    assert MESSAGE_FORMAT.format("{n:~token}, {m:~request}, {x:.2f}", n=1, m=4, x=0.5) == "1 token, 4 requests, 0.50"
+    rc, out, _ = _run(capsys, "conf/plan/sglang_eagle_tree.yaml", "deploy.max_running_requests=1", "--engine", "all")
+    assert "graphs up to 1 request (" in out and "batches up to 1 request (" in out, out
+    assert not re.search(r"(?<![\d.,+] )(?<![\d.,])\b1 (tokens|requests|nodes|layers|levels|modules)\b", out), out
