@@ -428,7 +428,7 @@ def test_plot_into_a_missing_folder_is_an_error_and_creates_nothing(capsys, tmp_
 
 WRITER = textwrap.dedent("""
     import os, signal, sys, time
-    from specc.compiler import codegen
+    from specc.compiler import build, codegen
     from specc.plan.load import load_plan
     name, files = codegen.render(build.lower_to_ir(load_plan("smollm2_ngram").plan))
     calls = []
