@@ -10,12 +10,28 @@ SGLang's ``handle_speculative_decoding`` does (sglang 0.5.23 ``arg_groups/pipeli
 from __future__ import annotations
 
 import dataclasses
+import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from specc.console import plural
 from specc.plan.schema import Plan
 
 SEVERITIES = ("error", "warning", "fallback", "filled", "undecided")
+
+
+class _MessageFormat(string.Formatter):
+    """``str.format`` for rule messages, plus one format spec: ``{field:~word}`` writes the count with
+    its unit in the right number (``{n:~token}`` -> ``1 token`` / ``2 tokens``, :func:`specc.console.plural`),
+    so a template never prints "1 tokens"."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        if format_spec.startswith("~"):
+            return plural(value, format_spec[1:])
+        return super().format_field(value, format_spec)
+
+
+MESSAGE_FORMAT = _MessageFormat()
 
 
 @dataclass(frozen=True)
@@ -31,7 +47,8 @@ class Rule:
         keys: the dotted plan keys the condition reads (reported to the user).
         when: predicate over the plan; True means the rule applies.
         message: ``str.format`` template; fields: ``p`` (the plan as resolved so far), ``new``
-            (dict of values ``sets`` returned). It names the keys and the fix.
+            (dict of values ``sets`` returned); ``{field:~word}`` writes a count with its unit in the right
+            number (``{n:~token}``: ``1 token``, ``2 tokens``). It names the keys and the fix.
         source: ``file:line`` in the engine (relative to the profile's package root) or in specc.
         sets: for filled/fallback rules, plan -> {dotted_key: new value}.
         needs: checkpoints the rule reads (``"target"``, ``"draft"``), or ``plan -> that tuple``. When
@@ -141,7 +158,10 @@ class Violation:
 
     ``rule`` is ``<profile>.<id>``; ``keys`` the dotted plan keys involved; ``source`` the engine
     version and ``file:line``; ``sets`` the values the engine fills in or overrides (dotted key ->
-    value) for ``filled``/``fallback``.
+    value) for ``filled``/``fallback``. ``stands_in``: for an error about a value the engine refuses
+    (a misspelt algorithm), the plan keys whose values were put in for it (``method.name``,
+    ``method.plugin``): the violations that follow only from those values are not reported
+    (:func:`drop_dependent`).
     """
 
     rule: str
@@ -150,6 +170,7 @@ class Violation:
     message: str
     source: str
     sets: Tuple[Tuple[str, Any], ...] = field(default=())
+    stands_in: Tuple[str, ...] = field(default=())
 
     def to_json(self) -> Dict[str, Any]:
         out = {"rule": self.rule, "severity": self.severity, "keys": list(self.keys),
@@ -157,6 +178,33 @@ class Violation:
         if self.sets:
             out["sets"] = {k: v for k, v in self.sets}
         return out
+
+
+def drop_dependent(violations: Sequence[Violation], given: Optional[Sequence[str]] = None) -> List[Violation]:
+    """One root per mistake: ``violations`` without those that only follow from an earlier error's
+    stand-in values.
+
+    An error with ``stands_in`` keys reports a value the engine refuses and names the plan keys whose
+    values were put in for it (a misspelt ``--speculative-algorithm EAGEL3`` becomes
+    ``method.name=custom``, ``method.plugin=EAGEL3``). A later violation follows from that mistake, and
+    is dropped, when it reads at least one stand-in key and every other key it reads is one the input
+    did not set (not in ``given``; None: every key counts as set): fixing the root removes it, and it
+    says nothing about what the user wrote. A violation that also reads a key the user set is kept, as
+    is every violation when no error has ``stands_in``. Order is kept."""
+    out: List[Violation] = []
+    guessed: set = set()
+    for v in violations:
+        keys = set(v.keys)
+        if guessed and keys & guessed and not v.stands_in:
+            others = keys - guessed
+            if given is not None and not others & set(given):
+                continue
+            if given is None and not others:
+                continue
+        if v.severity == "error":
+            guessed.update(v.stands_in)
+        out.append(v)
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -248,7 +296,7 @@ def run_profile(profile: Profile, plan: Plan, facts: Optional[Facts] = None,
             if severity == "fallback" and new and all(get(work, k) is None for k in new):
                 severity = "filled"
             extra = _call(rule.message_args, work, facts) if rule.message_args else {}
-            message = rule.message.format(p=work, new=new, f=facts, **extra)
+            message = MESSAGE_FORMAT.format(rule.message, p=work, new=new, f=facts, **extra)
             for k, v in new.items():
                 set_key(work, k, v)
         except Exception as exc:  # noqa: BLE001 - check() must never raise on a plan

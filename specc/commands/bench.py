@@ -39,8 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
+    from specc.console import progress
     from specc.errors import PromptError
     from specc.runtime.benchmark import format_table, plain_runtime, summarize, time_requests
     from specc.runtime.loader import load_runtime
@@ -72,7 +71,7 @@ def run(args) -> int:
     reqs = [Request(prompt_ids=encode_prompt(r, runtime.tokenizer),
                     params=SamplingParams(max_new_tokens=args.max_new_tokens), request_id=r.id) for r in records]
     cats = [r.category or "-" for r in records]
-    bar = tqdm(total=2 * len(reqs), desc="specc bench", unit="req", file=sys.stderr)
+    bar = progress(total=2 * len(reqs), desc="specc bench", unit="req")
     try:
         base = time_requests(plain, reqs, cats, bar.update)
         spec = time_requests(runtime, reqs, cats, bar.update)
@@ -131,9 +130,8 @@ def concurrency_list(text: str) -> list:
 
 
 def _run_concurrency(args, runtime, art, records, concurrency) -> int:
-    from tqdm import tqdm
-
     from specc import methods
+    from specc.console import progress
     from specc.errors import SpeccError
     from specc.runtime.benchmark import plain_runtime, predicted_decode_tok_s, run_concurrency
     from specc.runtime.prompts import encode_prompt
@@ -152,7 +150,7 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
         table = BudgetSchedule({"cost_table": spec["schedule"]["cost_table"], "buckets": {}}, [(1, 0)]).table
     method = methods.get(spec["method"]["name"])
     rows = []
-    bar = tqdm(total=2 * len(concurrency), desc="specc bench", unit="run", file=sys.stderr)
+    bar = progress(total=2 * len(concurrency), desc="specc bench", unit="run")
     try:
         for c in concurrency:
             n = args.requests_per_slot * c

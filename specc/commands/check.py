@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from specc.console import plural
 from specc.errors import SpeccError
 
 FORMATS = ("text", "json", "github", "sarif")
@@ -226,6 +227,16 @@ def resolved_yaml(result: Result) -> str:
     return "\n".join(out) + "\n"
 
 
+def _count(n: int, severity: str) -> str:
+    """``1 error``, ``2 warnings``, ``3 filled`` (filled and undecided are adjectives: no plural)."""
+    return f"{n} {severity}" if severity in ("filled", "undecided") else plural(n, severity)
+
+
+def _keys_source(v) -> str:
+    """``keys: a, b; source: ...``; a violation with no keys prints its source alone (never an empty field)."""
+    return (f"keys: {', '.join(v.keys)}; " if v.keys else "") + f"source: {v.source}"
+
+
 def render_text(results: List[Result], show_resolved: bool) -> str:
     out: List[str] = []
     for r in results:
@@ -238,23 +249,18 @@ def render_text(results: List[Result], show_resolved: bool) -> str:
         else:
             c = {s: sum(v.severity == s for v in r.violations)
                  for s in ("error", "warning", "fallback", "filled", "undecided")}
-            plural = {"error": "errors", "warning": "warnings", "fallback": "fallbacks", "filled": "filled",
-                      "undecided": "undecided"}
-            out.append(f"{head}: " + ", ".join(f"{n} {s if n == 1 else plural[s]}" for s, n in c.items() if n))
+            out.append(f"{head}: " + ", ".join(_count(n, s) for s, n in c.items() if n))
             for v, loc in zip(r.violations, r.locations):
                 out.append(f"  {_loc_text(loc)}: {v.severity}: [{v.rule}] {v.message}")
-                out.append(f"      keys: {', '.join(v.keys)}; source: {v.source}")
+                out.append(f"      {_keys_source(v)}")
         if show_resolved:
             out.append(f"  resolved for {r.engine}:")
             out.extend("    " + ln for ln in resolved_yaml(r).splitlines())
     c = _counts(results)
     n_plans = len({r.plan_path for r in results})
     bad = sum(1 for r in results if r.error)
-    def n(k, word):
-        return f"{c[k]} {word}{'' if c[k] == 1 else 's'}"
-
-    out.append(f"checked {n_plans} plan{'s' if n_plans != 1 else ''}: {n('error', 'error')}, "
-               f"{n('warning', 'warning')}, {n('fallback', 'fallback')}, {c['filled']} filled"
+    out.append(f"checked {plural(n_plans, 'plan')}: {_count(c['error'], 'error')}, "
+               f"{_count(c['warning'], 'warning')}, {_count(c['fallback'], 'fallback')}, {c['filled']} filled"
                + (f", {c['undecided']} undecided" if c["undecided"] else "")
                + (f", {bad} unusable" if bad else ""))
     return "\n".join(out) + "\n"
@@ -416,7 +422,7 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
     (``--file``)."""
     from specc.importer import CommandError, import_command, imported_plan
     from specc.check import profile, resolve
-    from specc.check.base import Violation
+    from specc.check.base import Violation, drop_dependent
 
     label = f"<{engine} command>"
     try:
@@ -452,8 +458,8 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
         return [Result(plan_path=label, error=str(exc))]
     resolved, violations = resolve(plan, prof.version, flags=imp.flags, checkpoints=True)
     src = f"{prof.version} argparse ({imp.table.prog})"
-    argv_errors = [Violation(rule=f"{engine}.argv", severity="error", keys=(), message=e, source=src)
-                   for e in imp.errors]
+    argv_errors = [Violation(rule=f"{engine}.argv", severity="error", keys=imp.stand_ins.get(e, ()), message=e,
+                             source=src, stands_in=imp.stand_ins.get(e, ())) for e in imp.errors]
     prefixes = [Violation(rule=f"{engine}.argv-prefix", severity="warning", keys=(),
                           message=f"{written} is read by {prof.version} as {flag} (argparse takes an unambiguous "
                                   f"prefix); write {flag} in full: a release that adds a flag starting with "
@@ -462,9 +468,21 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
     filled = [Violation(rule=f"{engine}.argv-default", severity="filled", keys=(key,), message=msg,
                         source=f"{prof.version} {source}", sets=((key, value),))
               for key, value, msg, source in imp.filled]
-    allv = argv_errors + prefixes + filled + violations
+    # one root per mistake: a rule that only reads the values put in for a refused one is not reported
+    allv = drop_dependent(argv_errors + prefixes + filled + violations, given=_given_keys(imp.plan))
     return [Result(plan_path=label, name="command", engine=prof.version, violations=allv,
                    locations=[(label, 0)] * len(allv), resolved=resolved)]
+
+
+def _given_keys(plan: Dict[str, Any], prefix: str = "") -> List[str]:
+    """The dotted keys a command set (the leaves of the imported plan dict)."""
+    out: List[str] = []
+    for k, v in plan.items():
+        if isinstance(v, dict) and v:
+            out += _given_keys(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}")
+    return out
 
 
 RENDER = {"text": render_text, "json": render_json, "github": render_github, "sarif": render_sarif}

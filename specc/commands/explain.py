@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from specc.errors import SpeccError
+from specc.console import plural
 from specc.io import check_output_dir, check_output_file
 
 
@@ -272,7 +273,7 @@ class MeasuredAcceptance:
         rates = ", ".join(f"{r:.3f}" for r in self.rates)
         art = f" of {self.artifact}" if self.artifact else ""
         return (f"measured: {self.path}{art}, accepted per position per step [{rates}], τ = {self.tau:.3f} "
-                f"at κ = {len(self.rates)} over {self.num_steps} steps; α fitted so E(α, {len(self.rates)}) = τ")
+                f"at κ = {len(self.rates)} over {plural(self.num_steps, 'step')}; α fitted so E(α, {len(self.rates)}) = τ")
 
 
 def _summary_object(text: str, where: str) -> dict:
@@ -384,7 +385,7 @@ def refuse_rule_errors(args: argparse.Namespace, engine: str) -> int:
     results = check.check_inputs([args.plan], list(args.overrides or ()), engine)
     sys.stderr.write(check.render_text(results, False))
     n = sum(v.severity == "error" for r in results for v in r.violations)
-    print(f"specc explain: error: the plan has {n} error(s) for engine {engine!r} (listed above, as "
+    print(f"specc explain: error: the plan has {plural(n, 'error')} for engine {engine!r} (listed above, as "
           f"`specc check` reports them); nothing to explain until they are fixed", file=sys.stderr)
     return check.exit_code(results) or 1
 
@@ -716,7 +717,7 @@ def print_one(args: argparse.Namespace, ctx) -> int:
         print(f"measured width ({plan.method.name} drafts only what its match gives; the run verified "
               f"{measured.drafts_per_step:.2f} drafts per request and step, τ = {measured.tau:.2f}): speedup@B = "
               + ", ".join(f"{k} {v:.2f}x" for k, v in by_width.items()))
-    print(f"{len(preds)} states; stage graphs: "
+    print(f"{plural(len(preds), 'state')}; stage graphs: "
           + ("all valid" if not bad else f"{len(bad)} INVALID"))
     for name, found in bad.items():
         for i in found:
@@ -888,7 +889,7 @@ def _cost_table_origin(path) -> str:
     cpu = data.get("cpu") or {}
     choice = data.get("choice") or {}
     parts = [f"measured on {data.get('device_name') or data.get('device', '?')}",
-             f"{data.get('threads', '?')} thread(s)"]
+             f"{plural(data.get('threads', '?'), 'thread')}"]
     if choice.get("dtype"):
         parts.append(f"target dtype {choice['dtype']}/{choice.get('compile_backend', 'eager')}")
     if cpu.get("quantized_kernels"):

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specc.console import plural
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``specc import``'s arguments on ``parser``."""
@@ -173,15 +174,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(out)
     if imp.unmapped:
-        print(f"{len(imp.unmapped)} flag(s) have no plan key (listed at the top of the plan)", file=sys.stderr)
+        print(f"{plural(len(imp.unmapped), 'flag')} {'has' if len(imp.unmapped) == 1 else 'have'} no plan key "
+              f"(listed at the top of the plan)", file=sys.stderr)
     if args.output or not _on_screen(sys.stdout):  # the plan is not on screen: show its notes and refusals
         for n in imp.notes:
             print(f"note: {n}", file=sys.stderr)
         for e in imp.errors:
             print(f"error: {e}", file=sys.stderr)
     elif imp.errors or imp.notes:  # they head the plan on the screen already: say so, once
-        parts = [f"{len(imp.errors)} error(s): {imp.engine}=={imp.version} would refuse this command"] \
+        parts = [f"{plural(len(imp.errors), 'error')}: {imp.engine}=={imp.version} would refuse this command"] \
             if imp.errors else []
-        parts += [f"{len(imp.notes)} note(s)"] if imp.notes else []
+        parts += [plural(len(imp.notes), "note")] if imp.notes else []
         print(f"{'; '.join(parts)} (listed at the top of the plan)", file=sys.stderr)
     return 1 if imp.errors else 0

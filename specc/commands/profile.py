@@ -49,9 +49,8 @@ def _cuda_available() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from specc.compiler import codegen
+    from specc.console import progress
     from specc.io import check_output_file
     from specc.plan.load import load_plan
 
@@ -116,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         spec_d = dict(spec, dtype=dtype)
         target, _, drafter, dev = load_models(spec_d, args.device, max(s.num_steps for s in low.states))
         total = args.repeats + 1 + (len(token_grid(max_batch)) if drafter is not None and i == 0 else 0)
-        bar = tqdm(total=total, desc=f"specc profile {dtype}", unit="size", file=sys.stderr)
+        bar = progress(total=total, desc=f"specc profile {dtype}", unit="size")
         try:
             m = profile_costs(target, drafter if i == 0 else None, max_batch=max_batch, max_width=max_width,
                               verify_rule=resolved.verify.rule, context=args.context, repeats=args.repeats,

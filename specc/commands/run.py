@@ -99,13 +99,12 @@ def check_batch_size(batch_size: int, art) -> None:
 
 def _encode_all(records, tokenizer, no_progress: bool) -> list:
     """Token ids of every record (a progress bar on stderr for more than a few hundred prompts)."""
-    from tqdm import tqdm
-
+    from specc.console import progress
     from specc.runtime.prompts import encode_prompt
 
     show = not no_progress and len(records) > 200
-    return [encode_prompt(rec, tokenizer) for rec in tqdm(records, desc="tokenizing prompts", unit="prompt",
-                                                           file=sys.stderr, disable=not show, mininterval=0.5)]
+    return [encode_prompt(rec, tokenizer) for rec in progress(records, desc="tokenizing prompts", unit="prompt",
+                                                              disable=not show, mininterval=0.5)]
 
 
 def _result_text(rec, out, as_json: bool) -> str:
@@ -175,8 +174,7 @@ def _print_summary(runtime, art, as_json: bool, finished: int, total: int, inter
 
 
 def run(args) -> int:
-    from tqdm import tqdm
-
+    from specc.console import progress
     from specc.runtime.artifact import load_artifact
     from specc.runtime.loader import load_runtime
     from specc.runtime.request import Request, SamplingParams
@@ -206,7 +204,7 @@ def run(args) -> int:
               f"{len(requests)} prompt(s)", file=sys.stderr)
         print(f"loaded: {runtime.load_report()}", file=sys.stderr)
     by_id = {rec.id: rec for rec in records}
-    bar = tqdm(total=len(requests), desc="specc run", unit="req", file=sys.stderr, disable=args.no_progress)
+    bar = progress(total=len(requests), desc="specc run", unit="req", disable=args.no_progress)
     finished = 0
     guard = _WholeWrites()
 

@@ -838,9 +838,10 @@ def _severity(v: Any) -> str:
 
 
 def format_violation(v: Any, where: Optional[Callable[[str], Any]] = None) -> str:
-    """One line for a rule violation: ``[file:line: ]severity: [rule] message (keys: ...; source: ...)``.
+    """One line for a rule violation: ``[file:line: ]severity: [rule] message ([keys: ...; ]source: ...)``.
 
-    ``where`` maps a dotted key to ``(file, line)`` (``LoadedPlan.where``) to point at the YAML."""
+    ``where`` maps a dotted key to ``(file, line)`` (``LoadedPlan.where``) to point at the YAML. A
+    violation with no keys has no ``keys:`` field (an empty field is never printed)."""
     keys = tuple(getattr(v, "keys", ()) or ())
     loc = ""
     if where is not None:
@@ -850,4 +851,4 @@ def format_violation(v: Any, where: Optional[Callable[[str], Any]] = None) -> st
                 loc = f"{src[0]}:{src[1]}: " if src[1] else f"{src[0]}: "
                 break
     return (f"{loc}{_severity(v)}: [{getattr(v, 'rule', '?')}] {getattr(v, 'message', v)} "
-            f"(keys: {', '.join(keys) or '-'}; source: {getattr(v, 'source', '-')})")
+            f"({'keys: ' + ', '.join(keys) + '; ' if keys else ''}source: {getattr(v, 'source', '-')})")

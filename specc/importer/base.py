@@ -27,6 +27,10 @@ class Imported:
             command leaves it out (vLLM serving its default model); ``specc check`` reports them as
             ``filled``.
         prefixes: ``(as written, the flag it resolves to)`` for each flag given by an argparse prefix.
+        stand_ins: error message -> the plan keys whose values were put in for the refused value (a
+            misspelt algorithm imported as ``method.name=custom``, ``method.plugin=EAGEL3``); ``specc
+            check`` reports the error with those keys and not the violations that follow only from them
+            (:func:`specc.check.base.drop_dependent`).
     """
 
     engine: str
@@ -40,6 +44,14 @@ class Imported:
     table: Any = None
     filled: List[Tuple[str, Any, str, str]] = field(default_factory=list)
     prefixes: List[Tuple[str, str]] = field(default_factory=list)
+    stand_ins: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+
+    def refuse(self, message: str, stands_in: Tuple[str, ...] = ()) -> None:
+        """Record an error the engine would raise; ``stands_in``: the plan keys whose values are put in
+        for the refused value (see ``stand_ins``)."""
+        self.errors.append(message)
+        if stands_in:
+            self.stand_ins[message] = tuple(stands_in)
 
     def spell(self, dest: str, values: Dict[str, Any]) -> str:
         """A flag and its value as a shell fragment (canonical spelling)."""

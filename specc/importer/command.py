@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from specc.errors import SpeccError
+from specc.console import plural
 from specc.io import load_json
 
 LAUNCHERS = {
@@ -227,7 +228,7 @@ def find_launch(text: str, engine: str) -> Launch:
             launch.text = shlex.join(words)
             return launch
     if unsplit:
-        more = f" (and {len(unsplit) - 1} more line(s) like it)" if len(unsplit) > 1 else ""
+        more = f" (and {plural(len(unsplit) - 1, 'more line')} like it)" if len(unsplit) > 1 else ""
         raise CommandError(f"cannot read the {engine} command: {unsplit[0]}{more}")
     names = ", ".join(" ".join(p) for p in LAUNCHERS[engine])
     raise CommandError(f"no {engine} launch command found (looked for: {names}); pass the command after `--`")

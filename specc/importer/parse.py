@@ -250,7 +250,8 @@ def parse_flags(table: FlagTable, argv: List[str]) -> Parsed:
     except ParseError as exc:
         out.errors.append(f"{name} refuses the command: {exc}")
         return out
-    unknown = list(unknown) + aside
+    value = functools.partial(_is_value, parser)
+    groups = _with_values(unknown, args, value) + _with_values(aside, aside, value)
     out.values = {k: v for k, v in vars(ns).items() if not (_positional(table, k) and v is None)}
     for a in _option_words(args):
         flag = a.split("=", 1)[0]
@@ -264,16 +265,46 @@ def parse_flags(table: FlagTable, argv: List[str]) -> Parsed:
         out.errors.append(f"{name} refuses the command: the following arguments are required: "
                           f"{', '.join('/'.join(a['options']) for a in missing)}")
     hints: Dict[str, List[str]] = {}  # distinct unknown flag -> its suggestions (the first SUGGEST_MAX)
-    for word in unknown:
-        if word.startswith("-"):
+    for word, given in groups:
+        if not value(word):
             flag = word.split("=", 1)[0]
             if flag not in hints:
                 hints[flag] = suggest(table, flag) if len(hints) < SUGGEST_MAX else []
             hint = hints[flag]
-            out.errors.append(f"{flag}: not a {name} flag" + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
+            # one error per unknown flag, naming the values written after it (argparse lists them as extras too)
+            shown = " ".join([word] + [repr(v) if " " in v or not v else v for v in given])
+            out.errors.append(f"{shown}: not a {name} flag" + (f"; did you mean {' or '.join(hint)}?" if hint else ""))
         else:
             out.errors.append(f"{word!r}: unexpected argument for {name} (a value for a flag that takes none, or "
                               f"the value of an unknown flag)")
+    return out
+
+
+def _is_value(parser: argparse.ArgumentParser, word: str) -> bool:
+    """A word argparse reads as a value, not an option: no leading ``-``, or a negative number."""
+    return not word.startswith("-") or word == "-" or _looks_negative(parser, word)
+
+
+def _with_values(extras: List[str], args: List[str], is_value) -> List[Tuple[str, List[str]]]:
+    """``extras`` (words argparse did not take, in ``args`` order) as ``(word, values)``: the values
+    (``is_value``) that directly follow an unknown ``--flag`` (written without ``=``) in ``args`` are its
+    values, so ``--foo 3`` is one mistake; any other value stands alone (a value for a switch). Each word
+    is found in ``args`` after the previous one, so a repeated word keeps its own position."""
+    out: List[Tuple[str, List[str]]] = []
+    pos, last = 0, -2  # where to look next in args; args index of the current group's last word
+    for word in extras:
+        try:
+            at = args.index(word, pos)
+        except ValueError:
+            at = -2
+        pos = at + 1 if at >= 0 else pos
+        group = out[-1] if out else None
+        if (group is not None and is_value(word) and not is_value(group[0])
+                and "=" not in group[0] and at >= 0 and at == last + 1):
+            group[1].append(word)
+        else:
+            out.append((word, []))
+        last = at
     return out
 
 

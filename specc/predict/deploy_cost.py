@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from specc.console import plural
 from specc import methods
 
 SHAPES_FILE = Path(__file__).resolve().parents[1] / "data" / "model_shapes.json"
@@ -221,7 +222,7 @@ def _specc_graph(state, t: ModelShape, dtype_bytes: float, cache_len: int, hidde
         bytes=peak,
         terms={"mask": int(persistent), "attention": int(attn), "mlp": mlp, "head": head, "accept": accept,
                "hidden_out": outputs},
-        formula=f"max(mask + max(attention, MLP, logits), accept) over T = B·W = {T} tokens, S = {S} slots "
+        formula=f"max(mask + max(attention, MLP, logits), accept) over T = B·W = {plural(T, 'token')}, S = {plural(S, 'slot')} "
                 f"({attn_src}; MLP T·dtype·(3H + 4I); logits T·V·(4 + dtype){acc_src})",
         source="specc/models/llama.py (LlamaModel.forward, Attention), specc/kernels/sampling.py (process_logits)")
 
@@ -304,7 +305,7 @@ def engine_graph_pool(engine: str, per_state: Sequence[GraphMemory], rows_max: i
     peak = max(g.bytes for g in per_state)
     if engine == "sglang":
         logits = int(rows_max * vocab * 4)
-        return peak + logits, f"largest graph + shared logits buffer {rows_max} rows × V·4"
+        return peak + logits, f"largest graph + shared logits buffer {plural(rows_max, 'row')} × V·4"
     return peak, "largest graph (one shared pool)"
 
 
@@ -386,7 +387,7 @@ def memory_budget(engine: str, hw, fraction: Optional[float], weights: float, gr
         lines.append(f"vLLM: {frac:.3f} × {_gib(M)} = {_gib(frac * M)} − weights {_gib(weights)} − activations "
                      f"{_gib(activations)} − CUDA graphs {_gib(graphs)} = KV {_gib(kv)} (gpu_worker.py:753-757)")
         if kv < kv_per_token * context:
-            refusal = (f"the KV cache left ({_gib(kv)}) does not hold one request of {context} tokens "
+            refusal = (f"the KV cache left ({_gib(kv)}) does not hold one request of {plural(context, 'token')} "
                        f"({_gib(kv_per_token * context)}): vLLM refuses at startup (\"To serve at least one request "
                        f"with the model's max seq len ...\", v1/core/kv_cache_planning.py:55-87); raise "
                        f"deploy.memory_fraction, lower deploy.cuda_graph_max_bs or target.max_model_len, or use more "
@@ -394,7 +395,7 @@ def memory_budget(engine: str, hw, fraction: Optional[float], weights: float, gr
     else:
         kv = need
         total = weights + need + graphs + static_buffers
-        lines.append(f"specc: weights {_gib(weights)} + KV {batch} rows × {context} slots = {_gib(need)} + graph pools "
+        lines.append(f"specc: weights {_gib(weights)} + KV {plural(batch, 'row')} × {plural(context, 'slot')} = {_gib(need)} + graph pools "
                      f"{_gib(graphs)} + static buffers {_gib(static_buffers)} = {_gib(total)} of {_gib(M)}")
         if total > M:
             refusal = (f"weights, KV cache, graph pools and buffers need {_gib(total)} but the device has {_gib(M)}; "
@@ -404,14 +405,14 @@ def memory_budget(engine: str, hw, fraction: Optional[float], weights: float, gr
     shortfall = None
     if refusal is None and engine == "vllm" and kv < need <= kv + graphs:
         # the graphs are what pushes the batch out (vLLM reserves their memory from the KV budget)
-        refusal = (f"capturing CUDA graphs ({_gib(graphs)}) leaves {_gib(kv)} of KV, {fits} requests of {context} "
-                   f"tokens, fewer than the plan's batch of {batch} ({_gib(need)}; vLLM PR #54418): lower "
+        refusal = (f"capturing CUDA graphs ({_gib(graphs)}) leaves {_gib(kv)} of KV, {plural(fits, 'request')} of "
+                   f"{plural(context, 'token')}, fewer than the plan's batch of {batch} ({_gib(need)}; vLLM PR #54418): lower "
                    f"deploy.cuda_graph_max_bs or raise deploy.memory_fraction")
     elif refusal is None and engine != "specc" and kv < need:
-        shortfall = (f"the KV cache ({_gib(kv)}) holds {fits} requests of {context} tokens, fewer than the plan's batch "
+        shortfall = (f"the KV cache ({_gib(kv)}) holds {plural(fits, 'request')} of {plural(context, 'token')}, fewer than the plan's batch "
                      f"of {batch} ({_gib(need)}) even without CUDA graphs: longer requests queue or are preempted; "
                      f"lower deploy.max_running_requests or target.max_model_len, or add tensor parallelism")
-    lines.append(f"the plan's batch: {batch} requests × {context} tokens × {kv_per_token / 1024:.1f} KiB/token = "
+    lines.append(f"the plan's batch: {plural(batch, 'request')} × {plural(context, 'token')} × {kv_per_token / 1024:.1f} KiB/token = "
                  f"{_gib(need)} of KV")
     if shortfall:
         lines.append(f"note: {shortfall}")

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 from specc import methods
 from specc.predict import cost
 from specc.errors import PlanError
+from specc.console import plural
 from specc.plan.schema import Plan
 
 # The per-position acceptance the cost model falls back on when nothing measured or given applies:
@@ -62,7 +63,7 @@ def plan_acceptance(plan: Plan, override: Optional[float] = None):
         rates = [min(max(float(r), 0.0), 1.0) for r in syn.acceptance_rates]
         e = 1.0 + sum(rates)
         return cost.alpha_for_expected_tokens(min(e, len(rates) + 1.0), len(rates)), (
-            f"verify.synthetic.acceptance_rates (E = {e:.3f} over {len(rates)} positions)"), None
+            f"verify.synthetic.acceptance_rates (E = {e:.3f} over {plural(len(rates), 'position')})"), None
     if syn.acceptance_length is not None:
         from specc.compiler.lower import base_num_steps
 

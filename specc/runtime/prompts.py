@@ -64,7 +64,7 @@ PROGRESS_BYTES = 4 << 20
 def parse_prompts(lines: Iterable[str], source: str, progress: bool = False) -> List[PromptRecord]:
     """Parse prompt lines. JSONL when the first non-blank line starts with ``{``: each line an
     object with ``prompt`` (string) or ``messages`` (chat list), optional ``id`` and ``category``.
-    Otherwise plain text: each non-blank line is one prompt. ``progress``: a tqdm bar on stderr
+    Otherwise plain text: each non-blank line is one prompt. ``progress``: a progress bar on stderr
     counting the lines (for large inputs; the caller decides).
 
     Raises:
@@ -81,10 +81,9 @@ def parse_prompts(lines: Iterable[str], source: str, progress: bool = False) -> 
     records: List[PromptRecord] = []
     seen: set = set()
     if progress:
-        from tqdm import tqdm
+        from specc.console import progress as bar
 
-        lines = tqdm(lines, desc=f"reading {source}", unit=" lines", unit_scale=True, file=sys.stderr,
-                     mininterval=0.5, leave=False)
+        lines = bar(lines, desc=f"reading {source}", unit=" lines", unit_scale=True, mininterval=0.5, leave=False)
     if not first.lstrip().startswith("{"):
         for i, line in enumerate(lines, 1):
             text = line.rstrip("\n")

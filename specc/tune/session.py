@@ -61,10 +61,9 @@ class Session:
         print(text, file=sys.stderr, flush=True)
 
     def bar(self, total: int, desc: str):
-        from tqdm import tqdm
+        from specc.console import progress
 
-        return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, disable=self.args.no_progress,
-                    dynamic_ncols=True)
+        return progress(total=total, desc=desc, unit="run", disable=self.args.no_progress, dynamic_ncols=True)
 
     # ------------------------------------------------------------------ steps
     def cost_table(self, threads: int):

@@ -3,6 +3,7 @@ and file:line locations."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -271,3 +272,49 @@ def test_rule_sources_cite_files_not_issues():
         if path == "specc" and "codegen" in rule.source:
             path = "specc/compiler/codegen.py"
         assert (REPO / path).exists(), (rule.id, rule.source)
+
+
+SGL_CMD = ["python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct"]
+
+
+def _error_lines(out):
+    return [ln for ln in out.splitlines() if ": error: [" in ln]
+
+
+def test_a_misspelt_algorithm_is_reported_once_in_text(capsys):
+    rc, out, _ = _run(capsys, "--sglang-args", *SGL_CMD, "--speculative-algorithm", "EAGEL3",
+                      "--speculative-draft-model-path", "d")
+    assert rc == 1
+    (err,) = _error_lines(out)
+    assert "EAGEL3: not a builtin sglang==0.5.23 algorithm; did you mean EAGLE3?" in err
+    assert "[sglang.N11]" not in out and ": warning: [" not in out  # the plugin warning follows from the typo
+    assert "keys: method.name, method.plugin; source:" in out
+    assert "checked 1 plan: 1 error, 0 warnings," in out
+
+
+def test_an_unknown_flag_with_a_value_is_reported_once_in_text(capsys):
+    rc, out, _ = _run(capsys, "--sglang-args", *SGL_CMD, "--foo", "3")
+    assert rc == 1
+    (err,) = _error_lines(out)
+    assert err.endswith("[sglang.argv] --foo 3: not a sglang==0.5.23 flag")
+    assert "keys: ;" not in out and "keys: \n" not in out  # a violation without keys prints its source alone
+    assert "      source: sglang==0.5.23 argparse (sglang serve)" in out.splitlines()
+    assert "1 errors" not in out and "1 warnings" not in out
+
+
+def test_summary_counts_agree_in_number(capsys):
+    rc, out, _ = _run(capsys, "conf/plan/smollm2_ngram.yaml", "--engine", "specc")
+    last = out.splitlines()[-1]
+    assert last.startswith("checked 1 plan: ") and "1 plans" not in last
+    for word in ("error", "warning", "fallback"):
+        n = int(re.search(rf"(\d+) {word}", last).group(1))
+        assert f"{n} {word}{'' if n == 1 else 's'}" in last, last
+
+
+def test_rule_messages_write_counts_in_the_right_number(capsys):
+    from specc.check.base import MESSAGE_FORMAT
+
+    assert MESSAGE_FORMAT.format("{n:~token}, {m:~request}, {x:.2f}", n=1, m=4, x=0.5) == "1 token, 4 requests, 0.50"
+    rc, out, _ = _run(capsys, "conf/plan/sglang_eagle_tree.yaml", "deploy.max_running_requests=1", "--engine", "all")
+    assert "graphs up to 1 request (" in out and "batches up to 1 request (" in out, out
+    assert not re.search(r"(?<![\d.,+] )(?<![\d.,])\b1 (tokens|requests|nodes|layers|levels|modules)\b", out), out

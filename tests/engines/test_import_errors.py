@@ -68,6 +68,109 @@ def test_vllm_method_typo_gets_a_suggestion():
     assert any("method=[\"eagle3\"] must be a string" in e for e in imp.errors), imp.errors
 
 
+# ---- one root error per mistake ------------------------------------------------------------------------
+
+def _check_json(*words):
+    import json
+
+    r = _specc("check", "--format", "json", *words)
+    assert r.returncode == 1, r.stdout + r.stderr
+    [obj] = json.loads(r.stdout)
+    return obj["violations"]
+
+
+def test_a_misspelt_sglang_algorithm_is_one_error_without_the_plugin_warning():
+    vs = _check_json("--sglang-args", *SGL, "--speculative-algorithm", "EAGEL3", "--speculative-draft-model-path", "d")
+    errors = [v for v in vs if v["severity"] == "error"]
+    assert len(errors) == 1 and "did you mean EAGLE3?" in errors[0]["message"], errors
+    # the error names the keys it put in for the misspelling; the plugin rule (N11) that reads only them is
+    # a consequence of the same mistake and is not reported
+    assert errors[0]["keys"] == ["method.name", "method.plugin"]
+    assert not any(v["rule"] == "sglang.N11" for v in vs), [v["rule"] for v in vs]
+    assert not any(v["severity"] == "warning" for v in vs), vs
+    # a real plugin name (not close to a builtin) is not an error: its plugin warning stays
+    vs = _check_json("--sglang-args", *SGL, "--speculative-algorithm", "MYPLUGIN", "--foo", "1")
+    assert any(v["rule"] == "sglang.N11" for v in vs), [v["rule"] for v in vs]
+
+
+def test_a_misspelt_vllm_method_is_one_error_without_the_custom_class_rules():
+    vs = _check_json("--vllm-args", "vllm", "serve", "m", "--speculative-config",
+                     '{"method": "eagel3", "model": "d", "num_speculative_tokens": 3}')
+    errors = [v for v in vs if v["severity"] == "error"]
+    assert len(errors) == 1 and "did you mean 'eagle3'" in errors[0]["message"], errors
+    assert not any(v["keys"] and set(v["keys"]) <= {"method.name", "method.plugin"} for v in vs[1:]), vs
+
+
+def test_drop_dependent_keeps_what_reads_a_key_the_user_set():
+    from specc.check.base import Violation, drop_dependent
+
+    root = Violation("e.argv", "error", ("method.name",), "typo", "s", stands_in=("method.name",))
+    only = Violation("e.A", "warning", ("method.name",), "about the stand-in", "s")
+    unset = Violation("e.B", "error", ("method.name", "deploy.x"), "stand-in and an unset key", "s")
+    mixed = Violation("e.C", "error", ("method.name", "method.num_steps"), "reads what the user set", "s")
+    other = Violation("e.D", "warning", ("deploy.x",), "unrelated", "s")
+    given = ["method.name", "method.num_steps"]
+    assert drop_dependent([root, only, unset, mixed, other], given) == [root, mixed, other]
+    assert drop_dependent([only, root], given) == [only, root]  # only what follows an earlier root
+    plain = Violation("e.argv", "error", (), "no stand-in", "s")
+    assert drop_dependent([plain, only, other], given) == [plain, only, other]
+
+
+@pytest.mark.parametrize("engine,words", [("sglang", SGL), ("vllm", ["vllm", "serve", "m"])])
+def test_an_unknown_flag_with_a_value_is_one_error_naming_both(engine, words):
+    vs = _check_json(f"--{engine}-args", *words, "--foo", "3")
+    errors = [v for v in vs if v["severity"] == "error"]
+    assert len(errors) == 1, errors
+    assert errors[0]["message"].startswith(f"--foo 3: not a {engine}==") and "flag" in errors[0]["message"]
+    imp = import_command(engine, argv=words + ["--foo", "3", "--bar=4", "--speculative-num-stepz", "3"])
+    assert imp.errors[:2] == [f"--foo 3: not a {imp.engine}=={imp.version} flag",
+                              f"--bar=4: not a {imp.engine}=={imp.version} flag"], imp.errors
+    assert imp.errors[2].startswith("--speculative-num-stepz 3: not a"), imp.errors
+    assert len(imp.errors) == 3, imp.errors
+
+
+def test_a_value_after_a_switch_is_still_its_own_error():
+    imp = import_command("sglang", argv=SGL + ["--enable-torch-compile", "5"])
+    assert len(imp.errors) == 1 and imp.errors[0].startswith("'5': unexpected argument"), imp.errors
+    # a known flag between an unknown one and a word: the word is not the unknown flag's value
+    imp = import_command("sglang", argv=SGL + ["--foo", "--enable-torch-compile", "5"])
+    assert sorted(imp.errors) == sorted(["--foo: not a sglang==0.5.23 flag",
+                                         "'5': unexpected argument for sglang==0.5.23 (a value for a flag that "
+                                         "takes none, or the value of an unknown flag)"]), imp.errors
+    # a negative number is a value (argparse reads it as one); a value after --flag=value stands alone
+    imp = import_command("sglang", argv=SGL + ["--foo", "-1", "--bar=1", "2"])
+    assert imp.errors[:2] == ["--foo -1: not a sglang==0.5.23 flag", "--bar=1: not a sglang==0.5.23 flag"], imp.errors
+    assert len(imp.errors) == 3 and imp.errors[2].startswith("'2': unexpected argument"), imp.errors
+
+
+def test_no_empty_keys_field_in_a_violation_line():
+    r = _specc("check", "--sglang-args", *SGL, "--foo", "3")
+    assert r.returncode == 1
+    assert "keys: ;" not in r.stdout and "keys: -" not in r.stdout
+    line = next(i for i, ln in enumerate(r.stdout.splitlines()) if "[sglang.argv]" in ln)
+    assert r.stdout.splitlines()[line + 1].strip().startswith("source: sglang==0.5.23 argparse")
+    from specc.check.base import Violation
+    from specc.compiler.codegen import format_violation
+
+    v = Violation("e.argv", "error", (), "bad", "src")
+    assert format_violation(v) == "error: [e.argv] bad (source: src)"
+    assert format_violation(Violation("e.A", "error", ("a.b",), "bad", "src")) == "error: [e.A] bad (keys: a.b; source: src)"
+
+
+def test_counts_agree_in_number():
+    from specc.console import plural
+
+    assert [plural(n, "token") for n in (0, 1, 2, "1", 1.5)] == ["0 tokens", "1 token", "2 tokens", "1 token",
+                                                                  "1.5 tokens"]
+    assert plural(1, "batch") == "1 batch" and plural(3, "batch") == "3 batches"
+    r = _specc("import", "sglang", "--", *SGL, "--foo", "3", "--log-level", "warning")
+    assert r.returncode == 1
+    assert "1 flag has no plan key" in r.stderr and "flag(s)" not in r.stderr, r.stderr
+    assert "error: --foo 3: not a sglang==0.5.23 flag" in r.stderr and "error(s)" not in r.stderr
+    r = _specc("check", "--sglang-args", *SGL, "--foo", "3")
+    assert "1 error," in r.stdout and "1 errors" not in r.stdout
+
+
 # ---- 2. counts the engine refuses ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("k", [-3, 0])

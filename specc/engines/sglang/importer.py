@@ -86,10 +86,11 @@ def algorithm(raw: Optional[str], out: Imported) -> str:
     flag = out.table.spelling("speculative_algorithm") if out.table is not None else "--speculative-algorithm"
     close = difflib.get_close_matches(algo, BUILTIN_ALGOS, n=2, cutoff=NEAR_MISS)
     if close:
-        out.errors.append(f"{flag} {raw}: not a builtin sglang=={out.version} algorithm; did you mean "
-                          f"{' or '.join(close)}? SGLang refuses a name no plugin registers at startup "
-                          f"(speculative/spec_info.py:65); imported as a plugin (method.name=custom, "
-                          f"method.plugin={raw}) in case yours registers exactly this name")
+        out.refuse(f"{flag} {raw}: not a builtin sglang=={out.version} algorithm; did you mean "
+                   f"{' or '.join(close)}? SGLang refuses a name no plugin registers at startup "
+                   f"(speculative/spec_info.py:65); imported as a plugin (method.name=custom, "
+                   f"method.plugin={raw}) in case yours registers exactly this name",
+                   stands_in=("method.name", "method.plugin"))
     else:
         out.notes.append(f"{flag} {raw}: not a builtin sglang=={out.version} algorithm (builtins: "
                          f"{', '.join(BUILTIN_ALGOS)}); imported as a plugin (method.name=custom): SGLang runs it "

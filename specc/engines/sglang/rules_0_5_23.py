@@ -292,8 +292,8 @@ RULES = (
       message_args=lambda p: {"hint": _hint(p.deploy.reasoning_parser, "parser")}),
     R("CG1", "filled", ("deploy.cuda_graph_max_bs", "deploy.max_running_requests", "deploy.parallel.tp"),
       lambda p: graphs_on(p) and p.deploy.cuda_graph_max_bs is None,
-      "deploy.cuda_graph_max_bs unset: SGLang captures decode/verify graphs up to {new[deploy.cuda_graph_max_bs]} "
-      "requests ({why})", "arg_groups/memory_hook.py:99-188, 200-207", _fill_max_bs,
+      "deploy.cuda_graph_max_bs unset: SGLang captures decode/verify graphs up to "
+      "{new[deploy.cuda_graph_max_bs]:~request} ({why})", "arg_groups/memory_hook.py:99-188, 200-207", _fill_max_bs,
       message_args=lambda p: {"why": "the largest of deploy.cuda_graph_batch_sizes" if p.deploy.cuda_graph_batch_sizes
                               else (f"capped by deploy.max_running_requests" if isinstance(p.deploy.max_running_requests, int)
                                     and p.deploy.max_running_requests < memory_tier(p)[1]

@@ -426,7 +426,7 @@ RULES = (
       lambda p: _tree_plan(p) and _choices(p) is not None and isinstance(p.method.num_steps, int)
       and p.method.num_steps != trees.max_depth(_choices(p)),
       "method.num_steps={p.method.num_steps} but method.tree_choices is "
-      "{depth} levels deep; a static tree drafts its own depth: unset num_steps (`method.num_steps=null`) "
+      "{depth:~level} deep; a static tree drafts its own depth: unset num_steps (`method.num_steps=null`) "
       "or change the tree", "specc/compiler/lower.py (base_num_steps)",
       message_args=lambda p: {"depth": trees.max_depth(_choices(p))}),
     R("S-BLOCK-STEPS", "fallback", ("method.num_steps", "method.block_size"),
@@ -515,7 +515,7 @@ RULES = (
     R("S-TREE-WIDTH", "error", ("method.num_draft_tokens", "method.tree_choices"),
       lambda p: _tree_plan(p) and _choices(p) is not None and isinstance(p.method.num_draft_tokens, int)
       and p.method.num_draft_tokens != len(_choices(p)) + 1,
-      "method.num_draft_tokens={p.method.num_draft_tokens}: a static tree of {n} nodes verifies "
+      "method.num_draft_tokens={p.method.num_draft_tokens}: a static tree of {n:~node} verifies "
       "{n} + 1 tokens (the root included); unset it (`method.num_draft_tokens=null`)", TREE_SRC,
       message_args=lambda p: {"n": len(_choices(p))}),
     R("S-WIDTH-FILL", "filled", ("method.num_draft_tokens",),
@@ -529,7 +529,7 @@ RULES = (
       lambda p: _dynamic(p) and _pool(p) is not None and isinstance(p.method.num_draft_tokens, int)
       and p.method.num_draft_tokens - 1 > _pool(p),
       "method.num_draft_tokens={p.method.num_draft_tokens} exceeds the draft tree: κ = {p.method.num_steps}, "
-      "topk = {p.method.topk} builds a candidate pool of topk + (κ − 1)·topk² = {pool} nodes (+1 root); "
+      "topk = {p.method.topk} builds a candidate pool of topk + (κ − 1)·topk² = {pool:~node} (+1 root); "
       "lower num_draft_tokens to <= {pool1} or raise num_steps/topk (SGLang does not check this at startup "
       "and keeps only the pool)", "specc/compiler/lower.py (verify_width; SGLang speculative/eagle_worker_v2.py:742-919)",
       message_args=lambda p: {"pool": _pool(p), "pool1": _pool(p) + 1}),
@@ -591,7 +591,7 @@ RULES = (
       about="whether the target checkpoint ships MTP layers"),
     R("S-MTP-STEPS", "error", ("method.num_steps", "draft.path"),
       lambda p: _mtp_readable(p) and isinstance(p.method.num_steps, int),
-      "method.num_steps={p.method.num_steps} with an MTP checkpoint of {n} layers (num_nextn_predict_layers): "
+      "method.num_steps={p.method.num_steps} with an MTP checkpoint of {n:~layer} (num_nextn_predict_layers): "
       "κ above the layer count must be a multiple of it (vLLM: \"num_speculative_tokens must be divisible by "
       "n_predict\"); use method.num_steps <= {n} or a multiple of {n}", MTP_N_PREDICT,
       needs=lambda p: (_mtp_source(p),),
@@ -600,7 +600,7 @@ RULES = (
       message_args=lambda p, f: {"n": _nextn_layers(f.config(_mtp_source(p)))}),
     R("S-MTP-LAYERS", "error", ("method.name", "draft.path"),
       lambda p: _mtp_readable(p),
-      "method.name=mtp: the MTP checkpoint has {n} layers (num_nextn_predict_layers), and the specc runtime reruns "
+      "method.name=mtp: the MTP checkpoint has {n:~layer} (num_nextn_predict_layers), and the specc runtime reruns "
       "one layer for every draft step (vLLM's single-layer MTP with K > 1); run a checkpoint with one layer per "
       "draft step as method.name=multi_layer_eagle (SGLang's draft_runners)", "specc/methods/mtp/drafter.py",
       needs=lambda p: (_mtp_source(p),),
@@ -610,7 +610,7 @@ RULES = (
     R("S-ML-MODULES", "error", ("method.num_steps", "draft.path"),
       lambda p: _fact(p, "one_module_per_step") and isinstance(p.method.num_steps, int) and p.draft is not None
       and bool(p.draft.path),
-      "method.num_steps={p.method.num_steps} needs {p.method.num_steps} modules, one per draft step, but "
+      "method.num_steps={p.method.num_steps} needs {p.method.num_steps:~module}, one per draft step, but "
       "draft.path={p.draft.path} has {n} (num_nextn_predict_layers); lower method.num_steps to <= {n}",
       "specc/methods/multi_layer_eagle/drafter.py", needs=("draft",),
       decide=lambda p, f: _nextn_layers(f.config("draft")) is not None
@@ -631,7 +631,7 @@ RULES = (
       and isinstance(p.draft.max_model_len, int) and isinstance(p.target.max_model_len, int)
       and p.draft.max_model_len < p.target.max_model_len,
       "draft.max_model_len={p.draft.max_model_len} < target.max_model_len: sequences are capped at "
-      "{new[target.max_model_len]} tokens", RT, lambda p: {"target.max_model_len": p.draft.max_model_len}),
+      "{new[target.max_model_len]:~token}", RT, lambda p: {"target.max_model_len": p.draft.max_model_len}),
     R("S-MAXLEN", "error", ("method.num_draft_tokens", "method.num_steps", "target.max_model_len"),
       lambda p: drafting(p) and usable_len(p) is not None and usable_len(p) < 1,
       "method.num_draft_tokens={p.method.num_draft_tokens} with κ = {p.method.num_steps}, topk = {p.method.topk} "

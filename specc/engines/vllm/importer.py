@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 
 from specc.importer.base import Imported, as_count, below, human_int, put
 from specc.io import load_json
+from specc.console import plural
 
 DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
           "float32": "float32"}
@@ -91,9 +92,12 @@ def _method(sc: Dict[str, Any], out: Imported) -> str:
         # vLLM's method is a Literal (config/speculative.py:74-82): case matters and a near miss is refused like
         # any other name
         hint = difflib.get_close_matches(str(method).lower(), sorted(known), n=2, cutoff=0.6)
-        out.errors.append(f"--speculative-config method {method!r} is not a vllm=={out.version} method "
-                          + (f"(did you mean {' or '.join(map(repr, hint))}?) " if hint else "")
-                          + f"({', '.join(m for m in sorted(known) if not m.endswith('_mtp'))} or a *_mtp alias)")
+        # imported as method.name=custom (its model as method.plugin): the rules about those values follow
+        # from this error, not from the command
+        out.refuse(f"--speculative-config method {method!r} is not a vllm=={out.version} method "
+                   + (f"(did you mean {' or '.join(map(repr, hint))}?) " if hint else "")
+                   + f"({', '.join(m for m in sorted(known) if not m.endswith('_mtp'))} or a *_mtp alias)",
+                   stands_in=("method.name", "method.plugin"))
         return "custom"
     if method.endswith("_mtp"):
         return "mtp"  # deprecated aliases become mtp (config/speculative.py:1246-1250)
@@ -316,7 +320,7 @@ def serving(v: Dict[str, Any], out: Imported) -> None:
             return None
         if n % q:
             out.notes.append(f"{flag} {n}: not a multiple of the decode query length K + 1 = {q}; a uniform decode "
-                             f"batch of {n // q} requests is the largest it covers (taken as the plan's value)")
+                             f"batch of {plural(n // q, 'request')} is the largest it covers (taken as the plan's value)")
         return max(n // q, 1)
 
     if "max_cudagraph_capture_size" in v:

@@ -586,8 +586,8 @@ RULES = (
       message_args=lambda p: {"arch": _target_arch(p)}),
     R("CG1", "filled", ("deploy.cuda_graph_max_bs", "deploy.max_running_requests"),
       lambda p: graphs_on(p) and p.deploy.cuda_graph_max_bs is None,
-      "deploy.cuda_graph_max_bs unset: vLLM captures uniform decode batches up to {new[deploy.cuda_graph_max_bs]} "
-      "requests ({q} tokens each, at most min(max_num_seqs · {q} · 2, 512) tokens)", VC + "2452-2552",
+      "deploy.cuda_graph_max_bs unset: vLLM captures uniform decode batches up to "
+      "{new[deploy.cuda_graph_max_bs]:~request} ({q:~token} each, at most min(max_num_seqs · {q} · 2, 512) tokens)", VC + "2452-2552",
       lambda p: {"deploy.cuda_graph_max_bs": default_max_bs(p)}, message_args=lambda p: {"q": query_len(p)}),
     R("MEM1", "filled", ("deploy.memory_fraction",), lambda p: p.deploy.memory_fraction is None,
       "deploy.memory_fraction unset: vLLM's --gpu-memory-utilization defaults to 0.92 (weights, activations, CUDA "
