@@ -202,11 +202,15 @@ def test_batch_size_above_the_largest_bucket_is_refused_before_loading(models, t
     assert f"--batch-size {top + 1} exceeds" in err and f"({top})" in err
 
 
-def test_errors_do_not_share_the_progress_bar_line(models, tmp_path, capsys):
+def test_errors_do_not_share_the_progress_bar_line(models, tmp_path, capsys, monkeypatch):
+    """On a terminal (the bar is drawn only there), an error starts its own line after the bar's."""
+    import sys
+
     _, root = models
     path = _compile("smollm2_ngram", root, tmp_path / "art", capsys)
     prompts = tmp_path / "p.txt"
     prompts.write_text("w5 w6\n" + "w7 " * 200 + "\n")  # the second prompt exceeds max_model_len=128
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)  # capsys's stderr, as a terminal
     for argv, name in ((["bench", path, "--prompts", str(prompts), "--max-new-tokens", "2"], "bench"),
                        (["run", path, "--prompts", str(prompts), "--max-new-tokens", "2"], "run")):
         capsys.readouterr()
