@@ -279,7 +279,9 @@ DRAFTER_METHODS: Dict[str, Tuple[int, str]] = {
 }
 DRAFTER_ATTRIBUTES: Dict[str, type] = {"name": str, "hidden_layers": tuple, "supports_probabilistic": bool,
                                        "capturable": bool, "prefill_row_index": bool}
-ENTRY_POINT_GROUP = "specc.methods"
+#: entry-point group of drafter plugin classes (``method.plugin: NAME``); method rows register in
+#: :data:`METHOD_ENTRY_POINT_GROUP`
+ENTRY_POINT_GROUP = "specc.drafters"
 _PLUGINS: Dict[str, Any] = {}
 
 
@@ -380,7 +382,7 @@ def resolve_plugin(ref: str) -> Any:
 
     ``ref`` is ``package.module:Class``, ``package.module.Class`` (vLLM's ``custom_class`` style), a
     name registered with :func:`register_plugin`, or the name of a Python entry point in the
-    ``specc.methods`` group.
+    ``specc.drafters`` group.
 
     Raises:
         PlanError: an empty or reserved name, an import that fails, no such entry point, or a class

@@ -1,5 +1,5 @@
 """Drafter plugins (``method.name: custom``): the example plugin (``examples/plugins/bigram_drafter.py``)
-found as ``module:Class``, as a dotted path and as a ``specc.methods`` entry point, runs exactly
+found as ``module:Class``, as a dotted path and as a ``specc.drafters`` entry point, runs exactly
 (greedy output equals plain greedy) through the method table's factory and through a compiled plan;
 a class missing part of the drafter protocol is refused at registration naming every missing piece
 (and wrong arities); builtin method names are reserved."""
@@ -55,7 +55,7 @@ def test_entry_point_plugin(target, tmp_path, monkeypatch):
     dist = tmp_path / "specc_bigram_drafter-0.1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specc-bigram-drafter\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[specc.methods]\nbigram = bigram_drafter:BigramDrafter\n"
+    (dist / "entry_points.txt").write_text("[specc.drafters]\nbigram = bigram_drafter:BigramDrafter\n"
                                            "eagle = bigram_drafter:BigramDrafter\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert methods.resolve_plugin("bigram").__name__ == "BigramDrafter"
