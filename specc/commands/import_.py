@@ -26,7 +26,8 @@ from specc.console import plural
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``specc import``'s arguments on ``parser``."""
-    parser.add_argument("engine", help="sglang or vllm, optionally pinned (sglang==0.5.23); bare = newest")
+    parser.add_argument("engine", help="sglang or vllm (or an engine plugin that reads launch commands), optionally "
+                                       "pinned (sglang==0.5.23); bare = newest")
     parser.add_argument("--file", "-f", dest="file", default=None,
                         help="a file holding the command (shell script, Kubernetes/compose YAML, or a vLLM "
                              "speculative-config JSON)")
@@ -46,13 +47,14 @@ OWN_OPTIONS = {"--file": ("file", True), "-f": ("file", True), "-o": ("output", 
 
 
 def _engine(text: str):
-    """(engine, version or None) of ``sglang`` / ``vllm==0.33.0``. Raises ValueError for an engine or
-    a version specc has no tables for, naming the known ones (as ``specc check --engine``)."""
-    from specc.importer import known_versions
+    """(engine, version or None) of ``sglang`` / ``vllm==0.33.0`` (or a plugin engine that reads launch
+    commands, :func:`specc.engines.importers`). Raises ValueError for an engine or a version specc has
+    no tables for, naming the known ones (as ``specc check --engine``)."""
+    from specc.importer import importable, known_versions
 
     name, _, version = text.partition("==")
-    if name not in ("sglang", "vllm"):
-        raise ValueError(f"engine {text!r}: specc imports sglang or vllm launch commands")
+    if name not in importable():
+        raise ValueError(f"engine {text!r}: specc imports {' or '.join(importable())} launch commands")
     if version and text not in known_versions(name):
         raise ValueError(f"unknown engine {text!r}; known: {', '.join(known_versions(name))}")
     return name, version or None
@@ -136,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         base_dir, source = Path(args.file).resolve().parent, args.file
     elif args.spec_json is not None:
-        if engine != "vllm":
-            print("specc import: error: --speculative-config is vLLM's; for sglang pass the command after `--`",
+        from specc.importer.command import bare_config_flag
+
+        if bare_config_flag(engine) != "--speculative-config":
+            print(f"specc import: error: --speculative-config is vLLM's; for {engine} pass the command after `--`",
                   file=sys.stderr)
             return 2
         try:

@@ -9,7 +9,10 @@ are compiled, not exported).
 An engine package (or module) exposes ``rule_tables()``: the :class:`specc.check.base.Profile` of
 every release it knows; an engine that plans export to also exposes ``export(plan)``, returning a
 launch object with ``command() -> str`` (a dataclass, so ``specc export --format json`` can print
-it). The engines are the packages under ``specc/engines/`` plus the ``specc.engines`` entry points
+it); an engine whose launch commands specc reads back (``specc import``) also exposes ``LAUNCHERS``
+(the word sequences that start its launch command), ``to_plan(values, env, out, base_dir=None,
+config_only=False)`` (flag values -> plan keys, :class:`specc.importer.base.Imported`) and its
+launch-flag tables in ``flags/<version>.json`` beside it (or ``FLAGS_DIR``). The engines are the packages under ``specc/engines/`` plus the ``specc.engines`` entry points
 (``name = "module"``), so a third engine (llama.cpp's ``--spec-type`` flags, say) is one new
 package, inside specc or outside it, and nothing else. Importing this package imports no engine;
 they load on first use.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import warnings
+from pathlib import Path
 from types import ModuleType
 from typing import Dict, Tuple
 
@@ -80,3 +84,18 @@ def rule_tables() -> Dict[str, Dict[str, object]]:
         for name in engine_names():
             _TABLES[name] = {p.version: p for p in get(name).rule_tables()}
     return _TABLES
+
+
+def importers() -> Tuple[str, ...]:
+    """The engines whose launch commands ``specc import`` and the launch checks read: their module has
+    ``to_plan`` and ``LAUNCHERS``."""
+    return tuple(n for n in engine_names()
+                 if callable(getattr(get(n), "to_plan", None)) and getattr(get(n), "LAUNCHERS", None))
+
+
+def flags_dir(name: str) -> Path:
+    """Where engine ``name`` keeps its launch-flag tables (``<version>.json``): the module's
+    ``FLAGS_DIR``, else ``flags/`` beside the module. Raises KeyError for an unknown engine."""
+    mod = get(name)
+    given = getattr(mod, "FLAGS_DIR", None)
+    return Path(given) if given else Path(mod.__file__).resolve().parent / "flags"

@@ -20,7 +20,14 @@ from specc.importer.base import Imported
 from specc.importer.command import CommandError, Launch, find_launch, from_words  # noqa: F401
 from specc.importer.parse import load_table, parse_flags
 
-ENGINES = ("sglang", "vllm")
+
+
+def importable() -> tuple:
+    """The engines whose launch commands are read here (:func:`specc.engines.importers`: SGLang, vLLM
+    and any engine package that brings ``LAUNCHERS``, ``to_plan`` and flag tables)."""
+    from specc import engines
+
+    return engines.importers()
 
 
 def known_versions(engine: str) -> List[str]:
@@ -51,11 +58,10 @@ def import_command(engine: str, text: Optional[str] = None, argv: Optional[Seque
         :class:`CommandError` when no launch command of ``engine`` is found, KeyError for an unknown
         engine or version (naming the known ones, as ``specc check --engine`` does).
     """
-    from specc.engines.sglang import importer as sgl
-    from specc.engines.vllm import importer as vl
+    from specc import engines
 
-    if engine not in ENGINES:
-        raise KeyError(f"unknown engine {engine!r} (sglang or vllm)")
+    if engine not in importable():
+        raise KeyError(f"unknown engine {engine!r} (launch commands are read for {', '.join(importable())})")
     if version is not None and f"{engine}=={version}" not in known_versions(engine):
         raise KeyError(f"unknown engine '{engine}=={version}'; known: {', '.join(known_versions(engine))}")
     table = load_table(engine, version)
@@ -70,10 +76,7 @@ def import_command(engine: str, text: Optional[str] = None, argv: Optional[Seque
                          f"prefix); write {flag} in full: a release that adds a flag starting with {written} "
                          f"makes it ambiguous")
     out.plan["engine"] = engine
-    if engine == "sglang":
-        sgl.to_plan(parsed.values, launch.env, out, base_dir)
-    else:
-        vl.to_plan(parsed.values, launch.env, out, default_model=not config_only)
+    engines.get(engine).to_plan(parsed.values, launch.env, out, base_dir=base_dir, config_only=config_only)
     return out
 
 

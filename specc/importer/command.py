@@ -19,11 +19,22 @@ from specc.errors import SpeccError
 from specc.console import plural
 from specc.io import load_json
 
-LAUNCHERS = {
-    "sglang": (("-m", "sglang.launch_server"), ("sglang", "serve"), ("-m", "sglang.srt.server")),
-    "vllm": (("vllm", "serve"), ("-m", "vllm.entrypoints.openai.api_server"), ("-m", "vllm.entrypoints.cli.main",
-                                                                               "serve")),
-}
+def launchers(engine: str) -> Tuple[Tuple[str, ...], ...]:
+    """The word sequences that start ``engine``'s launch command (its package's ``LAUNCHERS``, e.g.
+    ``("-m", "sglang.launch_server")``, ``("vllm", "serve")``). Raises KeyError for an unknown engine."""
+    from specc import engines
+
+    return tuple(tuple(p) for p in getattr(engines.get(engine), "LAUNCHERS", ()) or ())
+
+
+def bare_config_flag(engine: str) -> Optional[str]:
+    """The flag whose JSON value may stand alone as the whole text (vLLM's ``--speculative-config``:
+    its package's ``BARE_CONFIG_FLAG``), or None."""
+    from specc import engines
+
+    return getattr(engines.get(engine), "BARE_CONFIG_FLAG", None)
+
+
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -108,7 +119,7 @@ def _split_problem(segs: List[Tuple[int, int]], line: str, exc: Exception) -> st
 
 def _match(words: Sequence[str], engine: str) -> Optional[int]:
     """Index just past the launcher in ``words`` (None if absent)."""
-    for pat in LAUNCHERS[engine]:
+    for pat in launchers(engine):
         n = len(pat)
         for i in range(len(words) - n + 1):
             if tuple(w.rsplit("/", 1)[-1] if j == 0 and pat[0] != "-m" else w
@@ -198,12 +209,13 @@ def find_launch(text: str, engine: str) -> Launch:
         CommandError: no launch command of that engine is in ``text``.
     """
     stripped = text.strip()
-    if engine == "vllm" and stripped.startswith("{"):
+    config_flag = bare_config_flag(engine)
+    if config_flag and stripped.startswith("{"):
         try:
             obj = load_json(stripped, "the launch file", error=CommandError)
         except ValueError as exc:
             raise CommandError(f"the text starts with '{{' but is not JSON ({exc})") from None
-        return Launch(args=["--speculative-config", json.dumps(obj)], text=stripped, config_only=True)
+        return Launch(args=[config_flag, json.dumps(obj)], text=stripped, config_only=True)
     candidates: List[List[str]] = []
     if re.search(r"^\s*[\w-]+:\s", text, re.M) and ("command" in text or "args" in text):
         candidates += _yaml_commands(text)
@@ -230,7 +242,7 @@ def find_launch(text: str, engine: str) -> Launch:
     if unsplit:
         more = f" (and {plural(len(unsplit) - 1, 'more line')} like it)" if len(unsplit) > 1 else ""
         raise CommandError(f"cannot read the {engine} command: {unsplit[0]}{more}")
-    names = ", ".join(" ".join(p) for p in LAUNCHERS[engine])
+    names = ", ".join(" ".join(p) for p in launchers(engine))
     raise CommandError(f"no {engine} launch command found (looked for: {names}); pass the command after `--`")
 
 

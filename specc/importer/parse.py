@@ -31,7 +31,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from specc.engines.releases import release_key
 
-ENGINES_DIR = Path(__file__).resolve().parent.parent / "engines"
 SUGGEST_MAX = 64
 """Distinct unknown flags that get "did you mean" suggestions (each costs a ``difflib`` pass over the
 table); the rest are reported without."""
@@ -63,7 +62,13 @@ class FlagTable:
 
 def available(engine: str) -> List[str]:
     """Versions of ``engine`` with a flag table, oldest first."""
-    return sorted((p.stem for p in (ENGINES_DIR / engine / "flags").glob("*.json")), key=release_key)
+    from specc import engines
+
+    try:
+        where = engines.flags_dir(engine)
+    except KeyError:
+        return []
+    return sorted((p.stem for p in where.glob("*.json")), key=release_key)
 
 
 @functools.lru_cache(maxsize=8)
@@ -84,7 +89,9 @@ def load_table(engine: str, version: Optional[str] = None) -> FlagTable:
         if not older:
             raise KeyError(f"no launch-flag table for {engine}=={version} (have {', '.join(versions)})")
         version = older[-1]
-    data = json.loads((ENGINES_DIR / engine / "flags" / f"{version}.json").read_text())
+    from specc import engines
+
+    data = json.loads((engines.flags_dir(engine) / f"{version}.json").read_text())
     extra = {k: v for k, v in data.items() if k not in ("engine", "version", "prog", "allow_abbrev", "actions")}
     return FlagTable(engine=engine, version=version, prog=data["prog"], allow_abbrev=data["allow_abbrev"],
                      actions=tuple(data["actions"]), extra=extra)

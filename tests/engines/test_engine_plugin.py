@@ -1,8 +1,9 @@
 """A third engine is one package: ``tests/plugins/toy_engine`` (a module plus a ``*.dist-info`` whose
 ``entry_points.txt`` names it in the ``specc.engines`` group) adds ``toyserve`` with no edit in specc.
 Plans may name it, ``specc check --engine toyserve`` runs its rule table (its fallback applied, its
-error refused), ``--engine all`` includes it and ``specc export --engine toyserve`` prints its launch;
-without the package the name is refused as unknown."""
+error refused), ``--engine all`` includes it, ``specc export --engine toyserve`` prints its launch and
+``specc import toyserve`` reads one back through the plugin's own flag table; without the package the
+name is refused as unknown."""
 from __future__ import annotations
 
 import json
@@ -56,3 +57,30 @@ def test_without_the_package_the_name_is_unknown():
     assert r.returncode == 2 and "unknown engine 'toyserve'" in r.stdout and "sglang==0.5.23" in r.stdout
     r = _cli("export", "smollm2_ngram", "--engine", "toyserve", toy=False)
     assert r.returncode == 2 and "plans export to sglang, vllm" in r.stderr
+
+
+def test_import_reads_the_plugin_engines_launch_command(tmp_path):
+    out = tmp_path / "toy.yaml"
+    r = _cli("import", "toyserve", "-o", str(out), "--", "env", "A=1", "toyserve", "--model", "/m/x.gguf",
+             "--lookahead", "3", "--port", "9001")
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "path: /m/x.gguf" in text and "num_steps: 3" in text and "name: ngram" in text
+    assert "--port" in text  # a flag without a plan key is listed at the top of the plan
+    # the round trip: the imported plan exports to the same launch line
+    back = _cli("export", str(out), "--engine", "toyserve")
+    assert back.returncode == 0, back.stderr
+    assert back.stdout.strip().splitlines()[-1] == "toyserve --model /m/x.gguf --lookahead 3"
+    # its own parser's refusals: an unknown flag with a suggestion-free message, a bad count
+    bad = _cli("import", "toyserve", "--", "toyserve", "--model", "m", "--lookahead", "0", "--colour", "red")
+    assert bad.returncode == 1
+    assert "--lookahead" in bad.stderr + bad.stdout and "--colour" in bad.stderr + bad.stdout
+    other = tmp_path / "launch.sh"
+    other.write_text("python -m sglang.launch_server --model-path m\n")
+    none = _cli("import", "toyserve", "--file", str(other))
+    assert none.returncode == 2 and "no toyserve launch command found (looked for: toyserve)" in none.stderr
+
+
+def test_import_of_the_plugin_engine_without_the_package():
+    r = _cli("import", "toyserve", "--", "toyserve", "--model", "m", toy=False)
+    assert r.returncode == 2 and "specc imports sglang or vllm launch commands" in r.stderr
