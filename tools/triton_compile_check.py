@@ -6,7 +6,7 @@ code and accepts programs the compiler refuses (a variable that starts as int64 
 int32 loop index inside an ``if`` compiles under the interpreter and fails ``ast_to_ttir`` on a GPU).
 This check runs the compiler itself (``triton.compile`` on an ``ASTSource``, every stage to the
 cubin where the NVIDIA backend's ``ptxas`` is installed) for each kernel and each constexpr variant
-the wrappers launch (the per-state sizes ``K``, ``N``, ``STEPS`` are constexprs: one representative value
+the wrappers launch (the per-state sizes ``K``, ``N``, ``STEPS`` and the vocabulary ``V`` are constexprs: one representative value
 each, plus ``K = 0`` for the greedy chain), with the argument types the wrappers pass (pointers by tensor dtype, integer
 scalars as i32, or i64 where a wrapper passes a value past 2**31).
 
@@ -40,18 +40,20 @@ def variants():
     block = block_verify_triton._kernel()
     t_mask, t_greedy, t_rejection = tree_triton._kernels()
     bv, bm = verify_triton.BLOCK_V, tree_triton.BLOCK_MASK
-    chain_out = {"nvalid_ptr": I32, "acc_ptr": I32, "out_ptr": I64, "bonus_ptr": I64, "V": "i32"}
+    chain_out = {"nvalid_ptr": I32, "acc_ptr": I32, "out_ptr": I64, "bonus_ptr": I64}
+    v = 49152  # the vocabulary is a constexpr too: SmolLM2's
     sampled = {"draft_ptr": I64, "target_ptr": F32, "dprob_ptr": F32, "unif_ptr": F32, "noise_ptr": F32, **chain_out}
     for logits in (True, False):
         yield (f"verify greedy FROM_LOGITS={logits}", v_greedy,
                {"draft_ptr": I64, "target_ptr": F32 if logits else I64, **chain_out},
-               {"K": 4, "FROM_LOGITS": logits, "BLOCK": bv})
+               {"V": v if logits else 1, "K": 4, "FROM_LOGITS": logits, "BLOCK": bv})
     yield "verify greedy K=0", v_greedy, {"draft_ptr": I64, "target_ptr": F32, **chain_out}, \
-        {"K": 0, "FROM_LOGITS": True, "BLOCK": bv}
+        {"V": v, "K": 0, "FROM_LOGITS": True, "BLOCK": bv}
     for has_q in (True, False):
         yield (f"verify rejection HAS_DRAFT_PROBS={has_q}", v_rejection, sampled,
-               {"K": 4, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv})
-        yield f"block verify HAS_DRAFT_PROBS={has_q}", block, sampled, {"K": 4, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv}
+               {"V": v, "K": 4, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv})
+        yield (f"block verify HAS_DRAFT_PROBS={has_q}", block, sampled,
+               {"V": v, "K": 4, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv})
     for mode in TreeMaskMode:
         out = I64 if mode == TreeMaskMode.QLEN_ONLY_BITPACKING else I8
         yield (f"tree mask MODE={mode.name}", t_mask,
@@ -61,13 +63,13 @@ def variants():
     for logits in (True, False):
         yield (f"tree greedy FROM_LOGITS={logits}", t_greedy,
                {"draft_ptr": I64, "parents_ptr": I64, "target_ptr": F32 if logits else I64, "nvalid_ptr": I32,
-                **tree_out, "V": "i32" if logits else "i64"},
-               {"N": 7, "STEPS": 3, "FROM_LOGITS": logits, "BLOCK": 1024})
+                **tree_out},
+               {"V": v if logits else 2 ** 62, "N": 7, "STEPS": 3, "FROM_LOGITS": logits, "BLOCK": 1024})
     for has_q in (True, False):
         yield (f"tree rejection HAS_DRAFT_PROBS={has_q}", t_rejection,
                {"draft_ptr": I64, "parents_ptr": I64, "target_ptr": F32, "dprob_ptr": F32, "unif_ptr": F32,
-                "noise_ptr": F32, "nvalid_ptr": I32, "resid_ptr": F32, "qw_ptr": F32, **tree_out, "V": "i32"},
-               {"N": 7, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv})
+                "noise_ptr": F32, "nvalid_ptr": I32, "resid_ptr": F32, "qw_ptr": F32, **tree_out},
+               {"V": v, "N": 7, "HAS_DRAFT_PROBS": has_q, "BLOCK": bv})
 
 
 def main() -> int:

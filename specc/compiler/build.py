@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from specc import ir
 from specc.compiler import codegen
 from specc.compiler import programs
-from specc.errors import PlanError
+from specc.errors import PlanError, SpeccError
 
 
 @dataclass
@@ -56,9 +56,27 @@ def state_constants(state: Any) -> Tuple[Tuple[str, Any], ...]:
     return tuple(sorted(out.items()))
 
 
-def build_ir(plan_name: str, states: Sequence[Any], runtime: Dict[str, Any]) -> ir.ExecutionPlan:
+def target_vocab(plan: Any) -> Optional[int]:
+    """The target's vocabulary V (rows of its LM head, the width of the logits the verify kernels
+    read), from its checkpoint's ``config.json`` or GGUF header (``specc.predict.deploy_cost.checkpoint_shape``),
+    or None when the checkpoint is not readable here (an exported-only plan naming a hub id)."""
+    from specc.predict.deploy_cost import checkpoint_shape
+
+    path = getattr(plan.target, "path", None)
+    if not path:
+        return None
+    try:
+        shape = checkpoint_shape(str(path), plan.target.format or "hf")
+    except (OSError, ValueError, SpeccError):
+        return None
+    return int(shape.vocab) if shape is not None and shape.vocab else None
+
+
+def build_ir(plan_name: str, states: Sequence[Any], runtime: Dict[str, Any],
+             vocab_size: Optional[int] = None) -> ir.ExecutionPlan:
     """Assemble the execution plan of lowered ``states`` (``specc.compiler.lower.CandidateState``) under the
-    runtime section ``runtime`` (:func:`specc.compiler.codegen.runtime_section`).
+    runtime section ``runtime`` (:func:`specc.compiler.codegen.runtime_section`); ``vocab_size``: the
+    target's vocabulary, baked into every verify kernel (``VOCAB_SIZE``) when known.
 
     Raises:
         PlanError: a state the runtime cannot run, or one with no kernel for its verify rule.
@@ -74,7 +92,7 @@ def build_ir(plan_name: str, states: Sequence[Any], runtime: Dict[str, Any]) -> 
             progs = programs.state_programs(s, rates)
         except ValueError as exc:
             raise PlanError(str(exc)) from None
-        used = codegen.kernel_variants_for(s)
+        used = codegen.kernel_variants_for(s, vocab_size)
         for v in used.values():
             kernels[v.name] = ir.KernelSpec(name=v.name, family=v.family, constants=tuple(sorted(v.constants)))
         key = codegen.tree_key(params.get("tree_choices"))
@@ -130,7 +148,7 @@ def lower_to_ir(resolved: Any) -> Lowered:
                                             codegen.FLOAT_DIGITS)
         predictions[s.name] = codegen.prediction_data(res.predictions[s.name])
     runtime = codegen.runtime_section(resolved, res.lowering.schedule.as_dict(), max(s.num_steps for s in states))
-    return Lowered(ir=build_ir(plan_name, states, runtime), plan=resolved, predictions=predictions,
+    return Lowered(ir=build_ir(plan_name, states, runtime, target_vocab(resolved)), plan=resolved, predictions=predictions,
                    graphs=graphs, graph_summaries=summaries)
 
 

@@ -249,6 +249,8 @@ class KernelVariant:
                 parts.append(f"w{value}")
             elif key == "DRAFT_PROBS":
                 parts.append("qprobs" if value else "qonehot")
+            elif key == "VOCAB_SIZE":
+                parts.append(f"v{value}")
             else:
                 parts.append(f"{key.lower()}{value}")
         return check_identifier("_".join(parts), "kernel variant name")
@@ -262,8 +264,31 @@ class KernelVariant:
                 "constants": dict(self.constants)}
 
 
+def _is_tree(state: Any) -> bool:
+    from specc import methods
+
+    return methods.state_kind(int(state.num_steps), int(state.topk), bool(state.parallel),
+                              state.tree_choices) == "tree"
+
+
+def _greedy_variant(state: Any) -> KernelVariant:
+    """The greedy kernel at the state's width: ``tree_greedy_verify`` over a tree's
+    ``num_draft_tokens`` nodes, else ``greedy_verify`` over ``[B, num_draft_tokens - 1]`` drafts."""
+    width = int(state.num_draft_tokens)
+    return KernelVariant("tree_greedy_verify" if _is_tree(state) else "greedy_verify", (("NUM_DRAFT_TOKENS", width),))
+
+
+def _sampled_variant(state: Any, family: str) -> KernelVariant:
+    """A probabilistic rule's kernel (``rejection_verify``, ``block_verify``, ``tree_rejection_verify``)
+    at the state's width, with full q when the state drafts probabilistically (and drafts at all: a
+    κ = 0 state has no q), else one-hot q (the step buffers hold q on the same condition,
+    ``specc.runtime.state.StepInputs``)."""
+    probabilistic = state.draft_sampling == "probabilistic" and int(state.num_steps) > 0
+    return KernelVariant(family, (("NUM_DRAFT_TOKENS", int(state.num_draft_tokens)), ("DRAFT_PROBS", probabilistic)))
+
+
 def _verify_variant(state: Any) -> KernelVariant:
-    """The verify kernel of a state: for a chain or parallel block ``greedy_verify``
+    """The verify kernel of a state's own rule: for a chain or parallel block ``greedy_verify``
     (verify.rule=greedy), ``rejection_verify`` (verify.rule=standard, one-hot or full q by
     ``draft_sampling``) or ``block_verify`` (verify.rule=block, the same two specializations), taking
     ``[B, num_draft_tokens - 1]`` drafts and ``[B, num_draft_tokens, V]`` target scores
@@ -271,48 +296,73 @@ def _verify_variant(state: Any) -> KernelVariant:
     (``specc.kernels.tree``) over ``num_draft_tokens`` nodes.
 
     Raises: PlanError for a rule with no kernel of the state's shape."""
-    from specc import methods
-
     width = int(state.num_draft_tokens)
-    if methods.state_kind(int(state.num_steps), int(state.topk), bool(state.parallel), state.tree_choices) == "tree":
+    if _is_tree(state):
         if state.verify_rule == "greedy":
-            return KernelVariant("tree_greedy_verify", (("NUM_DRAFT_TOKENS", width),))
+            return _greedy_variant(state)
         if state.verify_rule == "standard":
-            probabilistic = state.draft_sampling == "probabilistic"
-            return KernelVariant("tree_rejection_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
+            return _sampled_variant(state, "tree_rejection_verify")
         raise PlanError(f"state {state.name}: verify.rule {state.verify_rule!r} has no tree kernel in specc's "
                         f"runtime; use verify.rule=greedy or verify.rule=standard")
     if width != int(state.num_steps) + 1:
         raise PlanError(f"state {state.name}: a chain verifies num_draft_tokens = num_steps + 1 = "
                         f"{int(state.num_steps) + 1} tokens, not {width}")
     if state.verify_rule == "greedy" or (state.verify_rule == "synthetic" and int(state.num_steps) == 0):
-        return KernelVariant("greedy_verify", (("NUM_DRAFT_TOKENS", width),))
+        return _greedy_variant(state)
     if state.verify_rule == "standard":
-        probabilistic = state.draft_sampling == "probabilistic"
-        return KernelVariant("rejection_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
+        return _sampled_variant(state, "rejection_verify")
     if state.verify_rule == "block":
-        probabilistic = state.draft_sampling == "probabilistic"
-        return KernelVariant("block_verify", (("NUM_DRAFT_TOKENS", width), ("DRAFT_PROBS", probabilistic)))
+        return _sampled_variant(state, "block_verify")
     raise PlanError(f"state {state.name}: verify.rule {state.verify_rule!r} has no kernel in specc's "
                     f"runtime; use verify.rule=greedy, standard or block")
 
 
-KERNEL_ROLES: Dict[str, Callable[[Any], KernelVariant]] = {
+def _sampled_rows_variant(state: Any) -> Optional[KernelVariant]:
+    """The kernel a greedy-rule state runs for a step with a sampled row (the exact rejection rule per
+    request, as vLLM and SGLang choose it: ``specc.runtime.stages.accept_greedy``):
+    ``rejection_verify`` / ``tree_rejection_verify`` at the state's width. None for other rules."""
+    if state.verify_rule != "greedy":
+        return None
+    return _sampled_variant(state, "tree_rejection_verify" if _is_tree(state) else "rejection_verify")
+
+
+def _greedy_rows_variant(state: Any) -> Optional[KernelVariant]:
+    """The kernel a standard- or block-rule state runs for a step whose rows are all greedy (the
+    standard rule at temperature 0 is the greedy rule: ``specc.runtime.stages.accept_standard``): the
+    greedy kernel at the state's width. None for other rules."""
+    if state.verify_rule not in ("standard", "block"):
+        return None
+    return _greedy_variant(state)
+
+
+KERNEL_ROLES: Dict[str, Callable[[Any], Optional[KernelVariant]]] = {
     "verify": _verify_variant,
+    "verify_sampled_rows": _sampled_rows_variant,
+    "verify_greedy_rows": _greedy_rows_variant,
 }
-"""The one table of kernel specializations: role → function(state) -> the variant that role needs."""
+"""The one table of kernel specializations: role → function(state) -> the variant that role needs
+(None: the role does not apply to the state)."""
 
 
-def kernel_variants_for(state: Any) -> Dict[str, KernelVariant]:
-    """Role → kernel variant for every role ``state`` needs (roles in sorted order). The synthetic
-    rule accepts by its curve in the accept program itself and needs no verify kernel.
+def kernel_variants_for(state: Any, vocab_size: Optional[int] = None) -> Dict[str, KernelVariant]:
+    """Role → kernel variant for every role ``state`` needs (roles in sorted order), each specialized
+    to ``vocab_size`` (the target's vocabulary, ``VOCAB_SIZE``) when it is known. The synthetic rule
+    accepts by its curve in the accept program itself and needs no verify kernel.
 
     Raises:
         PlanError: if the state needs a kernel specc does not have (an unsupported verify rule).
     """
     if state.verify_rule == "synthetic" and int(state.num_steps) > 0:
         return {}
-    return {role: KERNEL_ROLES[role](state) for role in sorted(KERNEL_ROLES)}
+    out = {}
+    for role in sorted(KERNEL_ROLES):
+        v = KERNEL_ROLES[role](state)
+        if v is None:
+            continue
+        if vocab_size:
+            v = KernelVariant(v.family, tuple(v.constants) + (("VOCAB_SIZE", int(vocab_size)),))
+        out[role] = v
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

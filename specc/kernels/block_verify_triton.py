@@ -30,7 +30,7 @@ def _kernel():
 
     @triton.jit
     def block_kernel(
-        draft_ptr, target_ptr, dprob_ptr, unif_ptr, noise_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr, V, K: tl.constexpr,
+        draft_ptr, target_ptr, dprob_ptr, unif_ptr, noise_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr, V: tl.constexpr, K: tl.constexpr,
         HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
@@ -146,13 +146,15 @@ def block_verify_triton(
     exp_noise: torch.Tensor,
     num_valid: torch.Tensor | None = None,
     *,
-    num_steps: int | None = None,
+    num_steps: int | None = None, vocab_size: int | None = None,
 ) -> VerifyOutput:
     """Triton kernel of `specc.kernels.block_verify.block_verify` (same arguments, same result), compiled
-    per κ (``K`` is a ``tl.constexpr``). ``num_steps``: the κ a specialized program baked in;
-    ValueError when the drafts are not ``[B, κ]``."""
+    per κ and vocabulary size (``K`` and ``V`` are ``tl.constexpr``). ``num_steps`` / ``vocab_size``:
+    the κ and V a specialized program baked in; ValueError when the drafts are not ``[B, κ]`` or the
+    probabilities not ``[B, κ + 1, V]``."""
     batch, k, vocab = _check_rejection_inputs(draft_tokens, target_probs, draft_probs, uniforms, exp_noise)
     num_steps = check_specialization("K", num_steps, k)
+    vocab = check_specialization("V", vocab_size, vocab)
     _check_device(draft_tokens)
     valid = _num_valid(num_valid, batch, num_steps, draft_tokens.device)
     acc, out, bonus = _outputs(batch, num_steps, draft_tokens.device)
@@ -162,6 +164,6 @@ def block_verify_triton(
     launch("block_kernel", _kernel(), (batch,),
            (_nonempty(draft_tokens, draft_tokens), target_probs.contiguous(),
             _nonempty(draft_probs, target_probs) if has_q else target_probs,
-            _nonempty(uniforms, target_probs), exp_noise.contiguous(), valid, acc, out, bonus, vocab),
-           {"K": num_steps, "HAS_DRAFT_PROBS": has_q, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
+            _nonempty(uniforms, target_probs), exp_noise.contiguous(), valid, acc, out, bonus),
+           {"V": vocab, "K": num_steps, "HAS_DRAFT_PROBS": has_q, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
     return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))

@@ -58,8 +58,8 @@ def _kernels():
             tl.store(out_ptr + b * W + i, word)
 
     @triton.jit
-    def greedy_kernel(draft_ptr, parents_ptr, target_ptr, nvalid_ptr, acc_ptr, path_ptr, bonus_ptr, V,
-                      N: tl.constexpr, STEPS: tl.constexpr, FROM_LOGITS: tl.constexpr, BLOCK: tl.constexpr):
+    def greedy_kernel(draft_ptr, parents_ptr, target_ptr, nvalid_ptr, acc_ptr, path_ptr, bonus_ptr,
+                      V: tl.constexpr, N: tl.constexpr, STEPS: tl.constexpr, FROM_LOGITS: tl.constexpr, BLOCK: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         W = N + 1
         n_valid = tl.load(nvalid_ptr + b).to(tl.int64)
@@ -104,8 +104,8 @@ def _kernels():
 
     @triton.jit
     def rejection_kernel(draft_ptr, parents_ptr, target_ptr, dprob_ptr, unif_ptr, noise_ptr, nvalid_ptr,
-                         resid_ptr, qw_ptr, acc_ptr, path_ptr, bonus_ptr, V,
-                         N: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr):
+                         resid_ptr, qw_ptr, acc_ptr, path_ptr, bonus_ptr,
+                         V: tl.constexpr, N: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         W = N + 1
         n_valid = tl.load(nvalid_ptr + b).to(tl.int64)
@@ -276,10 +276,11 @@ def _path_result(acc: torch.Tensor, path: torch.Tensor, bonus: torch.Tensor, dra
 
 def tree_greedy_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor,
                               num_valid: Optional[torch.Tensor] = None, max_depth: Optional[int] = None, *,
-                              num_nodes: Optional[int] = None) -> VerifyOutput:
+                              num_nodes: Optional[int] = None, vocab_size: Optional[int] = None) -> VerifyOutput:
     """Triton kernel of `specc.kernels.tree.tree_greedy_verify` (same arguments, same result), compiled
-    per tree size and depth (``N`` draft nodes and ``STEPS`` levels are ``tl.constexpr``).
-    ``num_nodes``: the N a specialized program baked in; ValueError when the drafts are not ``[B, N]``."""
+    per tree size, depth and vocabulary size (``N`` draft nodes, ``STEPS`` levels and ``V`` are
+    ``tl.constexpr``). ``num_nodes`` / ``vocab_size``: the N and V a specialized program baked in;
+    ValueError when the drafts are not ``[B, N]`` or the logits not ``[B, N + 1, V]``."""
     batch, n = _check_parents(parents, draft_tokens)
     n = check_specialization("N", num_nodes, n)
     _check_device(draft_tokens)
@@ -287,7 +288,7 @@ def tree_greedy_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tensor,
     from_logits = target.dim() == 3
     if from_logits:
         _tree_target_argmax(target[:, :, :1], batch, n)  # shape check only
-        target_arg, vocab = target.float().contiguous(), target.shape[2]
+        target_arg, vocab = target.float().contiguous(), check_specialization("V", vocab_size, target.shape[2])
     else:
         target_arg, vocab = _tree_target_argmax(target, batch, n).contiguous(), 2 ** 62
     valid = _num_valid(num_valid, batch, n, dev)
@@ -300,21 +301,23 @@ def tree_greedy_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tensor,
         dummy = torch.zeros(1, dtype=torch.int64, device=dev)
         launch("tree_greedy_kernel", greedy_kernel, (batch,),
                (draft_tokens.contiguous() if n else dummy, parents.contiguous() if n else dummy,
-                target_arg, valid, acc, path, bonus, vocab),
-               {"N": n, "STEPS": steps, "FROM_LOGITS": from_logits, "BLOCK": 1024}, enable_fp_fusion=False)
+                target_arg, valid, acc, path, bonus),
+               {"V": vocab, "N": n, "STEPS": steps, "FROM_LOGITS": from_logits, "BLOCK": 1024}, enable_fp_fusion=False)
     return _path_result(acc, path, bonus, draft_tokens)
 
 
 def tree_rejection_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor,
                                  draft_probs: Optional[torch.Tensor], uniforms: torch.Tensor, exp_noise: torch.Tensor,
                                  num_valid: Optional[torch.Tensor] = None, *,
-                                 num_nodes: Optional[int] = None) -> VerifyOutput:
+                                 num_nodes: Optional[int] = None, vocab_size: Optional[int] = None) -> VerifyOutput:
     """Triton kernel of `specc.kernels.tree.tree_rejection_verify` (same arguments, same result),
-    compiled per tree size (``N`` draft nodes is a ``tl.constexpr``). Full q needs two ``[B, V]`` fp32
+    compiled per tree size and vocabulary size (``N`` draft nodes and ``V`` are ``tl.constexpr``;
+    ``vocab_size``: the V a specialized program baked in, checked against the probabilities). Full q needs two ``[B, V]`` fp32
     scratch rows (the residual and q without the rejected siblings). ``num_nodes``: the N a
     specialized program baked in; ValueError when the drafts are not ``[B, N]``."""
     batch, n, vocab = _check_tree_rejection(draft_tokens, parents, target_probs, draft_probs, uniforms, exp_noise)
     n = check_specialization("N", num_nodes, n)
+    vocab = check_specialization("V", vocab_size, vocab)
     _check_device(draft_tokens)
     dev = draft_tokens.device
     valid = _num_valid(num_valid, batch, n, dev)
@@ -331,6 +334,6 @@ def tree_rejection_verify_triton(draft_tokens: torch.Tensor, parents: torch.Tens
         launch("tree_rejection_kernel", rejection_kernel, (batch,),
                (draft_tokens.contiguous() if n else d64, parents.contiguous() if n else d64, target_probs.contiguous(),
                 draft_probs.contiguous() if has_q else d32, uniforms.contiguous() if n else d32, exp_noise.contiguous(),
-                valid, scratch[0], scratch[1], acc, path, bonus, vocab),
-               {"N": n, "HAS_DRAFT_PROBS": has_q, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
+                valid, scratch[0], scratch[1], acc, path, bonus),
+               {"V": vocab, "N": n, "HAS_DRAFT_PROBS": has_q, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
     return _path_result(acc, path, bonus, draft_tokens)

@@ -153,3 +153,31 @@ def _check_rejection_inputs(draft_tokens, target_probs, draft_probs, uniforms, e
     if exp_noise.dtype != torch.float32 or tuple(exp_noise.shape) != (batch, vocab):
         raise ValueError(f"exp_noise must be [B, V] = [{batch}, {vocab}] fp32, got {tuple(exp_noise.shape)} {exp_noise.dtype}")
     return batch, num_steps, vocab
+
+
+def check_specialized_inputs(name: str, num_draft_tokens: int, vocab_size: int | None, draft_tokens: torch.Tensor,
+                             target: torch.Tensor, *, narrower: bool) -> int:
+    """The draft count of one call of a specialized verify module (``specc compile``'s ``kernels/<name>.py``)
+    compiled for ``num_draft_tokens`` verify rows and, when ``vocab_size`` is set, that vocabulary.
+
+    ``draft_tokens`` is ``[B, n]`` int64, ``target`` ``[B, n + 1, V]`` scores or ``[B, n + 1]`` argmax
+    ids. With ``narrower``, ``n <= num_draft_tokens - 1`` is accepted: the CPU's ragged eager step
+    verifies only up to its widest row (a chain's longest draft, a tree's last proposed node), and the
+    module launches the kernel compiled for that width; without it ``n`` must be
+    ``num_draft_tokens - 1`` exactly. Returns n.
+
+    Raises:
+        ValueError: naming the module, when a shape or the vocabulary does not fit the specialization.
+    """
+    limit = int(num_draft_tokens) - 1
+    if draft_tokens.dim() != 2 or draft_tokens.shape[1] > limit or (not narrower and draft_tokens.shape[1] != limit):
+        want = f"[B, n <= {limit}]" if narrower else f"[B, {limit}]"
+        raise ValueError(f"{name}: draft_tokens must be {want}, got {tuple(draft_tokens.shape)}")
+    n = int(draft_tokens.shape[1])
+    if target.dim() < 2 or target.shape[1] != n + 1:
+        raise ValueError(f"{name}: target must have {n + 1} positions (the drafts and the bonus), got "
+                         f"{tuple(target.shape)}")
+    if vocab_size is not None and target.dim() == 3 and target.shape[2] != int(vocab_size):
+        raise ValueError(f"{name}: compiled for a vocabulary of {int(vocab_size)} entries, got scores over "
+                         f"{target.shape[2]}")
+    return n

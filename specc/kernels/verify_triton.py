@@ -121,8 +121,8 @@ def _kernels():
 
     @triton.jit
     def greedy_kernel(
-        draft_ptr, target_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr, V,
-        K: tl.constexpr, FROM_LOGITS: tl.constexpr, BLOCK: tl.constexpr,
+        draft_ptr, target_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr,
+        V: tl.constexpr, K: tl.constexpr, FROM_LOGITS: tl.constexpr, BLOCK: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         n = tl.load(nvalid_ptr + b).to(tl.int64)
@@ -164,8 +164,8 @@ def _kernels():
 
     @triton.jit
     def rejection_kernel(
-        draft_ptr, target_ptr, dprob_ptr, unif_ptr, noise_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr, V,
-        K: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
+        draft_ptr, target_ptr, dprob_ptr, unif_ptr, noise_ptr, nvalid_ptr, acc_ptr, out_ptr, bonus_ptr,
+        V: tl.constexpr, K: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, BLOCK: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         n = tl.load(nvalid_ptr + b).to(tl.int64)
@@ -258,12 +258,13 @@ def _nonempty(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def greedy_verify_triton(
     draft_tokens: torch.Tensor, target: torch.Tensor, num_valid: torch.Tensor | None = None, *,
-    num_steps: Optional[int] = None,
+    num_steps: Optional[int] = None, vocab_size: Optional[int] = None,
 ) -> VerifyOutput:
     """Triton kernel of `specc.kernels.verify.greedy_verify` (same arguments, same result).
 
-    The kernel is compiled per κ (``K`` is a ``tl.constexpr``: its loops have constant trip counts).
-    ``num_steps``: the κ a specialized program baked in; ValueError when the drafts are not ``[B, κ]``."""
+    The kernel is compiled per κ and vocabulary size (``K`` and ``V`` are ``tl.constexpr``: its loops
+    have constant trip counts). ``num_steps`` / ``vocab_size``: the κ and V a specialized program
+    baked in; ValueError when the drafts are not ``[B, κ]`` or the logits not ``[B, κ + 1, V]``."""
     batch, k = _check_drafts(draft_tokens)
     num_steps = check_specialization("K", num_steps, k)
     _check_device(draft_tokens)
@@ -271,7 +272,7 @@ def greedy_verify_triton(
     if from_logits:
         _target_argmax(target[:, :, :1], batch, num_steps)  # shape check only
         target_arg = target.float().contiguous()
-        vocab = target.shape[2]
+        vocab = check_specialization("V", vocab_size, target.shape[2])
     else:
         target_arg = _target_argmax(target, batch, num_steps).contiguous()
         vocab = 1
@@ -281,8 +282,8 @@ def greedy_verify_triton(
         return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))
     greedy_kernel, _ = _kernels()
     launch("greedy_kernel", greedy_kernel, (batch,),
-           (_nonempty(draft_tokens, draft_tokens), target_arg, valid, acc, out, bonus, vocab),
-           {"K": num_steps, "FROM_LOGITS": from_logits, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
+           (_nonempty(draft_tokens, draft_tokens), target_arg, valid, acc, out, bonus),
+           {"V": vocab, "K": num_steps, "FROM_LOGITS": from_logits, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
     return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))
 
 
@@ -294,13 +295,15 @@ def rejection_verify_triton(
     exp_noise: torch.Tensor,
     num_valid: torch.Tensor | None = None,
     *,
-    num_steps: Optional[int] = None,
+    num_steps: Optional[int] = None, vocab_size: Optional[int] = None,
 ) -> VerifyOutput:
     """Triton kernel of `specc.kernels.verify.rejection_verify` (same arguments, same result), compiled
-    per κ (``K`` is a ``tl.constexpr``). ``num_steps``: the κ a specialized program baked in;
-    ValueError when the drafts are not ``[B, κ]``."""
+    per κ and vocabulary size (``K`` and ``V`` are ``tl.constexpr``). ``num_steps`` / ``vocab_size``:
+    the κ and V a specialized program baked in; ValueError when the drafts are not ``[B, κ]`` or the
+    probabilities not ``[B, κ + 1, V]``."""
     batch, k, vocab = _check_rejection_inputs(draft_tokens, target_probs, draft_probs, uniforms, exp_noise)
     num_steps = check_specialization("K", num_steps, k)
+    vocab = check_specialization("V", vocab_size, vocab)
     _check_device(draft_tokens)
     valid = _num_valid(num_valid, batch, num_steps, draft_tokens.device)
     acc, out, bonus = _outputs(batch, num_steps, draft_tokens.device)
@@ -311,6 +314,6 @@ def rejection_verify_triton(
     launch("rejection_kernel", rejection_kernel, (batch,),
            (_nonempty(draft_tokens, draft_tokens), target_probs.contiguous(),
             _nonempty(draft_probs, target_probs) if has_q else target_probs,
-            _nonempty(uniforms, target_probs), exp_noise.contiguous(), valid, acc, out, bonus, vocab),
-           {"K": num_steps, "HAS_DRAFT_PROBS": has_q, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
+            _nonempty(uniforms, target_probs), exp_noise.contiguous(), valid, acc, out, bonus),
+           {"V": vocab, "K": num_steps, "HAS_DRAFT_PROBS": has_q, "BLOCK": BLOCK_V}, enable_fp_fusion=False)
     return VerifyOutput(acc, out, bonus, chain_accept_index(acc, num_steps + 1))

@@ -181,8 +181,8 @@ def accept_tree_standard(ctx: Any, inp: Any, logits: torch.Tensor, probabilistic
     step whose rows are all greedy takes the greedy tree rule (the same result, as for chains).
     Returns the VerifyOutput."""
     if inp.all_greedy:
-        return tree_greedy_verify(inp.draft_tokens, inp.parents, logits, inp.num_valid, max_depth,
-                                  backend=ctx.kernel_backend)
+        return _kernel(ctx, inp, tree_greedy_verify)(inp.draft_tokens, inp.parents, logits, inp.num_valid, max_depth,
+                                                     backend=ctx.kernel_backend)
     q = inp.draft_probs if probabilistic_q else None
     fn = _kernel(ctx, inp, tree_rejection_verify)
     return fn(inp.draft_tokens, inp.parents, _target_probs(inp, logits), q, inp.uniforms, inp.exp_noise,
@@ -243,18 +243,19 @@ def verify_chain(ctx: Any, inp: Any):
 
 
 def _kernel(ctx: Any, inp: Any, default: Callable) -> Callable:
-    """The artifact's specialized verify kernel (``inp.kernels["verify"]``) when loaded, of
-    ``default``'s family (``FAMILY``, e.g. ``rejection_verify``) and specialized to this step's verify
-    width, else the generic ``default``. (A κ = 0 state of a greedy artifact carries a
-    ``greedy_verify`` variant, but its accept program samples through ``rejection_verify`` whenever a
-    row is not greedy, and always when captured or compiled; a greedy-rule state's accept program takes
-    the generic ``rejection_verify`` for a step with a sampled row the same way.)"""
-    name = inp.kernels.get("verify") if inp.kernels else None
-    module = ctx.kernel_modules.get(name) if name else None
-    if (module is None or getattr(module, "NUM_DRAFT_TOKENS", None) != inp.input_ids.shape[1]
-            or getattr(module, "FAMILY", None) != default.__name__):
-        return default
-    return module.verify
+    """The artifact's specialized kernel module of ``default``'s family (``FAMILY``, e.g.
+    ``rejection_verify``) among the state's kernels (``inp.kernels``: role → module name; a state
+    carries its own rule's kernel, ``verify``, and the other rule's at its width for the rows that
+    differ: ``verify_sampled_rows`` on a greedy-rule state, ``verify_greedy_rows`` on a standard or
+    block one), compiled for the state's width and the target's vocabulary. The generic ``default``
+    runs only for a runtime built without an artifact's kernel modules (unit tests of the stages)."""
+    if inp.kernels:
+        family = default.__name__
+        for name in inp.kernels.values():
+            module = ctx.kernel_modules.get(name)
+            if module is not None and getattr(module, "FAMILY", None) == family:
+                return module.verify
+    return default
 
 
 def accept_greedy(ctx: Any, inp: Any, logits: torch.Tensor):
@@ -285,7 +286,7 @@ def accept_standard(ctx: Any, inp: Any, logits: torch.Tensor, probabilistic_q: b
     them a one-hot p), so an eager step whose rows are all greedy (``inp.all_greedy``) takes
     ``greedy_verify`` directly and skips the softmax over the vocabulary. Returns the VerifyOutput."""
     if inp.all_greedy:  # eager step with only temperature-0 rows: the standard rule is the greedy rule
-        return greedy_verify(inp.draft_tokens, logits, inp.num_valid, backend=ctx.kernel_backend)
+        return _kernel(ctx, inp, greedy_verify)(inp.draft_tokens, logits, inp.num_valid, backend=ctx.kernel_backend)
     q = inp.draft_probs if probabilistic_q else None
     fn = _kernel(ctx, inp, rejection_verify)
     return fn(inp.draft_tokens, _target_probs(inp, logits), q, inp.uniforms, inp.exp_noise, inp.num_valid,
@@ -298,7 +299,7 @@ def accept_block(ctx: Any, inp: Any, logits: torch.Tensor, probabilistic_q: bool
     prefix whose joint test passes. Temperature-0 rows reduce to greedy exactly, so an eager step whose
     rows are all greedy takes ``greedy_verify``. Returns the VerifyOutput."""
     if inp.all_greedy:
-        return greedy_verify(inp.draft_tokens, logits, inp.num_valid, backend=ctx.kernel_backend)
+        return _kernel(ctx, inp, greedy_verify)(inp.draft_tokens, logits, inp.num_valid, backend=ctx.kernel_backend)
     q = inp.draft_probs if probabilistic_q else None
     fn = _kernel(ctx, inp, block_verify)
     return fn(inp.draft_tokens, _target_probs(inp, logits), q, inp.uniforms, inp.exp_noise, inp.num_valid,

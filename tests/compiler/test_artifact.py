@@ -47,8 +47,12 @@ def test_loads_states_kernels_and_nothing_else(artifact):
     assert [e["name"] for e in art.states] == [s.name for s in low.states]
     assert [e["parameters"]["num_steps"] for e in art.states] == [s.num_steps for s in low.states]
     assert set(art.kernels) == {k["name"] for k in manifest["kernels"]}
-    assert sorted(p for p in manifest["files"]) == ["kernels/greedy_verify_w5.py", "plan.yaml", "predictions.json",
-                                                         "report.md"]
+    assert sorted(p for p in manifest["files"]) == ["kernels/greedy_verify_w5_v49152.py",
+                                                         "kernels/rejection_verify_w5_qonehot_v49152.py", "plan.yaml",
+                                                         "predictions.json", "report.md"]
+    # the greedy rule's kernel, and the rejection rule's for a step with a sampled row, both at W and V
+    assert [dict(e["kernels"]) for e in art.states][0] == {"verify": "greedy_verify_w5_v49152",
+                                                           "verify_sampled_rows": "rejection_verify_w5_qonehot_v49152"}
     assert not (artifact / "states").exists() and not (artifact / "graph.json").exists()
     for name, module in art.kernels.items():
         assert module.NAME == name
@@ -84,19 +88,25 @@ def test_kernel_variant_matches_kernel_library(artifact):
     from specc.kernels import greedy_verify
 
     art = load_artifact(artifact)
-    (name, mod), = art.kernels.items()
-    k = mod.NUM_STEPS
+    name = "greedy_verify_w5_v49152"
+    mod = art.kernels[name]
+    k, v = mod.NUM_STEPS, mod.VOCAB_SIZE
     g = torch.Generator().manual_seed(0)
-    target = torch.randn(3, k + 1, 50, generator=g)
+    target = torch.randn(3, k + 1, v, generator=g)
     drafts = target.argmax(-1)[:, :k].clone()
-    drafts[1, 1] = (drafts[1, 1] + 1) % 50  # request 1 rejects at position 1
+    drafts[1, 1] = (drafts[1, 1] + 1) % v  # request 1 rejects at position 1
     got = mod.verify(drafts, target, backend="torch")
     want = greedy_verify(drafts, target, backend="torch")
     assert torch.equal(got.accepted_len, want.accepted_len)
     assert torch.equal(got.output_tokens, want.output_tokens)
     assert got.accepted_len.tolist() == [k, 1, k]
+    # a narrower (ragged) step: the same result as the library at that width
+    got = mod.verify(drafts[:, :2], target[:, :3], backend="torch")
+    assert torch.equal(got.output_tokens, greedy_verify(drafts[:, :2], target[:, :3], backend="torch").output_tokens)
     with pytest.raises(ValueError, match=name):
-        mod.verify(drafts[:, :-1], target, backend="torch")
+        mod.verify(drafts[:, :-1], target, backend="torch")  # positions do not match the drafts
+    with pytest.raises(ValueError, match="vocabulary of 49152"):
+        mod.verify(drafts, target[:, :, :50], backend="torch")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
@@ -108,11 +118,11 @@ def test_kernel_variant_runs_the_triton_kernel(artifact):
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 before triton is imported")
     art = load_artifact(artifact)
-    (mod,) = art.kernels.values()
+    mod = art.kernels["greedy_verify_w5_v49152"]
     g = torch.Generator().manual_seed(1)
-    target = torch.randn(2, mod.NUM_DRAFT_TOKENS, 40, generator=g)
+    target = torch.randn(2, mod.NUM_DRAFT_TOKENS, mod.VOCAB_SIZE, generator=g)
     drafts = target.argmax(-1)[:, : mod.NUM_STEPS].clone()
-    drafts[0, 0] = (drafts[0, 0] + 3) % 40  # request 0 rejects at once, request 1 accepts all
+    drafts[0, 0] = (drafts[0, 0] + 3) % mod.VOCAB_SIZE  # request 0 rejects at once, request 1 accepts all
     tri = mod.verify(drafts, target, backend="triton")
     ref = mod.verify(drafts, target, backend="torch")
     assert tri.accepted_len.tolist() == ref.accepted_len.tolist() == [0, mod.NUM_STEPS]

@@ -134,6 +134,15 @@ def test_kernel_variant_names_follow_parameters():
         "tree_rejection_verify_w7_qonehot"
     with pytest.raises(PlanError, match="tree kernel"):
         codegen.kernel_variants_for(replace(tree, verify_rule="block"))
+    # the other rule at the same width for the rows that differ, and the vocabulary when known
+    roles = codegen.kernel_variants_for(states[0], 49152)
+    assert {r: v.name for r, v in roles.items()} == {"verify": f"greedy_verify_w{k + 1}_v49152",
+                                                     "verify_sampled_rows": f"rejection_verify_w{k + 1}_qonehot_v49152"}
+    roles = codegen.kernel_variants_for(replace(tree, verify_rule="standard", draft_sampling="probabilistic"), 7)
+    assert {r: v.name for r, v in roles.items()} == {"verify": "tree_rejection_verify_w7_qprobs_v7",
+                                                     "verify_greedy_rows": "tree_greedy_verify_w7_v7"}
+    plain = replace(states[0], num_steps=0, num_draft_tokens=1, verify_rule="standard", draft_sampling="probabilistic")
+    assert codegen.kernel_variants_for(plain)["verify"].name == "rejection_verify_w1_qonehot"  # κ = 0: no q
 
 
 # ------------------------------------------------------------------------------------------------
