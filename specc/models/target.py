@@ -135,9 +135,50 @@ def target_overrides(t: TargetArg) -> List[str]:
     ``min(checkpoint context, DEFAULT_CONTEXT)`` tokens; ``target.architecture`` is cleared (the
     checkpoint says it). Apply them before the user's own overrides so those win."""
     ctx = min(t.context, DEFAULT_CONTEXT) if t.context else DEFAULT_CONTEXT
-    return [f"target.path={_quote(t.path)}", f"target.format={t.fmt}",
+    return [f"target.path={_quote(canonical_path(t.path))}", f"target.format={t.fmt}",
             f"target.vocab_size={t.vocab_size if t.vocab_size else 'null'}", f"target.max_model_len={ctx}",
             "target.architecture=null"]
+
+
+def _local(text: str) -> Optional[Path]:
+    """The file a plan path names here (``pkg://`` resolved), or None."""
+    try:
+        if text.startswith("pkg://"):
+            from specc.models.resolve import resolve_model_path
+
+            return resolve_model_path(text).resolve()
+        p = Path(text).expanduser()
+        return p.resolve() if p.exists() else None
+    except (SpeccError, OSError):
+        return None
+
+
+def same_model(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether two plan paths name the same checkpoint here (equal text, or the same file once
+    ``pkg://`` and relative paths are resolved)."""
+    if not a or not b:
+        return False
+    if a == b:
+        return True
+    la, lb = _local(str(a)), _local(str(b))
+    return la is not None and la == lb
+
+
+def canonical_path(path: str) -> str:
+    """``path``, or the ``pkg://`` path of the shipped target option (``conf/target/*.yaml``) naming the
+    same file, so acceptance records and cost tables keyed by the shipped path still match."""
+    import yaml
+
+    from specc.plan.load import conf_dir
+
+    for f in sorted((conf_dir() / "target").glob("*.yaml")):
+        try:
+            text = (yaml.safe_load(f.read_text()) or {}).get("path")
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if isinstance(text, str) and text.startswith("pkg://") and same_model(text, path):
+            return text
+    return path
 
 
 def _quote(path: str) -> str:
