@@ -61,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default=None, metavar="NAME|FILE",
                         help="the device the engine's defaults are sized for (CUDA-graph batch sizes, memory "
                              "fraction): a shipped profile (cpu, h100, h200), a hardware profile YAML or a cost "
-                             "table JSON from `specc profile` (default: the plan's schedule.hardware, else h100 "
-                             "on a GPU, said on an `assumed:` line)")
+                             "table JSON from `specc profile` (default: the plan's schedule.hardware, else the GPU "
+                             "of a CUDA cost table measured here, else h100; said on an `assumed:` line)")
 
 
 @dataclass
@@ -142,7 +142,20 @@ def with_hardware(plan, hardware):
     return dataclasses.replace(plan, schedule=dataclasses.replace(plan.schedule, hardware=hardware.profile))
 
 
-def assumptions(plan, engine: str, command: Optional[str] = None) -> List[Dict[str, Any]]:
+def default_hardware_for(plan, engine: str, hardware=None):
+    """``--hardware``, else for a GPU plan checked against SGLang without ``schedule.hardware`` the GPU
+    measured on this machine (:func:`specc.predict.hardware.local_hardware`), else None (the rules take
+    :func:`specc.predict.sizing.default_hardware`)."""
+    if hardware is not None:
+        return hardware
+    if engine == "sglang" and plan.runtime.device != "cpu" and not plan.schedule.hardware:
+        from specc.predict.hardware import local_hardware
+
+        return local_hardware()
+    return None
+
+
+def assumptions(plan, engine: str, command: Optional[str] = None, measured=None) -> List[Dict[str, Any]]:
     """What the check assumed because neither the plan (or launch command) nor ``--hardware`` said it:
     one dict per assumption with ``what``, ``value`` (None: left to the engine), ``why`` and ``set_with``
     (the flag or key that states it).
@@ -154,14 +167,17 @@ def assumptions(plan, engine: str, command: Optional[str] = None) -> List[Dict[s
       and specc's memory estimates (:mod:`specc.predict.deploy_cost`) use 2048 tokens.
 
     ``engine``: the engine's profile name (specc, sglang, vllm); ``command``: the engine of a launch
-    command (the flags name the fix), None for a plan."""
+    command (the flags name the fix), None for a plan; ``measured``: the hardware taken from a cost
+    table measured here (:func:`default_hardware_for`), said as the source of the assumption."""
     from specc.predict.hardware import shipped_profiles
     from specc.predict.sizing import default_hardware
 
     out: List[Dict[str, Any]] = []
     if engine == "sglang" and plan.runtime.device != "cpu" and not plan.schedule.hardware:
-        out.append({"what": "hardware", "value": default_hardware(plan),
-                    "why": "the GPU SGLang sizes its CUDA graphs and memory fraction for",
+        out.append({"what": "hardware", "value": measured.name if measured is not None else default_hardware(plan),
+                    "why": "the GPU SGLang sizes its CUDA graphs and memory fraction for"
+                           + (f", from the cost table measured here ({measured.cost_table})" if measured is not None
+                              else ""),
                     "set_with": f"--hardware ({', '.join(shipped_profiles())} or a profile file)"})
     if plan.target.max_model_len is None:
         flag = {"sglang": "--context-length N", "vllm": "--max-model-len N"}.get(command or "", "target.max_model_len=N")
@@ -195,13 +211,16 @@ def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]
                 results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name,
                                       error=str(exc).strip("'\"")))
                 continue
-            plan = with_hardware(loaded.plan, hardware)
+            hw = default_hardware_for(loaded.plan, prof.name, hardware)
+            plan = with_hardware(loaded.plan, hw)
             resolved, violations = resolve(plan, prof.version, checkpoints=True)
             results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name, engine=prof.version,
                                   violations=violations,
                                   locations=[_location(loaded, [k for k, _ in v.sets] + list(v.keys))
                                              for v in violations],
-                                  resolved=resolved, assumed=assumptions(plan, prof.name)))
+                                  resolved=resolved,
+                                  assumed=assumptions(loaded.plan if hardware is None else plan, prof.name,
+                                                      measured=hw if hardware is None else None)))
     return results
 
 
@@ -509,7 +528,9 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
         plan = imported_plan(imp, "command")
     except (CommandError, SpeccError) as exc:
         return [Result(plan_path=label, error=str(exc))]
-    plan = with_hardware(plan, hardware)
+    given = plan
+    hw = default_hardware_for(plan, prof.name, hardware)
+    plan = with_hardware(plan, hw)
     resolved, violations = resolve(plan, prof.version, flags=imp.flags, checkpoints=True)
     src = f"{prof.version} argparse ({imp.table.prog})"
     argv_errors = [Violation(rule=f"{engine}.argv", severity="error", keys=imp.stand_ins.get(e, ()), message=e,
@@ -526,7 +547,8 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
     allv = drop_dependent(argv_errors + prefixes + filled + violations, given=_given_keys(imp.plan))
     return [Result(plan_path=label, name="command", engine=prof.version, violations=allv,
                    locations=[(label, 0)] * len(allv), resolved=resolved,
-                   assumed=assumptions(plan, prof.name, command=engine))]
+                   assumed=assumptions(given if hardware is None else plan, prof.name, command=engine,
+                                       measured=hw if hardware is None else None))]
 
 
 def _given_keys(plan: Dict[str, Any], prefix: str = "") -> List[str]:

@@ -99,3 +99,28 @@ def profile_of_table(data: dict) -> Optional[str]:
         if name != "cpu" and name in device_name:
             return name
     return None
+
+
+def local_hardware() -> Optional[HardwareChoice]:
+    """The GPU profile measured on this machine, if any: the newest CUDA cost table in specc's cache
+    (``$SPECC_CACHE_DIR/cost_tables``, where ``specc profile`` / ``specc tune`` tables are kept;
+    :func:`specc.tune.tables.table_dirs`) whose device a shipped profile describes; None without one.
+    Unreadable files are skipped."""
+    from specc.tune.tables import table_dirs
+
+    cache = table_dirs()[1]
+    found = []
+    for f in sorted(cache.glob("*.json")) if cache.is_dir() else []:
+        try:
+            data = json.loads(f.read_text())
+            mtime = f.stat().st_mtime
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and data.get("device") == "cuda":
+            profile = profile_of_table(data)
+            if profile is not None:
+                found.append((mtime, str(f), profile))
+    if not found:
+        return None
+    _, path, profile = max(found)
+    return HardwareChoice(value=path, profile=profile, name=profile, cost_table=path)

@@ -23,6 +23,13 @@ SGLANG = ["python3", "-m", "sglang.launch_server", "--model-path", HUB, "--specu
           "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16"]
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """An empty specc cache: a GPU cost table cached on the machine running the tests would change
+    check's default hardware."""
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path / "specc-cache"))
+
+
 def run_cli(capsys, *argv):
     capsys.readouterr()
     rc = cli_main([str(a) for a in argv])
@@ -111,6 +118,23 @@ def test_check_hardware_takes_a_profile_file_and_a_cost_table(capsys, tmp_path):
     assert rc == 0 and "assumed:" not in out
 
 
+def test_check_defaults_to_the_gpu_measured_here(capsys, tmp_path, monkeypatch):
+    """A CUDA cost table in specc's cache (as `specc profile` on an H200 leaves it) is the default
+    hardware, named on the assumed: line; --hardware still wins."""
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path))
+    data = json.loads((ROOT / "specc" / "data" / "cost_tables" / "smollm2_135m_cpu.json").read_text())
+    data.update(device="cuda", device_name="NVIDIA H200")
+    (tmp_path / "cost_tables").mkdir()
+    table = tmp_path / "cost_tables" / "gpu.json"
+    table.write_text(json.dumps(data))
+    rc, out, _ = run_cli(capsys, "check", "--sglang-args", *SGLANG)
+    assert rc == 0 and "h200's 143771 MiB" in _mem1(out)
+    line = next(ln for ln in out.splitlines() if "assumed: hardware" in ln)
+    assert "hardware h200" in line and str(table) in line
+    rc, out, _ = run_cli(capsys, "check", "--hardware", "h100", "--sglang-args", *SGLANG)
+    assert "h100's 81559 MiB" in _mem1(out) and "assumed: hardware" not in out
+
+
 @pytest.mark.parametrize("command", [["check", "smollm2_ngram"], ["tune", "specc/data/prompts.jsonl"]])
 @pytest.mark.parametrize("value, words", [("h300", ["--hardware h300", "did you mean h200"]),
                                           ("nope.yaml", ["--hardware nope.yaml", "no such file"]),
@@ -190,13 +214,12 @@ def test_target_artifact_is_refused(capsys, tmp_path, gguf):
 
 
 def test_run_on_a_tiny_hf_target(capsys, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path))
     rc, out, err = run_cli(capsys, "run", "smollm2_ngram", "--target", tiny / "small", "--prompt", "w4 w5 w6 w4 w5",
                            "--max-new-tokens", "4", "--json", "--no-progress")
     assert rc == 0, err
     lines = [json.loads(ln) for ln in out.splitlines()]
     assert lines[0]["num_tokens"] == 4 and "summary" in lines[-1]
-    plan = (next((tmp_path / "artifacts").iterdir()) / "plan.yaml").read_text()
+    plan = (next((tmp_path / "specc-cache" / "artifacts").iterdir()) / "plan.yaml").read_text()
     assert str((tiny / "small").resolve()) in plan
 
 
