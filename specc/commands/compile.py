@@ -106,8 +106,7 @@ def artifact_for(source: str, overrides=(), say=None, target=None) -> Path:
     loaded = load_plan(str(source), list(overrides))
     plan = loaded.plan
     check_local_target(plan.target.path)
-    if target is not None:
-        check_drafter_fits(plan)
+    check_drafter_fits(plan, "--target" if target is not None else "target.path")
     codegen.check_identifier(plan.name, "plan name (the plan's `name` key)")
     out = cache_dir()
     try:

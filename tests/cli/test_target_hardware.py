@@ -251,6 +251,13 @@ def test_mismatched_drafter_is_refused_before_loading(capsys, tiny):
     assert rc == 0, err
 
 
+def test_plan_target_override_with_a_misfit_drafter_is_refused_before_compiling(capsys, tiny):
+    rc, _, err = run_cli(capsys, "run", "smollm2_eagle3", f"target.path={tiny / 'small'}", "target.format=hf",
+                         "target.vocab_size=64", "target.max_model_len=128", "--prompt", "w4")
+    assert rc == 2 and f"target.path {tiny / 'small'}: plan 'smollm2_eagle3' drafts with" in err
+    assert "vocab size: the drafter's is 49152, the target's 64" in err and "compiled" not in err
+
+
 def test_check_rule_names_the_drafter_mismatch(capsys, tiny):
     rc, out, _ = run_cli(capsys, "check", "smollm2_eagle3", f"target.path={tiny / 'small'}", "target.format=hf",
                          "target.vocab_size=64")
