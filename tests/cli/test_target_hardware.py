@@ -281,3 +281,40 @@ def test_tune_target_gguf_path_is_the_shipped_target(gguf):
 
     name, conf = target_conf(gguf)
     assert name == "smollm2_135m" and conf["path"] == GGUF
+
+
+def test_tune_plan_moved_to_the_target_carries_it(tiny, tmp_path):
+    """The plan tune writes for a preset moved to --target loads with that target, not the preset's."""
+    from specc.plan.load import load_plan
+    from specc.tune import emit
+    from specc.tune.candidates import discover
+
+    cands, _ = discover(str(tiny / "small"), ["ngram"])
+    doc = emit.plan_document(cands[0], {1: [2]}, kind="static", engine="sglang", name="mine", alpha=None,
+                             cost_table=None, capture=[1], hardware="h200")
+    out = tmp_path / "mine.yaml"
+    out.write_text(emit.dump_plan(doc, ["test"]))
+    plan = load_plan(str(out)).plan
+    assert plan.target.path == str((tiny / "small").resolve()) and plan.target.vocab_size == 64
+    assert plan.schedule.hardware == "h200"
+    # a preset on its own target is written as before: no target section of its own
+    own, _ = discover("smollm2_135m", ["ngram"])
+    assert "target" not in emit.plan_document(own[0], {1: [2]}, kind="static", engine="specc", name="x", alpha=None,
+                                              cost_table=None, capture=[1])
+
+
+def test_tune_hardware_goes_into_the_engine_plans(tiny, tmp_path, capsys):
+    """A short tune on the tiny target with --hardware h200: the SGLang plan it writes is sized for the
+    H200 (its schedule.hardware), and tune says which cost table the predictions used."""
+    import yaml
+
+    (tmp_path / "prompts.txt").write_text("\n".join(" ".join(f"w{(i * 7 + j) % 40 + 4}" for j in range(12)) * 2
+                                                    for i in range(6)) + "\n")
+    rc, _, err = run_cli(capsys, "tune", tmp_path / "prompts.txt", "--target", tiny / "small", "--methods", "ngram",
+                         "--hardware", "h200", "--concurrency", "1,2", "--budget-min", "1", "--max-new-tokens", "8",
+                         "--measure-batch", "2", "--confirm-top", "0", "--out", tmp_path / "t.yaml", "--no-progress")
+    assert rc == 0, err
+    assert "cost table: profiled now" in err and "hardware: h200 (--hardware)" in err
+    sg = yaml.safe_load((tmp_path / "t.sglang.yaml").read_text())
+    assert sg["schedule"]["hardware"] == "h200" and sg["target"]["path"] == str((tiny / "small").resolve())
+    assert "hardware" not in (yaml.safe_load((tmp_path / "t.yaml").read_text()).get("schedule") or {})
