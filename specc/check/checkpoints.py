@@ -54,6 +54,48 @@ def _cfg_vocab(p, key):
     return cfg_get(ck.config, "vocab_size") if ck else None
 
 
+def _target_dims(p):
+    """``(vocab_size, hidden_size)`` of the plan's target checkpoint: its ``config.json``, or a GGUF's
+    header (:func:`specc.predict.sizing.gguf_config`); None where the checkpoint is not readable here."""
+    ck = _ck(p, "target.path")
+    if ck is None:
+        return None
+    cfg = ck.config
+    if cfg is None and ck.fmt == "gguf" and ck.local is not None:
+        from specc.predict.sizing import gguf_config
+
+        cfg = gguf_config(str(ck.local))
+    if not cfg:
+        return None
+    return cfg_get(cfg, "vocab_size"), cfg_get(cfg, "hidden_size")
+
+
+def draft_target_mismatch(p):
+    """Why the draft checkpoint was trained for another target, or None: its ``vocab_size`` differs
+    from the target's (a drafter proposes token ids of its own vocabulary), or, for methods that read
+    the target's hidden states (the method row's ``target_hidden`` is not ``none``), its
+    ``target_hidden_size`` (else ``hidden_size``) differs from the target's ``hidden_size``. Both
+    checkpoints must be readable here (a ``config.json``; the target's may be a GGUF header)."""
+    if not _uses_draft(p):
+        return None
+    ck = _ck(p, "draft.path")
+    dims = _target_dims(p)
+    if ck is None or not ck.config or dims is None:
+        return None
+    tv, th = dims
+    dv = cfg_get(ck.config, "vocab_size")
+    if isinstance(dv, int) and isinstance(tv, int) and dv != tv:
+        return f"vocab size: the drafter's is {dv}, the target's {tv}"
+    try:
+        reads_hidden = methods.get(p.method.name).target_hidden != "none"
+    except PlanError:
+        return None
+    dh = cfg_get(ck.config, "target_hidden_size", "hidden_size")
+    if reads_hidden and isinstance(dh, int) and isinstance(th, int) and dh != th:
+        return f"hidden size: the drafter reads target hidden states of size {dh}, the target's is {th}"
+    return None
+
+
 SRC = "specc/check/checkpoints.py"
 R = Rule
 RULES = (
@@ -73,6 +115,11 @@ RULES = (
       "draft.vocab_size={p.draft.vocab_size} but {p.draft.path}/config.json says vocab_size={v}; fix "
       "draft.vocab_size (or drop it: the checkpoint decides)", SRC,
       message_args=lambda p: {"v": _cfg_vocab(p, "draft.path")}),
+    R("CK-DRAFT-TARGET", "error", ("draft.path", "target.path"),
+      lambda p: draft_target_mismatch(p) is not None,
+      "draft.path={p.draft.path} was trained for another target than target.path={p.target.path} ({why}); "
+      "use a method that needs no trained drafter (method=ngram or method=suffix) or a drafter trained for "
+      "this target", SRC, message_args=lambda p: {"why": draft_target_mismatch(p)}),
 )
 
 def _version() -> str:

@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "annotations) or sarif")
     parser.add_argument("--show-resolved", action="store_true",
                         help="print each plan as the engine would run it, marking filled/overridden values")
+    parser.add_argument("--hardware", default=None, metavar="NAME|FILE",
+                        help="the device the engine's defaults are sized for (CUDA-graph batch sizes, memory "
+                             "fraction): a shipped profile (cpu, h100, h200), a hardware profile YAML or a cost "
+                             "table JSON from `specc profile` (default: the plan's schedule.hardware, else the GPU "
+                             "of a CUDA cost table measured here, else h100; said on an `assumed:` line)")
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Result:
     locations: List[Tuple[str, int]] = field(default_factory=list)
     resolved: Any = None
     error: Optional[str] = None
+    assumed: List[Dict[str, Any]] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------
@@ -126,8 +132,66 @@ def _rel(path) -> str:
 # Running
 
 
-def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]) -> List[Result]:
-    """Load every source and check it; never stops at the first failing plan."""
+def with_hardware(plan, hardware):
+    """``plan`` with ``schedule.hardware`` set to ``--hardware``'s profile
+    (:class:`specc.predict.hardware.HardwareChoice`; None: unchanged)."""
+    import dataclasses
+
+    if hardware is None:
+        return plan
+    return dataclasses.replace(plan, schedule=dataclasses.replace(plan.schedule, hardware=hardware.profile))
+
+
+def default_hardware_for(plan, engine: str, hardware=None):
+    """``--hardware``, else for a GPU plan checked against SGLang without ``schedule.hardware`` the GPU
+    measured on this machine (:func:`specc.predict.hardware.local_hardware`), else None (the rules take
+    :func:`specc.predict.sizing.default_hardware`)."""
+    if hardware is not None:
+        return hardware
+    if engine == "sglang" and plan.runtime.device != "cpu" and not plan.schedule.hardware:
+        from specc.predict.hardware import local_hardware
+
+        return local_hardware()
+    return None
+
+
+def assumptions(plan, engine: str, command: Optional[str] = None, measured=None) -> List[Dict[str, Any]]:
+    """What the check assumed because neither the plan (or launch command) nor ``--hardware`` said it:
+    one dict per assumption with ``what``, ``value`` (None: left to the engine), ``why`` and ``set_with``
+    (the flag or key that states it).
+
+    * ``hardware``: SGLang sizes its CUDA-graph batch sizes and memory fraction from the GPU's memory;
+      without ``schedule.hardware`` specc takes :func:`specc.predict.sizing.default_hardware` (h100 on a
+      GPU). Only where the engine's rules read it (SGLang, not on the CPU).
+    * ``context_length``: no ``target.max_model_len``: the engine takes the checkpoint's own context,
+      and specc's memory estimates (:mod:`specc.predict.deploy_cost`) use 2048 tokens.
+
+    ``engine``: the engine's profile name (specc, sglang, vllm); ``command``: the engine of a launch
+    command (the flags name the fix), None for a plan; ``measured``: the hardware taken from a cost
+    table measured here (:func:`default_hardware_for`), said as the source of the assumption."""
+    from specc.predict.hardware import shipped_profiles
+    from specc.predict.sizing import default_hardware
+
+    out: List[Dict[str, Any]] = []
+    if engine == "sglang" and plan.runtime.device != "cpu" and not plan.schedule.hardware:
+        out.append({"what": "hardware", "value": measured.name if measured is not None else default_hardware(plan),
+                    "why": "the GPU SGLang sizes its CUDA graphs and memory fraction for"
+                           + (f", from the cost table measured here ({measured.cost_table})" if measured is not None
+                              else ""),
+                    "set_with": f"--hardware ({', '.join(shipped_profiles())} or a profile file)"})
+    if plan.target.max_model_len is None:
+        flag = {"sglang": "--context-length N", "vllm": "--max-model-len N"}.get(command or "", "target.max_model_len=N")
+        who = "the runtime" if engine == "specc" else engine
+        out.append({"what": "context_length", "value": None,
+                    "why": f"{'the command' if command else 'the plan'} sets none, so {who} reads it from the "
+                           f"checkpoint; specc's memory estimates use 2048 tokens",
+                    "set_with": flag})
+    return out
+
+
+def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str], hardware=None) -> List[Result]:
+    """Load every source and check it; never stops at the first failing plan. ``hardware``:
+    ``--hardware`` (:class:`specc.predict.hardware.HardwareChoice`, None: the plans' own)."""
     from specc.check import profile, resolve
     from specc.engines import engine_names
     from specc.plan.load import load_plan
@@ -147,12 +211,16 @@ def check_inputs(sources: List[str], overrides: List[str], engine: Optional[str]
                 results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name,
                                       error=str(exc).strip("'\"")))
                 continue
-            resolved, violations = resolve(loaded.plan, prof.version, checkpoints=True)
+            hw = default_hardware_for(loaded.plan, prof.name, hardware)
+            plan = with_hardware(loaded.plan, hw)
+            resolved, violations = resolve(plan, prof.version, checkpoints=True)
             results.append(Result(plan_path=_rel(loaded.path), name=loaded.plan.name, engine=prof.version,
                                   violations=violations,
                                   locations=[_location(loaded, [k for k, _ in v.sets] + list(v.keys))
                                              for v in violations],
-                                  resolved=resolved))
+                                  resolved=resolved,
+                                  assumed=assumptions(loaded.plan if hardware is None else plan, prof.name,
+                                                      measured=hw if hardware is None else None)))
     return results
 
 
@@ -253,6 +321,9 @@ def render_text(results: List[Result], show_resolved: bool) -> str:
             for v, loc in zip(r.violations, r.locations):
                 out.append(f"  {_loc_text(loc)}: {v.severity}: [{v.rule}] {v.message}")
                 out.append(f"      {_keys_source(v)}")
+        for a in r.assumed:
+            value = a["value"] if a["value"] is not None else "the checkpoint's own"
+            out.append(f"  assumed: {a['what'].replace('_', ' ')} {value} ({a['why']}; set it with {a['set_with']})")
         if show_resolved:
             out.append(f"  resolved for {r.engine}:")
             out.extend("    " + ln for ln in resolved_yaml(r).splitlines())
@@ -279,7 +350,7 @@ def render_json(results: List[Result], show_resolved: bool) -> str:
             d = v.to_json()
             d["location"] = {"file": loc[0], "line": loc[1] or None}
             vs.append(d)
-        obj = {"plan": r.plan_path, "name": r.name, "engine": r.engine, "violations": vs}
+        obj = {"plan": r.plan_path, "name": r.name, "engine": r.engine, "violations": vs, "assumed": r.assumed}
         if show_resolved:
             obj["resolved"] = plan_to_dict(r.resolved)
         objs.append(obj)
@@ -354,7 +425,7 @@ def render_sarif(results: List[Result], show_resolved: bool) -> str:
 #: specc check's own options that may appear among --sglang-args / --vllm-args words: option -> (attribute,
 #: takes a value). Taken out of the engine's words wherever they appear (none is an engine flag).
 OWN_OPTIONS = {"--file": ("file", True), "--format": ("fmt", True), "--engine": ("engine", True),
-               "--show-resolved": ("show_resolved", False)}
+               "--show-resolved": ("show_resolved", False), "--hardware": ("hardware", True)}
 
 
 def split_own_options(words: List[str], own=None) -> Tuple[List[str], Dict[str, Any], List[str]]:
@@ -412,14 +483,15 @@ def _launch_commands(args: argparse.Namespace) -> Tuple[List[Tuple[str, List[str
     return commands, problems
 
 
-def check_command(engine: str, words: List[str], pinned: Optional[str], file: Optional[str] = None) -> List[Result]:
+def check_command(engine: str, words: List[str], pinned: Optional[str], file: Optional[str] = None,
+                  hardware=None) -> List[Result]:
     """Check a launch command: read it as the engine version's parser does (:mod:`specc.importer`), then
     run the rules on the plan it amounts to, with its flags that have no plan key as launch facts.
     What the engine's parser would refuse is reported as ``<engine>.argv`` errors, a flag given by a
     prefix as an ``<engine>.argv-prefix`` warning naming the flag the engine reads, and a value the
     engine fills in for a missing flag (vLLM's default model) as ``filled``. ``pinned``: ``--engine``
     (``sglang`` or ``sglang==0.5.23``; None: the newest release). ``file``: a file holding the command
-    (``--file``)."""
+    (``--file``). ``hardware``: ``--hardware`` (:class:`specc.predict.hardware.HardwareChoice`)."""
     from specc.importer import CommandError, import_command, imported_plan
     from specc.check import profile, resolve
     from specc.check.base import Violation, drop_dependent
@@ -456,6 +528,9 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
         plan = imported_plan(imp, "command")
     except (CommandError, SpeccError) as exc:
         return [Result(plan_path=label, error=str(exc))]
+    given = plan
+    hw = default_hardware_for(plan, prof.name, hardware)
+    plan = with_hardware(plan, hw)
     resolved, violations = resolve(plan, prof.version, flags=imp.flags, checkpoints=True)
     src = f"{prof.version} argparse ({imp.table.prog})"
     argv_errors = [Violation(rule=f"{engine}.argv", severity="error", keys=imp.stand_ins.get(e, ()), message=e,
@@ -471,7 +546,9 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
     # one root per mistake: a rule that only reads the values put in for a refused one is not reported
     allv = drop_dependent(argv_errors + prefixes + filled + violations, given=_given_keys(imp.plan))
     return [Result(plan_path=label, name="command", engine=prof.version, violations=allv,
-                   locations=[(label, 0)] * len(allv), resolved=resolved)]
+                   locations=[(label, 0)] * len(allv), resolved=resolved,
+                   assumed=assumptions(given if hardware is None else plan, prof.name, command=engine,
+                                       measured=hw if hardware is None else None))]
 
 
 def _given_keys(plan: Dict[str, Any], prefix: str = "") -> List[str]:
@@ -495,6 +572,15 @@ def run(args: argparse.Namespace) -> int:
         why = problems or [f"--format {args.fmt!r}: choose one of {', '.join(FORMATS)}"]
         print(f"specc check: error: {'; '.join(why)}", file=sys.stderr)
         return 2
+    hardware = None
+    if getattr(args, "hardware", None) is not None:  # checked before any plan loads
+        from specc.predict.hardware import parse_hardware
+
+        try:
+            hardware = parse_hardware(args.hardware)
+        except SpeccError as exc:
+            print(f"specc check: error: {exc}", file=sys.stderr)
+            return 2
     if args.file is not None and not commands:
         print("specc check: error: --file holds a launch command: say whose, with --sglang-args --file PATH or "
               "--vllm-args --file PATH", file=sys.stderr)
@@ -504,7 +590,7 @@ def run(args: argparse.Namespace) -> int:
             print("specc check: error: --file with both --sglang-args and --vllm-args: check one command per file",
                   file=sys.stderr)
             return 2
-        results = [r for e, words in commands for r in check_command(e, words, args.engine, args.file)]
+        results = [r for e, words in commands for r in check_command(e, words, args.engine, args.file, hardware)]
         sys.stdout.write(RENDER[args.fmt](results, args.show_resolved))
         return exit_code(results)
     sources, overrides, problems = split_inputs(list(args.inputs or []))
@@ -513,6 +599,6 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     results = [Result(plan_path=p.split(":", 1)[0], error=p) for p in problems]
-    results += check_inputs(sources, overrides, args.engine)
+    results += check_inputs(sources, overrides, args.engine, hardware)
     sys.stdout.write(RENDER[args.fmt](results, args.show_resolved))
     return exit_code(results)

@@ -74,28 +74,39 @@ def is_artifact(source: str) -> bool:
     return p.is_dir() and (p / "manifest.json").is_file()
 
 
-def artifact_for(source: str, overrides=(), say=None) -> Path:
+def artifact_for(source: str, overrides=(), say=None, target=None) -> Path:
     """The artifact to run for ``source``: itself when it is an artifact directory, else the plan it
     names (a file or a preset, with ``overrides``) compiled on the fly into :func:`cache_dir`
     (``specc.compiler.build.compile_plan``: checked against the ``specc`` profile, written atomically; an
     identical artifact already there is reused). ``say`` gets one line about what happened.
+    ``target``: ``--target PATH`` (:mod:`specc.models.target`), replacing the plan's target before
+    ``overrides``; checked, with the drafter's fit to it, before anything compiles.
 
     Raises:
-        SpeccError: overrides given with an artifact directory; PlanError: a plan that does not load
-            or that the ``specc`` profile refuses (every error listed).
+        SpeccError: overrides or ``--target`` given with an artifact directory, a bad ``--target``, a
+            drafter trained for another target, a ``target.path`` that is a hub id; PlanError: a plan
+            that does not load or that the ``specc`` profile refuses (every error listed).
     """
     from specc.compiler import build
     from specc.compiler import codegen
     from specc.errors import SpeccError
+    from specc.models.target import check_drafter_fits, check_local_target, read_target_arg, target_overrides
     from specc.plan.load import load_plan
 
     if is_artifact(source):
+        if target is not None:
+            raise SpeccError(f"--target applies to plans; {source} is a compiled artifact with its target built in: "
+                             f"pass the plan (file or preset name) instead")
         if overrides:
             raise SpeccError(f"{source} is a compiled artifact; overrides ({' '.join(overrides)}) apply to plans: "
                              f"pass the plan (file or preset name) instead")
         return Path(source)
+    if target is not None:
+        overrides = target_overrides(read_target_arg(target)) + list(overrides)
     loaded = load_plan(str(source), list(overrides))
     plan = loaded.plan
+    check_local_target(plan.target.path)
+    check_drafter_fits(plan, "--target" if target is not None else "target.path")
     codegen.check_identifier(plan.name, "plan name (the plan's `name` key)")
     out = cache_dir()
     try:

@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default=None,
                         help="hardware profile (conf/hardware/<name>.yaml) for T* (default: "
                              "schedule.hardware, else cpu/h100 by runtime.device)")
+    parser.add_argument("--target", default=None, metavar="PATH",
+                        help="explain the plans for this model instead of their target: a Hugging Face model "
+                             "directory (config.json, *.safetensors) or a .gguf file (nothing is downloaded)")
     parser.add_argument("--plot", metavar="FILE.png", default=None,
                         help="write speedup vs batch per κ and the break-even curve (cost, α)")
     parser.add_argument("--graphs", metavar="DIR", default=None,
@@ -536,6 +539,10 @@ def analyze_one(args: argparse.Namespace, source: str, overrides: List[str]):
     from specc.predict import sizing
 
     loaded = load_plan(source, overrides)
+    if getattr(args, "target", None) is not None:
+        from specc.models.target import check_drafter_fits
+
+        check_drafter_fits(loaded.plan)
     engine = args.engine or loaded.plan.engine
     resolved, violations = resolve(loaded.plan, engine)
     planning = planning_only(loaded.plan, violations)
@@ -624,6 +631,10 @@ def context_json(args: argparse.Namespace, ctx) -> dict:
 def run(args: argparse.Namespace) -> int:
     validate_outputs(args)
     plans, overrides = split_plans(args)
+    if getattr(args, "target", None) is not None:  # checked before any plan loads; the user's overrides win
+        from specc.models.target import read_target_arg, target_overrides
+
+        overrides = target_overrides(read_target_arg(args.target, need_tokenizer=False)) + list(overrides)
     if len(plans) > 1:
         if args.plot or args.graphs:
             raise SpeccError("--plot and --graphs take one plan; explain the plans one by one to draw them")

@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
     parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1, the fastest measured here)")
+    parser.add_argument("--target", default=None, metavar="PATH",
+                        help="run this model instead of the plan's target: a Hugging Face model directory "
+                             "(config.json, *.safetensors, tokenizer files) or a .gguf file (nothing is downloaded)")
     parser.add_argument("--json", action="store_true", help="one JSON object per request, then a summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -187,7 +190,8 @@ def run(args) -> int:
 
     records = _records(args)
     args.artifact = str(artifact_for(args.artifact, args.overrides,
-                                     say=None if args.json else (lambda m: print(m, file=sys.stderr))))
+                                     say=None if args.json else (lambda m: print(m, file=sys.stderr)),
+                                     target=args.target))
     art = load_artifact(args.artifact)
     check_batch_size(args.batch_size, art)
     runtime, art = load_runtime(args.artifact, device=args.device, artifact=art)

@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override runtime.device")
+    parser.add_argument("--target", default=None, metavar="PATH",
+                        help="serve this model instead of the plan's target: a Hugging Face model directory "
+                             "(config.json, *.safetensors, tokenizer files) or a .gguf file (nothing is downloaded)")
     parser.add_argument("--seed", type=seed_int, default=0, help="seed of the generator requests without a seed share")
     parser.add_argument("--max-request-bytes", type=_size, default=DEFAULT_MAX_REQUEST_BYTES, metavar="BYTES",
                         help="largest request body accepted, e.g. 4194304, 512KiB, 16MiB; larger bodies are answered "
@@ -124,7 +127,8 @@ def run(args) -> int:
     from specc.runtime.artifact import load_artifact
     from specc.serve.server import Server, artifact_role, check_role, load_server_state
 
-    args.artifact = str(artifact_for(args.artifact, args.overrides, say=lambda m: print(m, file=sys.stderr)))
+    args.artifact = str(artifact_for(args.artifact, args.overrides, say=lambda m: print(m, file=sys.stderr),
+                                     target=args.target))
     art = load_artifact(args.artifact)
     check_role(args.role or artifact_role(art), args.prefill_url)
     if args.batch_size is not None:

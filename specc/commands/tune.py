@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-table", default=None, metavar="FILE",
                         help="this device's cost table (`specc profile`); default: a shipped or cached table "
                              "for this CPU and thread count, else profiled now")
+    parser.add_argument("--hardware", default=None, metavar="NAME|FILE",
+                        help="the device the SGLang / vLLM settings are for: a shipped profile (cpu, h100, h200) "
+                             "or a profile YAML, written as their schedule.hardware; or a cost table JSON from "
+                             "`specc profile`, used as --cost-table (default: the measured table for this CPU, "
+                             "else one profiled now; the output says which)")
     parser.add_argument("--schedule", choices=("batch_buckets", "adaptive"), default="batch_buckets",
                         help="the emitted schedule: one κ per batch bucket, or SGLang's controller with "
                              "the κ candidates predicted within 3%% of the best per bucket")
@@ -110,6 +115,14 @@ def validate(args) -> Tuple[list, List[int], Path]:
     if out.suffix not in (".yaml", ".yml"):
         raise _fail("--out", f"{out}: the plan file must end in .yaml")
     check_output_file(out, "--out")
+    args.hardware_choice = None
+    if getattr(args, "hardware", None) is not None:
+        from specc.predict.hardware import parse_hardware
+
+        args.hardware_choice = parse_hardware(args.hardware)
+        if args.hardware_choice.cost_table and args.cost_table is not None:
+            raise _fail("--hardware", f"{args.hardware} is a cost table and --cost-table {args.cost_table} is given "
+                                      f"too; pass one of them")
     if args.cost_table is not None:
         from specc.predict import cost
         from specc.errors import PlanError

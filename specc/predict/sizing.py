@@ -176,8 +176,8 @@ _GGUF_READ = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: 
 def gguf_config(path: str) -> Optional[Dict[str, object]]:
     """HF ``config.json`` keys of a Llama-family GGUF file, read from its header metadata
     (``<arch>.embedding_length``, ``.block_count``, ``.attention.head_count[_kv]``,
-    ``.feed_forward_length``, ``.attention.key_length``) and the vocabulary from the
-    ``token_embd.weight`` tensor's shape; None when the file is not a readable GGUF or a key is missing.
+    ``.feed_forward_length``, ``.attention.key_length``, ``.context_length`` as
+    ``max_position_embeddings`` when present) and the vocabulary from the ``token_embd.weight`` tensor's shape; None when the file is not a readable GGUF or a key is missing.
     Reads the header only (GGUF v2/v3 layout, as :func:`gguf_tensor_shapes`)."""
     p = _resolve_path(path) if isinstance(path, str) else Path(path)
     if p is None or not p.is_file():
@@ -239,7 +239,9 @@ def gguf_config(path: str) -> Optional[Dict[str, object]]:
                 "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
                 "intermediate_size": int(meta[f"{arch}.feed_forward_length"]),
                 "vocab_size": int(emb[1]) if emb and len(emb) == 2 else int(meta.get(f"{arch}.vocab_size", 0)),
-                "tie_word_embeddings": "output.weight" not in shapes}
+                "tie_word_embeddings": "output.weight" not in shapes,
+                **({"max_position_embeddings": int(meta[f"{arch}.context_length"])}
+                   if f"{arch}.context_length" in meta else {})}
     except (KeyError, TypeError, ValueError):
         return None
 

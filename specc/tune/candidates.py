@@ -96,11 +96,16 @@ def target_path(target: str) -> Tuple[str, str]:
 
 def target_conf(target: str) -> Tuple[str, Dict[str, Any]]:
     """``(name, the target section)`` of ``--target``: a ``conf/target/<name>.yaml`` option's keys, or
-    ``{"path": target}`` for a model path.
+    for a model path (a Hugging Face directory or a ``.gguf`` file, checked by
+    :func:`specc.models.target.read_target_arg`) its ``path``, ``format``, ``vocab_size`` and
+    ``max_model_len`` (:func:`specc.models.target.target_overrides`); a path that is a shipped target's
+    file keeps that target's own section.
 
-    Raises: TuneError naming ``--target`` and the options when it is neither."""
+    Raises: TuneError naming ``--target``: a hub id (specc downloads nothing), a path that is not a
+    checkpoint, neither an option nor a path (with the options)."""
     import yaml
 
+    from specc.models.target import canonical_path, looks_like_hub_id, read_target_arg
     from specc.plan.load import conf_dir
 
     options = sorted(p.stem for p in (conf_dir() / "target").glob("*.yaml"))
@@ -108,12 +113,51 @@ def target_conf(target: str) -> Tuple[str, Dict[str, Any]]:
     if f.is_file():
         data = yaml.safe_load(f.read_text()) or {}
         return target, data if isinstance(data, dict) else {}
-    if target.startswith("pkg://") or Path(target).expanduser().exists():
+    if target.startswith("pkg://"):
         return Path(target).stem, {"path": target}
+    if looks_like_hub_id(target) or Path(target).expanduser().exists():
+        try:
+            t = read_target_arg(target)
+        except SpeccError as exc:
+            raise TuneError(str(exc)) from None
+        path = canonical_path(t.path)
+        for option in options:  # the shipped target's own section (its limits and vocabulary)
+            data = yaml.safe_load((conf_dir() / "target" / f"{option}.yaml").read_text()) or {}
+            if isinstance(data, dict) and data.get("path") == path:
+                return option, data
+        from specc.models.target import DEFAULT_CONTEXT
+
+        return Path(t.path).stem, {"path": path, "format": t.fmt, "vocab_size": t.vocab_size,
+                                   "max_model_len": min(t.context or DEFAULT_CONTEXT, DEFAULT_CONTEXT)}
     close = difflib.get_close_matches(target, options, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise TuneError(f"--target {target!r}: no such target option (conf/target/: {', '.join(options)}) or model "
                     f"path{hint}")
+
+
+def conf_dir_has(target: str) -> bool:
+    """Whether ``target`` names a ``conf/target/<name>.yaml`` option."""
+    from specc.plan.load import conf_dir
+
+    return (conf_dir() / "target" / f"{target}.yaml").is_file()
+
+
+def retargeted(plan, conf: Dict[str, Any]):
+    """``plan`` with its target section replaced by ``conf`` (``--target``'s: path, format, vocab_size,
+    max_model_len); the target dtype stays the plan's."""
+    from specc.plan.schema import TargetConfig
+
+    return dataclasses.replace(plan, target=TargetConfig(
+        path=str(conf["path"]), format=str(conf.get("format") or "hf"), dtype=plan.target.dtype,
+        max_model_len=conf.get("max_model_len"), vocab_size=conf.get("vocab_size"), architecture=None))
+
+
+def _misfit(plan) -> Optional[str]:
+    """Why the plan's drafter does not fit its target (trained for another one), or None."""
+    from specc.check.checkpoints import draft_target_mismatch
+
+    why = draft_target_mismatch(plan)
+    return f"its drafter {plan.draft.path} was trained for another target ({why})" if why else None
 
 
 def _shape(plan) -> str:
@@ -190,10 +234,15 @@ def discover(target: str = DEFAULT_TARGET, method_names: Optional[Sequence[str]]
             a method with no drafter for the target (or that the runtime or the engine does not
             run), a plan that does not load or is for another target, no candidate at all.
     """
+    from specc.models.target import same_model
     from specc.plan.load import list_presets, load_plan
 
-    tname, tpath = target_path(target)
+    tname, tconf = target_conf(target)
+    tpath = str(tconf.get("path"))
     notes: List[str] = []
+    misfits: Dict[str, str] = {}  # method -> why its drafter does not fit --target
+    # a model of the user's (not a conf/target option): the default target's presets run on it instead
+    retarget = None if (conf_dir_has(target) or same_model(tpath, target_path(DEFAULT_TARGET)[1])) else tconf
     if method_names:
         for m in method_names:
             if m not in methods.METHODS:
@@ -208,7 +257,7 @@ def discover(target: str = DEFAULT_TARGET, method_names: Optional[Sequence[str]]
             except PlanError as exc:
                 raise TuneError(f"--plans {src}: {exc}") from None
             plan = loaded.plan
-            if plan.target.path != tpath:
+            if not same_model(plan.target.path, tpath):
                 raise TuneError(f"--plans {src}: targets {plan.target.path}, not --target {tname} ({tpath}); pass "
                                 f"--target for that model or a plan for this one")
             why = _why_not(plan)
@@ -227,11 +276,17 @@ def discover(target: str = DEFAULT_TARGET, method_names: Optional[Sequence[str]]
         loaded_presets.sort(key=lambda nl: (nl[1].plan.schedule.kind != "static", nl[0]))
         for name, loaded in loaded_presets:
             plan = loaded.plan
+            if retarget is not None and plan.engine == "specc" and same_model(plan.target.path,
+                                                                                target_path(DEFAULT_TARGET)[1]):
+                plan = retargeted(plan, retarget)
             if plan.engine != "specc" or plan.target.path != tpath:
                 continue
             why = _why_not(plan)
-            if why:
-                notes.append(f"{name}: {why}")
+            misfit = None if why else _misfit(plan)
+            if misfit:
+                misfits.setdefault(plan.method.name, f"{name}: {misfit}")
+            if why or misfit:
+                notes.append(f"{name}: {why or misfit}")
                 continue
             try:
                 cand = _candidate(name, str(loaded.path), plan, max_steps)
@@ -253,6 +308,8 @@ def discover(target: str = DEFAULT_TARGET, method_names: Optional[Sequence[str]]
                     why = f"specc's runtime does not run it, so it cannot be measured here (export it with `specc export`)"
                 elif not info.drafts:
                     why = "it drafts nothing (plain decoding is always the baseline)"
+                elif m in misfits:
+                    why = misfits[m]
                 else:
                     have = sorted({c.method for c in cands}) or ["none"]
                     why = (f"no shipped drafter or preset uses it with this target (methods with one: "
@@ -277,5 +334,5 @@ def discover(target: str = DEFAULT_TARGET, method_names: Optional[Sequence[str]]
         cands = kept
     if not cands:
         raise TuneError(f"--target {tname}: no drafter fits it (no specc preset in conf/plan/ drafts for "
-                        f"{tpath}); name plans with --plans")
+                        f"{tpath}{'; ' + '; '.join(misfits.values()) if misfits else ''}); name plans with --plans")
     return cands, notes

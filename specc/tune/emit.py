@@ -41,12 +41,14 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def plan_document(candidate, buckets: Dict[int, List[int]], *, kind: str, engine: str, name: str,
-                  alpha: Optional[float], cost_table: Optional[str], capture: Sequence[int]) -> Dict[str, Any]:
+                  alpha: Optional[float], cost_table: Optional[str], capture: Sequence[int],
+                  hardware: Optional[str] = None) -> Dict[str, Any]:
     """The plan as a YAML mapping: the candidate's source file (its ``defaults`` list and keys, the
     ``/schedule`` default dropped) with ``name``, ``engine``, κ (the largest bucket's; a block drafter's
     ``block_size`` with it), ``runtime.max_batch_size`` and the schedule (``kind`` with one candidate
     list per bucket, or ``static`` at the single κ when ``buckets`` has one entry and ``kind`` is
-    static)."""
+    static). A candidate moved to ``--target``'s model carries that target's keys (``target``), and
+    ``hardware`` (``--hardware``'s profile) becomes ``schedule.hardware``."""
     src = yaml.safe_load(Path(candidate.source).read_text()) or {}
     doc: Dict[str, Any] = {}
     defaults = [d for d in (src.get("defaults") or [])
@@ -66,6 +68,10 @@ def plan_document(candidate, buckets: Dict[int, List[int]], *, kind: str, engine
             method["block_size"] = top
         method.pop("num_draft_tokens", None)
     doc["method"] = method
+    t = candidate.plan.target
+    if t.path != (src.get("target") or {}).get("path", t.path) or _moved(src, t.path):
+        doc["target"] = {"path": t.path, "format": t.format, "vocab_size": t.vocab_size,
+                         "max_model_len": t.max_model_len, "architecture": t.architecture}
     runtime = dict(doc.get("runtime") or {})
     runtime["max_batch_size"] = int(max(capture))
     doc["runtime"] = runtime
@@ -77,8 +83,25 @@ def plan_document(candidate, buckets: Dict[int, List[int]], *, kind: str, engine
         schedule["alpha"] = round(float(alpha), 4)
     if cost_table:
         schedule["cost_table"] = cost_table
+    if hardware:
+        schedule["hardware"] = hardware
     doc["schedule"] = schedule
     return doc
+
+
+def _moved(src: Dict[str, Any], path: str) -> bool:
+    """Whether a preset's ``/target`` default names another model than ``path`` (the candidate was
+    moved to ``--target``'s)."""
+    from specc.plan.load import conf_dir
+
+    for d in src.get("defaults") or []:
+        if isinstance(d, dict):
+            for k, v in d.items():
+                if str(k).lstrip("/") == "target":
+                    f = conf_dir() / "target" / f"{v}.yaml"
+                    data = yaml.safe_load(f.read_text()) if f.is_file() else None
+                    return isinstance(data, dict) and data.get("path") != path
+    return False
 
 
 def dump_plan(doc: Dict[str, Any], header: Sequence[str]) -> str:

@@ -74,6 +74,9 @@ class Session:
 
         if self.args.cost_table:
             return cost.load_cost_table(self.args.cost_table), self.args.cost_table, "given (--cost-table)"
+        hw = getattr(self.args, "hardware_choice", None)
+        if hw is not None and hw.cost_table:
+            return cost.load_cost_table(hw.cost_table), hw.cost_table, f"given (--hardware {hw.value})"
         found = find_table(self.tpath, threads)
         if found:
             shipped = Path(found).resolve().parent == (Path(__file__).resolve().parent.parent / "data" / "cost_tables")
@@ -446,6 +449,10 @@ class Session:
             widest = max(widest, max(int(c.plan.method.num_draft_tokens or 0) for c in self.cands.values()))
             table, table_ref, how = self.profile_table(models, threads, widest)
         self.say(f"cost table: {how}")
+        hw = getattr(args, "hardware_choice", None)
+        if hw is not None and not hw.cost_table:
+            self.say(f"hardware: {hw.name} (--hardware) for the SGLang / vLLM settings (their schedule.hardware); "
+                     f"the measurements and predictions run on this machine with the cost table above")
         measurements, plain = self.measure_all(models, prompt_ids, sample)
         self.prefill_per_request = getattr(plain, "prefill_s", 0.2)
         grid = self.spot_check(models, table, measurements, prompt_ids, plain)
@@ -490,7 +497,8 @@ class Session:
                   f"Per-position detail: specc explain {out.name} --acceptance {rec_path.name}",
                   f"Cost table: {how}."]
         doc = emit.plan_document(win, buckets, kind=kind, engine=args.engine, name=_identifier(out.stem),
-                                 alpha=entry.alpha, cost_table=table_ref, capture=sizes)
+                                 alpha=entry.alpha, cost_table=table_ref, capture=sizes,
+                                 hardware=self._engine_hardware() if args.engine != "specc" else None)
         text = emit.dump_plan(doc, header)
         emit._atomic_write(out, text)
         _, errors = emit.check_loads(out, args.engine)
@@ -605,14 +613,19 @@ class Session:
         name = _identifier(out.stem) + "_sglang"
         buckets = {b: adaptive_candidates(pred, win.name, b) for b in final.buckets}
         doc = emit.plan_document(win, buckets, kind="adaptive", engine="sglang", name=name, alpha=entry.alpha,
-                                 cost_table=None, capture=sizes)
+                                 cost_table=None, capture=sizes, hardware=self._engine_hardware())
         _, falls = emit.verdict(doc, "sglang", out.parent)
         if not falls:
             return doc
         k, _ = self._static_fallback(pred, win, f"SGLang falls back to a static schedule for {win.method} "
                                                f"([{falls[0].rule}])")
         return emit.plan_document(win, {1: [k]}, kind="static", engine="sglang", name=name, alpha=entry.alpha,
-                                  cost_table=None, capture=sizes)
+                                  cost_table=None, capture=sizes, hardware=self._engine_hardware())
+
+    def _engine_hardware(self) -> Optional[str]:
+        """``--hardware``'s profile for the SGLang / vLLM plans (their ``schedule.hardware``), or None."""
+        hw = getattr(getattr(self, "args", None), "hardware_choice", None)
+        return hw.profile if hw is not None and not hw.cost_table else None
 
     def _static_fallback(self, pred, win, cause: str) -> Tuple[int, str]:
         """For an engine that falls back to one κ at every batch size (``cause`` says which and by which
@@ -662,14 +675,15 @@ class Session:
         alpha = measurements[v_win.name].entry.alpha
         name = _identifier(out.stem) + "_vllm"
         doc = emit.plan_document(v_win, {b: [k] for b, k in choice.buckets.items()}, kind="batch_buckets",
-                                 engine="vllm", name=name, alpha=alpha, cost_table=table_ref, capture=sizes)
+                                 engine="vllm", name=name, alpha=alpha, cost_table=table_ref, capture=sizes,
+                                 hardware=self._engine_hardware())
         _, falls = emit.verdict(doc, "vllm", out.parent)
         if falls:
             k, fall = self._static_fallback(pred, v_win, f"vLLM falls back to a static κ for {v_win.method} "
                                                          f"([{falls[0].rule}])")
             why = f"{why}; {fall}" if why else fall
             doc = emit.plan_document(v_win, {1: [k]}, kind="static", engine="vllm", name=name, alpha=alpha,
-                                     cost_table=table_ref, capture=sizes)
+                                     cost_table=table_ref, capture=sizes, hardware=self._engine_hardware())
         elif why and choice is final:
             self.notes.append(why)
         emit._atomic_write(path, emit.dump_plan(doc, header[:1] + [f"vLLM variant of {out.name}: {why}."]))

@@ -167,9 +167,16 @@ def gpu_mem_mib(p):
 
 
 def _hw_name(p) -> str:
+    """The hardware profile's own name (``name:`` of a profile file given by path), for messages."""
+    from specc.predict import cost
     from specc.predict.sizing import default_hardware
+    from specc.errors import PlanError
 
-    return default_hardware(p)
+    name = default_hardware(p)
+    try:
+        return cost.load_hardware_profile(name).name
+    except PlanError:
+        return name
 
 
 def memory_tier(p):
