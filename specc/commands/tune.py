@@ -197,28 +197,23 @@ def _model_ref(option: str, value: Optional[str]) -> Optional[str]:
                         f"meta-llama/Llama-3.1-8B-Instruct); give the checkpoint's path or its hub id")
 
 
-def deployment(args, candidates, measured: str):
+def deployment(args):
     """The deployment of ``--deploy-*``, ``--context-length``, ``--tp`` and ``--draft-tp``
-    (:class:`specc.tune.emit.Deployment`), checked against the ``candidates`` tune will measure (on
-    ``measured``, the ``--target`` name) before any model loads. Raises SpeccError naming the option:
+    (:class:`specc.tune.emit.Deployment`), checked with the other options, before any model loads; what
+    depends on the candidates is checked by :func:`check_deployment`. Raises SpeccError naming the option:
 
     * ``--context-length`` / ``--tp`` / ``--draft-tp`` outside 1..the plan schema's bound
       (``specc.plan.load.MAX_MODEL_LEN``, ``MAX_PARALLEL``); a context that cannot hold
       ``--max-new-tokens``. The engines take any TP size (not only powers of two); whether it divides the
       model's attention heads is a checkpoint rule, which ``specc check`` runs on the written command;
-    * ``--draft-tp`` other than 1 or ``--tp`` (vLLM refuses it, ``vllm/config/speculative.py:1851-1870``);
-      other than ``--tp`` with ``--deploy-engine sglang`` (SGLang builds the draft worker in the
+    * ``--draft-tp`` other than 1 or ``--tp`` (vLLM refuses it, ``vllm/config/speculative.py:1851-1870``),
+      or other than ``--tp`` with ``--deploy-engine sglang`` (SGLang builds the draft worker in the
       target's TP group and has no flag for another size, ``speculative/eagle_worker_v2.py:217-230;
-      arg_groups/fields/spec.py:31-283``); with candidates that all draft by lookup;
+      arg_groups/fields/spec.py:31-283``);
     * ``--deploy-target`` / ``--deploy-draft`` neither an existing path, a ``conf/target`` option (target
-      only) nor a Hugging Face id;
-    * ``--deploy-draft`` without ``--deploy-target`` (the drafter is trained for a target), with
-      candidates that all draft by lookup (no checkpoint to take), or with candidates of more than one
-      method that drafts with a checkpoint (one checkpoint is one method's drafter: narrow ``--methods``);
-    * ``--deploy-target`` without ``--deploy-draft`` when a candidate's method needs a drafter checkpoint
-      (the drafters tune measures were trained for the measuring target, not this one).
+      only) nor a Hugging Face id; ``--deploy-draft`` without ``--deploy-target`` (a drafter is trained
+      for one target).
     """
-    from specc import methods
     from specc.plan.load import MAX_MODEL_LEN, MAX_PARALLEL
     from specc.tune.emit import DEPLOY_ENGINES, Deployment
 
@@ -230,34 +225,8 @@ def deployment(args, candidates, measured: str):
         raise _fail("--context-length", f"{args.context_length}: the deployment's context holds the prompt and the "
                                         f"answer, and tune plans for answers of --max-new-tokens {args.max_new_tokens}: "
                                         f"pass more than {args.max_new_tokens}")
-    target = _model_ref("--deploy-target", args.deploy_target)
-    draft = _model_ref("--deploy-draft", args.deploy_draft)
-    rows = {c.method: methods.get(c.method) for c in candidates}
-    needs = sorted(m for m, r in rows.items() if r.needs_draft_checkpoint)
-    takes = sorted(m for m, r in rows.items() if r.needs_draft_checkpoint or r.target_ships_draft)
-    lookups_only = all(r.lookup for r in rows.values())
-    named = ", ".join(sorted(rows))
-    if draft is not None and target is None:
-        raise _fail("--deploy-draft", f"{args.deploy_draft}: a drafter is trained for one target; pass --deploy-target "
-                                      f"MODEL (the model it drafts for) with it")
-    if draft is not None and not takes:
-        raise _fail("--deploy-draft", f"{args.deploy_draft}: the candidates' methods ({named}) draft by lookup and take "
-                                      f"no drafter checkpoint; leave --deploy-draft out")
-    if draft is not None and len(takes) > 1:
-        raise _fail("--deploy-draft", f"{args.deploy_draft}: one drafter checkpoint is the drafter of one method, and the "
-                                      f"candidates draft with checkpoints of methods {', '.join(takes)}; pass --methods "
-                                      f"with the one it is for (lookups may join it, e.g. --methods {takes[0]},ngram)")
-    if target is not None and draft is None and needs:
-        raise _fail("--deploy-target", f"{args.deploy_target}: the candidates of methods {', '.join(needs)} draft with a "
-                                       f"checkpoint, and the drafters tune measures were trained for {measured}, not for "
-                                       f"{args.deploy_target}: pass --deploy-draft DRAFTER (that method's drafter for "
-                                       f"{args.deploy_target}, with --methods naming the method), or --methods "
-                                       f"ngram,suffix (lookups need no drafter)")
     if args.draft_tp is not None:
         tp = args.tp or 1
-        if lookups_only:
-            raise _fail("--draft-tp", f"{args.draft_tp}: the candidates' methods ({named}) draft by lookup and run no "
-                                      f"draft model; leave --draft-tp out")
         if args.draft_tp not in (1, tp):
             raise _fail("--draft-tp", f"{args.draft_tp}: vLLM runs the draft at tensor parallel 1 or the target's "
                                       f"(--tp {tp}) and refuses other sizes (vllm/config/speculative.py:1851-1870)")
@@ -265,13 +234,56 @@ def deployment(args, candidates, measured: str):
             raise _fail("--draft-tp", f"{args.draft_tp}: SGLang runs the draft in the target's tensor-parallel group "
                                       f"(--tp {tp}) and has no flag for another size (sglang "
                                       f"speculative/eagle_worker_v2.py:217-230); leave --draft-tp out")
+    target = _model_ref("--deploy-target", args.deploy_target)
+    draft = _model_ref("--deploy-draft", args.deploy_draft)
+    if draft is not None and target is None:
+        raise _fail("--deploy-draft", f"{args.deploy_draft}: a drafter is trained for one target; pass --deploy-target "
+                                      f"MODEL (the model it drafts for) with it")
     return Deployment(engines=DEPLOY_ENGINES[args.deploy_engine], target=target, draft=draft,
                       context_length=args.context_length, tp=args.tp, draft_tp=args.draft_tp)
+
+
+def check_deployment(dep, candidates, measured: str) -> None:
+    """The deployment ``dep`` (:func:`deployment`) against the ``candidates`` tune will measure (on
+    ``measured``, the ``--target`` name), before any model loads; the drafter facts are the method rows'
+    (:attr:`specc.methods.facts.Method.needs_draft_checkpoint`, ``target_ships_draft``, ``lookup``).
+    Raises SpeccError naming the option:
+
+    * ``--deploy-draft`` with candidates that all draft by lookup (no checkpoint to take), or with
+      candidates of more than one method that drafts with a checkpoint (one checkpoint is one method's
+      drafter: narrow ``--methods``);
+    * ``--deploy-target`` without ``--deploy-draft`` when a candidate's method needs a drafter checkpoint
+      (the drafters tune measures were trained for the measuring target, not this one);
+    * ``--draft-tp`` with candidates that all draft by lookup (no draft model runs).
+    """
+    from specc import methods
+
+    rows = {c.method: methods.get(c.method) for c in candidates}
+    needs = sorted(m for m, r in rows.items() if r.needs_draft_checkpoint)
+    takes = sorted(m for m, r in rows.items() if r.needs_draft_checkpoint or r.target_ships_draft)
+    named = ", ".join(sorted(rows))
+    if dep.draft is not None and not takes:
+        raise _fail("--deploy-draft", f"{dep.draft}: the candidates' methods ({named}) draft by lookup and take "
+                                      f"no drafter checkpoint; leave --deploy-draft out")
+    if dep.draft is not None and len(takes) > 1:
+        raise _fail("--deploy-draft", f"{dep.draft}: one drafter checkpoint is the drafter of one method, and the "
+                                      f"candidates draft with checkpoints of methods {', '.join(takes)}; pass --methods "
+                                      f"with the one it is for (lookups may join it, e.g. --methods {takes[0]},ngram)")
+    if dep.target is not None and dep.draft is None and needs:
+        raise _fail("--deploy-target", f"{dep.target}: the candidates of methods {', '.join(needs)} draft with a "
+                                       f"checkpoint, and the drafters tune measures were trained for {measured}, not for "
+                                       f"{dep.target}: pass --deploy-draft DRAFTER (that method's drafter for "
+                                       f"{dep.target}, with --methods naming the method), or --methods "
+                                       f"ngram,suffix (lookups need no drafter)")
+    if dep.draft_tp is not None and all(r.lookup for r in rows.values()):
+        raise _fail("--draft-tp", f"{dep.draft_tp}: the candidates' methods ({named}) draft by lookup and run no "
+                                  f"draft model; leave --draft-tp out")
 
 
 def run(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     records, conc, out = validate(args)
+    dep = deployment(args)
     from specc.tune.candidates import DEFAULT_TARGET, discover, target_conf, target_path
 
     methods_list = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
@@ -286,7 +298,8 @@ def run(args: argparse.Namespace) -> int:
         t = cands[0].plan.target
         check_target_room(args, t.path, t.format, t.max_model_len, conc)
     tname, tpath = target_path(target)
-    args.deployment = deployment(args, cands, tname)
+    check_deployment(dep, cands, tname)
+    args.deployment = dep
     budget = 60.0 * args.budget_min
     from specc.tune.session import Session
 

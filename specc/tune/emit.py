@@ -309,8 +309,9 @@ def launch_header(out_name: str, dep: Deployment, measured_name: str, measured_p
         if dep.target is not None and dep.target not in (measured_name, measured_path):
             lines.append(f"# Not measured on {dep.target}: tune measured {measured_name} ({measured_path}) with its own "
                          f"drafters on this machine, so κ per batch size and α (schedule.alpha) come from those runs "
-                         f"and do not carry to {dep.target}; the drafter must be {dep.target}'s own (--deploy-draft), "
-                         f"trained for it, and its acceptance measured on it before these settings are trusted")
+                         f"and do not carry to {dep.target} (acceptance depends on the model, its text and its "
+                         f"drafter; step costs on the model and the GPU): measure them on {dep.target} before trusting "
+                         f"them. A drafter must be {dep.target}'s own (--deploy-draft), trained for it")
     for engine in accepted:
         lines.append(f"# {ENGINE_LABELS[engine]} command checked by `specc check` before it was written; re-check "
                      f"it in this folder: specc check --{engine}-args --file {launch_name}")
