@@ -243,11 +243,12 @@ def deployment(args):
                       context_length=args.context_length, tp=args.tp, draft_tp=args.draft_tp)
 
 
-def check_deployment(dep, candidates, measured: str) -> None:
+def check_deployment(dep, candidates, measured: str, measured_path: Optional[str] = None):
     """The deployment ``dep`` (:func:`deployment`) against the ``candidates`` tune will measure (on
-    ``measured``, the ``--target`` name), before any model loads; the drafter facts are the method rows'
-    (:attr:`specc.methods.facts.Method.needs_draft_checkpoint`, ``target_ships_draft``, ``lookup``).
-    Raises SpeccError naming the option:
+    ``measured``, the ``--target`` name, at ``measured_path``), before any model loads; the drafter facts
+    are the method rows' (:attr:`specc.methods.facts.Method.needs_draft_checkpoint`,
+    ``target_ships_draft``, ``lookup``). Returns ``dep``, with ``target`` None when ``--deploy-target``
+    is the measuring model itself (its drafters fit it). Raises SpeccError naming the option:
 
     * ``--deploy-draft`` with candidates that all draft by lookup (no checkpoint to take), or with
       candidates of more than one method that drafts with a checkpoint (one checkpoint is one method's
@@ -256,8 +257,12 @@ def check_deployment(dep, candidates, measured: str) -> None:
       (the drafters tune measures were trained for the measuring target, not this one);
     * ``--draft-tp`` with candidates that all draft by lookup (no draft model runs).
     """
+    import dataclasses
+
     from specc import methods
 
+    if dep.target is not None and measured_path and dep.target in (measured_path, _resolved(measured_path)):
+        dep = dataclasses.replace(dep, target=None)
     rows = {c.method: methods.get(c.method) for c in candidates}
     needs = sorted(m for m, r in rows.items() if r.needs_draft_checkpoint)
     takes = sorted(m for m, r in rows.items() if r.needs_draft_checkpoint or r.target_ships_draft)
@@ -278,6 +283,12 @@ def check_deployment(dep, candidates, measured: str) -> None:
     if dep.draft_tp is not None and all(r.lookup for r in rows.values()):
         raise _fail("--draft-tp", f"{dep.draft_tp}: the candidates' methods ({named}) draft by lookup and run no "
                                   f"draft model; leave --draft-tp out")
+    return dep
+
+
+def _resolved(path: str) -> str:
+    """``path`` made absolute (a ``pkg://`` path as it is)."""
+    return path if "://" in path else str(Path(path).expanduser().resolve())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -298,8 +309,7 @@ def run(args: argparse.Namespace) -> int:
         t = cands[0].plan.target
         check_target_room(args, t.path, t.format, t.max_model_len, conc)
     tname, tpath = target_path(target)
-    check_deployment(dep, cands, tname)
-    args.deployment = dep
+    args.deployment = check_deployment(dep, cands, tname, tpath)
     budget = 60.0 * args.budget_min
     from specc.tune.session import Session
 

