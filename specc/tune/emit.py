@@ -9,7 +9,11 @@ Files, next to ``--out PLAN.yaml`` (stem S):
   controller with those buckets' κ as candidates, or a static κ where SGLang runs no adaptive
   schedule for the method;
 * ``S.launch.sh`` — ``specc export`` of both (SGLang's adaptive config in ``S.sglang_adaptive.json``),
-  each only when that engine's rules accept the plan (else the refusal is written instead);
+  each only when that engine's rules accept the plan and ``specc check`` accepts the command read back
+  (:func:`launch_section`; else the refusal is written instead), under a header saying which target
+  the commands are for (:func:`launch_header`). With a :class:`Deployment` (``--deploy-target`` …) the
+  engine plans (``S.sglang.yaml``, ``S.vllm.yaml``) are for it (:func:`deploy_document`), and only its
+  ``--deploy-engine`` engines are written;
 * ``S.acceptance.json`` — the acceptance record of every measured drafter (:mod:`specc.predict.acceptance`);
 * ``S.report.md``, ``S.json``, ``S.png`` — predicted against measured, and the plot.
 

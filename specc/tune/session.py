@@ -507,10 +507,10 @@ class Session:
             vllm_plan, _ = self._vllm_plan(pred, final, measurements, table_ref, sizes, out, header)
             if dep.given:
                 vllm_plan = self._deployment_file(vllm_plan, Path(f"{stem}.vllm.yaml"), dep,
-                                                  header[:1] + [f"vLLM settings of {out.name}."])
+                                                  header[:1] + [f"vLLM settings of {out.name}."], "vLLM")
             if vllm_plan != out:
                 files.append(str(vllm_plan))
-            self.exports["vllm"], text_v = self._launch_section(emit, vllm_plan, "vllm", None, launch_path)
+            self.exports["vllm"], text_v = self._launch_section(vllm_plan, "vllm", None, launch_path)
             sections.append(text_v)
         else:
             Path(f"{stem}.vllm.yaml").unlink(missing_ok=True)  # an earlier run's settings are not this deployment's
@@ -531,7 +531,7 @@ class Session:
             emit._atomic_write(sg_path, emit.dump_plan(sg_doc, sg_header))
             files.append(str(sg_path))
             adaptive = Path(f"{stem}.sglang_adaptive.json")
-            self.exports["sglang"], text_s = self._launch_section(emit, sg_path, "sglang", adaptive, launch_path)
+            self.exports["sglang"], text_s = self._launch_section(sg_path, "sglang", adaptive, launch_path)
             sections.append(text_s)
             if adaptive.exists():
                 files.append(str(adaptive))
@@ -587,9 +587,12 @@ class Session:
         files.append(str(js))
         return files
 
-    def _launch_section(self, emit, path: Path, engine: str, adaptive: Optional[Path], launch_path: Path):
-        """:func:`specc.tune.emit.launch_section` of the plan at ``path``; a refusal is said on stderr and
-        in the report. Returns ``(accepted, text)``."""
+    def _launch_section(self, path: Path, engine: str, adaptive: Optional[Path], launch_path: Path):
+        """:func:`specc.tune.emit.launch_section` of the plan at ``path`` (``adaptive``: where SGLang's
+        adaptive config goes); a refusal is said on stderr, and a refused re-check in the report too.
+        Returns ``(accepted, text)``."""
+        from specc.tune import emit
+
         ok, text, problems = emit.launch_section(path, engine, adaptive, launch_path.parent)
         label = emit.ENGINE_LABELS[engine]
         if problems:
@@ -601,10 +604,11 @@ class Session:
             self.say(f"{label} launch command not written: {engine}'s rules refuse {path.name} (see {launch_path.name})")
         return ok, text
 
-    def _deployment_file(self, src: Path, dst: Path, dep, header: List[str]) -> Path:
+    def _deployment_file(self, src: Path, dst: Path, dep, header: List[str], label: str) -> Path:
         """The engine plan at ``src`` (``--out`` itself or its engine variant) for the deployment ``dep``
         (:func:`specc.tune.emit.deploy_document`), written to ``dst``: headed by ``header`` when ``src`` is
-        another file, else by its own comment lines; then a line naming the deployment. Returns ``dst``."""
+        another file, else by its own comment lines; then a line naming the deployment. ``label``: the
+        engine's name for notes. Returns ``dst``."""
         import yaml
 
         from specc.plan.load import load_plan
@@ -620,7 +624,7 @@ class Session:
         method = load_plan(str(src)).plan.method.name
         doc = emit.deploy_document(yaml.safe_load(text) or {}, dep, method)
         emit._atomic_write(dst, emit.dump_plan(doc, list(header) + [f"For the deployment: {dep.describe()}."]))
-        self._unused_draft(dep, method, "vLLM" if dst.name.endswith(".vllm.yaml") else "SGLang")
+        self._unused_draft(dep, method, label)
         return dst
 
     def _unused_draft(self, dep, method: str, label: str) -> None:
