@@ -170,9 +170,10 @@ def check_target_room(args, path: Optional[str], fmt: Optional[str], max_model_l
 
 def _model_ref(option: str, value: Optional[str]) -> Optional[str]:
     """``--deploy-target`` / ``--deploy-draft`` as the plan's ``target.path`` / ``draft.path``: an existing
-    local file or folder (made absolute), a ``conf/target`` option (its ``path``), or a Hugging Face id
-    (ORG/NAME, left for the engine to download). None when not given. Raises SpeccError naming the
-    option for anything else."""
+    local checkpoint (made absolute; read as the checkpoint rules read it,
+    :func:`specc.models.checkpoints.read_checkpoint`: a folder without ``config.json`` is refused), a
+    ``conf/target`` option (its ``path``), or a Hugging Face id (ORG/NAME, left for the engine to
+    download). None when not given. Raises SpeccError naming the option for anything else."""
     if value is None:
         return None
     text = value.strip()
@@ -180,7 +181,14 @@ def _model_ref(option: str, value: Optional[str]) -> Optional[str]:
         raise _fail(option, "empty: give a checkpoint path or a Hugging Face id (ORG/NAME)")
     path = Path(text).expanduser()
     if path.exists():
-        return str(path.resolve())
+        from specc.models.checkpoints import read_checkpoint
+
+        full = str(path.resolve())
+        key = "target.path" if option == "--deploy-target" else "draft.path"
+        found = read_checkpoint(key, full, "gguf" if full.lower().endswith(".gguf") else "hf")
+        if found is not None and found.problems:
+            raise _fail(option, f"{value}: not a checkpoint the engine can load: {'; '.join(found.problems)}")
+        return full
     if option == "--deploy-target" and "/" not in text:
         from specc.plan.load import conf_dir
 

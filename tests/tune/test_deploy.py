@@ -63,8 +63,12 @@ def _candidates():
      ["--deploy-target: ../no/such/model", "not a Hugging Face id"]),
     ("empty drafter", ["--methods", "eagle3", "--deploy-target", LLAMA, "--deploy-draft", " "],
      ["--deploy-draft", "empty"]),
+    ("a folder that is no checkpoint", ["--methods", "eagle3", "--deploy-target", LLAMA, "--deploy-draft", "DIR"],
+     ["--deploy-draft", "not a checkpoint the engine can load", "config.json"]),
 ])
 def test_bad_deployment_flags_name_the_flag(capsys, tmp_path, prompts, case, argv, words):
+    (tmp_path / "d").mkdir()
+    argv = [str(tmp_path / "d") if a == "DIR" else a for a in argv]
     rc, out, err = run_cli(capsys, "tune", prompts, *argv, "--out", tmp_path / "tuned.yaml")
     assert rc == 2, (case, out, err)
     assert err.startswith("specc tune: error: ") and "Traceback" not in err
@@ -97,9 +101,9 @@ def test_the_deployment_of_good_flags(tmp_path, monkeypatch):
                      "smollm2_135m")
     # a conf/target option stands for its path; a local checkpoint folder is made absolute
     assert deployment(_args(deploy_target="llama31_8b")).target == LLAMA
-    (tmp_path / "ckpt").mkdir()
-    monkeypatch.chdir(tmp_path)
-    assert deployment(_args(deploy_target="ckpt")).target == str((tmp_path / "ckpt").resolve())
+    monkeypatch.chdir(ROOT)
+    local = deployment(_args(deploy_target=LLAMA, deploy_draft="specc/assets/drafters/smollm2_135m_eagle3"))
+    assert local.draft == str((ROOT / "specc/assets/drafters/smollm2_135m_eagle3").resolve())
     # MTP's draft layers ship in the target: a drafter is optional there
     mtp = deployment(_args(deploy_target=LLAMA))
     check_deployment(mtp, [cands["smollm2_mtp"]], "smollm2_135m")
@@ -221,6 +225,18 @@ def test_a_command_the_recheck_refuses_is_not_written(tmp_path, monkeypatch):
     assert f"#   refused command: {bad}" in text and "`specc check --sglang-args` refuses" in text
     accepted, why = emit.recheck_command("vllm", "vllm serve meta-llama/Llama-3.1-8B-Instruct --tensor-parallel-size 2")
     assert accepted and why == []
+
+
+def test_a_drafter_folder_that_is_no_checkpoint_is_refused_by_the_recheck(tmp_path):
+    """The plan's rules only warn about a checkpoint (it depends on the machine that launches), but the
+    command read back on this machine is refused by the checkpoint rule, so no command is written."""
+    (tmp_path / "draft").mkdir()
+    dep = emit.Deployment(engines=("vllm",), target=LLAMA, draft=str(tmp_path / "draft"))
+    _, path = _engine_plan(tmp_path, "smollm2_eagle3", "vllm", "static", dep)
+    ok, text, problems = emit.launch_section(path, "vllm", None, tmp_path)
+    assert not ok and len(problems) == 1 and problems[0].startswith("error: [checkpoint.CK-DRAFT]"), problems
+    assert "#   warning: [checkpoint.CK-DRAFT]" in text  # what the plan's rules said
+    assert all(line.startswith("#") for line in text.strip().splitlines())
 
 
 def test_the_launch_header_says_which_target(tmp_path):
