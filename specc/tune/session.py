@@ -505,13 +505,14 @@ class Session:
         self.exports = {}
         if "vllm" in dep.engines:
             vllm_plan, _ = self._vllm_plan(pred, final, measurements, table_ref, sizes, out, header)
+            unused = ""
             if dep.given:
-                vllm_plan = self._deployment_file(vllm_plan, Path(f"{stem}.vllm.yaml"), dep,
-                                                  header[:1] + [f"vLLM settings of {out.name}."], "vLLM")
+                vllm_plan, unused = self._deployment_file(vllm_plan, Path(f"{stem}.vllm.yaml"), dep,
+                                                          header[:1] + [f"vLLM settings of {out.name}."], "vLLM")
             if vllm_plan != out:
                 files.append(str(vllm_plan))
             self.exports["vllm"], text_v = self._launch_section(vllm_plan, "vllm", None, launch_path)
-            sections.append(text_v)
+            sections.append(f"# {unused}\n{text_v}" if unused else text_v)
         else:
             Path(f"{stem}.vllm.yaml").unlink(missing_ok=True)  # an earlier run's settings are not this deployment's
         if "sglang" not in dep.engines:
@@ -524,15 +525,16 @@ class Session:
             sg_doc = self._sglang_document(pred, s_win, s_final, measurements[s_win.name].entry, table_ref, sizes, out)
             why = f" {s_why}." if s_final.candidate != final.candidate else ""
             sg_header = header[:1] + [f"SGLang variant of {out.name} (SGLang has no batch_buckets).{why}"]
+            unused = ""
             if dep.given:
                 sg_doc = emit.deploy_document(sg_doc, dep, s_win.method)
                 sg_header.append(f"For the deployment: {dep.describe()}.")
-                self._unused_draft(dep, s_win.method, "SGLang")
+                unused = self._unused_draft(dep, s_win.method, "SGLang")
             emit._atomic_write(sg_path, emit.dump_plan(sg_doc, sg_header))
             files.append(str(sg_path))
             adaptive = Path(f"{stem}.sglang_adaptive.json")
             self.exports["sglang"], text_s = self._launch_section(sg_path, "sglang", adaptive, launch_path)
-            sections.append(text_s)
+            sections.append(f"# {unused}\n{text_s}" if unused else text_s)
             if adaptive.exists():
                 files.append(str(adaptive))
         launch = emit.launch_header(out.name, dep, self.tname, self.tpath, launch_path.name,
@@ -604,11 +606,11 @@ class Session:
             self.say(f"{label} launch command not written: {engine}'s rules refuse {path.name} (see {launch_path.name})")
         return ok, text
 
-    def _deployment_file(self, src: Path, dst: Path, dep, header: List[str], label: str) -> Path:
+    def _deployment_file(self, src: Path, dst: Path, dep, header: List[str], label: str) -> Tuple[Path, str]:
         """The engine plan at ``src`` (``--out`` itself or its engine variant) for the deployment ``dep``
         (:func:`specc.tune.emit.deploy_document`), written to ``dst``: headed by ``header`` when ``src`` is
         another file, else by its own comment lines; then a line naming the deployment. ``label``: the
-        engine's name for notes. Returns ``dst``."""
+        engine's name for notes. Returns ``(dst, the note of an unused --deploy-draft or "")``."""
         import yaml
 
         from specc.plan.load import load_plan
@@ -624,12 +626,12 @@ class Session:
         method = load_plan(str(src)).plan.method.name
         doc = emit.deploy_document(yaml.safe_load(text) or {}, dep, method)
         emit._atomic_write(dst, emit.dump_plan(doc, list(header) + [f"For the deployment: {dep.describe()}."]))
-        self._unused_draft(dep, method, label)
-        return dst
+        return dst, self._unused_draft(dep, method, label)
 
-    def _unused_draft(self, dep, method: str, label: str) -> None:
-        """A note when ``--deploy-draft`` is given but ``label``'s settings use a method that takes no
-        drafter checkpoint (a lookup that won the choice over the drafters that needed it)."""
+    def _unused_draft(self, dep, method: str, label: str) -> str:
+        """The note (said on stderr and in the report; returned for the launch file) when ``--deploy-draft``
+        is given but ``label``'s settings use a method that takes no drafter checkpoint (a lookup that won
+        the choice over the drafters that needed it); "" otherwise."""
         from specc import methods
 
         row = methods.get(method)
@@ -637,6 +639,8 @@ class Session:
             note = f"{label}'s settings use {method}, which drafts with no checkpoint: --deploy-draft {dep.draft} is not used"
             self.say(note)
             self.notes.append(note)
+            return note
+        return ""
 
     def _engine_choice(self, pred, final, engine: str):
         """The choice whose settings tune writes for ``engine``: ``final`` when the engine's rules accept

@@ -310,3 +310,29 @@ def test_tune_without_deployment_flags_says_its_commands_are_for_the_measuring_m
     assert all(str(tiny / "target") in c for c in commands)
     for engine in ("vllm", "sglang"):
         assert f"specc check --{engine}-args --file tuned.launch.sh" in "\n".join(lines[:6])
+
+
+def test_a_drafter_the_chosen_lookup_does_not_use_is_said(tmp_path, capsys):
+    """--deploy-draft given, but the engine's settings use a lookup (it won over the drafter): the
+    engine plan takes no drafter, and the note says --deploy-draft is not used."""
+    from specc.plan.load import load_plan
+    from specc.tune.session import Session
+
+    session = Session.__new__(Session)
+    session.notes = []
+    cand = _candidates()["smollm2_ngram"]
+    src = tmp_path / "tuned.yaml"
+    src.write_text(emit.dump_plan(emit.plan_document(cand, {1: [3], 4: [1]}, kind="batch_buckets", engine="specc",
+                                                     name="tuned", alpha=0.3, cost_table=None, capture=[1, 2, 4]),
+                                  ["the tuned plan"]))
+    dep = emit.Deployment(target=LLAMA, draft=EAGLE3_LLAMA, tp=2)
+    dst, note = session._deployment_file(src, tmp_path / "tuned.vllm.yaml", dep, ["vLLM settings of tuned.yaml."], "vLLM")
+    assert note == f"vLLM's settings use ngram, which drafts with no checkpoint: --deploy-draft {EAGLE3_LLAMA} is not used"
+    assert session.notes == [note] and note in capsys.readouterr().err
+    plan = load_plan(str(dst)).plan
+    assert plan.draft is None and plan.target.path == LLAMA and plan.deploy.parallel.tp == 2
+    assert dst.read_text().startswith("# vLLM settings of tuned.yaml.\n# For the deployment: vLLM and SGLang serving")
+    # the variant rewritten in place keeps its own header
+    dst2, _ = session._deployment_file(dst, dst, emit.Deployment(target=LLAMA, tp=4), ["unused"], "vLLM")
+    assert dst2.read_text().startswith("# vLLM settings of tuned.yaml.\n# For the deployment: vLLM and SGLang serving")
+    assert load_plan(str(dst2)).plan.deploy.parallel.tp == 4
