@@ -9,7 +9,6 @@ import argparse
 import functools
 import json
 import shlex
-from pathlib import Path
 
 import pytest
 
