@@ -484,14 +484,16 @@ def _launch_commands(args: argparse.Namespace) -> Tuple[List[Tuple[str, List[str
 
 
 def check_command(engine: str, words: List[str], pinned: Optional[str], file: Optional[str] = None,
-                  hardware=None) -> List[Result]:
+                  hardware=None, base_dir: Optional[Path] = None) -> List[Result]:
     """Check a launch command: read it as the engine version's parser does (:mod:`specc.importer`), then
     run the rules on the plan it amounts to, with its flags that have no plan key as launch facts.
     What the engine's parser would refuse is reported as ``<engine>.argv`` errors, a flag given by a
     prefix as an ``<engine>.argv-prefix`` warning naming the flag the engine reads, and a value the
     engine fills in for a missing flag (vLLM's default model) as ``filled``. ``pinned``: ``--engine``
     (``sglang`` or ``sglang==0.5.23``; None: the newest release). ``file``: a file holding the command
-    (``--file``). ``hardware``: ``--hardware`` (:class:`specc.predict.hardware.HardwareChoice`)."""
+    (``--file``). ``hardware``: ``--hardware`` (:class:`specc.predict.hardware.HardwareChoice`).
+    ``base_dir``: where files the command names (SGLang's ``--speculative-adaptive-config``) are read
+    from when it is not in a ``file`` (default: the current folder; a ``file``'s own folder otherwise)."""
     from specc.importer import CommandError, import_command, imported_plan
     from specc.check import profile, resolve
     from specc.check.base import Violation, drop_dependent
@@ -524,7 +526,7 @@ def check_command(engine: str, words: List[str], pinned: Optional[str], file: Op
         return [Result(plan_path=label, error=f"--{engine}-args: no command given; pass the launch command after "
                                               f"it, one quoted string, or --file PATH")]
     try:
-        imp = import_command(engine, text=text, argv=argv, version=prof.release, base_dir=base or Path.cwd())
+        imp = import_command(engine, text=text, argv=argv, version=prof.release, base_dir=base or base_dir or Path.cwd())
         plan = imported_plan(imp, "command")
     except (CommandError, SpeccError) as exc:
         return [Result(plan_path=label, error=str(exc))]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import time
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -73,10 +74,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
                         help="CPU threads for the matmuls (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_deploy_arguments(parser)
+
+
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The deployment the SGLang / vLLM launch commands are written for (:func:`deployment`)."""
+    from specc.tune.emit import DEPLOY_ENGINES
+
+    group = parser.add_argument_group(
+        "deployment", "the SGLang / vLLM settings and launch commands tune writes are for this deployment "
+                      "(default: the model tune measured on)")
+    group.add_argument("--deploy-engine", choices=tuple(DEPLOY_ENGINES), default="both",
+                       help="the engines whose settings and launch commands are written (default both)")
+    group.add_argument("--deploy-target", default=None, metavar="MODEL",
+                       help="the model the engine serves: a local checkpoint, a Hugging Face id (ORG/NAME; the "
+                            "engine downloads it) or a conf/target option")
+    group.add_argument("--deploy-draft", default=None, metavar="DRAFTER",
+                       help="the deployment's drafter checkpoint (path or Hugging Face id), trained for "
+                            "--deploy-target; needed for a method that drafts with a checkpoint, refused for lookups")
+    group.add_argument("--context-length", type=int, default=None, metavar="N",
+                       help="tokens per sequence, prompt and answer, the engine serves (target.max_model_len)")
+    group.add_argument("--tp", type=int, default=None, metavar="N",
+                       help="tensor-parallel GPUs of the target (deploy.parallel.tp)")
+    group.add_argument("--draft-tp", type=int, default=None, metavar="N",
+                       help="tensor-parallel GPUs of the draft: 1 or --tp (vLLM); SGLang runs it at --tp")
 
 
 #: Most static configurations ``--confirm-top`` confirms per concurrency.
 MAX_CONFIRM_TOP = 16
+#: A Hugging Face model id: ORG/NAME (huggingface_hub's ``validate_repo_id``: letters, digits, ``-_.``).
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def _fail(option: str, message: str) -> SpeccError:
@@ -154,9 +181,141 @@ def check_target_room(args, path: Optional[str], fmt: Optional[str], max_model_l
         check_runtime_rows("--concurrency", max(conc), shape, max_len)
 
 
+def _model_ref(option: str, value: Optional[str]) -> Optional[str]:
+    """``--deploy-target`` / ``--deploy-draft`` as the plan's ``target.path`` / ``draft.path``: an existing
+    local checkpoint (made absolute; read as the checkpoint rules read it,
+    :func:`specc.models.checkpoints.read_checkpoint`: a folder without ``config.json`` is refused), a
+    ``conf/target`` option (its ``path``), or a Hugging Face id (ORG/NAME, left for the engine to
+    download). None when not given. Raises SpeccError naming the option for anything else."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        raise _fail(option, "empty: give a checkpoint path or a Hugging Face id (ORG/NAME)")
+    path = Path(text).expanduser()
+    if path.exists():
+        from specc.models.checkpoints import read_checkpoint
+
+        full = str(path.resolve())
+        key = "target.path" if option == "--deploy-target" else "draft.path"
+        found = read_checkpoint(key, full, "gguf" if full.lower().endswith(".gguf") else "hf")
+        if found is not None and found.problems:
+            raise _fail(option, f"{value}: not a checkpoint the engine can load: {'; '.join(found.problems)}")
+        return full
+    if option == "--deploy-target" and "/" not in text:
+        from specc.plan.load import conf_dir
+
+        preset = Path(conf_dir()) / "target" / f"{text}.yaml"
+        if preset.is_file():
+            import yaml
+
+            found = (yaml.safe_load(preset.read_text()) or {}).get("path")
+            if isinstance(found, str) and found:
+                return found
+    if HUB_ID.match(text) and ".." not in text:
+        return text
+    raise _fail(option, f"{value}: no such file or folder here, and not a Hugging Face id (ORG/NAME, e.g. "
+                        f"meta-llama/Llama-3.1-8B-Instruct); give the checkpoint's path or its hub id")
+
+
+def deployment(args):
+    """The deployment of ``--deploy-*``, ``--context-length``, ``--tp`` and ``--draft-tp``
+    (:class:`specc.tune.emit.Deployment`), checked with the other options, before any model loads; what
+    depends on the candidates is checked by :func:`check_deployment`. Raises SpeccError naming the option:
+
+    * ``--context-length`` / ``--tp`` / ``--draft-tp`` outside 1..the plan schema's bound
+      (``specc.plan.load.MAX_MODEL_LEN``, ``MAX_PARALLEL``); a context that cannot hold
+      ``--max-new-tokens``. The engines take any TP size (not only powers of two); whether it divides the
+      model's attention heads is a checkpoint rule, which ``specc check`` runs on the written command;
+    * ``--draft-tp`` other than 1 or ``--tp`` (vLLM refuses it, ``vllm/config/speculative.py:1851-1870``),
+      or other than ``--tp`` with ``--deploy-engine sglang`` (SGLang builds the draft worker in the
+      target's TP group and has no flag for another size, ``speculative/eagle_worker_v2.py:217-230;
+      arg_groups/fields/spec.py:31-283``);
+    * ``--deploy-target`` / ``--deploy-draft`` neither an existing path, a ``conf/target`` option (target
+      only) nor a Hugging Face id; ``--deploy-draft`` without ``--deploy-target`` (a drafter is trained
+      for one target).
+    """
+    from specc.plan.load import MAX_MODEL_LEN, MAX_PARALLEL
+    from specc.tune.emit import DEPLOY_ENGINES, Deployment
+
+    for option, value, top in (("--context-length", args.context_length, MAX_MODEL_LEN),
+                               ("--tp", args.tp, MAX_PARALLEL), ("--draft-tp", args.draft_tp, MAX_PARALLEL)):
+        if value is not None and not 1 <= value <= top:
+            raise _fail(option, f"{value}: must be a whole number from 1 to {top}")
+    if args.context_length is not None and args.context_length <= args.max_new_tokens:
+        raise _fail("--context-length", f"{args.context_length}: the deployment's context holds the prompt and the "
+                                        f"answer, and tune plans for answers of --max-new-tokens {args.max_new_tokens}: "
+                                        f"pass more than {args.max_new_tokens}")
+    if args.draft_tp is not None:
+        tp = args.tp or 1
+        if args.draft_tp not in (1, tp):
+            raise _fail("--draft-tp", f"{args.draft_tp}: vLLM runs the draft at tensor parallel 1 or the target's "
+                                      f"(--tp {tp}) and refuses other sizes (vllm/config/speculative.py:1851-1870)")
+        if DEPLOY_ENGINES[args.deploy_engine] == ("sglang",) and args.draft_tp != tp:
+            raise _fail("--draft-tp", f"{args.draft_tp}: SGLang runs the draft in the target's tensor-parallel group "
+                                      f"(--tp {tp}) and has no flag for another size (sglang "
+                                      f"speculative/eagle_worker_v2.py:217-230); leave --draft-tp out")
+    target = _model_ref("--deploy-target", args.deploy_target)
+    draft = _model_ref("--deploy-draft", args.deploy_draft)
+    if draft is not None and target is None:
+        raise _fail("--deploy-draft", f"{args.deploy_draft}: a drafter is trained for one target; pass --deploy-target "
+                                      f"MODEL (the model it drafts for) with it")
+    return Deployment(engines=DEPLOY_ENGINES[args.deploy_engine], target=target, draft=draft,
+                      context_length=args.context_length, tp=args.tp, draft_tp=args.draft_tp)
+
+
+def check_deployment(dep, candidates, measured: str, measured_path: Optional[str] = None):
+    """The deployment ``dep`` (:func:`deployment`) against the ``candidates`` tune will measure (on
+    ``measured``, the ``--target`` name, at ``measured_path``), before any model loads; the drafter facts
+    are the method rows' (:attr:`specc.methods.facts.Method.needs_draft_checkpoint`,
+    ``target_ships_draft``, ``lookup``). Returns ``dep``, with ``target`` None when ``--deploy-target``
+    is the measuring model itself (its drafters fit it). Raises SpeccError naming the option:
+
+    * ``--deploy-draft`` with candidates that all draft by lookup (no checkpoint to take), or with
+      candidates of more than one method that drafts with a checkpoint (one checkpoint is one method's
+      drafter: narrow ``--methods``);
+    * ``--deploy-target`` without ``--deploy-draft`` when a candidate's method needs a drafter checkpoint
+      (the drafters tune measures were trained for the measuring target, not this one);
+    * ``--draft-tp`` with candidates that all draft by lookup (no draft model runs).
+    """
+    import dataclasses
+
+    from specc import methods
+
+    if dep.target is not None and measured_path and dep.target in (measured_path, _resolved(measured_path)):
+        dep = dataclasses.replace(dep, target=None)
+    rows = {c.method: methods.get(c.method) for c in candidates}
+    needs = sorted(m for m, r in rows.items() if r.needs_draft_checkpoint)
+    takes = sorted(m for m, r in rows.items() if r.needs_draft_checkpoint or r.target_ships_draft)
+    named = ", ".join(sorted(rows))
+    if dep.draft is not None and not takes:
+        raise _fail("--deploy-draft", f"{dep.draft}: the candidates' methods ({named}) draft by lookup and take "
+                                      f"no drafter checkpoint; leave --deploy-draft out")
+    if dep.draft is not None and len(takes) > 1:
+        raise _fail("--deploy-draft", f"{dep.draft}: one drafter checkpoint is the drafter of one method, and the "
+                                      f"candidates draft with checkpoints of methods {', '.join(takes)}; pass --methods "
+                                      f"with the one it is for (lookups may join it, e.g. --methods {takes[0]},ngram)")
+    if dep.target is not None and dep.draft is None and needs:
+        raise _fail("--deploy-target", f"{dep.target}: the candidates of methods {', '.join(needs)} draft with a "
+                                       f"checkpoint, and the drafters tune measures were trained for {measured}, not for "
+                                       f"{dep.target}: pass --deploy-draft DRAFTER (that method's drafter for "
+                                       f"{dep.target}, with --methods naming the method), or --methods "
+                                       f"ngram,suffix (lookups need no drafter)")
+    if dep.draft_tp is not None and all(r.lookup for r in rows.values()):
+        raise _fail("--draft-tp", f"{dep.draft_tp}: the candidates' methods ({named}) draft by lookup and run no "
+                                  f"draft model; leave --draft-tp out")
+    return dep
+
+
+def _resolved(path: str) -> str:
+    """``path`` made absolute (a ``pkg://`` path as it is)."""
+    return path if "://" in path else str(Path(path).expanduser().resolve())
+
+
 def run(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     records, conc, out = validate(args)
+    dep = deployment(args)
     from specc.tune.candidates import DEFAULT_TARGET, discover, target_conf, target_path
 
     methods_list = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
@@ -171,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
         t = cands[0].plan.target
         check_target_room(args, t.path, t.format, t.max_model_len, conc)
     tname, tpath = target_path(target)
+    args.deployment = check_deployment(dep, cands, tname, tpath)
     budget = 60.0 * args.budget_min
     from specc.tune.session import Session
 

@@ -9,7 +9,11 @@ Files, next to ``--out PLAN.yaml`` (stem S):
   controller with those buckets' κ as candidates, or a static κ where SGLang runs no adaptive
   schedule for the method;
 * ``S.launch.sh`` — ``specc export`` of both (SGLang's adaptive config in ``S.sglang_adaptive.json``),
-  each only when that engine's rules accept the plan (else the refusal is written instead);
+  each only when that engine's rules accept the plan and ``specc check`` accepts the command read back
+  (:func:`launch_section`; else the refusal is written instead), under a header saying which target
+  the commands are for (:func:`launch_header`). With a :class:`Deployment` (``--deploy-target`` …) the
+  engine plans (``S.sglang.yaml``, ``S.vllm.yaml``) are for it (:func:`deploy_document`), and only its
+  ``--deploy-engine`` engines are written;
 * ``S.acceptance.json`` — the acceptance record of every measured drafter (:mod:`specc.predict.acceptance`);
 * ``S.report.md``, ``S.json``, ``S.png`` — predicted against measured, and the plot.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -146,10 +151,12 @@ def verdict(plan_or_doc: Any, engine: str, where: Optional[Path] = None) -> Tupl
     return errors, falls
 
 
-def export_text(path: Path, engine: str, adaptive_path: Optional[Path] = None) -> Tuple[bool, str]:
+def export_text(path: Path, engine: str, adaptive_path: Optional[Path] = None,
+                base_dir: Optional[Path] = None) -> Tuple[bool, str]:
     """``specc export PATH --engine ENGINE`` as text: ``(accepted, text)`` — the launch command (and the
-    adaptive config written to ``adaptive_path``), or the engine's refusals as comment lines. Every
-    rule message is kept as a comment above the command."""
+    adaptive config written to ``adaptive_path``; the command names it relative to ``base_dir``, the
+    launch file's folder, when given), or the engine's refusals as comment lines. Every rule message is
+    kept as a comment above the command, which is the text's last line when accepted."""
     from specc.export import export, resolve_pkg_paths
     from specc.plan.load import load_plan
     from specc.check import check
@@ -168,11 +175,174 @@ def export_text(path: Path, engine: str, adaptive_path: Optional[Path] = None) -
     launch = export(resolved, engine)
     extra = getattr(launch, "adaptive_config", None)
     if extra and adaptive_path is not None:
-        launch.adaptive_config_path = str(adaptive_path)
+        named = os.path.relpath(adaptive_path, base_dir) if base_dir is not None else str(adaptive_path)
+        launch.adaptive_config_path = named
+        # the exporter wrote its default name into the arguments: the command names the file written here
+        flag = "--speculative-adaptive-config"
+        if flag in launch.args[:-1]:
+            launch.args[launch.args.index(flag) + 1] = named
         _atomic_write(adaptive_path, json.dumps(extra, indent=2) + "\n")
-        lines.append(f"# adaptive config: {adaptive_path}")
+        lines.append(f"# adaptive config: {named}" + (" (a path from the launch file's folder)" if base_dir is not None else ""))
     lines.append(launch.command())
     return True, "\n".join(lines) + "\n"
+
+
+#: ``specc tune --deploy-engine`` values: the engines whose settings tune writes, in the launch file's order.
+DEPLOY_ENGINES = {"both": ("vllm", "sglang"), "sglang": ("sglang",), "vllm": ("vllm",)}
+ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The deployment tune's engine settings are written for (``specc tune --deploy-engine``,
+    ``--deploy-target``, ``--deploy-draft``, ``--context-length``, ``--tp``, ``--draft-tp``;
+    validated by :func:`specc.commands.tune.deployment`).
+
+    ``engines``: the engines whose files and launch commands are written. ``target`` / ``draft``: the
+    model the engine serves and its drafter, each an absolute local path or a Hugging Face id the engine
+    downloads; None keeps the measuring model (and its drafter). ``context_length``: tokens per
+    sequence, prompt and answer (``target.max_model_len``). ``tp`` / ``draft_tp``: tensor-parallel GPUs
+    of the target and of the draft (``deploy.parallel.tp`` / ``draft_tp``)."""
+
+    engines: Tuple[str, ...] = DEPLOY_ENGINES["both"]
+    target: Optional[str] = None
+    draft: Optional[str] = None
+    context_length: Optional[int] = None
+    tp: Optional[int] = None
+    draft_tp: Optional[int] = None
+
+    @property
+    def given(self) -> bool:
+        """A deployment key is set: the engine files are written for it, not for the measuring model."""
+        return any(v is not None for v in (self.target, self.draft, self.context_length, self.tp, self.draft_tp))
+
+    def describe(self) -> str:
+        """The deployment in words, with the flag of each part."""
+        parts = [f"serving {self.target} (--deploy-target)" if self.target else "serving the measuring model"]
+        for value, what, flag in ((self.draft, "drafter", "--deploy-draft"),
+                                  (self.context_length, "context", "--context-length"),
+                                  (self.tp, "tensor parallel", "--tp"), (self.draft_tp, "draft tensor parallel", "--draft-tp")):
+            if value is not None:
+                parts.append(f"{what} {value} ({flag})")
+        return " and ".join(ENGINE_LABELS[e] for e in self.engines) + " " + ", ".join(parts)
+
+
+def deploy_document(doc: Dict[str, Any], dep: Deployment, method: str) -> Dict[str, Any]:
+    """A copy of ``doc`` (an engine's plan document, :func:`plan_document`; ``method`` its
+    ``method.name``) for the deployment ``dep``:
+
+    * ``--deploy-target`` replaces the target (the ``/target`` default and the ``target`` keys):
+      ``target.path``, ``target.format`` ``gguf`` for a ``.gguf`` file else ``hf``; architecture, vocabulary
+      and dtype are left to the engine, which reads them from the checkpoint. The drafter (``/draft``
+      default, ``draft`` keys) goes with it: ``--deploy-draft`` becomes ``draft.path`` for a method whose
+      draft is a checkpoint (:attr:`specc.methods.facts.Method.needs_draft_checkpoint`, or MTP's
+      ``target_ships_draft``: optional there, the engines then read the target's own layers); a lookup
+      takes none. ``schedule.cost_table`` is dropped: it timed the measuring model on this machine;
+    * ``--context-length`` is ``target.max_model_len`` (SGLang ``--context-length``, vLLM ``--max-model-len``);
+    * ``--tp`` / ``--draft-tp`` are ``deploy.parallel.tp`` / ``deploy.parallel.draft_tp``;
+    * ``runtime.device`` is ``cuda``: the launch commands carry no ``--device cpu``, so the engines run them
+      on a GPU, and ``specc check --sglang-args / --vllm-args`` reads them so.
+    """
+    import copy
+
+    from specc import methods
+
+    out = copy.deepcopy(doc)
+    if not dep.given:
+        return out
+    row = methods.get(method)
+    if dep.target is not None:
+        out["defaults"] = [d for d in (out.get("defaults") or [])
+                           if not (isinstance(d, dict) and any(str(k).lstrip("/") in ("target", "draft") for k in d))]
+        out["target"] = {"path": dep.target, "format": "gguf" if dep.target.lower().endswith(".gguf") else "hf"}
+        out.pop("draft", None)
+        if dep.draft is not None and (row.needs_draft_checkpoint or row.target_ships_draft):
+            out["draft"] = {"path": dep.draft, "format": "hf"}
+        schedule = dict(out.get("schedule") or {})
+        schedule.pop("cost_table", None)
+        out["schedule"] = schedule
+    elif dep.draft is not None and out.get("draft") is not None:
+        out["draft"] = dict(out["draft"], path=dep.draft)
+    if dep.context_length is not None:
+        out["target"] = dict(out.get("target") or {}, max_model_len=int(dep.context_length))
+    if dep.tp is not None or dep.draft_tp is not None:
+        deploy = dict(out.get("deploy") or {})
+        parallel = dict(deploy.get("parallel") or {})
+        if dep.tp is not None:
+            parallel["tp"] = int(dep.tp)
+        if dep.draft_tp is not None:
+            parallel["draft_tp"] = int(dep.draft_tp)
+        deploy["parallel"] = parallel
+        out["deploy"] = deploy
+    out["runtime"] = dict(out.get("runtime") or {}, device="cuda")
+    return out
+
+
+def recheck_command(engine: str, command: str, base_dir: Optional[Path] = None) -> Tuple[bool, List[str]]:
+    """The launch command read back as ``specc check --<engine>-args`` reads it: the engine release's own
+    parser (:mod:`specc.importer`), then its rules on the plan the command amounts to
+    (:func:`specc.commands.check.check_command`; files the command names, such as SGLang's adaptive
+    config, are read relative to ``base_dir``). Returns ``(accepted, problems)``: accepted when nothing
+    is an error (``specc check`` would exit 0); ``problems``: ``error: [rule] message`` per error (or why
+    the command could not be read)."""
+    from specc.commands.check import check_command
+
+    problems: List[str] = []
+    for result in check_command(engine, [command], None, base_dir=base_dir):
+        if result.error:
+            problems.append(f"error: {result.error}")
+        problems += [f"error: [{v.rule}] {v.message}" for v in result.violations if v.severity == "error"]
+    return not problems, problems
+
+
+def launch_section(path: Path, engine: str, adaptive_path: Optional[Path] = None,
+                   base_dir: Optional[Path] = None) -> Tuple[bool, str, List[str]]:
+    """One engine's part of the launch file: :func:`export_text` of the plan at ``path``, then its launch
+    command checked by :func:`recheck_command` before it is written. Returns ``(accepted, text,
+    problems)``: the command (last line) under its rule messages and a line saying `specc check` accepted
+    it; or, when the plan's rules or the re-check refuse it, the refusal as comment lines (the refused
+    command itself commented out, so `specc check --file` never reads it) and ``problems`` naming the
+    errors of the re-check (empty when the plan's rules already refused: ``text`` names those)."""
+    ok, text = export_text(path, engine, adaptive_path, base_dir)
+    if not ok:
+        return False, text, []
+    lines = text.rstrip("\n").split("\n")
+    command = lines.pop()
+    accepted, problems = recheck_command(engine, command, base_dir)
+    if accepted:
+        lines += [f"#   checked: `specc check --{engine}-args` accepts this command", command]
+        return True, "\n".join(lines) + "\n", []
+    lines += [f"#   refused command: {command}"] + [f"#   {p}" for p in problems]
+    lines.append(f"# `specc check --{engine}-args` refuses the command `specc export` wrote for {path.name} "
+                 f"(errors above); no launch command")
+    return False, "\n".join(lines) + "\n", problems
+
+
+def launch_header(out_name: str, dep: Deployment, measured_name: str, measured_path: str,
+                  launch_name: str, accepted: Sequence[str]) -> List[str]:
+    """The launch file's comment header: what the commands are for. Without a deployment, the first line
+    after the title says the target is the model tune measured on and which flags write the commands
+    for a real deployment; with one, the deployment, and when ``--deploy-target`` is another model than
+    the measured one, that κ and α were measured on the measuring model and do not carry to it. Then
+    the ``specc check`` command that re-checks each command in ``accepted`` (engine names)."""
+    lines = [f"# Launch settings of {out_name} (`specc export`), written by specc tune"]
+    if not dep.given:
+        lines.append(f"# Target: {measured_path}, the model tune measured on ({measured_name}), not a deployment: pass "
+                     f"--deploy-target MODEL (a path or a Hugging Face id), --deploy-draft DRAFTER (for a method "
+                     f"that drafts with a checkpoint), --context-length N, --tp N and --deploy-engine "
+                     f"sglang|vllm|both to write these commands for your deployment")
+    else:
+        lines.append(f"# Deployment: {dep.describe()}")
+        if dep.target is not None and dep.target not in (measured_name, measured_path):
+            lines.append(f"# Not measured on {dep.target}: tune measured {measured_name} ({measured_path}) with its own "
+                         f"drafters on this machine, so κ per batch size and α (schedule.alpha) come from those runs "
+                         f"and do not carry to {dep.target} (acceptance depends on the model, its text and its "
+                         f"drafter; step costs on the model and the GPU): measure them on {dep.target} before trusting "
+                         f"them. A drafter must be {dep.target}'s own (--deploy-draft), trained for it")
+    for engine in accepted:
+        lines.append(f"# {ENGINE_LABELS[engine]} command checked by `specc check` before it was written; re-check "
+                     f"it in this folder: specc check --{engine}-args --file {launch_name}")
+    return lines + [""]
 
 
 def report_markdown(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str]) -> str:

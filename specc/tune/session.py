@@ -505,29 +505,50 @@ class Session:
         if errors:
             self.notes.append(f"{out}: {args.engine} rules report " + "; ".join(f"[{v.rule}] {v.message}" for v in errors))
         files.append(str(out))
-        # engine settings: the chosen drafter where the engine runs it, else the best one it runs
-        launch = [f"# Launch settings of {out.name} (`specc export`), written by specc tune", ""]
-        vllm_plan, _ = self._vllm_plan(pred, final, measurements, table_ref, sizes, out, header)
-        if vllm_plan != out:
-            files.append(str(vllm_plan))
-        ok_v, text_v = emit.export_text(vllm_plan, "vllm")
-        launch.append(text_v)
-        sg_path = Path(f"{stem}.sglang.yaml")
-        s_final, s_why = self._engine_choice(pred, final, "sglang")
-        s_win = self.cands[s_final.candidate]
-        sg_doc = self._sglang_document(pred, s_win, s_final, measurements[s_win.name].entry, table_ref, sizes, out)
-        why = f" {s_why}." if s_final.candidate != final.candidate else ""
-        emit._atomic_write(sg_path, emit.dump_plan(sg_doc, header[:1] + [f"SGLang variant of {out.name} (SGLang has no "
-                                                                          f"batch_buckets).{why}"]))
-        files.append(str(sg_path))
-        ok_s, text_s = emit.export_text(sg_path, "sglang", Path(f"{stem}.sglang_adaptive.json"))
-        launch.append(text_s)
-        if Path(f"{stem}.sglang_adaptive.json").exists():
-            files.append(f"{stem}.sglang_adaptive.json")
+        # engine settings: the chosen drafter where the engine runs it, else the best one it runs; each
+        # for the deployment (--deploy-*) when one is given, each command checked before it is written
+        dep = getattr(args, "deployment", None) or emit.Deployment()
         launch_path = Path(f"{stem}.launch.sh")
-        emit._atomic_write(launch_path, "\n".join(launch))
+        sections: List[str] = []
+        self.exports = {}
+        if "vllm" in dep.engines:
+            vllm_plan, _ = self._vllm_plan(pred, final, measurements, table_ref, sizes, out, header)
+            unused = ""
+            if dep.given:
+                vllm_plan, unused = self._deployment_file(vllm_plan, Path(f"{stem}.vllm.yaml"), dep,
+                                                          header[:1] + [f"vLLM settings of {out.name}."], "vLLM")
+            if vllm_plan != out:
+                files.append(str(vllm_plan))
+            self.exports["vllm"], text_v = self._launch_section(vllm_plan, "vllm", None, launch_path)
+            sections.append(f"# {unused}\n{text_v}" if unused else text_v)
+        else:
+            Path(f"{stem}.vllm.yaml").unlink(missing_ok=True)  # an earlier run's settings are not this deployment's
+        if "sglang" not in dep.engines:
+            for stale in (Path(f"{stem}.sglang.yaml"), Path(f"{stem}.sglang_adaptive.json")):
+                stale.unlink(missing_ok=True)
+        else:
+            sg_path = Path(f"{stem}.sglang.yaml")
+            s_final, s_why = self._engine_choice(pred, final, "sglang")
+            s_win = self.cands[s_final.candidate]
+            sg_doc = self._sglang_document(pred, s_win, s_final, measurements[s_win.name].entry, table_ref, sizes, out)
+            why = f" {s_why}." if s_final.candidate != final.candidate else ""
+            sg_header = header[:1] + [f"SGLang variant of {out.name} (SGLang has no batch_buckets).{why}"]
+            unused = ""
+            if dep.given:
+                sg_doc = emit.deploy_document(sg_doc, dep, s_win.method)
+                sg_header.append(f"For the deployment: {dep.describe()}.")
+                unused = self._unused_draft(dep, s_win.method, "SGLang")
+            emit._atomic_write(sg_path, emit.dump_plan(sg_doc, sg_header))
+            files.append(str(sg_path))
+            adaptive = Path(f"{stem}.sglang_adaptive.json")
+            self.exports["sglang"], text_s = self._launch_section(sg_path, "sglang", adaptive, launch_path)
+            sections.append(f"# {unused}\n{text_s}" if unused else text_s)
+            if adaptive.exists():
+                files.append(str(adaptive))
+        launch = emit.launch_header(out.name, dep, self.tname, self.tpath, launch_path.name,
+                                    [e for e, ok in self.exports.items() if ok])
+        emit._atomic_write(launch_path, "\n".join(launch + sections))
         files.append(str(launch_path))
-        self.exports = {"vllm": ok_v, "sglang": ok_s}
         # the report
         rows, data_rows, misses = self._report_rows(pred, measurements, plain, results, configs, explain_miss)
         notes = self._report_notes(pred, choice, final, measurements, how, misses)
@@ -575,6 +596,59 @@ class Session:
         emit._atomic_write(js, json.dumps(data, indent=1, default=str) + "\n")
         files.append(str(js))
         return files
+
+    def _launch_section(self, path: Path, engine: str, adaptive: Optional[Path], launch_path: Path):
+        """:func:`specc.tune.emit.launch_section` of the plan at ``path`` (``adaptive``: where SGLang's
+        adaptive config goes); a refusal is said on stderr, and a refused re-check in the report too.
+        Returns ``(accepted, text)``."""
+        from specc.tune import emit
+
+        ok, text, problems = emit.launch_section(path, engine, adaptive, launch_path.parent)
+        label = emit.ENGINE_LABELS[engine]
+        if problems:
+            msg = (f"{label} launch command not written: `specc check --{engine}-args` refuses the command exported "
+                   f"from {path.name}: " + "; ".join(problems) + f" (the refusal is in {launch_path.name})")
+            self.say(msg)
+            self.notes.append(msg)
+        elif not ok:
+            self.say(f"{label} launch command not written: {engine}'s rules refuse {path.name} (see {launch_path.name})")
+        return ok, text
+
+    def _deployment_file(self, src: Path, dst: Path, dep, header: List[str], label: str) -> Tuple[Path, str]:
+        """The engine plan at ``src`` (``--out`` itself or its engine variant) for the deployment ``dep``
+        (:func:`specc.tune.emit.deploy_document`), written to ``dst``: headed by ``header`` when ``src`` is
+        another file, else by its own comment lines; then a line naming the deployment. ``label``: the
+        engine's name for notes. Returns ``(dst, the note of an unused --deploy-draft or "")``."""
+        import yaml
+
+        from specc.plan.load import load_plan
+        from specc.tune import emit
+
+        text = src.read_text()
+        if src == dst:  # the variant's own header (its lines up to the first that is not a comment)
+            header = []
+            for line in text.splitlines():
+                if not line.startswith("#"):
+                    break
+                header.append(line[1:].strip())
+        method = load_plan(str(src)).plan.method.name
+        doc = emit.deploy_document(yaml.safe_load(text) or {}, dep, method)
+        emit._atomic_write(dst, emit.dump_plan(doc, list(header) + [f"For the deployment: {dep.describe()}."]))
+        return dst, self._unused_draft(dep, method, label)
+
+    def _unused_draft(self, dep, method: str, label: str) -> str:
+        """The note (said on stderr and in the report; returned for the launch file) when ``--deploy-draft``
+        is given but ``label``'s settings use a method that takes no drafter checkpoint (a lookup that won
+        the choice over the drafters that needed it); "" otherwise."""
+        from specc import methods
+
+        row = methods.get(method)
+        if dep.draft is not None and not (row.needs_draft_checkpoint or row.target_ships_draft):
+            note = f"{label}'s settings use {method}, which drafts with no checkpoint: --deploy-draft {dep.draft} is not used"
+            self.say(note)
+            self.notes.append(note)
+            return note
+        return ""
 
     def _engine_choice(self, pred, final, engine: str):
         """The choice whose settings tune writes for ``engine``: ``final`` when the engine's rules accept
@@ -747,8 +821,10 @@ class Session:
         notes.append("choice: " + ", ".join(f"{n} {s:.3f}" for n, s in sorted(final.scores.items(), key=lambda kv: -kv[1]))
                      + " (worst ratio over the concurrencies of each drafter's bucket schedule to the best there)")
         notes.append(f"plan: {final.candidate}, κ per batch bucket {final.buckets}")
-        notes.append(f"exports: SGLang {'accepted' if self.exports.get('sglang') else 'REFUSED'}, vLLM "
-                     f"{'accepted' if self.exports.get('vllm') else 'REFUSED'} by their rules (see the launch file)")
+        labels = {"sglang": "SGLang", "vllm": "vLLM"}
+        notes.append("exports: " + ", ".join(f"{labels[e]} {'accepted' if self.exports[e] else 'REFUSED'}"
+                                             for e in ("sglang", "vllm") if e in self.exports)
+                     + " by their rules and by `specc check` of the launch command (see the launch file)")
         notes += self.notes
         if misses:
             notes.append(f"{len(misses)} prediction(s) off by more than {MISS:.0%}:")
