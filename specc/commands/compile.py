@@ -60,12 +60,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cache_dir() -> Path:
-    """Where ``specc run PLAN`` compiles plans: ``$SPECC_CACHE_DIR/artifacts`` (default
-    ``~/.cache/specc/artifacts``). An artifact's directory name carries the hash of its content, so
-    the cache is keyed by it: an unchanged plan is compiled once."""
-    import os
+    """Where ``specc run PLAN`` compiles plans (:func:`specc.compiler.build.artifact_cache_dir`)."""
+    from specc.compiler.build import artifact_cache_dir
 
-    return Path(os.environ.get("SPECC_CACHE_DIR") or Path.home() / ".cache" / "specc") / "artifacts"
+    return artifact_cache_dir()
 
 
 def is_artifact(source: str) -> bool:

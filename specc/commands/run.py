@@ -26,6 +26,8 @@ import sys
 import threading
 from typing import List
 
+from specc.console import plural
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from specc.runtime.args import (non_negative_float, non_negative_int, positive_int, seed_int, thread_count,
@@ -169,7 +171,7 @@ def _print_summary(runtime, art, as_json: bool, finished: int, total: int, inter
             summary["drafter"] = runtime.drafter.host_report()
         print(json.dumps({"summary": summary}), flush=True)
         return
-    print("=== metrics" + (f" of the {finished} finished request(s); interrupted after {finished} of {total}"
+    print("=== metrics" + (f" of the {plural(finished, 'finished request')}; interrupted after {finished} of {total}"
                             if interrupted else ""))
     print(m.summary(), flush=True)
     if hasattr(runtime.drafter, "host_report"):
@@ -203,9 +205,9 @@ def run(args) -> int:
                                 seed=None if args.seed is None else args.seed + i, stop=tuple(args.stop))
         requests.append(Request(prompt_ids=prompt_ids, params=params, prompt=rec.text, request_id=rec.id))
     if not args.json:
-        print(f"artifact {art.name}: {len(runtime.states)} state(s) "
+        print(f"artifact {art.name}: {plural(len(runtime.states), 'state')} "
               f"[{', '.join(s.spec.name for s in runtime.states)}] on {runtime.device}; "
-              f"{len(requests)} prompt(s)", file=sys.stderr)
+              f"{plural(len(requests), 'prompt')}", file=sys.stderr)
         print(f"loaded: {runtime.load_report()}", file=sys.stderr)
     by_id = {rec.id: rec for rec in records}
     bar = progress(total=len(requests), desc="specc run", unit="req", disable=args.no_progress)
@@ -228,7 +230,7 @@ def run(args) -> int:
             runtime.generate(requests, batch_size=args.batch_size, on_finish=done)
     except KeyboardInterrupt:
         bar.close()
-        print(f"specc run: interrupted after {finished} of {len(requests)} request(s)", file=sys.stderr)
+        print(f"specc run: interrupted after {finished} of {plural(len(requests), 'request')}", file=sys.stderr)
         _print_summary(runtime, art, args.json, finished, len(requests), interrupted=True)
         return 130
     finally:

@@ -56,6 +56,16 @@ def state_constants(state: Any) -> Tuple[Tuple[str, Any], ...]:
     return tuple(sorted(out.items()))
 
 
+def artifact_cache_dir() -> Path:
+    """Where plans named to ``specc run`` / ``serve`` / ``bench`` and tune's candidates are compiled:
+    ``$SPECC_CACHE_DIR/artifacts`` (default ``~/.cache/specc/artifacts``). An artifact's directory
+    name carries the hash of its content, so the cache is keyed by it: an unchanged plan is compiled
+    once."""
+    import os
+
+    return Path(os.environ.get("SPECC_CACHE_DIR") or Path.home() / ".cache" / "specc") / "artifacts"
+
+
 def target_vocab(plan: Any) -> Optional[int]:
     """The target's vocabulary V (rows of its LM head, the width of the logits the verify kernels
     read), from its checkpoint's ``config.json`` or GGUF header (``specc.predict.deploy_cost.checkpoint_shape``),

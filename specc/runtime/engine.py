@@ -229,15 +229,17 @@ class Runtime:
 
     def load_report(self) -> str:
         """One line for the log at load: states, schedule, static-buffer memory, captured graphs."""
+        from specc.console import plural
+
         mib = sum(s.inputs.nbytes() for s in self.states) / (1 << 20)
         cap = sum(s.capture_s for s in self.states)
         if self.num_captured:
             pool = sum(s.graph_pool_bytes for s in self.states) / (1 << 20)
-            graphs = f"{self.num_captured} CUDA graph(s) captured in {cap:.2f}s, graph pools {pool:.1f} MiB"
+            graphs = f"{plural(self.num_captured, 'CUDA graph')} captured in {cap:.2f}s, graph pools {pool:.1f} MiB"
         elif self.num_compiled:
             breaks = sum(s.graph_breaks for s in self.states)
-            graphs = (f"{self.num_compiled} verify program(s) compiled with inductor in {cap:.1f}s "
-                      f"({breaks} graph break(s))")
+            graphs = (f"{plural(self.num_compiled, 'verify program')} compiled with inductor in {cap:.1f}s "
+                      f"({plural(breaks, 'graph break')})")
         else:
             graphs = "eager verify programs"
         why = f" ({self.settings['why']})" if self.settings.get("why") else ""
@@ -252,7 +254,7 @@ class Runtime:
         mem = (f"; {weights_report(self.target)}; target KV {kv:.1f} MiB reserved "
                f"({self.max_rows} rows x {self.cache_len} slots{', committed as slots are written' if self.device.type == 'cpu' else ''})"
                + (f"; resident memory now {rss / (1 << 20):.0f} MiB" if rss else ""))
-        return (f"{len(self.states)} state(s) under schedule {self.schedule.kind}, static buffers {mib:.1f} MiB, "
+        return (f"{plural(len(self.states), 'state')} under schedule {self.schedule.kind}, static buffers {mib:.1f} MiB, "
                 f"{graphs}; target {self.settings['dtype']}{why}{draft}{mem}")
 
     def states_of(self, names: Iterable[str]) -> List[SpecRuntimeState]:

@@ -99,7 +99,7 @@ class Models:
     def runtime(self, plan, candidate=None):
         """The runtime of ``plan`` (``candidate`` None: plain decoding) over the shared models, built
         from its compiled artifact: the plan is compiled into the content-addressed cache
-        (``$SPECC_CACHE_DIR/artifacts``, ``specc.commands.compile.cache_dir``; an identical artifact
+        (``$SPECC_CACHE_DIR/artifacts``, ``specc.compiler.build.artifact_cache_dir``; an identical artifact
         already there is reused), loaded and verified (``specc.runtime.artifact.load_artifact``), and
         run with its specialized kernels and the compile backend ``specc run`` would pick
         (``specc.runtime.loader.choose_settings``) — what tune measures is what was compiled.
@@ -108,7 +108,7 @@ class Models:
             PlanError: a plan the ``specc`` profile refuses. ArtifactError: an unwritable cache.
         """
         from specc.compiler import build
-        from specc.commands.compile import cache_dir
+        from specc.compiler.build import artifact_cache_dir as cache_dir
         from specc.runtime.artifact import load_artifact
         from specc.runtime.loader import artifact_runtime, choose_settings, runtime_spec
 
