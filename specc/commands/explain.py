@@ -514,13 +514,13 @@ def assumed_rows(preds, pays) -> List[List[str]]:
 def match_record(entries, plan, path: str):
     """The entry of an acceptance record file (``--acceptance RECORD.json``) measured for ``plan``'s
     target, drafter and proposals. Raises SpeccError naming ``--acceptance`` and the entries it has."""
-    from specc.predict.acceptance import proposal_key
+    from specc.predict.acceptance import entry_for, proposal_key
 
     key = proposal_key(plan)
     draft = str(plan.draft.path) if plan.draft is not None and plan.draft.path else None
-    for e in entries:
-        if e.key == key and e.draft == draft and e.target == str(plan.target.path):
-            return e
+    found = entry_for(entries, plan)
+    if found is not None:
+        return found
     have = "; ".join(f"{e.key} (draft {e.draft})" for e in entries) or "none"
     raise SpeccError(f"--acceptance {path}: no entry for this plan's drafter and proposals ({key}, draft {draft}); "
                      f"the record has: {have}")
@@ -577,10 +577,31 @@ def analyze_one(args: argparse.Namespace, source: str, overrides: List[str]):
         for st in res["lowering"].states:
             stats = graph_stats(res["graphs"][st.name])
             pays[st.name] = (alpha_to_pay(st, res["inputs"], stats, False), alpha_to_pay(st, res["inputs"], stats, True))
+    from specc.tune.predict import plan_predictions
+
+    story = plan_predictions(plan, buckets={int(k): list(v) for k, v in res["lowering"].buckets.items()})
     ctx = dict(loaded=loaded, engine=engine, plan=plan, violations=violations, planning=planning, res=res,
                preds=preds, alpha=alpha_used, alpha_source=alpha_source, alpha_note=alpha_note, assumed=assumed,
-               measured=measured, pays=pays)
+               measured=measured, pays=pays, story=story)
     return 0, ctx
+
+
+def story_lines(story: dict) -> List[str]:
+    """The lines of :func:`specc.tune.predict.plan_predictions`: the plan at each concurrency, predicted
+    (and measured, where ``specc tune`` ran it) against plain decoding."""
+    if story["unknown"]:
+        return [f"plan at each concurrency: {story['unknown']}"]
+    how = ("specc tune's predictor: the cost table and stage costs it wrote" if story["tuned"]
+           else "the cost table alone (no stage costs from `specc tune`: host work not counted)")
+    out = [f"plan at each concurrency ({how}, {story['cost_table']}):"]
+    for r in story["rows"]:
+        line = (f"  concurrency {r['concurrency']}: bucket {r['bucket']}, κ = {r['num_steps']}: predicted "
+                f"{r['tok_s']:.1f} tok/s vs plain {r['plain_tok_s']:.1f} = {r['speedup']:.2f}x")
+        if r.get("measured_speedup"):
+            line += (f"; measured by specc tune {r['measured_tok_s']:.1f} vs {r['measured_plain_tok_s']:.1f} = "
+                     f"{r['measured_speedup']:.2f}x ({story['measured_source']})")
+        out.append(line)
+    return out
 
 
 def context_json(args: argparse.Namespace, ctx) -> dict:
@@ -670,7 +691,7 @@ def print_one(args: argparse.Namespace, ctx) -> int:
         if measured is not None:
             data["measured_acceptance"].update(drafts_per_step=measured.drafts_per_step,
                                                speedup_at_batch_measured_width=by_width)
-        data.update(deployment=deployment_json(deployment), refusal=refusal)
+        data.update(deployment=deployment_json(deployment), refusal=refusal, plan_at_concurrency=ctx["story"])
         print(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
         return 1 if bad or refusal else 0
     print(f"plan {plan.name} ({loaded.path}): method {plan.method.name}, verify {plan.verify.rule}, "
@@ -713,6 +734,8 @@ def print_one(args: argparse.Namespace, ctx) -> int:
         print()
         for line in _legend(preds, res["inputs"]):
             print(line)
+    for line in story_lines(ctx["story"]):
+        print(line)
     if by_width:
         print(f"measured width ({plan.method.name} drafts only what its match gives; the run verified "
               f"{measured.drafts_per_step:.2f} drafts per request and step, τ = {measured.tau:.2f}): speedup@B = "

@@ -478,6 +478,21 @@ class Session:
         rec_path = Path(f"{stem}.acceptance.json")
         acceptance.write_record(rec_path, [m.entry for m in measurements.values()], merge=False)
         files.append(str(rec_path))
+        # the cost table the predictions used, with the rest of the predictor: the plan points at both
+        from specc.tune.predict import record_block
+
+        emitted_labels = [lab for lab, ch in self.plans.items()
+                          if (ch.candidate, ch.buckets) == (final.candidate, final.buckets)]
+        measured_at: Dict[int, Dict[str, float]] = {}
+        for (label, c), r in results.items():
+            if label == "plain":
+                measured_at.setdefault(int(c), {})["plain"] = r.decode_tok_s
+            elif label in emitted_labels:
+                measured_at.setdefault(int(c), {})["plan"] = r.decode_tok_s
+        table_path = Path(f"{stem}.cost_table.json")
+        emit.write_cost_record(table_path, pred.table.path or table_ref,
+                               record_block(pred, final.candidate, self.conc, measured_at, f"{stem.name}.json"))
+        files.append(str(table_path))
         if args.schedule == "adaptive" or args.engine == "sglang":
             buckets = {b: adaptive_candidates(pred, win.name, b) for b in final.buckets}
             kind = "adaptive"
@@ -487,10 +502,11 @@ class Session:
         header = [f"Written by `specc tune` ({time.strftime('%Y-%m-%d')}): {len(self.records)} prompts from {self.source},",
                   f"concurrency {self.conc}, target {self.tname}. κ per batch bucket from the predictions over the",
                   f"acceptance measured on those prompts ({rec_path.name}: {entry.describe.split(': ', 1)[1][:90]}...).",
-                  f"Per-position detail: specc explain {out.name} --acceptance {rec_path.name}",
+                  f"Predicted speedup per concurrency, per-position acceptance: specc explain {out.name}",
                   f"Cost table: {how}."]
         doc = emit.plan_document(win, buckets, kind=kind, engine=args.engine, name=_identifier(out.stem),
-                                 alpha=entry.alpha, cost_table=table_ref, capture=sizes)
+                                 alpha=entry.alpha, cost_table=table_path.name, capture=sizes,
+                                 acceptance=rec_path.name)
         text = emit.dump_plan(doc, header)
         emit._atomic_write(out, text)
         _, errors = emit.check_loads(out, args.engine)
