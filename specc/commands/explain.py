@@ -167,15 +167,40 @@ def _json_safe(v):
     return v
 
 
-def speedup_at(batch: float, e: float, width: int, draft_cost: float, t_star: float) -> float:
-    """Saturating speedup model at a batch size: E·max(1, B/T*) / (max(1, B·W/T*) + draft cost)."""
-    return e * max(1.0, batch / t_star) / (max(1.0, batch * width / t_star) + draft_cost)
+#: the PNG text key holding the plotted numbers (JSON; read back with PIL ``Image.open(path).text``)
+PLOT_SERIES_KEY = "specc:series"
 
 
-def plot(path: str, plan, preds, title: str) -> None:
-    """Two panels: (left) predicted speedup vs batch size for each κ of the plan, with the buckets'
-    batch sizes marked; (right) the (step cost, α) plane with each κ's break-even curve
-    E(α, κ) = cost (speculation pays above it) and the plan's states."""
+def plot_series(preds, story: Optional[dict], assumed: bool) -> dict:
+    """The numbers :func:`plot` draws, as JSON: exactly the table's and the JSON output's.
+
+    ``speedup_at_batch``: ``{"κ=k (W=w)": [[B, speedup@B], ...]}`` per κ over the states' buckets B
+    (:attr:`specc.predict.cost.Prediction.speedup_at_batch`); ``speedup``: ``{state: speedup at batch 1}``;
+    ``plan_at_concurrency``: ``[[C, predicted speedup, measured speedup or None], ...]``
+    (:func:`specc.tune.predict.plan_predictions`); ``alpha_unknown``: True when no α was measured or
+    given (then no speedup is plotted and the other series are empty)."""
+    if assumed:
+        return {"alpha_unknown": True, "speedup_at_batch": {}, "speedup": {}, "plan_at_concurrency": []}
+    curves: Dict[str, List[List[float]]] = {}
+    for p in sorted((p for p in preds if p.num_steps > 0), key=lambda p: (p.num_steps, p.num_draft_tokens,
+                                                                          p.batch_size)):
+        curves.setdefault(f"κ={p.num_steps} (W={p.num_draft_tokens})", []).append(
+            [int(p.batch_size), float(p.speedup_at_batch)])
+    rows = (story or {}).get("rows") or []
+    return {"alpha_unknown": False, "speedup_at_batch": curves,
+            "speedup": {p.state: float(p.speedup) for p in preds},
+            "plan_at_concurrency": [[int(r["concurrency"]), float(r["speedup"]),
+                                     None if r.get("measured_speedup") is None else float(r["measured_speedup"])]
+                                    for r in rows]}
+
+
+def plot(path: str, plan, preds, title: str, story: Optional[dict] = None, assumed: bool = False) -> dict:
+    """Two panels: (left) the predicted speedup@B of each κ at the buckets' batch sizes, as the table
+    gives it, and the plan at each concurrency (predicted; measured where ``specc tune`` ran it); with
+    no α measured or given, no speedup at all but the words "α unknown"; (right) the (step cost, α)
+    plane with each κ's break-even curve E(α, κ) = cost (speculation pays above it) and the plan's
+    states. The plotted numbers (:func:`plot_series`) go into the PNG's text under
+    :data:`PLOT_SERIES_KEY`, and are returned. Raises SpeccError when the file cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,28 +209,32 @@ def plot(path: str, plan, preds, title: str) -> None:
 
     from specc.predict import cost
 
+    series = plot_series(preds, story, assumed)
     spec = [p for p in preds if p.num_steps > 0]
     by_k: Dict[tuple, object] = {}
     for p in spec:
         by_k.setdefault((p.num_steps, p.num_draft_tokens), p)
-    t_star = preds[0].saturation_tokens
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    top = max(8 * t_star, max(p.batch_size for p in preds) * 2, 16)
-    bs = np.unique(np.geomspace(1, top, 200))
-    for (k, w), p in sorted(by_k.items()):
-        draft_cost = p.step_cost - 1.0
-        ys = [speedup_at(b, p.expected_tokens, w, draft_cost, t_star) for b in bs]
-        ax1.plot(bs, ys, label=f"κ={k} (W={w}, E={p.expected_tokens:.2f})")
-        if math.isfinite(p.break_even_batch) and p.break_even_batch >= 1:
-            ax1.plot([p.break_even_batch], [1.0], "o", color=ax1.lines[-1].get_color())
+    if assumed:
+        ax1.text(0.5, 0.5, "α unknown: no speedup predicted\n(`specc tune PROMPTS`, --acceptance or --alpha)",
+                 ha="center", va="center", transform=ax1.transAxes)
+    for label, pts in series["speedup_at_batch"].items():
+        ax1.plot([b for b, _ in pts], [s for _, s in pts], "o-", label=label)
+    story_pts = series["plan_at_concurrency"]
+    if story_pts:
+        ax1.plot([c for c, _, _ in story_pts], [s for _, s, _ in story_pts], "k*--", ms=10,
+                 label="the plan at each concurrency (tune's predictor)")
+        meas = [(c, m) for c, _, m in story_pts if m is not None]
+        if meas:
+            ax1.plot([c for c, _ in meas], [m for _, m in meas], "rx", ms=10, mew=2, label="measured by specc tune")
     for b in sorted({p.batch_size for p in preds}):
         ax1.axvline(b, color="0.85", lw=0.8, zorder=0)
     ax1.axhline(1.0, color="k", lw=1, ls="--")
-    ax1.set_xscale("log")
-    ax1.set_xlabel("batch size (vertical lines: captured buckets; dots: break-even)")
-    ax1.set_ylabel(f"predicted speedup over plain decode (α={preds[0].alpha:.2f})")
-    ax1.set_title(f"speedup vs batch ({preds[0].hardware}, T*={t_star:.0f} tokens)")
-    if by_k:
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("batch size (vertical lines: buckets)")
+    ax1.set_ylabel("predicted speedup over plain decode" + ("" if assumed else f" (α={preds[0].alpha:.2f})"))
+    ax1.set_title(f"speedup@B as in the table ({preds[0].hardware})")
+    if series["speedup_at_batch"] or story_pts:
         ax1.legend(fontsize=8)
     costs = np.linspace(1.0, 2.5, 120)
     ks = sorted({k for k, _ in by_k}) or [1, 3, 5, 7]
@@ -214,9 +243,10 @@ def plot(path: str, plan, preds, title: str) -> None:
         alphas = [cost.bisect_increasing(lambda a: cost.expected_tokens(a, k), c) if c <= k + 1 else np.nan
                   for c in costs]
         colors[k] = ax2.plot(costs, alphas, label=f"break-even κ={k}")[0].get_color()
-    for (k, w), p in sorted(by_k.items()):
-        ax2.plot([p.step_cost], [p.alpha], "o", color=colors.get(k, "k"))
-        ax2.annotate(f"κ={k}", (p.step_cost, p.alpha), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if not assumed:
+        for (k, w), p in sorted(by_k.items()):
+            ax2.plot([p.step_cost], [p.alpha], "o", color=colors.get(k, "k"))
+            ax2.annotate(f"κ={k}", (p.step_cost, p.alpha), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax2.set_xlabel("step cost in target steps (chain 1+κc, parallel 1+c)")
     ax2.set_ylabel("acceptance α")
     ax2.set_ylim(0, 1)
@@ -225,12 +255,14 @@ def plot(path: str, plan, preds, title: str) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, metadata={PLOT_SERIES_KEY: json.dumps(series)}
+                    if str(path).lower().endswith(".png") else None)
     except OSError as exc:
         raise SpeccError(f"--plot {path}: cannot write the plot ({exc.strerror or exc}); "
                          f"give a path in a writable folder") from None
     finally:
         plt.close(fig)
+    return series
 
 
 def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = None,
@@ -586,6 +618,27 @@ def analyze_one(args: argparse.Namespace, source: str, overrides: List[str]):
     return 0, ctx
 
 
+def plan_story(source: str, overrides: Sequence[str] = (), concurrency: Optional[Sequence[int]] = None) -> dict:
+    """:func:`specc.tune.predict.plan_predictions` of a plan (file or preset name, with ``overrides``) or
+    of a compiled artifact directory (its ``plan.yaml``), as the specc runtime runs it: what ``explain``
+    prints per concurrency, for ``bench`` and ``serve`` to print beside what they measure. A plan that
+    does not load or records that do not read give ``{"unknown": why, "rows": []}`` (the command goes on)."""
+    from specc.check import resolve
+    from specc.errors import SpeccError
+    from specc.plan.load import load_plan
+    from specc.tune.predict import plan_predictions
+
+    path = Path(source)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        source, overrides = str(path / "plan.yaml"), ()
+    try:
+        plan, _ = resolve(load_plan(source, list(overrides)).plan, "specc")
+        return plan_predictions(plan, concurrency=concurrency)
+    except SpeccError as exc:
+        return {"unknown": str(exc).splitlines()[0], "rows": [], "cost_table": None, "acceptance": None,
+                "tuned": False, "concurrency": [], "measured_source": None}
+
+
 def story_lines(story: dict) -> List[str]:
     """The lines of :func:`specc.tune.predict.plan_predictions`: the plan at each concurrency, predicted
     (and measured, where ``specc tune`` ran it) against plain decoding."""
@@ -676,7 +729,7 @@ def print_one(args: argparse.Namespace, ctx) -> int:
                              f"give a writable directory") from None
     if args.plot:
         plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}"
-             + (" (α = 0.70 placeholder: no acceptance record)" if ctx["assumed"] else ""))
+             + (" (α unknown: no acceptance record)" if ctx["assumed"] else ""), ctx["story"], ctx["assumed"])
     p0 = preds[0]
     from specc import methods
 

@@ -609,7 +609,8 @@ def plan_predictions(plan, buckets: Optional[Dict[int, Sequence[int]]] = None,
             ``schedule.buckets``, else ``{1: [method.num_steps]}``).
         concurrency: the concurrencies to predict (default: those ``specc tune`` planned for, else the buckets).
     Returns:
-        ``{"cost_table", "acceptance", "tuned", "concurrency", "rows", "measured_source", "unknown"}``:
+        ``{"cost_table", "acceptance" (the α source), "acceptance_path" (the record file, or None), "tuned",
+        "concurrency", "rows", "measured_source", "unknown"}``:
         ``rows`` one :func:`plan_at` dict per concurrency, with ``measured_tok_s`` / ``measured_plain_tok_s``
         / ``measured_speedup`` where tune's confirming runs measured the plan there (else None);
         ``unknown`` says why there are no rows (no cost table, α unknown), else None.
@@ -627,6 +628,7 @@ def plan_predictions(plan, buckets: Optional[Dict[int, Sequence[int]]] = None,
     drafts = methods.get(plan.method.name).drafts
     alpha, source, entry = sizing.plan_acceptance(plan)
     out["acceptance"] = source
+    out["acceptance_path"] = getattr(entry, "path", None) if entry is not None else None
     if drafts and (sizing.alpha_is_assumed(source) or entry is None):
         out["unknown"] = ("α unknown: no acceptance record applies to this plan (`specc tune PROMPTS` measures one), "
                           "so no speedup is predicted" if sizing.alpha_is_assumed(source) else
