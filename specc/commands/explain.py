@@ -639,6 +639,34 @@ def plan_story(source: str, overrides: Sequence[str] = (), concurrency: Optional
                 "tuned": False, "concurrency": [], "measured_source": None}
 
 
+def assumptions(args: argparse.Namespace, plan, ctx) -> List[str]:
+    """One "assumed:" sentence per input explain took by default rather than from the plan, a record or a
+    flag, each with the flag or key that sets it: the context length of the deployment
+    (:data:`specc.predict.deploy_cost.DEFAULT_CONTEXT` without ``target.max_model_len``), the hardware
+    profile (by ``runtime.device`` without ``--hardware`` or ``schedule.hardware``) and α (none measured
+    or given; one α for every position; acceptance measured on the shipped prompts, not yours)."""
+    from specc.predict import deploy_cost, sizing
+
+    out = []
+    if not plan.target.max_model_len:
+        out.append(f"context length {deploy_cost.DEFAULT_CONTEXT} tokens per request (KV and graph memory); "
+                   f"set target.max_model_len=N")
+    if not args.hardware and not plan.schedule.hardware:
+        out.append(f"hardware profile {sizing.default_hardware(plan)} (by runtime.device = {plan.runtime.device}); "
+                   f"--hardware NAME or schedule.hardware (conf/hardware/*.yaml) sets it")
+    src = str(ctx["alpha_source"])
+    if ctx["assumed"]:
+        out.append("α: none measured or given, so no speedup is predicted; `specc tune PROMPTS`, --acceptance RECORD "
+                   "or --alpha sets it")
+    elif src == "schedule.alpha" or src == "--alpha":
+        out.append(f"α = {ctx['alpha']:.3f} at every draft position ({src}); per-position rates come from a record: "
+                   f"--acceptance RECORD or schedule.acceptance (`specc tune` writes both)")
+    elif src.startswith("acceptance record "):
+        out.append("acceptance measured on the shipped prompts (the drafter's record), not on yours; "
+                   "`specc tune YOUR_PROMPTS` or --acceptance RECORD sets it")
+    return out
+
+
 def story_lines(story: dict) -> List[str]:
     """The lines of :func:`specc.tune.predict.plan_predictions`: the plan at each concurrency, predicted
     (and measured, where ``specc tune`` ran it) against plain decoding."""
@@ -744,7 +772,8 @@ def print_one(args: argparse.Namespace, ctx) -> int:
         if measured is not None:
             data["measured_acceptance"].update(drafts_per_step=measured.drafts_per_step,
                                                speedup_at_batch_measured_width=by_width)
-        data.update(deployment=deployment_json(deployment), refusal=refusal, plan_at_concurrency=ctx["story"])
+        data.update(deployment=deployment_json(deployment), refusal=refusal, plan_at_concurrency=ctx["story"],
+                    assumed=assumptions(args, plan, ctx))
         print(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
         return 1 if bad or refusal else 0
     print(f"plan {plan.name} ({loaded.path}): method {plan.method.name}, verify {plan.verify.rule}, "
@@ -758,6 +787,8 @@ def print_one(args: argparse.Namespace, ctx) -> int:
     measured_on = _cost_table_origin(plan.schedule.cost_table)
     if measured_on:
         print(f"  {measured_on}")
+    for line in assumptions(args, plan, ctx):
+        print(f"assumed: {line}")
     if ctx["alpha_note"]:
         print(f"  note: {ctx['alpha_note']}")
     print(f"captured batch sizes: {list(low.capture_sizes)}")

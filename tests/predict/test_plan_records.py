@@ -150,3 +150,21 @@ def test_serve_names_the_records_and_the_batch_1_prediction(tmp_path):
     assert "\n" not in line and str(tmp_path / "tuned.acceptance.json") in line
     assert str(tmp_path / "tuned.cost_table.json") in line and f"= {r['speedup']:.2f}x" in line
     assert "predicted at batch 1: none (α unknown" in records_line("sglang_eagle3_adaptive")
+
+
+def test_explain_prints_each_default_it_assumed_with_the_flag_that_sets_it(capsys, tmp_path):
+    path = _tuned_folder(tmp_path)
+    rc, out, _ = run_cli(capsys, "explain", path, "target.max_model_len=null")
+    assumed = [ln for ln in out.splitlines() if ln.startswith("assumed: ")]
+    assert rc == 0 and len(assumed) == 2
+    assert "context length 2048 tokens" in assumed[0] and "target.max_model_len=N" in assumed[0]
+    assert "hardware profile cpu" in assumed[1] and "--hardware NAME" in assumed[1]
+    # given: nothing assumed about them; the per-position record of the plan: nothing about α
+    rc, out, _ = run_cli(capsys, "explain", path, "--hardware", "cpu", "--format", "json")
+    assert json.loads(out)["assumed"] == []
+    rc, out, _ = run_cli(capsys, "explain", path, "--hardware", "cpu", "--alpha", "0.5", "--format", "json")
+    assert [a for a in json.loads(out)["assumed"] if a.startswith("α = 0.500 at every draft position (--alpha)")]
+    rc, out, _ = run_cli(capsys, "explain", "sglang_eagle3_adaptive", "--format", "json")
+    assumed = json.loads(out)["assumed"]
+    assert any(a.startswith("hardware profile h100") for a in assumed)
+    assert any(a.startswith("α: none measured or given") and "--alpha" in a for a in assumed)
