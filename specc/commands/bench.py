@@ -3,7 +3,7 @@ runtime and target) over the shipped prompts (or ``--prompts``), with a check th
 are identical:
 
 * default: batch 1, per category: decode tokens/s (prefill excluded) next to end-to-end tokens/s
-  (prefill included), τ, the speedup on each;
+  (prefill included), τ, the speedup on each, and ``explain``'s predicted speedup at batch 1;
 * ``--concurrency 1,4,16,64``: continuous batching with at most C requests in flight (the prompts
   cycled to ``--requests-per-slot`` × C requests): output and decode tokens/s, τ, time per output
   token p50/p99, the κ the schedule chose, speedup over plain — and, when the artifact carries a
@@ -93,6 +93,15 @@ def run(args) -> int:
         print("decode tok/s: tokens after the first per second of decode (prefill excluded); e2e tok/s: all "
               "output tokens per second of wall time (prefill included); x: over plain decoding")
         print(format_table(results))
+        from specc.commands.explain import plan_story
+
+        told = plan_story(source, args.overrides, [1])
+        if told.get("rows"):
+            r = told["rows"][0]
+            print(f"explain predicted at batch 1: κ = {r['num_steps']}, {r['speedup']:.2f}x decode over plain "
+                  f"(`specc explain`, from {told.get('cost_table')} and the plan's acceptance)")
+        else:
+            print(f"explain's prediction: {told.get('unknown')}")
         print(f"greedy outputs identical to plain: {exact}/{len(reqs)}")
     return 0 if exact == len(reqs) else 1
 

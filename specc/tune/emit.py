@@ -192,14 +192,18 @@ def report_markdown(title: str, header: Sequence[str], rows: Sequence[Sequence[s
 
 
 def plot(path: Path, concurrency: Sequence[int], predicted: Dict[str, Dict[int, float]],
-         measured: Dict[str, Dict[int, float]], title: str, highlight: str = "") -> None:
+         measured: Dict[str, Dict[int, float]], title: str, highlight: str = "") -> Dict[str, Any]:
     """Throughput against concurrency: per series its predicted line (dashed) and measured points
-    (solid, markers); ``highlight`` drawn thicker (the chosen plan)."""
+    (solid, markers); ``highlight`` drawn thicker (the chosen plan). The plotted numbers,
+    ``{"predicted": {series: {C: tok/s}}, "measured": {...}}`` (C as a string), go into the PNG's text
+    under ``specc:series`` (as ``specc explain --plot`` does) and are returned, for ``S.json``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    series = {kind: {name: {str(c): float(v[c]) for c in concurrency if c in v} for name, v in lines.items() if v}
+              for kind, lines in (("predicted", predicted), ("measured", measured))}
     fig, ax = plt.subplots(figsize=(9, 5.2))
     names = list(dict.fromkeys(list(predicted) + list(measured)))
     for i, name in enumerate(names):
@@ -224,8 +228,9 @@ def plot(path: Path, concurrency: Sequence[int], predicted: Dict[str, Dict[int, 
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, metadata={"specc:series": json.dumps(series)})
     except OSError as exc:
         raise SpeccError(f"--out: cannot write the plot {path} ({exc.strerror or exc})") from None
     finally:
         plt.close(fig)
+    return series

@@ -559,7 +559,7 @@ class Session:
             predicted_lines[label] = {c: ch.predicted[c] for c in self.conc}
         emitted = [lab for lab, ch in self.plans.items() if (ch.candidate, ch.buckets) == (final.candidate, final.buckets)]
         png = Path(f"{stem}.png")
-        emit.plot(png, self.conc, predicted_lines, measured_lines,
+        plotted = emit.plot(png, self.conc, predicted_lines, measured_lines,
                   f"specc tune: decode tok/s by concurrency ({self.tname}, {Path(self.source).name})",
                   highlight=(emitted or list(self.plans))[0])
         files.append(str(png))
@@ -578,7 +578,8 @@ class Session:
                                    "costs": dataclasses.asdict(pred.costs[n])}
                                for n, c in self.cands.items()},
                 "predicted": {f"{cfg.label}": {c: pred.tok_s(cfg, c) for c in self.conc} for cfg in pred.all_configs()},
-                "runs": data_rows, "exports": self.exports, "notes": notes, "left_out": self.left_out}
+                "runs": data_rows, "exports": self.exports, "notes": notes, "left_out": self.left_out,
+                "plot": plotted}
         js = Path(f"{stem}.json")
         emit._atomic_write(js, json.dumps(data, indent=1, default=str) + "\n")
         files.append(str(js))

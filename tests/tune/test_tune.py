@@ -856,6 +856,10 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
     runs = [r for r in data["runs"] if not r["run"].startswith("measure")]
     assert {r["run"] for r in runs} >= {"plain"} and all(r["exact"] for r in runs)
     assert "predicted against measured" in stdout
+    from PIL import Image
+
+    assert json.loads(Image.open(tmp_path / "tuned.png").text["specc:series"]) == data["plot"]  # drawn = recorded
+    assert data["plot"]["measured"]["plain"] and data["plot"]["predicted"]["plain"]
     # the table was checked against the forward timed now at the shapes the predictions use
     spot = [n for n in data["notes"] if n.startswith("cost table spot-checked at")]
     assert len(spot) == 1 and "R [1, 4] x W [1, 2, 3" in spot[0]
