@@ -481,14 +481,15 @@ class Session:
         # the cost table the predictions used, with the rest of the predictor: the plan points at both
         from specc.tune.predict import record_block
 
-        emitted_labels = [lab for lab, ch in self.plans.items()
-                          if (ch.candidate, ch.buckets) == (final.candidate, final.buckets)]
+        # what the confirming runs measured for the plan at each concurrency: the run of the emitted plan, else
+        # of a plan that runs the same κ there (as the confirming passes judge it, step_config)
         measured_at: Dict[int, Dict[str, float]] = {}
-        for (label, c), r in results.items():
+        for (label, c), r in sorted(results.items(), key=lambda kv: self.plans.get(kv[0][0]) is not None and (
+                self.plans[kv[0][0]].candidate, self.plans[kv[0][0]].buckets) == (final.candidate, final.buckets)):
             if label == "plain":
                 measured_at.setdefault(int(c), {})["plain"] = r.decode_tok_s
-            elif label in emitted_labels:
-                measured_at.setdefault(int(c), {})["plan"] = r.decode_tok_s
+            elif label in self.plans and step_config(self.plans[label], c) == step_config(final, c):
+                measured_at.setdefault(int(c), {})["plan"] = r.decode_tok_s  # the emitted plan's run sorts last
         table_path = Path(f"{stem}.cost_table.json")
         emit.write_cost_record(table_path, pred.table.path or table_ref,
                                record_block(pred, final.candidate, self.conc, measured_at, f"{stem.name}.json"))

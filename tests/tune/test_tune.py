@@ -884,6 +884,8 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
     assert all(r["tok_s"] > 0 and r["speedup"] == pytest.approx(r["tok_s"] / r["plain_tok_s"]) for r in story["rows"])
     block = json.loads((tmp_path / "tuned.cost_table.json").read_text())["tune"]
     assert block["candidate"] == data["choice"]["candidate"] and block["measured_source"] == "tuned.json"
+    assert all("plain" in block["measured"][str(c)] for c in (1, 4))
+    assert any("plan" in m for m in block["measured"].values())  # the confirming runs of the plan's κ
     for r in story["rows"]:
         m = block["measured"].get(str(r["concurrency"]))
         if m and "plan" in m and "plain" in m:
