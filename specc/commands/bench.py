@@ -3,11 +3,13 @@ runtime and target) over the shipped prompts (or ``--prompts``), with a check th
 are identical:
 
 * default: batch 1, per category: decode tokens/s (prefill excluded) next to end-to-end tokens/s
-  (prefill included), τ, the speedup on each;
+  (prefill included), τ, the speedup on each, and ``explain``'s predicted speedup at batch 1;
 * ``--concurrency 1,4,16,64``: continuous batching with at most C requests in flight (the prompts
   cycled to ``--requests-per-slot`` × C requests): output and decode tokens/s, τ, time per output
   token p50/p99, the κ the schedule chose, speedup over plain — and, when the artifact carries a
-  profiled cost table, the cost model's predicted decode speedup.
+  profiled cost table, the cost model's predicted decode speedup over the steps the run took, and
+  ``explain``'s prediction of the plan at that concurrency (:func:`specc.commands.explain.plan_story`:
+  the plan's cost table and acceptance record, ``specc tune``'s predictor) with measured / predicted.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ def run(args) -> int:
                      args.category)
     if not records:
         raise PromptError(f"no prompts left after --category {args.category}")
+    source = args.artifact
     args.artifact = str(artifact_for(args.artifact, args.overrides,
                                      say=None if args.json else (lambda m: print(m, file=sys.stderr))))
     if concurrency:  # from the manifest alone: the full check of the artifact comes with the runtime
@@ -66,7 +69,10 @@ def run(args) -> int:
     runtime, art = load_runtime(args.artifact, device=args.device)
     print(f"loaded: {runtime.load_report()}", file=sys.stderr)
     if concurrency:
-        return _run_concurrency(args, runtime, art, records, concurrency)
+        from specc.commands.explain import plan_story
+
+        story = plan_story(source, args.overrides, concurrency)
+        return _run_concurrency(args, runtime, art, records, concurrency, story)
     plain = plain_runtime(runtime, [1])
     reqs = [Request(prompt_ids=encode_prompt(r, runtime.tokenizer),
                     params=SamplingParams(max_new_tokens=args.max_new_tokens), request_id=r.id) for r in records]
@@ -87,6 +93,15 @@ def run(args) -> int:
         print("decode tok/s: tokens after the first per second of decode (prefill excluded); e2e tok/s: all "
               "output tokens per second of wall time (prefill included); x: over plain decoding")
         print(format_table(results))
+        from specc.commands.explain import plan_story
+
+        told = plan_story(source, args.overrides, [1])
+        if told.get("rows"):
+            r = told["rows"][0]
+            print(f"explain predicted at batch 1: κ = {r['num_steps']}, {r['speedup']:.2f}x decode over plain "
+                  f"(`specc explain`, from {told.get('cost_table')} and the plan's acceptance)")
+        else:
+            print(f"explain's prediction: {told.get('unknown')}")
         print(f"greedy outputs identical to plain: {exact}/{len(reqs)}")
     return 0 if exact == len(reqs) else 1
 
@@ -129,7 +144,7 @@ def concurrency_list(text: str) -> list:
     return vals
 
 
-def _run_concurrency(args, runtime, art, records, concurrency) -> int:
+def _run_concurrency(args, runtime, art, records, concurrency, story=None) -> int:
     from specc import methods
     from specc.console import progress
     from specc.errors import SpeccError
@@ -167,16 +182,22 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
             pred = None
             if table is not None:
                 pred = predicted_decode_tok_s(res, table, passes) / predicted_decode_tok_s(base, table, 0)
+            told = next((r for r in (story or {}).get("rows") or [] if r["concurrency"] == c), None)
+            speedup = res.decode_tok_s / base.decode_tok_s if base.decode_tok_s else 0.0
             rows.append({"concurrency": c, "requests": n, "plain_decode_tok_s": base.decode_tok_s,
+                         "explain_speedup": told["speedup"] if told else None,
+                         "explain_tok_s": told["tok_s"] if told else None,
+                         "measured_over_explain": speedup / told["speedup"] if told and told["speedup"] else None,
                          "decode_tok_s": res.decode_tok_s, "output_tok_s": res.output_tok_s,
-                         "speedup": res.decode_tok_s / base.decode_tok_s if base.decode_tok_s else 0.0,
+                         "speedup": speedup,
                          "predicted_speedup": pred, "tau": res.tau, "tpot_ms_p50": res.tpot_ms_p50,
                          "tpot_ms_p99": res.tpot_ms_p99, "kappa_steps": res.kappa_steps,
                          "exact": sum(a == b for a, b in zip(base.outputs, res.outputs)), "n": n})
     finally:
         bar.close()
     if args.json:
-        print(json.dumps({"artifact": art.name, "results": rows}))
+        print(json.dumps({"artifact": art.name, "results": rows,
+                          "explain": {k: (story or {}).get(k) for k in ("cost_table", "acceptance", "tuned", "unknown")}}))
     else:
         print(f"{art.name} vs plain decoding, continuous batching, max_new_tokens {args.max_new_tokens}")
         print("decode tok/s: tokens after each request's first per second of decode (prefill excluded); e2e "
@@ -189,5 +210,12 @@ def _run_concurrency(args, runtime, art, records, concurrency) -> int:
                   f"{r['output_tok_s']:9.1f} {r['speedup']:7.2f}x {pred:>9s} {r['tau']:5.2f} "
                   f"{r['tpot_ms_p50']:7.1f}/{r['tpot_ms_p99']:<8.1f}  "
                   + " ".join(f"k{k}:{v}" for k, v in sorted(r["kappa_steps"].items())))
+        for r in rows:
+            if r["explain_speedup"] is not None:
+                print(f"C={r['concurrency']}: measured {r['speedup']:.2f}x, explain predicted {r['explain_speedup']:.2f}x "
+                      f"(measured / predicted {r['measured_over_explain']:.2f}; `specc explain`, from "
+                      f"{(story or {}).get('cost_table')} and the plan's acceptance)")
+        if story is not None and story.get("unknown"):
+            print(f"explain's prediction: {story['unknown']}")
         print("greedy outputs identical to plain: " + ", ".join(f"C={r['concurrency']} {r['exact']}/{r['n']}" for r in rows))
     return 0 if all(r["exact"] == r["n"] for r in rows) else 1

@@ -170,15 +170,40 @@ def _json_safe(v):
     return v
 
 
-def speedup_at(batch: float, e: float, width: int, draft_cost: float, t_star: float) -> float:
-    """Saturating speedup model at a batch size: E·max(1, B/T*) / (max(1, B·W/T*) + draft cost)."""
-    return e * max(1.0, batch / t_star) / (max(1.0, batch * width / t_star) + draft_cost)
+#: the PNG text key holding the plotted numbers (JSON; read back with PIL ``Image.open(path).text``)
+PLOT_SERIES_KEY = "specc:series"
 
 
-def plot(path: str, plan, preds, title: str) -> None:
-    """Two panels: (left) predicted speedup vs batch size for each κ of the plan, with the buckets'
-    batch sizes marked; (right) the (step cost, α) plane with each κ's break-even curve
-    E(α, κ) = cost (speculation pays above it) and the plan's states."""
+def plot_series(preds, story: Optional[dict], assumed: bool) -> dict:
+    """The numbers :func:`plot` draws, as JSON: exactly the table's and the JSON output's.
+
+    ``speedup_at_batch``: ``{"κ=k (W=w)": [[B, speedup@B], ...]}`` per κ over the states' buckets B
+    (:attr:`specc.predict.cost.Prediction.speedup_at_batch`); ``speedup``: ``{state: speedup at batch 1}``;
+    ``plan_at_concurrency``: ``[[C, predicted speedup, measured speedup or None], ...]``
+    (:func:`specc.tune.predict.plan_predictions`); ``alpha_unknown``: True when no α was measured or
+    given (then no speedup is plotted and the other series are empty)."""
+    if assumed:
+        return {"alpha_unknown": True, "speedup_at_batch": {}, "speedup": {}, "plan_at_concurrency": []}
+    curves: Dict[str, List[List[float]]] = {}
+    for p in sorted((p for p in preds if p.num_steps > 0), key=lambda p: (p.num_steps, p.num_draft_tokens,
+                                                                          p.batch_size)):
+        curves.setdefault(f"κ={p.num_steps} (W={p.num_draft_tokens})", []).append(
+            [int(p.batch_size), float(p.speedup_at_batch)])
+    rows = (story or {}).get("rows") or []
+    return {"alpha_unknown": False, "speedup_at_batch": curves,
+            "speedup": {p.state: float(p.speedup) for p in preds},
+            "plan_at_concurrency": [[int(r["concurrency"]), float(r["speedup"]),
+                                     None if r.get("measured_speedup") is None else float(r["measured_speedup"])]
+                                    for r in rows]}
+
+
+def plot(path: str, plan, preds, title: str, story: Optional[dict] = None, assumed: bool = False) -> dict:
+    """Two panels: (left) the predicted speedup@B of each κ at the buckets' batch sizes, as the table
+    gives it, and the plan at each concurrency (predicted; measured where ``specc tune`` ran it); with
+    no α measured or given, no speedup at all but the words "α unknown"; (right) the (step cost, α)
+    plane with each κ's break-even curve E(α, κ) = cost (speculation pays above it) and the plan's
+    states. The plotted numbers (:func:`plot_series`) go into the PNG's text under
+    :data:`PLOT_SERIES_KEY`, and are returned. Raises SpeccError when the file cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,28 +212,32 @@ def plot(path: str, plan, preds, title: str) -> None:
 
     from specc.predict import cost
 
+    series = plot_series(preds, story, assumed)
     spec = [p for p in preds if p.num_steps > 0]
     by_k: Dict[tuple, object] = {}
     for p in spec:
         by_k.setdefault((p.num_steps, p.num_draft_tokens), p)
-    t_star = preds[0].saturation_tokens
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    top = max(8 * t_star, max(p.batch_size for p in preds) * 2, 16)
-    bs = np.unique(np.geomspace(1, top, 200))
-    for (k, w), p in sorted(by_k.items()):
-        draft_cost = p.step_cost - 1.0
-        ys = [speedup_at(b, p.expected_tokens, w, draft_cost, t_star) for b in bs]
-        ax1.plot(bs, ys, label=f"κ={k} (W={w}, E={p.expected_tokens:.2f})")
-        if math.isfinite(p.break_even_batch) and p.break_even_batch >= 1:
-            ax1.plot([p.break_even_batch], [1.0], "o", color=ax1.lines[-1].get_color())
+    if assumed:
+        ax1.text(0.5, 0.5, "α unknown: no speedup predicted\n(`specc tune PROMPTS`, --acceptance or --alpha)",
+                 ha="center", va="center", transform=ax1.transAxes)
+    for label, pts in series["speedup_at_batch"].items():
+        ax1.plot([b for b, _ in pts], [s for _, s in pts], "o-", label=label)
+    story_pts = series["plan_at_concurrency"]
+    if story_pts:
+        ax1.plot([c for c, _, _ in story_pts], [s for _, s, _ in story_pts], "k*--", ms=10,
+                 label="the plan at each concurrency (tune's predictor)")
+        meas = [(c, m) for c, _, m in story_pts if m is not None]
+        if meas:
+            ax1.plot([c for c, _ in meas], [m for _, m in meas], "rx", ms=10, mew=2, label="measured by specc tune")
     for b in sorted({p.batch_size for p in preds}):
         ax1.axvline(b, color="0.85", lw=0.8, zorder=0)
     ax1.axhline(1.0, color="k", lw=1, ls="--")
-    ax1.set_xscale("log")
-    ax1.set_xlabel("batch size (vertical lines: captured buckets; dots: break-even)")
-    ax1.set_ylabel(f"predicted speedup over plain decode (α={preds[0].alpha:.2f})")
-    ax1.set_title(f"speedup vs batch ({preds[0].hardware}, T*={t_star:.0f} tokens)")
-    if by_k:
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("batch size (vertical lines: buckets)")
+    ax1.set_ylabel("predicted speedup over plain decode" + ("" if assumed else f" (α={preds[0].alpha:.2f})"))
+    ax1.set_title(f"speedup@B as in the table ({preds[0].hardware})")
+    if series["speedup_at_batch"] or story_pts:
         ax1.legend(fontsize=8)
     costs = np.linspace(1.0, 2.5, 120)
     ks = sorted({k for k, _ in by_k}) or [1, 3, 5, 7]
@@ -217,9 +246,10 @@ def plot(path: str, plan, preds, title: str) -> None:
         alphas = [cost.bisect_increasing(lambda a: cost.expected_tokens(a, k), c) if c <= k + 1 else np.nan
                   for c in costs]
         colors[k] = ax2.plot(costs, alphas, label=f"break-even κ={k}")[0].get_color()
-    for (k, w), p in sorted(by_k.items()):
-        ax2.plot([p.step_cost], [p.alpha], "o", color=colors.get(k, "k"))
-        ax2.annotate(f"κ={k}", (p.step_cost, p.alpha), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if not assumed:
+        for (k, w), p in sorted(by_k.items()):
+            ax2.plot([p.step_cost], [p.alpha], "o", color=colors.get(k, "k"))
+            ax2.annotate(f"κ={k}", (p.step_cost, p.alpha), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax2.set_xlabel("step cost in target steps (chain 1+κc, parallel 1+c)")
     ax2.set_ylabel("acceptance α")
     ax2.set_ylim(0, 1)
@@ -228,12 +258,14 @@ def plot(path: str, plan, preds, title: str) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, metadata={PLOT_SERIES_KEY: json.dumps(series)}
+                    if str(path).lower().endswith(".png") else None)
     except OSError as exc:
         raise SpeccError(f"--plot {path}: cannot write the plot ({exc.strerror or exc}); "
                          f"give a path in a writable folder") from None
     finally:
         plt.close(fig)
+    return series
 
 
 def explain(plan, alpha: Optional[float] = None, draft_cost: Optional[float] = None,
@@ -517,13 +549,13 @@ def assumed_rows(preds, pays) -> List[List[str]]:
 def match_record(entries, plan, path: str):
     """The entry of an acceptance record file (``--acceptance RECORD.json``) measured for ``plan``'s
     target, drafter and proposals. Raises SpeccError naming ``--acceptance`` and the entries it has."""
-    from specc.predict.acceptance import proposal_key
+    from specc.predict.acceptance import entry_for, proposal_key
 
     key = proposal_key(plan)
     draft = str(plan.draft.path) if plan.draft is not None and plan.draft.path else None
-    for e in entries:
-        if e.key == key and e.draft == draft and e.target == str(plan.target.path):
-            return e
+    found = entry_for(entries, plan)
+    if found is not None:
+        return found
     have = "; ".join(f"{e.key} (draft {e.draft})" for e in entries) or "none"
     raise SpeccError(f"--acceptance {path}: no entry for this plan's drafter and proposals ({key}, draft {draft}); "
                      f"the record has: {have}")
@@ -584,10 +616,80 @@ def analyze_one(args: argparse.Namespace, source: str, overrides: List[str]):
         for st in res["lowering"].states:
             stats = graph_stats(res["graphs"][st.name])
             pays[st.name] = (alpha_to_pay(st, res["inputs"], stats, False), alpha_to_pay(st, res["inputs"], stats, True))
+    from specc.tune.predict import plan_predictions
+
+    story = plan_predictions(plan, buckets={int(k): list(v) for k, v in res["lowering"].buckets.items()})
     ctx = dict(loaded=loaded, engine=engine, plan=plan, violations=violations, planning=planning, res=res,
                preds=preds, alpha=alpha_used, alpha_source=alpha_source, alpha_note=alpha_note, assumed=assumed,
-               measured=measured, pays=pays)
+               measured=measured, pays=pays, story=story)
     return 0, ctx
+
+
+def plan_story(source: str, overrides: Sequence[str] = (), concurrency: Optional[Sequence[int]] = None) -> dict:
+    """:func:`specc.tune.predict.plan_predictions` of a plan (file or preset name, with ``overrides``) or
+    of a compiled artifact directory (its ``plan.yaml``), as the specc runtime runs it: what ``explain``
+    prints per concurrency, for ``bench`` and ``serve`` to print beside what they measure. A plan that
+    does not load or records that do not read give ``{"unknown": why, "rows": []}`` (the command goes on)."""
+    from specc.check import resolve
+    from specc.errors import SpeccError
+    from specc.plan.load import load_plan
+    from specc.tune.predict import plan_predictions
+
+    path = Path(source)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        source, overrides = str(path / "plan.yaml"), ()
+    try:
+        plan, _ = resolve(load_plan(source, list(overrides)).plan, "specc")
+        return plan_predictions(plan, concurrency=concurrency)
+    except SpeccError as exc:
+        return {"unknown": str(exc).splitlines()[0], "rows": [], "cost_table": None, "acceptance": None,
+                "tuned": False, "concurrency": [], "measured_source": None}
+
+
+def assumptions(args: argparse.Namespace, plan, ctx) -> List[str]:
+    """One "assumed:" sentence per input explain took by default rather than from the plan, a record or a
+    flag, each with the flag or key that sets it: the context length of the deployment
+    (:data:`specc.predict.deploy_cost.DEFAULT_CONTEXT` without ``target.max_model_len``), the hardware
+    profile (by ``runtime.device`` without ``--hardware`` or ``schedule.hardware``) and α (none measured
+    or given; one α for every position; acceptance measured on the shipped prompts, not yours)."""
+    from specc.predict import deploy_cost, sizing
+
+    out = []
+    if not plan.target.max_model_len:
+        out.append(f"context length {deploy_cost.DEFAULT_CONTEXT} tokens per request (KV and graph memory); "
+                   f"set target.max_model_len=N")
+    if not args.hardware and not plan.schedule.hardware:
+        out.append(f"hardware profile {sizing.default_hardware(plan)} (by runtime.device = {plan.runtime.device}); "
+                   f"--hardware NAME or schedule.hardware (conf/hardware/*.yaml) sets it")
+    src = str(ctx["alpha_source"])
+    if ctx["assumed"]:
+        out.append("α: none measured or given, so no speedup is predicted; `specc tune PROMPTS`, --acceptance RECORD "
+                   "or --alpha sets it")
+    elif src == "schedule.alpha" or src == "--alpha":
+        out.append(f"α = {ctx['alpha']:.3f} at every draft position ({src}); per-position rates come from a record: "
+                   f"--acceptance RECORD or schedule.acceptance (`specc tune` writes both)")
+    elif src.startswith("acceptance record "):
+        out.append("acceptance measured on the shipped prompts (the drafter's record), not on yours; "
+                   "`specc tune YOUR_PROMPTS` or --acceptance RECORD sets it")
+    return out
+
+
+def story_lines(story: dict) -> List[str]:
+    """The lines of :func:`specc.tune.predict.plan_predictions`: the plan at each concurrency, predicted
+    (and measured, where ``specc tune`` ran it) against plain decoding."""
+    if story["unknown"]:
+        return [f"plan at each concurrency: {story['unknown']}"]
+    how = ("specc tune's predictor: the cost table and stage costs it wrote" if story["tuned"]
+           else "the cost table alone (no stage costs from `specc tune`: host work not counted)")
+    out = [f"plan at each concurrency ({how}, {story['cost_table']}):"]
+    for r in story["rows"]:
+        line = (f"  concurrency {r['concurrency']}: bucket {r['bucket']}, κ = {r['num_steps']}: predicted "
+                f"{r['tok_s']:.1f} tok/s vs plain {r['plain_tok_s']:.1f} = {r['speedup']:.2f}x")
+        if r.get("measured_speedup"):
+            line += (f"; measured by specc tune {r['measured_tok_s']:.1f} vs {r['measured_plain_tok_s']:.1f} = "
+                     f"{r['measured_speedup']:.2f}x ({story['measured_source']})")
+        out.append(line)
+    return out
 
 
 def context_json(args: argparse.Namespace, ctx) -> dict:
@@ -666,7 +768,7 @@ def print_one(args: argparse.Namespace, ctx) -> int:
                              f"give a writable directory") from None
     if args.plot:
         plot(args.plot, plan, preds, f"{plan.name}: {plan.method.name}, schedule {plan.schedule.kind}"
-             + (" (α = 0.70 placeholder: no acceptance record)" if ctx["assumed"] else ""))
+             + (" (α unknown: no acceptance record)" if ctx["assumed"] else ""), ctx["story"], ctx["assumed"])
     p0 = preds[0]
     from specc import methods
 
@@ -681,7 +783,8 @@ def print_one(args: argparse.Namespace, ctx) -> int:
         if measured is not None:
             data["measured_acceptance"].update(drafts_per_step=measured.drafts_per_step,
                                                speedup_at_batch_measured_width=by_width)
-        data.update(deployment=deployment_json(deployment), refusal=refusal)
+        data.update(deployment=deployment_json(deployment), refusal=refusal, plan_at_concurrency=ctx["story"],
+                    assumed=assumptions(args, plan, ctx))
         print(json.dumps(_json_safe(data), indent=2, ensure_ascii=False))
         return 1 if bad or refusal else 0
     print(f"plan {plan.name} ({loaded.path}): method {plan.method.name}, verify {plan.verify.rule}, "
@@ -695,6 +798,8 @@ def print_one(args: argparse.Namespace, ctx) -> int:
     measured_on = _cost_table_origin(plan.schedule.cost_table)
     if measured_on:
         print(f"  {measured_on}")
+    for line in assumptions(args, plan, ctx):
+        print(f"assumed: {line}")
     if ctx["alpha_note"]:
         print(f"  note: {ctx['alpha_note']}")
     print(f"captured batch sizes: {list(low.capture_sizes)}")
@@ -724,6 +829,8 @@ def print_one(args: argparse.Namespace, ctx) -> int:
         print()
         for line in _legend(preds, res["inputs"]):
             print(line)
+    for line in story_lines(ctx["story"]):
+        print(line)
     if by_width:
         print(f"measured width ({plan.method.name} drafts only what its match gives; the run verified "
               f"{measured.drafts_per_step:.2f} drafts per request and step, τ = {measured.tau:.2f}): speedup@B = "

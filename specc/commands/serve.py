@@ -117,6 +117,21 @@ def check_memory(max_waiting: int, max_request_bytes: int) -> None:
                f"that many waiting requests, each holding a body of up to --max-request-bytes {max_request_bytes}")
 
 
+def records_line(source: str, overrides=()) -> str:
+    """One startup line: the acceptance record and cost table the plan carries and ``explain``'s
+    predicted speedup at batch 1 (:func:`specc.commands.explain.plan_story`), or why none is predicted."""
+    from specc.commands.explain import plan_story
+
+    story = plan_story(source, overrides, [1])
+    acc = story.get("acceptance_path") or str(story.get("acceptance") or "none").split(":", 1)[0]
+    head = f"records: acceptance {acc}; cost table {story.get('cost_table') or 'none'}"
+    if story.get("rows"):
+        r = story["rows"][0]
+        return (f"{head}; predicted at batch 1: κ = {r['num_steps']}, {r['tok_s']:.1f} tok/s vs plain "
+                f"{r['plain_tok_s']:.1f} = {r['speedup']:.2f}x (`specc explain`)")
+    return f"{head}; predicted at batch 1: none ({story.get('unknown')})"
+
+
 def run(args) -> int:
     from specc.io import human_size
     from specc.serve.limits import check_listen
@@ -127,6 +142,7 @@ def run(args) -> int:
     from specc.runtime.artifact import load_artifact
     from specc.serve.server import Server, artifact_role, check_role, load_server_state
 
+    source = args.artifact
     args.artifact = str(artifact_for(args.artifact, args.overrides, say=lambda m: print(m, file=sys.stderr),
                                      target=args.target))
     art = load_artifact(args.artifact)
@@ -145,6 +161,7 @@ def run(args) -> int:
           f"request bodies up to {human_size(state.max_request_bytes)}; http://{args.host}:{args.port}",
           file=sys.stderr)
     print(f"loaded: {rt.load_report()}", file=sys.stderr)
+    print(records_line(source, args.overrides), file=sys.stderr)
     Server(state, args.host, args.port, header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
            shutdown_timeout=args.shutdown_timeout, log_level=args.log_level).run()
     return 0

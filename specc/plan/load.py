@@ -62,7 +62,10 @@ _PORTABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _CONFIG_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 #: Plan keys that name files (their text must be a path this machine accepts); list entries of
 #: ``method.suffix.corpora`` and the paths of ``deploy.lora.adapters`` (``name=path``) too.
-PATH_KEYS = ("target.path", "draft.path", "schedule.cost_table")
+PATH_KEYS = ("target.path", "draft.path", "schedule.cost_table", "schedule.acceptance")
+#: Record keys whose relative paths, written in a plan file, resolve against that file's folder
+#: (``specc tune`` writes ``S.yaml`` beside ``S.acceptance.json`` and ``S.cost_table.json``).
+RECORD_KEYS = ("schedule.cost_table", "schedule.acceptance")
 
 
 def conf_dir() -> Path:
@@ -499,6 +502,33 @@ def _path_errors(plan: S.Plan) -> List[Tuple[str, str]]:
         problem = path_problem(text) if isinstance(text, str) and text else None
         if problem:
             errs.append((key, f"the path {problem}; give a shorter path"))
+    return errs
+
+
+def _resolve_records(plan: S.Plan, path: Path, sources: Dict[str, Source]) -> List[Tuple[str, str]]:
+    """Make the relative record paths (:data:`RECORD_KEYS`) a plan file wrote absolute against that
+    file's folder (in place; an override's path stays relative to the working directory, a
+    ``schedule.cost_table`` found only there keeps it), and return ``(key, message)`` for a
+    ``schedule.acceptance`` that names no regular file."""
+    errs: List[Tuple[str, str]] = []
+    for key in RECORD_KEYS:
+        section, _, leaf = key.partition(".")
+        text = getattr(getattr(plan, section), leaf)
+        if not isinstance(text, str) or not text or text.startswith("pkg://") or os.path.isabs(text):
+            continue
+        src = sources.get(key)
+        if src is None or src[0].startswith(OVERRIDE_FILE):
+            continue
+        base = Path(src[0]).parent if src[0] else path.parent
+        near = (base / text).resolve()
+        if key == "schedule.cost_table" and not near.exists() and Path(text).exists():
+            continue  # a table named relative to the working directory, as before
+        setattr(getattr(plan, section), leaf, str(near))
+    rec = plan.schedule.acceptance
+    if isinstance(rec, str) and rec and not rec.startswith("pkg://") and not Path(rec).is_file():
+        errs.append(("schedule.acceptance", f"no acceptance record at {rec} (a relative path is read from the plan "
+                                            f"file's folder); point it at the record `specc tune` wrote beside the "
+                                            f"plan (S.acceptance.json), or remove the key"))
     return errs
 
 
@@ -979,6 +1009,7 @@ def load_plan(source: str, overrides: Sequence[str] = ()) -> LoadedPlan:
             problems.append((_err_key(exc, ""), _type_msg(exc)))
     if plan is not None:
         problems += _range_errors(plan)
+        problems += _resolve_records(plan, path, sources)
 
     if problems:
         loaded = LoadedPlan(plan=plan, path=path, sources=sources)  # type: ignore[arg-type]

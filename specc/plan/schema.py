@@ -170,7 +170,11 @@ class BucketConfig:
 class ScheduleConfig:
     """When the runtime uses which κ. ``buckets`` is keyed by batch size (floor lookup).
     ``alpha``: the per-position acceptance the cost model assumes (``auto``, ``explain``), e.g.
-    measured by ``specc run --json``; default 0.7 (a textbook value, never a prediction)."""
+    measured by ``specc run --json``; default 0.7 (a textbook value, never a prediction).
+    ``acceptance``: an acceptance record file (``specc tune``'s ``S.acceptance.json``, format in
+    :mod:`specc.predict.acceptance`) whose entry for this plan's drafter gives the per-position rates the
+    cost model uses (ahead of ``alpha``); ``cost_table`` and ``acceptance``, when relative and written
+    in a plan file, resolve against that file's folder."""
 
     kind: str = "static"
     buckets: Dict[int, BucketConfig] = field(default_factory=dict)
@@ -182,6 +186,7 @@ class ScheduleConfig:
     cost_table: Optional[str] = None
     hardware: Optional[str] = None
     alpha: Optional[float] = None
+    acceptance: Optional[str] = None
 
 
 @dataclass

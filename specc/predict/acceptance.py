@@ -419,6 +419,17 @@ def read_record(path: os.PathLike | str) -> List[Entry]:
     return [_entry(e, f"{p}: entries[{i}]") for i, e in enumerate(data["entries"])]
 
 
+def entry_for(entries: Sequence[Entry], plan) -> Optional[Entry]:
+    """The entry of a record measured for ``plan``'s target, drafter and proposals
+    (:func:`proposal_key`), or None."""
+    key = proposal_key(plan)
+    draft = str(plan.draft.path) if plan.draft is not None and plan.draft.path else None
+    for e in entries:
+        if e.key == key and e.draft == draft and e.target == str(plan.target.path):
+            return e
+    return None
+
+
 def is_record_file(text: str) -> bool:
     """True when ``text`` (a file's content) is an acceptance record rather than a run's output."""
     try:

@@ -94,6 +94,10 @@ class ModelShape:
         return self.embed_vocab * self.hidden + head + self.layers * per_layer + self.hidden
 
 
+#: tokens per request the deployment is sized for when the plan sets no ``target.max_model_len``
+DEFAULT_CONTEXT = 2048
+
+
 def shape_from_config(cfg: Optional[Dict[str, Any]], source: str, params: Optional[int] = None) -> Optional[ModelShape]:
     """A :class:`ModelShape` from HF ``config.json`` keys (``text_config`` is read when present);
     None when a size is missing."""
@@ -616,7 +620,7 @@ def deployment_report(plan, engine: str, states: Sequence[Any], hw, dtype_bytes:
     draft_tp = 1 if engine == "specc" else max(int(par.draft_tp or tp), 1)
     b = float(dtype_bytes)
     slack = max((int(s.num_draft_tokens) + 1 for s in states), default=2)
-    context = int(plan.target.max_model_len or 2048)
+    context = int(plan.target.max_model_len or DEFAULT_CONTEXT)
     cache_len = context + slack
     hid = _hidden_outputs(plan.method.name)
     t_params = float(t.param_count())

@@ -38,20 +38,26 @@ def plan_acceptance(plan: Plan, override: Optional[float] = None):
     (:class:`specc.predict.acceptance.Entry`, or None), in this order:
 
     1. ``override`` (``--alpha``);
-    2. ``schedule.alpha`` (e.g. written by ``specc tune``);
-    3. the plan's synthetic acceptance (``verify.synthetic.acceptance_rates`` — unconditional, so
+    2. ``schedule.acceptance``: the entry for this plan in that record (written by ``specc tune``), its
+       per-position rates giving E at each κ (:func:`specc.predict.acceptance.entry_for`);
+    3. ``schedule.alpha``;
+    4. the plan's synthetic acceptance (``verify.synthetic.acceptance_rates`` — unconditional, so
        E = 1 + Σ r_i — or ``acceptance_length`` = E, each inverted through E(α, κ));
-    4. the drafter's acceptance record (:func:`specc.predict.acceptance.find`: measured on held-out prompts;
+    5. the drafter's acceptance record (:func:`specc.predict.acceptance.find`: measured on held-out prompts;
        its per-position rates give E at each κ, its fitted α the tail; a record whose drafter was
        retrained since is used and its source says STALE);
-    5. none: :data:`DEFAULT_ALPHA` as a placeholder, the source starting with :data:`NO_ACCEPTANCE`
+    6. none: :data:`DEFAULT_ALPHA` as a placeholder, the source starting with :data:`NO_ACCEPTANCE`
        and saying which record is missing.
 
-    Returns ``(alpha, source, entry)``. Raises PlanError for α outside [0, 1]."""
+    Returns ``(alpha, source, entry)``. Raises PlanError for α outside [0, 1], and naming
+    ``schedule.acceptance`` for a record that does not read or has no entry for this plan."""
     if override is not None:
         if not 0.0 <= override <= 1.0:
             raise PlanError(f"--alpha must lie in [0, 1], got {override}")
         return float(override), "--alpha", None
+    if plan.schedule.acceptance and methods.get(plan.method.name).drafts:
+        entry = schedule_acceptance(plan)
+        return entry.alpha, f"schedule.acceptance: {entry.describe}", entry
     if plan.schedule.alpha is not None:
         if not 0.0 <= float(plan.schedule.alpha) <= 1.0:
             raise PlanError(f"schedule.alpha must lie in [0, 1] (a per-position acceptance), got {plan.schedule.alpha}")
@@ -84,6 +90,26 @@ def plan_acceptance(plan: Plan, override: Optional[float] = None):
         return found.entry.alpha, src, found.entry
     return DEFAULT_ALPHA, (f"{NO_ACCEPTANCE}: {found.reason}; measure it (`specc tune PROMPTS`, or `specc run "
                            f"--json` and --acceptance), or pass --alpha"), None
+
+
+def schedule_acceptance(plan: Plan):
+    """The entry of the record ``schedule.acceptance`` names for this plan's drafter
+    (:class:`specc.predict.acceptance.Entry`). Raises PlanError naming ``schedule.acceptance``: the
+    file does not read as a record, or it holds no entry for this plan's target, drafter and proposals."""
+    from specc.predict import acceptance
+
+    path = str(plan.schedule.acceptance)
+    try:
+        entries = acceptance.read_record(path)
+    except acceptance.AcceptanceError as exc:
+        raise PlanError(f"schedule.acceptance: {exc}") from None
+    entry = acceptance.entry_for(entries, plan)
+    if entry is None:
+        have = "; ".join(f"{e.key} (draft {e.draft})" for e in entries) or "none"
+        raise PlanError(f"schedule.acceptance: {path} has no entry for this plan's drafter and proposals "
+                        f"({acceptance.proposal_key(plan)}, draft {plan.draft.path if plan.draft else None}); it has: "
+                        f"{have}; point the key at the record measured for this drafter (`specc tune` writes one)")
+    return entry
 
 
 def plan_alpha(plan: Plan, override: Optional[float] = None) -> Tuple[float, str]:

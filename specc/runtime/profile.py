@@ -5,7 +5,11 @@ kernel costs — for the cost model (``explain``), ``schedule.kind: auto`` and `
 Layout of a measurement of n target tokens: ``rows = min(n, max_batch)`` requests, each with a
 ``context``-token history already in the KV cache, verifying ``n`` tokens in all (a ragged verify:
 ``ceil(n / rows)`` or one fewer per request), exactly as the runtime's verify stage runs them. Each
-size is timed ``repeats`` times after one warm-up run and the median kept; the accept kernel (the
+size is timed ``repeats`` times after one warm-up run and the median kept, every size once per round,
+each timed call after untimed calls of the same size worth ``WARM_MS`` (:func:`steady_rounds`): the
+runtime runs steps of one shape back to back, and on a CPU the first few calls after a different,
+heavier shape run markedly slower than that steady state (timed right after the largest size, the small
+sizes' table overstated the runtime's step); the accept kernel (the
 plan's verify rule over the same logits) is timed the same way; ``verify_ms = forward_ms +
 accept_ms``. A draft pass is one ``propose`` of κ = 1 over b requests.
 
@@ -87,6 +91,50 @@ def token_grid(max_tokens: int) -> List[int]:
     return sorted(set(grid))
 
 
+#: untimed work (ms) at a size right before each timed call at it (see :func:`steady_rounds`)
+WARM_MS = 60.0
+
+
+def steady_rounds(calls: Sequence[tuple], repeats: int, sync: Optional[Callable[[], None]] = None, *,
+                  warm_ms: float = WARM_MS, clock: Callable[[], float] = time.perf_counter,
+                  on_round: Optional[Callable[[int], None]] = None) -> Dict[Any, List[float]]:
+    """Time every ``(key, fn)`` of ``calls`` once per round for ``repeats`` rounds (at least one) after
+    one untimed round, each timed call right after untimed calls of the same ``fn`` that took at least
+    ``warm_ms`` ms together (one call at least): the steady state of the runtime, which runs one shape's
+    steps back to back, while a burst of load from other jobs still falls on all sizes alike.
+
+    Args:
+        calls: ``(key, fn)`` pairs; ``fn()`` runs one forward (its result is dropped).
+        repeats: timed rounds; sync: called after each call (CUDA), or None.
+        warm_ms: untimed work before each timed call, in ms; clock: seconds (``time.perf_counter``).
+        on_round: called with the round's index after each round (0 is the untimed one).
+    Returns:
+        ``{key: [ms per timed round]}``.
+    """
+    times: Dict[Any, List[float]] = {key: [] for key, _ in calls}
+    for rnd in range(max(1, repeats) + 1):
+        for key, fn in calls:
+            spent = 0.0
+            while True:  # untimed calls of this size first: what the runtime's previous steps did
+                t0 = clock()
+                fn()
+                if sync:
+                    sync()
+                spent += (clock() - t0) * 1e3
+                if rnd == 0 or spent >= warm_ms:
+                    break
+            if rnd == 0:
+                continue
+            t0 = clock()
+            fn()
+            if sync:
+                sync()
+            times[key].append((clock() - t0) * 1e3)
+        if on_round:
+            on_round(rnd)
+    return times
+
+
 def _time_once(fn: Callable[[], Any], sync: Optional[Callable[[], None]]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -163,15 +211,10 @@ def profile_costs(target: Any, drafter: Any, *, max_batch: int, max_width: int, 
             ids, pos, pos, None, hidden_layers=hidden_layers, num_tokens=counts if eager else None))
         drafts = torch.randint(0, V, (rows, w - 1), generator=gen).to(dev)
         cases.append((n, fwd, drafts, counts - 1))
-    # every size once per round, round after round: load from other jobs falls on all sizes alike
-    times: Dict[int, List[float]] = {n: [] for n, *_ in cases}
-    for rnd in range(repeats + 1):
-        for n, fwd, _, _ in cases:
-            t = _median_ms(fwd, 0, sync) if rnd == 0 else _time_once(fwd, sync)
-            if rnd > 0:
-                times[n].append(t)
-        if on_progress:
-            on_progress(f"round {rnd} of {repeats}")
+    # every size once per round, round after round (load from other jobs falls on all sizes alike), each
+    # timed in the steady state of a run of its own steps (the runtime's), not right after another size
+    times = steady_rounds([(n, fwd) for n, fwd, _, _ in cases], repeats, sync,
+                          on_round=(lambda r: on_progress(f"round {r} of {repeats}")) if on_progress else None)
     for n, fwd, drafts, valid in cases:
         logits, _ = fwd()
         rows, w = drafts.shape[0], drafts.shape[1] + 1
@@ -240,7 +283,8 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
     timed (it happens once, at load). ``fill=False`` skips the prefill of the ``context`` history (the
     attention then reads zero K/V: the same work, so the same time, without a B x context prefill —
     what ``specc tune``'s spot check of the cost table uses). ``interleave``: every shape once per
-    round, one warm-up round then ``repeats`` rounds (at least one), median per shape (as :func:`profile_costs`
+    round, one warm-up round then ``repeats`` rounds (at least one), median per shape, each timed call
+    after ``WARM_MS`` of untimed calls of its shape (:func:`steady_rounds`, as :func:`profile_costs`
     does: a burst of load from other jobs falls on all shapes alike, not on one); otherwise each shape's
     warm-up and repeats run back to back. Raises ValueError when ``context`` + the widest W does not fit
     the target's ``max_model_len``."""
@@ -290,15 +334,9 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
         if on_progress:
             on_progress(key)
     if calls:
-        times: Dict[str, List[float]] = {key: [] for key, _ in calls}
         rounds = max(1, repeats)
-        for rnd in range(rounds + 1):
-            for key, call in calls:
-                t = _time_once(call, sync)
-                if rnd > 0:
-                    times[key].append(t)
-            if on_progress:
-                on_progress(f"round {rnd} of {rounds}")
+        times = steady_rounds(calls, rounds, sync, on_round=(lambda r: on_progress(f"round {r} of {rounds}"))
+                              if on_progress else None)
         out = {key: round(statistics.median(ts), 4) for key, ts in times.items()}
     return out
 

@@ -4,7 +4,12 @@ Files, next to ``--out PLAN.yaml`` (stem S):
 
 * ``S.yaml`` — the plan: the chosen drafter's preset (its ``defaults`` and keys) with a
   ``batch_buckets`` (or ``adaptive``) schedule whose κ per bucket came from the predictions over the
-  measured acceptance, ``schedule.alpha`` the measured α, ``schedule.cost_table`` the table used;
+  measured acceptance, ``schedule.acceptance`` the record below (its entry for the drafter: the
+  per-position rates), ``schedule.cost_table`` the table below (both relative to the plan's folder);
+* ``S.cost_table.json`` — the cost table the predictions used, with a ``tune`` block holding the rest of
+  what the predictor read (:func:`specc.tune.predict.record_block`: stage costs, λ, the spot-timed
+  verify, the confirming runs' measurements), so ``explain``, ``bench`` and ``serve`` predict the plan
+  as tune did (:func:`specc.tune.predict.plan_predictor`);
 * ``S.sglang.yaml`` — the same drafter for SGLang, whose rules refuse ``batch_buckets``: its adaptive
   controller with those buckets' κ as candidates, or a static κ where SGLang runs no adaptive
   schedule for the method;
@@ -47,13 +52,14 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def plan_document(candidate, buckets: Dict[int, List[int]], *, kind: str, engine: str, name: str,
                   alpha: Optional[float], cost_table: Optional[str], capture: Sequence[int],
-                  hardware: Optional[str] = None) -> Dict[str, Any]:
+                  hardware: Optional[str] = None, acceptance: Optional[str] = None) -> Dict[str, Any]:
     """The plan as a YAML mapping: the candidate's source file (its ``defaults`` list and keys, the
     ``/schedule`` default dropped) with ``name``, ``engine``, κ (the largest bucket's; a block drafter's
     ``block_size`` with it), ``runtime.max_batch_size`` and the schedule (``kind`` with one candidate
     list per bucket, or ``static`` at the single κ when ``buckets`` has one entry and ``kind`` is
-    static). A candidate moved to ``--target``'s model carries that target's keys (``target``), and
-    ``hardware`` (``--hardware``'s profile) becomes ``schedule.hardware``."""
+    static). A candidate moved to ``--target``'s model carries that target's keys (``target``),
+    ``hardware`` (``--hardware``'s profile) becomes ``schedule.hardware`` and ``acceptance`` (the
+    record) ``schedule.acceptance``."""
     src = yaml.safe_load(Path(candidate.source).read_text()) or {}
     doc: Dict[str, Any] = {}
     defaults = [d for d in (src.get("defaults") or [])
@@ -84,7 +90,9 @@ def plan_document(candidate, buckets: Dict[int, List[int]], *, kind: str, engine
     if kind != "static":
         schedule["buckets"] = {int(b): {"candidates": [int(k) for k in ks]} for b, ks in sorted(buckets.items())}
     schedule["capture_batch_sizes"] = [int(c) for c in capture]
-    if alpha is not None:
+    if acceptance:
+        schedule["acceptance"] = acceptance
+    elif alpha is not None:
         schedule["alpha"] = round(float(alpha), 4)
     if cost_table:
         schedule["cost_table"] = cost_table
@@ -107,6 +115,26 @@ def _moved(src: Dict[str, Any], path: str) -> bool:
                     data = yaml.safe_load(f.read_text()) if f.is_file() else None
                     return isinstance(data, dict) and data.get("path") != path
     return False
+
+
+def write_cost_record(path: Path, table_path: str, block: Dict[str, Any]) -> None:
+    """Write the cost table at ``table_path`` (a ``specc profile`` JSON, ``pkg://`` resolved) with
+    ``block`` under its ``tune`` key (:data:`specc.tune.predict.RECORD_KEY`) to ``path``. Raises
+    SpeccError when the table does not read."""
+    from specc.io import COST_TABLE_LIMIT, load_json, read_bounded
+    from specc.tune.predict import RECORD_KEY
+
+    src = str(table_path)
+    if src.startswith("pkg://"):
+        from specc.models.resolve import resolve_model_path
+
+        src = str(resolve_model_path(src))
+    data = load_json(str(read_bounded(Path(src), COST_TABLE_LIMIT, "cost table")), src)
+    if not isinstance(data, dict):
+        raise SpeccError(f"{src}: a cost table is a JSON object; run `specc profile` again")
+    data[RECORD_KEY] = block
+    data["tuned_from"] = str(table_path)
+    _atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def dump_plan(doc: Dict[str, Any], header: Sequence[str]) -> str:
@@ -357,14 +385,18 @@ def report_markdown(title: str, header: Sequence[str], rows: Sequence[Sequence[s
 
 
 def plot(path: Path, concurrency: Sequence[int], predicted: Dict[str, Dict[int, float]],
-         measured: Dict[str, Dict[int, float]], title: str, highlight: str = "") -> None:
+         measured: Dict[str, Dict[int, float]], title: str, highlight: str = "") -> Dict[str, Any]:
     """Throughput against concurrency: per series its predicted line (dashed) and measured points
-    (solid, markers); ``highlight`` drawn thicker (the chosen plan)."""
+    (solid, markers); ``highlight`` drawn thicker (the chosen plan). The plotted numbers,
+    ``{"predicted": {series: {C: tok/s}}, "measured": {...}}`` (C as a string), go into the PNG's text
+    under ``specc:series`` (as ``specc explain --plot`` does) and are returned, for ``S.json``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    series = {kind: {name: {str(c): float(v[c]) for c in concurrency if c in v} for name, v in lines.items() if v}
+              for kind, lines in (("predicted", predicted), ("measured", measured))}
     fig, ax = plt.subplots(figsize=(9, 5.2))
     names = list(dict.fromkeys(list(predicted) + list(measured)))
     for i, name in enumerate(names):
@@ -389,8 +421,9 @@ def plot(path: Path, concurrency: Sequence[int], predicted: Dict[str, Dict[int, 
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, metadata={"specc:series": json.dumps(series)})
     except OSError as exc:
         raise SpeccError(f"--out: cannot write the plot {path} ({exc.strerror or exc})") from None
     finally:
         plt.close(fig)
+    return series

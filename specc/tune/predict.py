@@ -489,3 +489,187 @@ def adaptive_candidates(pred: Predictor, name: str, batch: int, within: float = 
     vals = {k: pred.tok_s(Config(name, k), batch) for k in ks}
     top = max(vals.values())
     return sorted(k for k, v in vals.items() if v >= (1 - within) * top)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the record a tuned plan carries: what this predictor needs, beside the cost table it read
+# ----------------------------------------------------------------------------------------------------
+
+#: the key of the block ``specc tune`` adds to the cost table it writes beside the plan (``S.cost_table.json``)
+RECORD_KEY = "tune"
+
+
+def _costs_json(c: StageCosts) -> Dict[str, object]:
+    return {"draft": [c.draft.a, c.draft.b], "extend": [c.extend.a, c.extend.b], "other": [c.other.a, c.other.b],
+            "load": c.load, "samples": c.samples, "load_by_rows": {str(r): v for r, v in sorted(c.load_by_rows.items())}}
+
+
+def _costs_from(obj: object, where: str) -> StageCosts:
+    """A :class:`StageCosts` from its JSON (:func:`_costs_json`). Raises ValueError naming ``where``."""
+    try:
+        lin = {k: Linear(float(obj[k][0]), float(obj[k][1])) for k in ("draft", "extend", "other")}  # type: ignore[index]
+        rows = {int(r): float(v) for r, v in (obj.get("load_by_rows") or {}).items()}  # type: ignore[union-attr]
+        return StageCosts(load=float(obj.get("load", 1.0)), samples=int(obj.get("samples", 0)),  # type: ignore[union-attr]
+                          load_by_rows=rows, **lin)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        raise ValueError(f"{where}: expected {{\"draft\": [a, b], \"extend\": [a, b], \"other\": [a, b], ...}} "
+                         f"(ms = a + b · rows)") from None
+
+
+def record_block(pred: Predictor, candidate: str, concurrency: Sequence[int],
+                 measured: Optional[Dict[int, Dict[str, float]]] = None, measured_source: str = "") -> Dict[str, object]:
+    """The ``tune`` block of the cost table ``specc tune`` writes beside the plan: everything
+    :class:`Predictor` read besides the table and the acceptance record, for the chosen ``candidate``
+    and plain decoding: the stage costs (ms = a + b · rows), λ (``load``, ``load_rows``), the spot-timed
+    verify grid (``"RxW": ms``, or None), ``pad_ms``, the measured κ, the concurrencies planned for, and
+    what the confirming runs measured there (``measured``: ``{C: {"plan": tok/s, "plain": tok/s}}``,
+    from ``measured_source``)."""
+    cand = pred.candidates[candidate]
+    return {"candidate": candidate, "measure_steps": int(getattr(cand, "measure_steps", 0)),
+            "concurrency": [int(c) for c in concurrency], "load": pred.load,
+            "load_rows": {str(r): v for r, v in sorted(pred.load_rows.items())},
+            "grid": ({f"{r}x{w}": v for (r, w), v in sorted(pred.grid.ms.items())} if pred.grid is not None else None),
+            "pad_ms": pred.pad_ms,
+            "costs": {"plain": _costs_json(pred.costs.get(None) or StageCosts()),
+                      "candidate": _costs_json(pred.costs.get(candidate) or StageCosts())},
+            "measured": {str(c): dict(v) for c, v in sorted((measured or {}).items())},
+            "measured_source": measured_source}
+
+
+@dataclass(frozen=True)
+class PlanCandidate:
+    """What :meth:`Predictor.breakdown` reads of a candidate, for a plan outside a tune session: the
+    plan (its ``method``) and the κ its stage costs were measured at."""
+
+    plan: object
+    measure_steps: int
+    kappas: Tuple[int, ...] = ()
+
+
+def plan_predictor(plan, table: cost.CostTable, raw: Dict[str, object], entry, where: str) -> Predictor:
+    """The :class:`Predictor` of ``plan`` (its drafter named ``plan.name``) over ``table`` (loaded from
+    ``where``; ``raw``: its JSON) and the acceptance ``entry`` (None for plain decoding): with the
+    ``tune`` block (:func:`record_block`) ``specc tune`` wrote, exactly the predictor tune chose the
+    plan with; without it, the table alone (its draft pass by rows, no host work, λ = 1). Raises
+    ValueError naming ``where`` for a malformed block."""
+    block = raw.get(RECORD_KEY)
+    name = str(plan.name)
+    k_top = max([int(plan.method.num_steps or 0)] + [int(k) for b in (plan.schedule.buckets or {}).values()
+                                                      for k in (getattr(b, "candidates", None) or [])])
+    if not isinstance(block, dict):
+        draft = Linear()
+        if table.draft_x and table.draft_applies(plan.method.name):
+            draft = fit_linear([float(x) for x in table.draft_x], list(table.draft_ms))
+        return Predictor(table=table, candidates={name: PlanCandidate(plan, max(1, k_top))},
+                         entries={name: entry}, costs={None: StageCosts(), name: StageCosts(draft=draft)})
+    try:
+        grid = block.get("grid")
+        grid = VerifyGrid({(int(k.split("x")[0]), int(k.split("x")[1])): float(v) for k, v in grid.items()}) \
+            if grid else None
+        costs = block["costs"]
+        return Predictor(table=table, candidates={name: PlanCandidate(plan, int(block["measure_steps"]) or max(1, k_top))},
+                         entries={name: entry},
+                         costs={None: _costs_from(costs["plain"], f"{where}: tune.costs.plain"),
+                                name: _costs_from(costs["candidate"], f"{where}: tune.costs.candidate")},
+                         load=float(block.get("load", 1.0)),
+                         load_rows={int(r): float(v) for r, v in (block.get("load_rows") or {}).items()},
+                         grid=grid, pad_ms=float(block.get("pad_ms", 0.0)))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ValueError(f"{where}: the {RECORD_KEY!r} block does not read ({exc}); run `specc tune` again") from None
+
+
+def plan_at(pred: Predictor, name: str, buckets: Dict[int, Sequence[int]], concurrency: int) -> Dict[str, object]:
+    """The plan at ``concurrency`` live requests as ``specc tune`` predicts it: the bucket the runtime's
+    floor lookup routes to (:func:`specc.compiler.lower.route_slot`), its κ (of several candidates, the
+    fastest predicted), and ``{"concurrency", "bucket", "num_steps", "tok_s", "plain_tok_s", "speedup",
+    "expected_tokens", "step_ms"}`` (tok/s: decode tokens per second over the batch)."""
+    from specc.compiler.lower import route_slot
+
+    keys = sorted(int(b) for b in buckets)
+    slot = route_slot(keys, max(1, int(concurrency))) if keys else None
+    ks = [int(k) for k in (buckets.get(slot) if slot is not None else None) or [0]]
+    cfgs = [Config(name, k) if k > 0 else Config(None, 0) for k in ks]
+    best = max(cfgs, key=lambda c: pred.tok_s(c, concurrency))
+    b = pred.breakdown(best, concurrency)
+    plain = pred.tok_s(Config(None, 0), concurrency)
+    return {"concurrency": int(concurrency), "bucket": slot, "num_steps": best.num_steps, "tok_s": b["tok_s"],
+            "plain_tok_s": plain, "speedup": b["tok_s"] / plain if plain > 0 else None,
+            "expected_tokens": b["expected_tokens"], "step_ms": b["step_ms"]}
+
+
+def plan_predictions(plan, buckets: Optional[Dict[int, Sequence[int]]] = None,
+                     concurrency: Optional[Sequence[int]] = None) -> Dict[str, object]:
+    """What ``explain``, ``bench`` and ``serve`` say a plan does at each concurrency, from the records the
+    plan carries: ``schedule.cost_table`` (with its ``tune`` block when ``specc tune`` wrote it:
+    :func:`plan_predictor`) and the acceptance ``plan_acceptance`` finds (``schedule.acceptance`` first).
+
+    Args:
+        plan: a resolved :class:`specc.plan.schema.Plan`.
+        buckets: ``{batch bucket: [κ, ...]}`` as the engine runs the plan (default: the plan's
+            ``schedule.buckets``, else ``{1: [method.num_steps]}``).
+        concurrency: the concurrencies to predict (default: those ``specc tune`` planned for, else the buckets).
+    Returns:
+        ``{"cost_table", "acceptance" (the α source), "acceptance_path" (the record file, or None), "tuned",
+        "concurrency", "rows", "measured_source", "unknown"}``:
+        ``rows`` one :func:`plan_at` dict per concurrency, with ``measured_tok_s`` / ``measured_plain_tok_s``
+        / ``measured_speedup`` where tune's confirming runs measured the plan there (else None);
+        ``unknown`` says why there are no rows (no cost table, α unknown), else None.
+    Raises:
+        PlanError: naming ``schedule.cost_table`` or ``schedule.acceptance`` when a record does not read.
+    """
+    from pathlib import Path
+
+    from specc.errors import PlanError
+    from specc.io import COST_TABLE_LIMIT, load_json, read_bounded
+    from specc.predict import sizing
+
+    out: Dict[str, object] = {"cost_table": plan.schedule.cost_table, "acceptance": None, "tuned": False,
+                              "concurrency": [], "rows": [], "measured_source": None, "unknown": None}
+    drafts = methods.get(plan.method.name).drafts
+    alpha, source, entry = sizing.plan_acceptance(plan)
+    out["acceptance"] = source
+    out["acceptance_path"] = getattr(entry, "path", None) if entry is not None else None
+    if drafts and (sizing.alpha_is_assumed(source) or entry is None):
+        out["unknown"] = ("α unknown: no acceptance record applies to this plan (`specc tune PROMPTS` measures one), "
+                          "so no speedup is predicted" if sizing.alpha_is_assumed(source) else
+                          f"no per-position acceptance ({source}): the per-concurrency prediction reads an acceptance "
+                          f"record (schedule.acceptance, or the drafter's record)")
+        return out
+    if not plan.schedule.cost_table:
+        out["unknown"] = ("no cost table: set schedule.cost_table (`specc profile PLAN --out FILE`, or the one "
+                          "`specc tune` writes beside its plan)")
+        return out
+    table = cost.load_cost_table(str(plan.schedule.cost_table))
+    try:
+        raw = load_json(str(read_bounded(Path(table.path), COST_TABLE_LIMIT, "cost table")), table.path)
+    except Exception as exc:  # read once already by load_cost_table: only a race gets here
+        raise PlanError(f"schedule.cost_table: {exc}") from None
+    try:
+        pred = plan_predictor(plan, table, raw if isinstance(raw, dict) else {}, entry if drafts else None, table.path)
+    except ValueError as exc:
+        raise PlanError(f"schedule.cost_table: {exc}") from None
+    block = raw.get(RECORD_KEY) if isinstance(raw, dict) else None
+    out["tuned"] = isinstance(block, dict)
+    if buckets is None:
+        if plan.schedule.kind in ("batch_buckets", "adaptive") and plan.schedule.buckets:
+            buckets = {int(b): list(v.candidates or []) for b, v in plan.schedule.buckets.items()}
+        else:
+            buckets = {1: [int(plan.method.num_steps or 0)]}
+    if not drafts:
+        buckets = {1: [0]}
+    if concurrency is None:
+        concurrency = (block or {}).get("concurrency") or sorted(buckets)
+    measured = (block or {}).get("measured") or {}
+    if measured and (block or {}).get("measured_source"):
+        out["measured_source"] = str(Path(table.path).parent / str(block["measured_source"]))
+    rows = []
+    for c in concurrency:
+        row = plan_at(pred, str(plan.name), buckets, int(c))
+        m = measured.get(str(int(c))) or {}
+        mp, mb = m.get("plan"), m.get("plain")
+        row.update(measured_tok_s=mp, measured_plain_tok_s=mb,
+                   measured_speedup=(mp / mb) if mp and mb else None)
+        rows.append(row)
+    out["concurrency"] = [int(c) for c in concurrency]
+    out["rows"] = rows
+    return out

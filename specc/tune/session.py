@@ -485,6 +485,22 @@ class Session:
         rec_path = Path(f"{stem}.acceptance.json")
         acceptance.write_record(rec_path, [m.entry for m in measurements.values()], merge=False)
         files.append(str(rec_path))
+        # the cost table the predictions used, with the rest of the predictor: the plan points at both
+        from specc.tune.predict import record_block
+
+        # what the confirming runs measured for the plan at each concurrency: the run of the emitted plan, else
+        # of a plan that runs the same κ there (as the confirming passes judge it, step_config)
+        measured_at: Dict[int, Dict[str, float]] = {}
+        for (label, c), r in sorted(results.items(), key=lambda kv: self.plans.get(kv[0][0]) is not None and (
+                self.plans[kv[0][0]].candidate, self.plans[kv[0][0]].buckets) == (final.candidate, final.buckets)):
+            if label == "plain":
+                measured_at.setdefault(int(c), {})["plain"] = r.decode_tok_s
+            elif label in self.plans and step_config(self.plans[label], c) == step_config(final, c):
+                measured_at.setdefault(int(c), {})["plan"] = r.decode_tok_s  # the emitted plan's run sorts last
+        table_path = Path(f"{stem}.cost_table.json")
+        emit.write_cost_record(table_path, pred.table.path or table_ref,
+                               record_block(pred, final.candidate, self.conc, measured_at, f"{stem.name}.json"))
+        files.append(str(table_path))
         if args.schedule == "adaptive" or args.engine == "sglang":
             buckets = {b: adaptive_candidates(pred, win.name, b) for b in final.buckets}
             kind = "adaptive"
@@ -494,11 +510,12 @@ class Session:
         header = [f"Written by `specc tune` ({time.strftime('%Y-%m-%d')}): {len(self.records)} prompts from {self.source},",
                   f"concurrency {self.conc}, target {self.tname}. κ per batch bucket from the predictions over the",
                   f"acceptance measured on those prompts ({rec_path.name}: {entry.describe.split(': ', 1)[1][:90]}...).",
-                  f"Per-position detail: specc explain {out.name} --acceptance {rec_path.name}",
+                  f"Predicted speedup per concurrency, per-position acceptance: specc explain {out.name}",
                   f"Cost table: {how}."]
         doc = emit.plan_document(win, buckets, kind=kind, engine=args.engine, name=_identifier(out.stem),
-                                 alpha=entry.alpha, cost_table=table_ref, capture=sizes,
-                                 hardware=self._engine_hardware() if args.engine != "specc" else None)
+                                 alpha=entry.alpha, cost_table=table_path.name, capture=sizes,
+                                 hardware=self._engine_hardware() if args.engine != "specc" else None,
+                                 acceptance=rec_path.name)
         text = emit.dump_plan(doc, header)
         emit._atomic_write(out, text)
         _, errors = emit.check_loads(out, args.engine)
@@ -572,7 +589,7 @@ class Session:
             predicted_lines[label] = {c: ch.predicted[c] for c in self.conc}
         emitted = [lab for lab, ch in self.plans.items() if (ch.candidate, ch.buckets) == (final.candidate, final.buckets)]
         png = Path(f"{stem}.png")
-        emit.plot(png, self.conc, predicted_lines, measured_lines,
+        plotted = emit.plot(png, self.conc, predicted_lines, measured_lines,
                   f"specc tune: decode tok/s by concurrency ({self.tname}, {Path(self.source).name})",
                   highlight=(emitted or list(self.plans))[0])
         files.append(str(png))
@@ -591,7 +608,8 @@ class Session:
                                    "costs": dataclasses.asdict(pred.costs[n])}
                                for n, c in self.cands.items()},
                 "predicted": {f"{cfg.label}": {c: pred.tok_s(cfg, c) for c in self.conc} for cfg in pred.all_configs()},
-                "runs": data_rows, "exports": self.exports, "notes": notes, "left_out": self.left_out}
+                "runs": data_rows, "exports": self.exports, "notes": notes, "left_out": self.left_out,
+                "plot": plotted}
         js = Path(f"{stem}.json")
         emit._atomic_write(js, json.dumps(data, indent=1, default=str) + "\n")
         files.append(str(js))

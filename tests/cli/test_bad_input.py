@@ -364,6 +364,15 @@ def test_bench_prints_decode_and_end_to_end_rates(ngram_art, capsys, tmp_path):
     header = next(ln for ln in out.splitlines() if ln.startswith("category"))
     assert "decode tok/s" in header and "e2e tok/s" in header
     assert "prefill excluded" in out and "prefill included" in out
+    # explain's prediction stands beside the measurement, or why there is none (no records for this target)
+    assert "explain's prediction: " in out or "explain predicted at batch 1: " in out
+    rc, out, _ = run_cli(capsys, "bench", ngram_art, "--prompts", prompts, "--max-new-tokens", "6",
+                         "--concurrency", "1", "--json")
+    data = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and set(data["explain"]) == {"cost_table", "acceptance", "tuned", "unknown"}
+    row = data["results"][0]
+    assert {"explain_speedup", "explain_tok_s", "measured_over_explain"} <= set(row)
+    assert (row["explain_speedup"] is None) == bool(data["explain"]["unknown"])
 
 
 def test_speedup_columns_are_explained_where_they_differ_at_batch_1(capsys):

@@ -50,7 +50,10 @@ def test_state_shapes_interleaved_without_a_prefill():
                            on_progress=rounds.append)
     assert set(ms) == {"1x1", "1x3", "4x2"} and all(v > 0 for v in ms.values())
     assert rounds == [f"round {r} of 3" for r in range(4)]  # one warm-up round, three timed
-    assert calls == [(1, 1), (1, 3), (4, 2)] * 4  # round-robin, and no (4, 16) history prefill
+    assert calls[:3] == [(1, 1), (1, 3), (4, 2)] and (4, 16) not in calls  # no history prefill
+    runs = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]  # the shapes' runs, in order
+    assert runs == [(1, 1), (1, 3), (4, 2)] * 4  # round-robin, each timed call after its own shape
+    assert len(calls) > 12  # the timed calls come after untimed ones of the same shape (steady_rounds)
     calls.clear()
     time_state_shapes(target, [(1, 1), (1, 3)], context=16, repeats=2)
     assert calls == [(1, 16), (1, 1), (1, 1), (1, 1), (1, 3), (1, 3), (1, 3)]  # filled, then back to back
@@ -64,6 +67,34 @@ def test_state_shapes_interleaved_without_a_prefill():
     assert seen[0].tolist() == [3, 1, 1, 1] and seen[1] is None
     with pytest.raises(ValueError, match="ragged"):
         time_state_shapes(target, [(4, 3, 1)], context=16, repeats=1, compiled=True)
+
+
+def test_steady_rounds_times_each_size_after_its_own_warm_calls():
+    """The profiler times the runtime's steady state: every timed call at a size comes right after
+    untimed calls of that size worth ``warm_ms`` (not right after a heavier size, which on a CPU made
+    the small sizes' table overstate the runtime's step), sizes round-robin, one untimed round first."""
+    from specc.runtime.profile import steady_rounds
+
+    now = [0.0]
+    log = []  # (key, timed?) per call
+
+    def clock():
+        return now[0]
+
+    def call(key, ms):
+        def fn():
+            log.append(key)
+            now[0] += ms / 1e3
+        return fn
+
+    rounds = []
+    times = steady_rounds([("small", call("small", 2.0)), ("big", call("big", 50.0))], 3, warm_ms=10.0,
+                          clock=clock, on_round=rounds.append)
+    assert rounds == [0, 1, 2, 3]
+    assert {k: [round(t, 6) for t in v] for k, v in times.items()} == {"small": [2.0] * 3, "big": [50.0] * 3}
+    assert log[:2] == ["small", "big"]  # the untimed round: each size once
+    # each timed round: 5 untimed small calls (10 ms) + the timed one, then 1 untimed big call + the timed one
+    assert log[2:] == (["small"] * 6 + ["big"] * 2) * 3
 
 
 def test_profile_refuses_an_unwritable_out_before_loading(tmp_path, capsys):

@@ -845,7 +845,8 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
                               "--target", tiny / "target", "--concurrency", "1,4", "--budget-min", "1.5",
                               "--max-new-tokens", "12", "--measure-batch", "4", "--out", out, "--no-progress")
     assert rc == 0, err
-    for suffix in (".yaml", ".sglang.yaml", ".launch.sh", ".acceptance.json", ".report.md", ".png", ".json"):
+    for suffix in (".yaml", ".sglang.yaml", ".launch.sh", ".acceptance.json", ".cost_table.json", ".report.md",
+                   ".png", ".json"):
         assert Path(f"{tmp_path / 'tuned'}{suffix}").is_file(), suffix
     assert "profiled now" in err and list((tmp_path / "cache" / "cost_tables").glob("*.json"))
     data = json.loads((tmp_path / "tuned.json").read_text())
@@ -855,6 +856,10 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
     runs = [r for r in data["runs"] if not r["run"].startswith("measure")]
     assert {r["run"] for r in runs} >= {"plain"} and all(r["exact"] for r in runs)
     assert "predicted against measured" in stdout
+    from PIL import Image
+
+    assert json.loads(Image.open(tmp_path / "tuned.png").text["specc:series"]) == data["plot"]  # drawn = recorded
+    assert data["plot"]["measured"]["plain"] and data["plot"]["predicted"]["plain"]
     # the table was checked against the forward timed now at the shapes the predictions use
     spot = [n for n in data["notes"] if n.startswith("cost table spot-checked at")]
     assert len(spot) == 1 and "R [1, 4] x W [1, 2, 3" in spot[0]
@@ -862,9 +867,29 @@ def test_tune_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch, capsys):
     from specc.plan.load import load_plan
 
     plan = load_plan(str(out)).plan
-    assert plan.schedule.kind == "batch_buckets" and plan.schedule.alpha is not None
+    assert plan.schedule.kind == "batch_buckets" and plan.schedule.alpha is None
+    # the plan points at the records written beside it (relative in the file, resolved against its folder)
+    assert "acceptance: tuned.acceptance.json" in out.read_text() and "cost_table: tuned.cost_table.json" in out.read_text()
+    assert Path(plan.schedule.acceptance) == tmp_path / "tuned.acceptance.json"
+    assert Path(plan.schedule.cost_table) == tmp_path / "tuned.cost_table.json"
     entries = acceptance.read_record(tmp_path / "tuned.acceptance.json")
     assert {e.key["method"] for e in entries} == {"ngram", "draft_model"}
+    # explain predicts the plan at each concurrency tune planned for with tune's own predictor, and puts
+    # what tune measured for the plan beside it
+    from specc.check import resolve
+    from specc.tune.predict import plan_predictions
+
+    story = plan_predictions(resolve(plan, "specc")[0])
+    assert story["tuned"] and story["unknown"] is None and story["concurrency"] == [1, 4]
+    assert all(r["tok_s"] > 0 and r["speedup"] == pytest.approx(r["tok_s"] / r["plain_tok_s"]) for r in story["rows"])
+    block = json.loads((tmp_path / "tuned.cost_table.json").read_text())["tune"]
+    assert block["candidate"] == data["choice"]["candidate"] and block["measured_source"] == "tuned.json"
+    assert all("plain" in block["measured"][str(c)] for c in (1, 4))
+    assert any("plan" in m for m in block["measured"].values())  # the confirming runs of the plan's κ
+    for r in story["rows"]:
+        m = block["measured"].get(str(r["concurrency"]))
+        if m and "plan" in m and "plain" in m:
+            assert r["measured_speedup"] == pytest.approx(m["plan"] / m["plain"])
 
 
 def test_tune_runs_the_plan_its_confirming_runs_changed(tiny, tmp_path, monkeypatch, capsys):
