@@ -508,7 +508,8 @@ def _path_errors(plan: S.Plan) -> List[Tuple[str, str]]:
 def _resolve_records(plan: S.Plan, path: Path, sources: Dict[str, Source]) -> List[Tuple[str, str]]:
     """Make the relative record paths (:data:`RECORD_KEYS`) a plan file wrote absolute against that
     file's folder (in place; an override's path stays relative to the working directory, a
-    ``schedule.cost_table`` found only there keeps it), and return ``(key, message)`` for a
+    ``schedule.cost_table`` not beside the plan is kept as written: found in the working directory,
+    or an engine's own table on the machine that launches), and return ``(key, message)`` for a
     ``schedule.acceptance`` that names no regular file."""
     errs: List[Tuple[str, str]] = []
     for key in RECORD_KEYS:
@@ -521,8 +522,9 @@ def _resolve_records(plan: S.Plan, path: Path, sources: Dict[str, Source]) -> Li
             continue
         base = Path(src[0]).parent if src[0] else path.parent
         near = (base / text).resolve()
-        if key == "schedule.cost_table" and not near.exists() and Path(text).exists():
-            continue  # a table named relative to the working directory, as before
+        if key == "schedule.cost_table" and not near.exists():
+            continue  # a table named relative to the working directory, or one on the engine's machine
+            # (SGLang's SPS table): kept as written
         setattr(getattr(plan, section), leaf, str(near))
     rec = plan.schedule.acceptance
     if isinstance(rec, str) and rec and not rec.startswith("pkg://") and not Path(rec).is_file():
