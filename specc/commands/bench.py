@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continuous batching at these concurrencies instead of batch 1 (e.g. 1,4,16,64)")
     parser.add_argument("--requests-per-slot", type=positive_int, default=2, metavar="N",
                         help="with --concurrency: N x C requests per run (default 2)")
+    parser.add_argument("--target", default=None, metavar="PATH",
+                        help="bench this model instead of the plan's target: a Hugging Face model directory "
+                             "(config.json, *.safetensors, tokenizer files) or a .gguf file (nothing is downloaded)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
 
@@ -59,9 +62,9 @@ def run(args) -> int:
                      args.category)
     if not records:
         raise PromptError(f"no prompts left after --category {args.category}")
-    source = args.artifact
     args.artifact = str(artifact_for(args.artifact, args.overrides,
-                                     say=None if args.json else (lambda m: print(m, file=sys.stderr))))
+                                     say=None if args.json else (lambda m: print(m, file=sys.stderr)),
+                                     target=args.target))
     if concurrency:  # from the manifest alone: the full check of the artifact comes with the runtime
         from specc.runtime.artifact import read_manifest
 
@@ -71,7 +74,7 @@ def run(args) -> int:
     if concurrency:
         from specc.commands.explain import plan_story
 
-        story = plan_story(source, args.overrides, concurrency)
+        story = plan_story(args.artifact, (), concurrency)
         return _run_concurrency(args, runtime, art, records, concurrency, story)
     plain = plain_runtime(runtime, [1])
     reqs = [Request(prompt_ids=encode_prompt(r, runtime.tokenizer),
@@ -95,7 +98,7 @@ def run(args) -> int:
         print(format_table(results))
         from specc.commands.explain import plan_story
 
-        told = plan_story(source, args.overrides, [1])
+        told = plan_story(args.artifact, (), [1])
         if told.get("rows"):
             r = told["rows"][0]
             print(f"explain predicted at batch 1: κ = {r['num_steps']}, {r['speedup']:.2f}x decode over plain "

@@ -321,9 +321,7 @@ def render_text(results: List[Result], show_resolved: bool) -> str:
             for v, loc in zip(r.violations, r.locations):
                 out.append(f"  {_loc_text(loc)}: {v.severity}: [{v.rule}] {v.message}")
                 out.append(f"      {_keys_source(v)}")
-        for a in r.assumed:
-            value = a["value"] if a["value"] is not None else "the checkpoint's own"
-            out.append(f"  assumed: {a['what'].replace('_', ' ')} {value} ({a['why']}; set it with {a['set_with']})")
+        out.extend(f"  assumed: {assumed_text(a)}" for a in r.assumed)
         if show_resolved:
             out.append(f"  resolved for {r.engine}:")
             out.extend("    " + ln for ln in resolved_yaml(r).splitlines())
@@ -335,6 +333,13 @@ def render_text(results: List[Result], show_resolved: bool) -> str:
                + (f", {c['undecided']} undecided" if c["undecided"] else "")
                + (f", {bad} unusable" if bad else ""))
     return "\n".join(out) + "\n"
+
+
+def assumed_text(a: Dict[str, Any]) -> str:
+    """One assumption of :func:`assumptions` as a sentence: what, the value taken, why, the flag or key
+    that sets it."""
+    value = a["value"] if a["value"] is not None else "the checkpoint's own"
+    return f"{a['what'].replace('_', ' ')} {value} ({a['why']}; set it with {a['set_with']})"
 
 
 def render_json(results: List[Result], show_resolved: bool) -> str:
@@ -380,11 +385,15 @@ def render_github(results: List[Result], show_resolved: bool) -> str:
             title = _gh_escape(f"{v.rule} ({r.engine})", True)
             out.append(f"::{level[v.severity]} file={_gh_escape(file, True)}{line},title={title}::"
                        f"{_gh_escape(v.message + ' [' + v.source + ']')}")
+        for a in r.assumed:
+            out.append(f"::notice file={_gh_escape(r.plan_path, True)},title={_gh_escape(f'assumed ({r.engine})', True)}"
+                       f"::{_gh_escape(assumed_text(a))}")
     return "\n".join(out) + ("\n" if out else "")
 
 
 def render_sarif(results: List[Result], show_resolved: bool) -> str:
-    """SARIF 2.1.0 (one run, rules from the violations seen)."""
+    """SARIF 2.1.0 (one run, rules from the violations seen). Each default the check assumed is an
+    informational result (``kind`` ``informational``, ``level`` ``none``, rule ``specc.assumed``)."""
     from specc import __version__
 
     level = {"error": "error", "warning": "warning", "fallback": "note", "filled": "note", "undecided": "note"}
@@ -412,6 +421,13 @@ def render_sarif(results: List[Result], show_resolved: bool) -> str:
                         "locations": [{"physicalLocation": phys}],
                         "properties": {"severity": v.severity, "keys": list(v.keys), "engine": r.engine,
                                        "plan": r.plan_path}})
+        for a in r.assumed:
+            rules.setdefault("specc.assumed", {"id": "specc.assumed", "shortDescription": {
+                "text": "a default the check assumed; the flag or key named sets it"}})
+            res.append({"ruleId": "specc.assumed", "kind": "informational", "level": "none",
+                        "message": {"text": f"assumed: {assumed_text(a)} [{r.engine}]"},
+                        "locations": [{"physicalLocation": {"artifactLocation": {"uri": sarif_uri(r.plan_path)}}}],
+                        "properties": {"engine": r.engine, "plan": r.plan_path, **a}})
     for rule in rules.values():
         rule.pop("helpUri", None)
     doc = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",

@@ -1,4 +1,4 @@
-"""``specc compile PLAN [overrides] [--out DIR]``: check a plan against the ``specc`` profile, lower
+"""``specc compile PLAN [overrides] [--out DIR] [--target PATH]``: check a plan against the ``specc`` profile, lower
 it, and write its artifact ``DIR/<plan>-<hash>/`` (see ``specc.compiler.codegen``).
 
 Exit codes: 0 compiled (or already up to date), 1 the plan has rule errors (all printed),
@@ -23,16 +23,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "stages); nothing at run time reads it")
     parser.add_argument("--print-path", action="store_true",
                         help="print only the artifact's path on stdout (for scripts)")
+    parser.add_argument("--target", default=None, metavar="PATH",
+                        help="compile the plan for this model instead of its target: a Hugging Face model "
+                             "directory (config.json, *.safetensors, tokenizer files) or a .gguf file "
+                             "(nothing is downloaded)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Compile ``args.plan``. Returns the exit code; raises ``SpeccError`` for unusable input."""
     from specc.compiler import build
     from specc.compiler import codegen
+    from specc.models.target import check_drafter_fits, check_local_target, read_target_arg, target_overrides
     from specc.plan.load import load_plan
 
-    loaded = load_plan(args.plan, list(args.overrides))
+    overrides = list(args.overrides)
+    if getattr(args, "target", None) is not None:  # checked before the plan loads; the user's overrides win
+        overrides = target_overrides(read_target_arg(args.target)) + overrides
+    loaded = load_plan(args.plan, overrides)
     plan = loaded.plan
+    check_local_target(plan.target.path)
+    check_drafter_fits(plan, "--target" if getattr(args, "target", None) is not None else "target.path")
     codegen.check_identifier(plan.name, "plan name (the plan's `name` key)")
     resolved, violations = codegen.resolve_plan(plan)
     errors = [v for v in violations if codegen._severity(v) == "error"]

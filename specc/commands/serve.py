@@ -142,7 +142,6 @@ def run(args) -> int:
     from specc.runtime.artifact import load_artifact
     from specc.serve.server import Server, artifact_role, check_role, load_server_state
 
-    source = args.artifact
     args.artifact = str(artifact_for(args.artifact, args.overrides, say=lambda m: print(m, file=sys.stderr),
                                      target=args.target))
     art = load_artifact(args.artifact)
@@ -161,7 +160,7 @@ def run(args) -> int:
           f"request bodies up to {human_size(state.max_request_bytes)}; http://{args.host}:{args.port}",
           file=sys.stderr)
     print(f"loaded: {rt.load_report()}", file=sys.stderr)
-    print(records_line(source, args.overrides), file=sys.stderr)
+    print(records_line(args.artifact), file=sys.stderr)
     Server(state, args.host, args.port, header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
            shutdown_timeout=args.shutdown_timeout, log_level=args.log_level).run()
     return 0

@@ -1,4 +1,4 @@
-"""``--hardware`` (check, tune) and ``--target PATH`` (run, serve, tune, explain): the user's device and
+"""``--hardware`` (check, tune) and ``--target PATH`` (run, serve, tune, explain, bench, compile): the user's device and
 the user's model, with real files — the shipped GGUF, tiny Hugging Face checkpoints written here.
 Every refusal is exit 2 with a message naming the flag, before any model loads."""
 from __future__ import annotations
@@ -92,6 +92,19 @@ def test_check_json_carries_the_assumptions(capsys):
     assert json.loads(out)[0]["assumed"] == []
 
 
+def test_check_github_and_sarif_carry_the_assumptions(capsys):
+    rc, out, _ = run_cli(capsys, "check", "--format", "github", "--sglang-args", *SGLANG)
+    notes = [ln for ln in out.splitlines() if ",title=assumed (sglang" in ln]
+    assert len(notes) == 2 and any("hardware h100" in ln and "--hardware" in ln for ln in notes)
+    rc, out, _ = run_cli(capsys, "check", "--format", "sarif", "--sglang-args", *SGLANG)
+    res = [r for r in json.loads(out)["runs"][0]["results"] if r["ruleId"] == "specc.assumed"]
+    assert {r["properties"]["what"] for r in res} == {"hardware", "context_length"}
+    assert all(r["kind"] == "informational" and r["level"] == "none" for r in res)
+    rc, out, _ = run_cli(capsys, "check", "--format", "github", "--hardware", "h200", "--sglang-args", *SGLANG,
+                         "--context-length", "4096")
+    assert ",title=assumed" not in out
+
+
 def test_check_context_length_assumed_for_plans_and_commands(capsys):
     rc, out, _ = run_cli(capsys, "check", "--sglang-args", *SGLANG)
     line = next(ln for ln in out.splitlines() if "assumed: context length" in ln)
@@ -157,7 +170,8 @@ def test_bad_cost_table_for_hardware(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("command", [["run", "smollm2_ngram", "--prompt", "hi"], ["explain", "smollm2_ngram"],
-                                     ["tune", "specc/data/prompts.jsonl"], ["serve", "smollm2_ngram", "--port", "0"]])
+                                     ["tune", "specc/data/prompts.jsonl"], ["serve", "smollm2_ngram", "--port", "0"],
+                                     ["bench", "smollm2_ngram"], ["compile", "smollm2_ngram"]])
 def test_hub_id_target_is_refused_with_the_download_hint(capsys, command):
     if command[0] == "serve":
         with socket.socket() as s:  # a free port: serve checks it can listen before the target
@@ -175,7 +189,8 @@ def test_plan_target_path_hub_id_gets_the_same_message(capsys):
     assert "compiled" not in err  # refused before the plan compiles
 
 
-@pytest.mark.parametrize("command", [["run", "smollm2_ngram", "--prompt", "hi"], ["explain", "smollm2_ngram"]])
+@pytest.mark.parametrize("command", [["run", "smollm2_ngram", "--prompt", "hi"], ["explain", "smollm2_ngram"],
+                                     ["bench", "smollm2_ngram", "--limit", "1"], ["compile", "smollm2_ngram"]])
 def test_bad_target_paths(capsys, tmp_path, command):
     rc, _, err = run_cli(capsys, *command, "--target", tmp_path / "missing")
     assert rc == 2 and f"--target {tmp_path / 'missing'}: no such file or directory" in err
@@ -221,6 +236,26 @@ def test_run_on_a_tiny_hf_target(capsys, tiny, tmp_path, monkeypatch):
     assert lines[0]["num_tokens"] == 4 and "summary" in lines[-1]
     plan = (next((tmp_path / "specc-cache" / "artifacts").iterdir()) / "plan.yaml").read_text()
     assert str((tiny / "small").resolve()) in plan
+
+
+def test_compile_for_a_tiny_hf_target(capsys, tiny, tmp_path):
+    rc, out, err = run_cli(capsys, "compile", "smollm2_ngram", "--target", tiny / "small", "--out", tmp_path / "out",
+                           "--print-path")
+    assert rc == 0, err
+    art = Path(out.strip())
+    assert art.parent == tmp_path / "out" and str((tiny / "small").resolve()) in (art / "plan.yaml").read_text()
+    rc, _, err = run_cli(capsys, "compile", "smollm2_eagle3", "--target", tiny / "small", "--out", tmp_path / "out2")
+    assert rc == 2 and "trained for another target" in err and not (tmp_path / "out2").exists()
+
+
+def test_bench_on_a_tiny_hf_target(capsys, tiny, tmp_path):
+    prompts = tmp_path / "p.jsonl"  # the shipped prompts are chats; the tiny tokenizer has no template
+    prompts.write_text(json.dumps({"id": "p1", "prompt": "w4 w5 w6 w4 w5"}) + "\n")
+    rc, out, err = run_cli(capsys, "bench", "smollm2_ngram", "--target", tiny / "small", "--prompts", prompts,
+                           "--max-new-tokens", "4", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["exact"] == "1/1" and set(data["results"]) == {"plain", "smollm2_ngram"}
 
 
 @pytest.mark.slow

@@ -152,6 +152,18 @@ def test_serve_names_the_records_and_the_batch_1_prediction(tmp_path):
     assert "predicted at batch 1: none (α unknown" in records_line("sglang_eagle3_adaptive")
 
 
+def test_the_compiled_artifact_tells_the_plans_story(tmp_path):
+    """serve and bench predict from the artifact they run (its plan.yaml holds the records' absolute
+    paths and any --target), so the line is the plan's own."""
+    from specc.commands.serve import records_line
+    from specc.compiler import build
+    from specc.plan.load import load_plan
+
+    path = _tuned_folder(tmp_path)
+    art = build.compile_plan(load_plan(str(path)).plan, tmp_path / "artifacts").path
+    assert records_line(str(art)) == records_line(str(path))
+
+
 def test_explain_prints_each_default_it_assumed_with_the_flag_that_sets_it(capsys, tmp_path):
     path = _tuned_folder(tmp_path)
     rc, out, _ = run_cli(capsys, "explain", path, "target.max_model_len=null")
