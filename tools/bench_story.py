@@ -13,10 +13,11 @@
    (predicted / measured − 1; the goal: within 15 %), tune's own confirming measurement beside them,
    and the CPU.
 
-    OMP_NUM_THREADS=1 python tools/bench_story.py --budget-min 4 --rounds 3
+    OMP_NUM_THREADS=1 python tools/bench_story.py --budget-min 4 --rounds 3 --out docs/results/data/bench_story.json
     OMP_NUM_THREADS=1 python tools/bench_story.py --plan /tmp/t1/tuned.yaml   # explain + bench only
 
-Writes the whole record as JSON with ``--out FILE``. Run it on a quiet machine: every figure is a
+Writes the whole record as JSON with ``--out FILE`` (under ``docs/results/`` it refreshes
+``docs/results/story.md``). Run it on a quiet machine: every figure is a
 timing.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 import statistics
 import subprocess
 import sys
@@ -107,6 +109,8 @@ def main() -> int:
                      "tune_measured_speedup": p.get("measured_speedup") if p else None})
     record = {"command": "python tools/bench_story.py " + " ".join(sys.argv[1:]), "plan": str(plan),
               "cpu": cpu_name(), "lscpu": lscpu_model(), "threads": os.environ.get("OMP_NUM_THREADS", ""),
+              "env": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")},
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "date": time.strftime("%Y-%m-%d"), "tune_seconds": tune_s, "seconds": time.perf_counter() - t_start,
               "cost_table": story.get("cost_table"), "acceptance": story.get("acceptance_path"),
               "tuned": story.get("tuned"), "explain_unknown": story.get("unknown"), "rows": rows}
@@ -128,6 +132,8 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.out}")
+        # a record under docs/results/data/ refreshes the pages rendered from it
+        runpy.run_path(str(Path(__file__).with_name("render_results.py")))["refresh_after_write"](args.out)
     return 0
 
 

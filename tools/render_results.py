@@ -248,7 +248,32 @@ def sweep_summary(rec_name: str) -> str:
     return "```\n" + "\n".join(keep) + "\n```"
 
 
-RENDERERS = {"sweep_summary": sweep_summary, "header": header, "llamacpp": llamacpp, "tune": tune, "concurrency": concurrency,
+def story(rec_name: str) -> str:
+    """``tools/bench_story.py``: per concurrency, explain's prediction against bench's measurement."""
+    rec = _load(rec_name)
+    rows = [[r["concurrency"], _x(r["predicted_speedup"], 3), _x(r["measured_speedup"], 3),
+             "–" if r["error"] is None else f"{r['error']:+.1%}",
+             ", ".join(f"{x:.3f}" for x in r["measured_rounds"]), _x(r["tune_measured_speedup"], 3),
+             f"{r['plain_decode_tok_s']:.1f} / {r['decode_tok_s']:.1f}", "yes" if r["exact"] else "**no**"]
+            for r in rec["rows"]]
+    tune_s = rec.get("tune_seconds")
+    lead = (f"tune took {tune_s / 60:.1f} min; " if tune_s else "") + f"the whole run {rec['seconds'] / 60:.1f} min.\n\n"
+    return lead + _table(["C", "explain predicted", "bench measured (median)", "error", "bench rounds",
+                          "tune measured", "plain / plan decode tok/s", "greedy exact"], rows)
+
+
+def walk(rec_name: str) -> str:
+    """``tools/readme_walk.py``: each step's wall time, the client's answer and the total."""
+    rec = _load(rec_name)
+    rows = [[s["step"], f"`{s['command']}`" if len(s["command"]) < 90 else f"`{s['command'][:87]}…`",
+             f"{s['seconds']:.1f}", s["rc"]] for s in rec["steps"]]
+    return (_table(["step", "command", "seconds", "exit"], rows)
+            + f"\n\nCommit {rec['commit']}; total **{rec['total_seconds'] / 60:.1f} min** (goal: under "
+            f"{rec['goal_minutes']:.0f} min): {'met' if rec['met'] else '**not met**'}. The client's answer: "
+            f"{json.dumps(rec['answer'], ensure_ascii=False)}")
+
+
+RENDERERS = {"story": story, "walk": walk, "sweep_summary": sweep_summary, "header": header, "llamacpp": llamacpp, "tune": tune, "concurrency": concurrency,
              "concurrency_suffix": concurrency_suffix, "mtp": mtp, "block": block, "tree": tree,
              "serve": serve, "suffix": suffix, "suffix_bound": suffix_bound}
 

@@ -176,12 +176,28 @@ def test_a_benchmark_record_written_under_docs_results_refreshes_its_page(tmp_pa
 
 
 @pytest.mark.parametrize("script", ["bench_backends", "bench_block", "bench_concurrency", "bench_llamacpp",
-                                    "bench_mtp", "bench_serve", "bench_suffix", "bench_suffix_bound",
-                                    "bench_tree", "bench_tune"])
+                                    "bench_mtp", "bench_serve", "bench_story", "bench_suffix", "bench_suffix_bound",
+                                    "bench_tree", "bench_tune", "readme_walk"])
 def test_benchmark_scripts_refresh_their_pages_and_name_the_record_folder(script):
     text = (ROOT / "tools" / f"{script}.py").read_text()
     assert '["refresh_after_write"]' in text
     assert "docs/results/" in text and not re.search(r"docs/(?!results/)\w", text)
+
+
+def test_readme_quickstart_is_one_walkable_story():
+    """``tools/readme_walk.py`` runs the Quickstart as written: its commands parse, the plan tune writes is
+    the one explain, check and serve take, and the client asks for the served plan by name."""
+    spec = importlib.util.spec_from_file_location("readme_walk", ROOT / "tools" / "readme_walk.py")
+    walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walk)
+    commands, client = walk.quickstart((ROOT / "README.md").read_text())
+    assert all(c.startswith("specc ") and "\\" not in c and "#" not in c for c in commands), commands
+    tune = next(c for c in commands if c.startswith("specc tune "))
+    plan = re.search(r"--out (\S+)\.yaml", tune).group(1)
+    serve = next(c for c in commands if c.startswith("specc serve "))
+    assert f"specc explain {plan}.yaml" in commands and f"specc serve {plan}.yaml" in serve
+    assert f"--file {plan}.launch.sh" in next(c for c in commands if c.startswith("specc check "))
+    assert f'model="{plan}"' in client and f"127.0.0.1:{walk.port_of(serve)}/v1" in client
 
 
 def test_readme_links_every_guide():
