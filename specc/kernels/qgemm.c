@@ -347,6 +347,136 @@ int q8_gemm(const float *x, long R, long K, long G, const int8_t *qs, const floa
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------- half weights
+ * y [R, N] = x [R, K] @ w^T with w [N, K] kept as the checkpoint's 16-bit values: IEEE fp16 (bf = 0) or
+ * bfloat16 (bf = 1). Every weight widens to fp32 exactly (bf16: the bits shifted up by 16; fp16: the
+ * hardware conversion, F16C / AVX-512F, or h16_to_f32 in the portable variant), so a product is the
+ * fp32 product of the dequantized weight; per output, lane l sums the elements k = l mod LANES in K
+ * order and one fixed reduction ends it (LANES: 16 portable and AVX-512, 8 AVX2): row-invariant as the
+ * q4 / q8 products are. K must be a multiple of 16. */
+static float h16_to_f32(uint16_t h, int bf) {
+    uint32_t bits;
+    if (bf) {
+        bits = (uint32_t)h << 16;
+    } else {
+        uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+        if (e == 0) { /* zero or subnormal: m * 2^-24, exact in fp32 */
+            float f = (float)m * 5.9604644775390625e-8f;
+            return sign ? -f : f;
+        }
+        bits = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void h16_tile_c(int NC, int RC, const float *x, long K, const uint16_t *w, int bf, float *y, long N,
+                       long n0) {
+    for (int c = 0; c < NC; c++) {
+        const uint16_t *wn = w + (n0 + c) * K;
+        for (int r = 0; r < RC; r++) {
+            float acc[16];
+            memset(acc, 0, sizeof acc);
+            const float *xr = x + r * K;
+            for (long k = 0; k < K; k++) acc[k & 15] += xr[k] * h16_to_f32(wn[k], bf);
+            float s = 0.f;
+            for (int j = 0; j < 16; j++) s += acc[j];
+            y[r * N + n0 + c] = s;
+        }
+    }
+}
+
+#define H16_AVX2(NC, RC, BF, NAME)                                                                               \
+    __attribute__((target("avx2,fma,f16c"))) static void NAME##_avx2_##NC##x##RC(                               \
+        const float *x, long K, const uint16_t *w, float *y, long N, long n0) {                                 \
+        __m256 acc[NC][RC];                                                                                     \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) acc[c][r] = _mm256_setzero_ps();                                       \
+        for (long k = 0; k < K; k += 8) {                                                                       \
+            if ((k & 31) == 0)                                                                                  \
+                for (int c = 0; c < NC; c++)                                                                    \
+                    _mm_prefetch((const char *)(w + (n0 + c + PF_TILES * NC) * K + k), _MM_HINT_T0);            \
+            for (int c = 0; c < NC; c++) {                                                                      \
+                __m128i raw = _mm_loadu_si128((const __m128i *)(w + (n0 + c) * K + k));                         \
+                __m256 wv = (BF) ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))       \
+                                 : _mm256_cvtph_ps(raw);                                                        \
+                for (int r = 0; r < RC; r++)                                                                    \
+                    acc[c][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * K + k), wv, acc[c][r]);                 \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) y[r * N + n0 + c] = hsum8(acc[c][r]);                                  \
+    }
+
+#define H16_AVX512(NC, RC, BF, NAME)                                                                             \
+    __attribute__((target("avx512f,fma"))) static void NAME##_avx512_##NC##x##RC(                              \
+        const float *x, long K, const uint16_t *w, float *y, long N, long n0) {                                 \
+        __m512 acc[NC][RC];                                                                                     \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) acc[c][r] = _mm512_setzero_ps();                                       \
+        for (long k = 0; k < K; k += 16) {                                                                      \
+            if ((k & 31) == 0)                                                                                  \
+                for (int c = 0; c < NC; c++)                                                                    \
+                    _mm_prefetch((const char *)(w + (n0 + c + PF_TILES * NC) * K + k), _MM_HINT_T0);            \
+            for (int c = 0; c < NC; c++) {                                                                      \
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(w + (n0 + c) * K + k));                      \
+                __m512 wv = (BF) ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))       \
+                                 : _mm512_cvtph_ps(raw);                                                        \
+                for (int r = 0; r < RC; r++)                                                                    \
+                    acc[c][r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * K + k), wv, acc[c][r]);                 \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int c = 0; c < NC; c++)                                                                            \
+            for (int r = 0; r < RC; r++) y[r * N + n0 + c] = _mm512_reduce_add_ps(acc[c][r]);                   \
+    }
+
+#define H16_ALL(BF, NAME)                                                                                        \
+    H16_AVX2(4, 1, BF, NAME) H16_AVX2(4, 2, BF, NAME) H16_AVX2(2, 3, BF, NAME) H16_AVX2(2, 4, BF, NAME)          \
+    H16_AVX2(1, 1, BF, NAME) H16_AVX2(1, 2, BF, NAME) H16_AVX2(1, 3, BF, NAME) H16_AVX2(1, 4, BF, NAME)          \
+    H16_AVX512(4, 1, BF, NAME) H16_AVX512(4, 2, BF, NAME) H16_AVX512(2, 3, BF, NAME) H16_AVX512(2, 4, BF, NAME)  \
+    H16_AVX512(1, 1, BF, NAME) H16_AVX512(1, 2, BF, NAME) H16_AVX512(1, 3, BF, NAME) H16_AVX512(1, 4, BF, NAME)  \
+    H16_AVX512(1, 5, BF, NAME) H16_AVX512(1, 6, BF, NAME) H16_AVX512(1, 7, BF, NAME) H16_AVX512(1, 8, BF, NAME)
+H16_ALL(0, f16)
+H16_ALL(1, bf16)
+
+typedef void (*h16_fn)(const float *, long, const uint16_t *, float *, long, long);
+#define H16_TABLE(NAME, A, B)                                                                                    \
+    {{0}, {0, NAME##_avx2_##A##x1, NAME##_avx2_##A##x2, NAME##_avx2_##B##x3, NAME##_avx2_##B##x4},             \
+     {0, NAME##_avx512_##A##x1, NAME##_avx512_##A##x2, NAME##_avx512_##B##x3, NAME##_avx512_##B##x4,           \
+      NAME##_avx512_1x5, NAME##_avx512_1x6, NAME##_avx512_1x7, NAME##_avx512_1x8}}
+/* [bf][variant][rows in the chunk] */
+static const h16_fn H16_WIDE[2][3][9] = {H16_TABLE(f16, 4, 2), H16_TABLE(bf16, 4, 2)};
+static const h16_fn H16_ONE[2][3][9] = {H16_TABLE(f16, 1, 1), H16_TABLE(bf16, 1, 1)};
+
+/* y [R, N] = x [R, K] @ w^T with w [N, K] fp16 (bf = 0) or bf16 (bf = 1). Returns 0, -1 for bad sizes
+ * (K % 16 != 0, ...), -2 for a variant this CPU cannot run. */
+int h16_gemm(const float *x, long R, long K, const uint16_t *w, int bf, float *y, long N, int variant, int threads) {
+    int rc = check(R, K, 16, N, variant, threads);
+    if (rc) return rc;
+    if (variant == 3) variant = 2; /* VNNI changes only the q4 / q8 products */
+    bf = bf ? 1 : 0;
+    long nblocks = (N + OBLOCK - 1) / OBLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
+    for (long ob = 0; ob < nblocks; ob++) {
+        long b = ob * OBLOCK, e = b + OBLOCK < N ? b + OBLOCK : N;
+        for (long r0 = 0; r0 < R; r0 += CHUNK[variant]) {
+            int rc_ = R - r0 < CHUNK[variant] ? (int)(R - r0) : CHUNK[variant];
+            const float *xr = x + r0 * K;
+            float *yr = y + r0 * N;
+            if (variant == 0) {
+                h16_tile_c((int)(e - b), rc_, xr, K, w, bf, yr, N, b);
+                continue;
+            }
+            int nc = WIDE_NC[rc_];
+            long n = b;
+            for (; n + nc <= e; n += nc) H16_WIDE[bf][variant][rc_](xr, K, w, yr, N, n);
+            for (; n < e; n++) H16_ONE[bf][variant][rc_](xr, K, w, yr, N, n);
+        }
+    }
+    return 0;
+}
+
 /* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w   (RMSNorm, Zhang & Sennrich 2019) for x [R, H] fp32.
  * The sum of squares runs in 8 interleaved fp32 partial sums (then summed in a fixed order): the same
  * operations for every row and R. */
@@ -738,12 +868,14 @@ void q4v_rows(const uint8_t *pk, int f16, long N, long K, const long *ids, long 
 
 /* ------------------------------------------------------------------------------------- fused layer parts
  * One call per decoder-layer half, so a decode step pays no interpreter work between the products. A
- * linear is (kind 4 = q4, 5 / 6 = q4 packed for VNNI with fp32 / fp16 scales, 8 = q8; group, codes, d, m)
- * with N outputs over K inputs;
- * the products are q4_gemm / q4v_gemm / q8_gemm, so these parts are row-invariant as they are. */
+ * linear is (kind 4 = q4, 5 / 6 = q4 packed for VNNI with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed,
+ * 16 / 17 = fp16 / bf16 values; group, codes, d, m) with N outputs over K inputs;
+ * the products are q4_gemm / q4v_gemm / q8_gemm / q8v_gemm / h16_gemm, so these parts are row-invariant
+ * as they are. */
 
 static int qlin(int kind, long G, const void *qs, const float *d, const float *m, long N, long K, const float *x,
                 long R, float *y, int variant, int threads) {
+    if (kind == 16 || kind == 17) return h16_gemm(x, R, K, (const uint16_t *)qs, kind == 17, y, N, variant, threads);
     if (kind == 5 || kind == 6) return q4v_gemm(x, R, K, (const uint8_t *)qs, kind == 6, y, N, threads);
     if (kind == 9 || kind == 10) return q8v_gemm(x, R, K, (const uint8_t *)qs, kind == 10, y, N, threads);
     if (kind == 4) return q4_gemm(x, R, K, (const uint8_t *)qs, d, m, y, N, variant, threads);

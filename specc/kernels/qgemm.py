@@ -63,6 +63,8 @@ def _build() -> ctypes.CDLL:
     lib.q4v_pack.argtypes = [p, p, p, L, L, I, p]
     lib.q4v_unpack.argtypes = [p, L, L, I, p, p, p]
     lib.q8_gemm.argtypes = [p, L, L, L, p, p, p, L, I, I]
+    lib.h16_gemm.restype = ctypes.c_int
+    lib.h16_gemm.argtypes = [p, L, L, p, I, p, L, I, I]
     lib.norm_linear.restype = lib.ffn_block.restype = ctypes.c_int
     F = ctypes.c_float
     lib.norm_linear.argtypes = [p, L, L, p, F, I, L, p, p, p, L, p, I, I]
@@ -222,6 +224,34 @@ def q8_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: Optional[
     return y
 
 
+#: 16-bit weight dtypes ``h16_matmul`` multiplies in their own bytes, with the C kind and bf flag
+HALF = {torch.float16: (16, 0), torch.bfloat16: (17, 1)}
+
+
+def h16_matmul(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ W.T`` for ``x [R, K]`` fp32 and ``W [N, K]`` fp16 or bf16 (K a multiple of 16), each weight
+    widened to fp32 exactly in registers: the fp32 product of the weight's values, row-invariant.
+    Returns ``[R, N]`` fp32. Raises ``RuntimeError`` when the kernels are unavailable and ``ValueError``
+    for bad shapes/dtypes."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    if w.dtype not in HALF or w.dim() != 2 or w.shape[1] % 16 or w.device.type != "cpu":
+        raise ValueError(f"w must be a CPU fp16/bf16 [N, K] tensor with K a multiple of 16, got {w.dtype} "
+                         f"{list(w.shape)} on {w.device}")
+    N, K = w.shape
+    x = _check_x(x, K)
+    w = w.contiguous()
+    R = x.shape[0]
+    y = torch.empty(R, N, dtype=torch.float32) if out is None else out
+    if R == 0:
+        return y
+    rc = lib.h16_gemm(x.data_ptr(), R, K, w.data_ptr(), HALF[w.dtype][1], y.data_ptr(), N, _variant, _threads)
+    if rc != 0:
+        raise ValueError(f"h16_gemm rejected R={R}, K={K}, N={N} (code {rc})")
+    return y
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of ``x [..., H]`` fp32 with weight ``w [H]`` fp32 -> a new ``[..., H]`` fp32 tensor, each row
     computed the same way whatever the row count. Raises ``RuntimeError`` when the library is unavailable."""
@@ -237,7 +267,9 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _lin_args(w) -> tuple:
     """(kind, group, codes, d, m) ctypes arguments of a ``QuantWeight`` (kind 4 = q4, 5 / 6 = q4 packed for
-    the VNNI kernel with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed)."""
+    the VNNI kernel with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed, 16 / 17 = fp16 / bf16 values)."""
+    if w.kind in ("f16", "bf16"):
+        return HALF[w.qs.dtype][0], w.group, w.qs.data_ptr(), None, None
     if packs() and packable(w.kind, w.group):
         buf, f16 = w.packed()
         kind = (6 if f16 else 5) if w.kind == "q4" else (10 if f16 else 9)

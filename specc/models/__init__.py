@@ -24,6 +24,11 @@ def _dtype(name):
     return table[name]
 
 
+def torch_device_type(device) -> str:
+    """``"cpu"``, ``"cuda"``, … of a device name or ``torch.device``."""
+    return str(device).split(":", 1)[0]
+
+
 def load_target(path: str | pathlib.Path, format: str = "auto", dtype="float32",
                 max_model_len: Optional[int] = None, device: str = "cpu") -> Tuple["LlamaModel", "Tokenizer"]:
     """Load a target model and its tokenizer.
@@ -31,9 +36,10 @@ def load_target(path: str | pathlib.Path, format: str = "auto", dtype="float32",
     Args:
       path: a GGUF file, an HF checkpoint directory, or ``pkg://<package>/<relpath>``.
       format: ``"gguf"``, ``"hf"`` or ``"auto"`` (a ``.gguf`` file vs a directory).
-      dtype: weight/compute dtype name (``"float32"`` on CPU), or ``"native"``: a GGUF's linear weights
-        kept in the file's own quantized codes, fp32 activations (``specc.models.qweights``; an HF
-        checkpoint loads as ``float32`` then).
+      dtype: weight/compute dtype name (``"float32"`` on CPU), or ``"native"``: the checkpoint's own
+        bytes with fp32 activations on the CPU (``specc.models.qweights``): a GGUF's linear weights in
+        its quantized codes, an HF checkpoint's float16 / bfloat16 linear weights as they are (its
+        fp32 tensors stay fp32; off the CPU an HF checkpoint loads as ``float32``).
       max_model_len: KV-cache length limit; default the checkpoint's context length.
     Returns ``(LlamaModel, Tokenizer)``; the model is in eval mode, without a cache (call
     ``setup_cache``). Raises ``CheckpointError`` for missing/malformed/unsupported checkpoints and a
@@ -56,9 +62,12 @@ def load_target(path: str | pathlib.Path, format: str = "auto", dtype="float32",
     from specc.models.tokenizer import check_vocab, load_tokenizer
     if not p.is_dir():
         raise CheckpointError(f"{p}: format hf needs a checkpoint directory (config.json + *.safetensors)")
-    if dt == "native":
-        dt = _dtype("float32")
-    model = load_hf(p, dtype=dt, max_model_len=max_model_len, device=device)
+    if dt == "native" and torch_device_type(device) == "cpu":
+        from specc.models.hf_loader import load_hf_native
+        model = load_hf_native(p, max_model_len=max_model_len)
+    else:
+        model = load_hf(p, dtype=_dtype("float32") if dt == "native" else dt, max_model_len=max_model_len,
+                        device=device)
     tok = load_tokenizer(p, extra_eos_ids=model.config.eos_token_ids)
     check_vocab(tok, model.config.vocab_size, str(p))
     return model, tok

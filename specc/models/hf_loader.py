@@ -89,6 +89,28 @@ def load_hf(directory: str | pathlib.Path, dtype: torch.dtype = torch.float32,
     return build_model(config, state, str(directory), dtype=dtype, device=device)
 
 
+def load_hf_native(directory: str | pathlib.Path, max_model_len: Optional[int] = None) -> LlamaModel:
+    """A CPU ``LlamaModel`` from an HF checkpoint directory with its float16 / bfloat16 linear weights kept
+    in their own bytes (``specc.models.qweights.QuantWeight.from_half``, multiplied by
+    ``specc.kernels.qgemm.h16_matmul``: fp32 activations, each weight widened to fp32 exactly) and the
+    token embedding looked up from the same values; fp32 weights, norms and biases load as fp32. The
+    model's outputs are those of the fp32 model of the same values up to summation order.
+
+    Raises ``CheckpointError`` as :func:`load_hf`."""
+    from specc.models.qweights import HALF_KINDS, QuantWeight, build_native_model
+
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory (an HF checkpoint is a directory with config.json "
+                              f"and *.safetensors)")
+    config = read_hf_config(directory, max_model_len=max_model_len)
+    state: Dict[str, object] = {}
+    for name, t in read_safetensors(safetensors_files(directory)).items():
+        keep = t.dtype in HALF_KINDS and t.dim() == 2 and t.shape[1] % 16 == 0
+        state[name] = QuantWeight.from_half(name, t) if keep else t
+    return build_native_model(config, state, str(directory))
+
+
 def build_model(config: LlamaConfig, hf_state: Dict[str, torch.Tensor], source: str,
                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LlamaModel:
     """``LlamaModel(config)`` filled from an HF-named state dict, moved to ``device``/``dtype``;

@@ -140,6 +140,12 @@ def layer_program(model: "LlamaModel") -> str:
     return "one C layer at a time"
 
 
+def runs_native(model: "nn.Module") -> bool:
+    """Whether ``model``'s linear weights are held in the checkpoint's own bytes (``QuantLinear`` s of
+    ``specc.models.qweights``: GGML codes or fp16 / bf16 values) rather than as dense torch parameters."""
+    return any(hasattr(m, "parts") for m in model.modules())
+
+
 def weights_report(model: "LlamaModel") -> str:
     """One phrase on how the target's linear weights are held: their GGML types and bytes and the
     kernel variant for the native path (``specc.models.qweights``), else the dense dtype and bytes."""

@@ -16,7 +16,8 @@ Q6_K        q8      16     super-block of 256: ``d * sc_j * (code6 - 32)`` per 1
 
 Layouts (``specc/kernels/qgemm.c``): ``q4``: ``qs`` uint8 ``[N, K/32, 16]`` (byte j: low nibble element j,
 high nibble element j + 16), ``d``, ``m`` fp32 ``[N, K/32]``; ``q8``: ``qs`` int8 ``[N, K/G, G]``, ``d``
-fp32 ``[N, K/G]``. Products run in ``specc.kernels.qgemm`` (fp32 activations, weights decoded in
+fp32 ``[N, K/G]``; ``f16`` / ``bf16``: ``qs`` the checkpoint's own fp16 / bf16 ``[N, K]`` (a safetensors
+F16 / BF16 linear weight, K a multiple of 16), no scales: each value widens to fp32 exactly. Products run in ``specc.kernels.qgemm`` (fp32 activations, weights decoded in
 registers; without a C compiler, through ``torch`` on the weight dequantized per call).
 Other GGML types (Q5_*, Q2_K, Q3_K, Q5_K, IQ*) are refused by name with the supported list; ``dtype:
 float32`` runs them dequantized.
@@ -35,8 +36,10 @@ from specc.models.llama import Linear
 
 #: GGML types kept quantized, with the layout each becomes
 SUPPORTED = {"Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q8_0": "q8", "Q6_K": "q8"}
-#: GGML types read as dense fp32 (norms, biases; F16 / BF16 linear weights are widened for now)
+#: GGML types read as dense fp32 (norms, biases; a GGUF's F16 / BF16 linear weights are widened)
 DENSE = ("F32", "F16", "BF16")
+#: 16-bit weight dtypes kept in their own bytes (a safetensors checkpoint's F16 / BF16), by layout name
+HALF_KINDS = {torch.float16: "f16", torch.bfloat16: "bf16"}
 QK = 32
 QK_K = 256
 
@@ -64,10 +67,21 @@ class QuantWeight:
 
     def __init__(self, kind: str, qs: torch.Tensor, d: torch.Tensor, m: Optional[torch.Tensor], source: str):
         self.kind, self.source = kind, source
-        self._qs, self._d, self._m = qs.contiguous(), d.contiguous(), None if m is None else m.contiguous()
+        self._qs = qs.contiguous()
+        self._d = None if d is None else d.contiguous()
+        self._m = None if m is None else m.contiguous()
         self._packed = None  # the VNNI kernel's layout (q4 only), which then replaces the q4 layout in memory
+        if self.half:
+            self.group = 16
+            self.shape = (int(qs.shape[0]), int(qs.shape[1]))  # (N, K)
+            return
         self.group = QK if kind == "q4" else int(qs.shape[2])
         self.shape = (int(d.shape[0]), int(d.shape[1]) * self.group)  # (N, K)
+
+    @property
+    def half(self) -> bool:
+        """True for the 16-bit layouts (``f16``, ``bf16``): the values themselves, no scales."""
+        return self.kind in ("f16", "bf16")
 
     def _layout(self):
         """``(qs, d, m)`` of the module docstring's layout (unpacked anew when only the packed form is held)."""
@@ -146,6 +160,18 @@ class QuantWeight:
         return cls.q8(codes, (d[..., None] * scales).reshape(N, -1), type_name)
 
     @classmethod
+    def from_half(cls, name: str, t: torch.Tensor) -> "QuantWeight":
+        """A safetensors F16 / BF16 weight ``t [N, K]`` kept in its own bytes. Raises ``CheckpointError``
+        for another dtype or a row length that is not a multiple of 16 (the kernel's lanes)."""
+        if t.dtype not in HALF_KINDS or t.dim() != 2:
+            raise CheckpointError(f"tensor {name!r} is {t.dtype} {list(t.shape)}; the 16-bit layouts take 2-D "
+                                  f"float16 / bfloat16 weights")
+        if t.shape[1] % 16:
+            raise CheckpointError(f"tensor {name!r} has rows of {t.shape[1]} values, not a multiple of 16")
+        kind = HALF_KINDS[t.dtype]
+        return cls(kind, t, None, None, kind.upper())
+
+    @classmethod
     def q4(cls, qs: np.ndarray, d: np.ndarray, m: np.ndarray, source: str) -> "QuantWeight":
         N = qs.shape[0]
         return cls("q4", torch.from_numpy(np.ascontiguousarray(qs).reshape(N, -1, 16)),
@@ -161,6 +187,8 @@ class QuantWeight:
 
     def take_rows(self, index: torch.Tensor) -> "QuantWeight":
         """The weight with output rows ``index`` ``[N']`` int64 (a permutation or a selection)."""
+        if self.half:
+            return QuantWeight(self.kind, self.qs[index], None, None, self.source)
         return QuantWeight(self.kind, self.qs[index], self.d[index], None if self.m is None else self.m[index],
                            self.source)
 
@@ -172,6 +200,10 @@ class QuantWeight:
         if any((p.kind, p.group, p.shape[1]) != (p0.kind, p0.group, p0.shape[1]) for p in parts):
             raise ValueError("QuantWeight.cat needs parts of one layout, group and row length")
         src = "+".join(dict.fromkeys(p.source for p in parts))
+        if p0.half:
+            if any(p.qs.dtype != p0.qs.dtype for p in parts):
+                raise ValueError("QuantWeight.cat needs 16-bit parts of one dtype")
+            return QuantWeight(p0.kind, torch.cat([p.qs for p in parts]), None, None, src)
         return QuantWeight(p0.kind, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]),
                            None if p0.m is None else torch.cat([p.m for p in parts]), src)
 
@@ -182,6 +214,8 @@ class QuantWeight:
             from specc.kernels import qgemm
             return qgemm.packed_rows(self.kind, self._packed, *self.shape, ids)
         flat = ids.reshape(-1)
+        if self.half:
+            return self._qs[flat].float().reshape(*ids.shape, self.shape[1])
         qs_all, d_all, m_all = self._layout()
         qs, d = qs_all[flat], d_all[flat]
         if self.kind == "q4":
@@ -205,6 +239,8 @@ class QuantWeight:
         """``x [R, K]`` fp32 @ W^T -> ``[R, N]`` fp32 through ``specc.kernels.qgemm`` (row-invariant), or
         ``F.linear`` on the dequantized weight when the kernels are unavailable."""
         from specc.kernels import qgemm
+        if self.half:
+            return qgemm.h16_matmul(x, self._qs) if qgemm.available() else F.linear(x, self._qs.float())
         if qgemm.available():
             if qgemm.packs() and qgemm.packable(self.kind, self.group):
                 return qgemm.packed_matmul(self.kind, x, self.packed(), *self.shape)
@@ -214,7 +250,9 @@ class QuantWeight:
 
     # ------------------------------------------------------------------ (de)serialization
     def tensors(self, prefix: str) -> Dict[str, torch.Tensor]:
-        out = {f"{prefix}.qs": self.qs, f"{prefix}.d": self.d}
+        out = {f"{prefix}.qs": self.qs}
+        if self.d is not None:
+            out[f"{prefix}.d"] = self.d
         if self.m is not None:
             out[f"{prefix}.m"] = self.m
         return out
@@ -225,7 +263,8 @@ class QuantWeight:
     @classmethod
     def from_tensors(cls, prefix: str, meta: str, sd: Dict[str, torch.Tensor]) -> "QuantWeight":
         kind, source = meta.split(":", 1)
-        return cls(kind, sd[f"{prefix}.qs"], sd[f"{prefix}.d"], sd.get(f"{prefix}.m"), source)
+        d = None if kind in ("f16", "bf16") else sd[f"{prefix}.d"]
+        return cls(kind, sd[f"{prefix}.qs"], d, sd.get(f"{prefix}.m"), source)
 
 
 class QuantLinear(Linear):

@@ -244,10 +244,13 @@ class Runtime:
             graphs = "eager verify programs"
         why = f" ({self.settings['why']})" if self.settings.get("why") else ""
         draft = ""
+        from specc.models.llama import LlamaModel, kv_bytes, resident_bytes, weights_report
+
         if self.drafter is not None:
             draft = (f"; draft KV {self.draft_kv_bytes / (1 << 20):.1f} MiB" if self.draft_kv_bytes else
                      "; draft KV: none allocated" + (" (it reads the target's)" if methods_frozen(self) else ""))
-        from specc.models.llama import kv_bytes, resident_bytes, weights_report
+            if isinstance(getattr(self.drafter, "model", None), LlamaModel):
+                draft += f"; draft model {weights_report(self.drafter.model)}"
 
         kv = kv_bytes(self.target) / (1 << 20)
         rss = resident_bytes()

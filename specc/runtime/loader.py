@@ -61,14 +61,38 @@ def runtime_spec(art: "Artifact") -> Dict[str, Any]:
     return spec
 
 
+def half_checkpoint_dtype(path: str) -> Optional[str]:
+    """``"float16"`` / ``"bfloat16"`` when ``path`` is a Hugging Face directory (``pkg://`` allowed)
+    whose ``config.json`` says ``torch_dtype`` (or ``dtype``) is one of them, else ``None`` (a file, a
+    missing or unreadable config, or any other dtype)."""
+    import json
+
+    from specc.errors import CheckpointError
+    from specc.models.resolve import resolve_model_path
+
+    try:
+        cfg = json.loads((resolve_model_path(path) / "config.json").read_text())
+    except (CheckpointError, OSError, ValueError):  # the loader reports a bad checkpoint itself
+        return None
+    dtype = (cfg.get("torch_dtype") or cfg.get("dtype")) if isinstance(cfg, dict) else None
+    return dtype if dtype in ("float16", "bfloat16") else None
+
+
 def default_dtype(target: Dict[str, Any], dev: "torch.device") -> Tuple[str, str]:
-    """The target dtype when nothing chose one, and why: ``native`` (the checkpoint's own quantized
-    weights, fp32 activations: ``specc.models.qweights``) for a GGUF target on the CPU, else ``float32``."""
+    """The target dtype when nothing chose one, and why: ``native`` on the CPU (fp32 activations,
+    ``specc.models.qweights``) for a GGUF target (its quantized codes) and for a Hugging Face checkpoint
+    stored in float16 / bfloat16 (its 16-bit values), else ``float32``. Both native forms read half or
+    less of the fp32 weight bytes per step; ``tools/bench_matmul.py`` and ``specc bench`` with
+    ``target.dtype=float32`` measure the alternative."""
     path = str(target.get("path") or "")
     gguf = (target.get("format") or "auto") == "gguf" or path.endswith(".gguf")
     if dev.type == "cpu" and gguf:
         return "native", ("dtype native (the GGUF's own quantized weights, run by specc.kernels.qgemm; target.dtype: float32 "
                           "runs them dequantized)")
+    half = half_checkpoint_dtype(path) if dev.type == "cpu" and not gguf and path else None
+    if half:
+        return "native", (f"dtype native (the checkpoint's own {half} weights, run by specc.kernels.qgemm; "
+                          "target.dtype: float32 runs them widened)")
     return "float32", ("dtype float32 (runtime.dtype auto and no device profile: `specc profile` measures the "
                        "dtypes, schedule.cost_table points at its table)")
 

@@ -44,18 +44,24 @@ def quantized_copy(model: LlamaModel, type_name: str = "Q4_1", head_type: str = 
     """``model`` with its linear weights quantized to GGML ``type_name`` (the embedding / LM head to
     ``head_type``; ``overrides`` maps a name suffix such as ``"v_proj.weight"`` to another type, as
     mixed GGUFs do) by gguf-py's own quantizer and kept in those codes (``specc.models.qweights``): a
-    small native-precision target for the runtime's exactness tests. Needs ``hidden_size`` and the
-    intermediate size to be multiples of the types' block (32)."""
+    small native-precision target for the runtime's exactness tests. ``"F16"`` / ``"BF16"`` keep the
+    weights rounded to that 16-bit type in its own bytes (``QuantWeight.from_half``), as a safetensors
+    checkpoint of that dtype loads with ``dtype: native``. Needs ``hidden_size`` and the intermediate
+    size to be multiples of the types' block (32; 16 for the 16-bit types)."""
     import gguf
 
     from specc.models.qweights import QuantWeight, build_native_model
 
+    half = {"F16": torch.float16, "BF16": torch.bfloat16}
     state = {}
     for name, t in model.hf_state_dict().items():
         w = t.detach().float().cpu().numpy()
         if w.ndim == 2:
             kind = head_type if name in ("model.embed_tokens.weight", "lm_head.weight") else type_name
             kind = next((t for suffix, t in (overrides or {}).items() if name.endswith(suffix)), kind)
+            if kind in half:
+                state[name] = QuantWeight.from_half(name, torch.from_numpy(w).to(half[kind]))
+                continue
             raw = gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, kind))
             state[name] = QuantWeight.from_gguf(name, kind, raw, tuple(w.shape))
         else:

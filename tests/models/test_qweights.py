@@ -183,13 +183,54 @@ def test_c_attention_is_row_and_slot_invariant(head_dim):
 
 
 @needs_kernels
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("variant", qgemm.supported())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_kernel_is_the_fp32_product_and_row_invariant(variant, dtype):
+    """fp16 / bf16 weights in their own bytes: each value widened exactly, so the product is the fp32
+    product of the same values up to summation order, and every row count and thread count gives each
+    row the one-row bits. Subnormal, signed-zero and extreme fp16 values widen exactly too."""
+    before = qgemm.variant()
+    qgemm.set_variant(variant)
+    try:
+        N, K = 70, 512
+        w = (torch.randn(N, K, generator=torch.Generator().manual_seed(1)) * 0.05).to(dtype)
+        if dtype == torch.float16:
+            w[0, :6] = torch.tensor([6e-8, -6e-8, 1e-5, -0.0, 65504.0, -65504.0]).half()
+        qw = QuantWeight.from_half("w", w)
+        assert qw.kind == ("f16" if dtype == torch.float16 else "bf16") and qw.shape == (N, K)
+        assert torch.equal(qw.dequantize(), w.float()) and torch.equal(qw.rows(torch.tensor([3, 0])), w.float()[[3, 0]])
+        x = torch.randn(40, K, generator=torch.Generator().manual_seed(0))
+        ref = x.double() @ w.double().T
+        full = qw.matmul(x)
+        assert torch.allclose(full.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        one = torch.cat([qw.matmul(x[i:i + 1]) for i in range(40)])
+        assert torch.equal(full, one), "a 40-row product must give each row the one-row bits"
+        for r in (2, 3, 5, 8, 9, 17):
+            assert torch.equal(qw.matmul(x[:r]), one[:r]), r
+        qgemm.set_threads(2)
+        try:
+            assert torch.equal(qw.matmul(x), full), "results must not depend on the thread count"
+        finally:
+            qgemm.set_threads(1)
+    finally:
+        qgemm.set_variant(before)
+
+
+def test_half_weights_refuse_other_shapes():
+    with pytest.raises(CheckpointError, match="not a multiple of 16"):
+        QuantWeight.from_half("w", torch.zeros(4, 24, dtype=torch.float16))
+    with pytest.raises(CheckpointError, match="float16 / bfloat16"):
+        QuantWeight.from_half("w", torch.zeros(4, 32))
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "F16", "BF16"])
 def test_decoder_stack_equals_layer_by_layer(type_name):
     """The one-call decoder stack gives the per-layer C path's bits: a decode row, a ragged verify (packed
     tokens), a tree mask with masked slots between attended ones, and the hidden states asked for."""
     from specc.runtime.testing import quantized_copy, tiny_llama
 
-    model = quantized_copy(tiny_llama(seed=2, hidden_size=64, num_layers=3), type_name=type_name)
+    head = type_name if type_name in ("F16", "BF16") else "Q8_0"
+    model = quantized_copy(tiny_llama(seed=2, hidden_size=64, num_layers=3), type_name=type_name, head_type=head)
     assert model.c_layers
 
     def run(stack: bool, *args, **kw):
@@ -222,3 +263,42 @@ def test_decoder_stack_equals_layer_by_layer(type_name):
     assert model._c_stack() is not None and layer_program(model) == "in one C call per forward"
     model.c_stack = False
     assert layer_program(model) == "one C layer at a time"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_hf_checkpoint_in_16_bits_runs_in_its_own_bytes(tmp_path, dtype):
+    """A safetensors checkpoint of fp16 / bf16 weights with ``dtype: native`` keeps them in their bytes,
+    runs the C layers, and computes the fp32 model of the same values up to summation order (greedy
+    continuations equal)."""
+    from safetensors.torch import save_file
+
+    from specc.methods.draft_model.drafter import draft_dtype
+    from specc.models import load_target
+    from specc.models.llama import runs_native, weights_report
+    from specc.runtime.testing import reference_greedy, tiny_llama
+    from tests.runtime.test_runtime_artifact import _write_checkpoint
+
+    torch.set_num_threads(1)
+    d = tmp_path / "ckpt"
+    _write_checkpoint(tiny_llama(seed=3, vocab_size=64, num_layers=2), d)
+    state = load_target(d, "hf")[0].hf_state_dict()
+    save_file({k: (v.to(dtype) if v.dim() == 2 else v).contiguous() for k, v in state.items()},
+              str(d / "model.safetensors"))
+    ref, _ = load_target(d, "hf", dtype="float32")
+    nat, tok = load_target(d, "hf", dtype="native")
+    assert tok is not None and runs_native(nat) and not runs_native(ref) and nat.c_layers
+    name = "F16" if dtype == torch.float16 else "BF16"
+    assert f"checkpoint's own codes ({name};" in weights_report(nat)
+    held = sum(m.nbytes for m in nat.modules() if hasattr(m, "parts"))
+    assert held == sum(v.numel() * 2 for k, v in state.items() if v.dim() == 2 and k != "lm_head.weight")
+    for prompt in ([5, 9, 3], [7] * 6):
+        assert reference_greedy(nat, prompt, 8) == reference_greedy(ref, prompt, 8)
+    nat.setup_cache(1, 32)
+    ref.setup_cache(1, 32)
+    with torch.inference_mode():
+        ids, pos = torch.tensor([[5, 9, 3, 7]]), torch.arange(4)[None]
+        a, b = nat(ids, pos), ref(ids, pos)
+    a, b = (a[0] if isinstance(a, tuple) else a), (b[0] if isinstance(b, tuple) else b)
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+    assert draft_dtype(nat, "cpu") == "native" and draft_dtype(ref, "cpu") == "float32"
+    assert draft_dtype(nat, "cuda:0") == "float32"

@@ -18,15 +18,21 @@ PROMPTS = [[5], [1, 2, 3, 4, 1, 2, 3], [9, 8, 7, 9, 8, 7, 9, 8, 7, 10, 11, 12], 
 MAX_NEW = [14, 2, 24, 17]  # 2 < κ + 1 for κ >= 3 (and = κ + 1 for κ = 1)
 
 
-@pytest.fixture(scope="module", params=["fp32", "native", "native-mixed"])
+@pytest.fixture(scope="module", params=["fp32", "native", "native-mixed", "native-f16", "native-bf16"])
 def target(request):
     """The fp32 model, the same model with its weights in GGML codes (Q4_1 linears, Q8_0 head) run by
-    the quantized kernels, and a mixed one (v and down projections Q8_0, as Q4_K_M-style files mix
-    types: q/k/v then run part by part): exactness must hold for each kernel set."""
+    the quantized kernels, a mixed one (v and down projections Q8_0, as Q4_K_M-style files mix
+    types: q/k/v then run part by part), and its weights in fp16 / bf16 bytes (a safetensors checkpoint of
+    that dtype run natively): exactness must hold for each kernel set."""
     torch.set_num_threads(1)
     model = tiny_llama(seed=0, vocab_size=64, num_layers=2)
     if request.param == "fp32":
         return model
+    if request.param in ("native-f16", "native-bf16"):
+        kind = "F16" if request.param == "native-f16" else "BF16"
+        native = quantized_copy(model, type_name=kind, head_type=kind)
+        assert native.c_layers and native.layers[0].attn.wqkv.parts[0].kind == kind.lower()
+        return native
     mixed = {"v_proj.weight": "Q8_0", "down_proj.weight": "Q8_0"} if request.param == "native-mixed" else None
     native = quantized_copy(model, overrides=mixed)
     assert native.c_layers and (len(native.layers[0].attn.wqkv.parts) == 2) == bool(mixed)

@@ -144,15 +144,18 @@ TREES = {"dynamic": MethodConfig(name="eagle", num_steps=4, topk=2, num_draft_to
          "static": MethodConfig(name="eagle", tree_choices=[list(p) for p in STATIC_TREES["binary3"]] + [[0, 0, 0, 0]])}
 
 
-@pytest.fixture(scope="module", params=["fp32", "native"])
+@pytest.fixture(scope="module", params=["fp32", "native", "native-f16"])
 def copy_models(request):
-    """fp32, and the target in GGML codes (Q4_1 / Q8_0) through the C layer parts: tree verify with its
-    explicit masks must be exact for each."""
+    """fp32, the target in GGML codes (Q4_1 / Q8_0) and in fp16 bytes, through the C layer parts: tree
+    verify with its explicit masks must be exact for each."""
     torch.set_num_threads(1)
     target = tiny_llama(seed=0, vocab_size=64, num_layers=2)
     draft = perturbed_copy(target, noise=0.03, seed=1)
     if request.param == "native":
         return quantized_copy(target), quantized_copy(draft)
+    if request.param == "native-f16":
+        return (quantized_copy(target, type_name="F16", head_type="F16"),
+                quantized_copy(draft, type_name="F16", head_type="F16"))
     return target, draft
 
 

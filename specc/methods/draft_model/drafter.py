@@ -253,10 +253,20 @@ def check_same_token_map(draft_tokenizer, target_tokenizer, source: str) -> None
             f"tokens; e.g. {diff}); draft_model speculation needs the same tokenizer")
 
 
+def draft_dtype(target, device) -> str:
+    """The draft model's dtype: ``native`` (its checkpoint's own bytes: a GGUF's codes, a safetensors
+    checkpoint's fp16 / bf16 values, fp32 activations; ``specc.models.load_target``) on the CPU when the
+    target runs in its own bytes too, else ``float32``. Greedy exactness does not depend on it: the
+    drafter only proposes, the target verifies."""
+    from specc.models.llama import runs_native
+
+    return "native" if str(device).split(":", 1)[0] == "cpu" and runs_native(target) else "float32"
+
+
 def build_drafter(spec, target, tokenizer, device, max_seq_len=None) -> DraftModelDrafter:
     """Runtime factory of ``method.name: draft_model``: loads ``spec["draft"]["path"]`` (HF directory
-    or GGUF; ``pkg://`` allowed) for at least ``max_seq_len`` cache slots and checks that its token
-    map equals the target tokenizer's.
+    or GGUF; ``pkg://`` allowed) for at least ``max_seq_len`` cache slots, in :func:`draft_dtype`, and
+    checks that its token map equals the target tokenizer's.
 
     Raises:
         PlanError: no ``draft.path``. CheckpointError: a missing checkpoint or one that does not match.
@@ -267,8 +277,8 @@ def build_drafter(spec, target, tokenizer, device, max_seq_len=None) -> DraftMod
     draft = spec.get("draft") or {}
     if not draft.get("path"):
         raise PlanError("method.name=draft_model needs draft.path (e.g. the draft preset smollm2_135m_shallow)")
-    model, draft_tok = load_target(draft["path"], draft.get("format") or "hf", max_model_len=max_seq_len,
-                                   device=str(device))
+    model, draft_tok = load_target(draft["path"], draft.get("format") or "hf", dtype=draft_dtype(target, device),
+                                   max_model_len=max_seq_len, device=str(device))
     if draft_tok is not None and tokenizer is not None:
         check_same_token_map(draft_tok, tokenizer, str(draft["path"]))
     mask = None
