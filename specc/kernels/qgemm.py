@@ -184,6 +184,18 @@ def _check_x(x: torch.Tensor, K: int) -> torch.Tensor:
     return x.contiguous()
 
 
+def _out(out: Optional[torch.Tensor], R: int, N: int) -> torch.Tensor:
+    """The ``[R, N]`` fp32 result buffer: a new one, or ``out`` when it is a contiguous CPU fp32
+    ``[R, N]`` tensor (the kernels write ``R * N`` floats from its first element). Raises ``ValueError``
+    for any other ``out``."""
+    if out is None:
+        return torch.empty(R, N, dtype=torch.float32)
+    if out.dtype != torch.float32 or tuple(out.shape) != (R, N) or not out.is_contiguous() or out.device.type != "cpu":
+        raise ValueError(f"out must be a contiguous CPU fp32 [{R}, {N}] tensor, got {out.dtype} {list(out.shape)} "
+                         f"(contiguous: {out.is_contiguous()}) on {out.device}")
+    return out
+
+
 def q4_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
               out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x @ W.T`` for ``x [R, K]`` fp32 and ``W`` in the q4 layout: ``qs`` uint8 ``[N, K/32, 16]``,
@@ -195,7 +207,7 @@ def q4_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tenso
     N, nb = d.shape
     x = _check_x(x, nb * 32)
     R = x.shape[0]
-    y = torch.empty(R, N, dtype=torch.float32) if out is None else out
+    y = _out(out, R, N)
     if R == 0:
         return y
     rc = lib.q4_gemm(x.data_ptr(), R, nb * 32, qs.data_ptr(), d.data_ptr(), m.data_ptr(), y.data_ptr(), N,
@@ -215,7 +227,7 @@ def q8_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: Optional[
     N, nb, G = qs.shape
     x = _check_x(x, nb * G)
     R = x.shape[0]
-    y = torch.empty(R, N, dtype=torch.float32) if out is None else out
+    y = _out(out, R, N)
     if R == 0:
         return y
     rc = lib.q8_gemm(x.data_ptr(), R, nb * G, G, qs.data_ptr(), d.data_ptr(), y.data_ptr(), N, _variant, _threads)
@@ -231,8 +243,8 @@ HALF = {torch.float16: (16, 0), torch.bfloat16: (17, 1)}
 def h16_matmul(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x @ W.T`` for ``x [R, K]`` fp32 and ``W [N, K]`` fp16 or bf16 (K a multiple of 16), each weight
     widened to fp32 exactly in registers: the fp32 product of the weight's values, row-invariant.
-    Returns ``[R, N]`` fp32. Raises ``RuntimeError`` when the kernels are unavailable and ``ValueError``
-    for bad shapes/dtypes."""
+    Returns ``[R, N]`` fp32 (``out`` when given: a contiguous fp32 ``[R, N]`` tensor). Raises
+    ``RuntimeError`` when the kernels are unavailable and ``ValueError`` for bad shapes/dtypes."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"qgemm is unavailable: {_status}")
@@ -243,7 +255,7 @@ def h16_matmul(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = N
     x = _check_x(x, K)
     w = w.contiguous()
     R = x.shape[0]
-    y = torch.empty(R, N, dtype=torch.float32) if out is None else out
+    y = _out(out, R, N)
     if R == 0:
         return y
     rc = lib.h16_gemm(x.data_ptr(), R, K, w.data_ptr(), HALF[w.dtype][1], y.data_ptr(), N, _variant, _threads)

@@ -89,12 +89,34 @@ def load_hf(directory: str | pathlib.Path, dtype: torch.dtype = torch.float32,
     return build_model(config, state, str(directory), dtype=dtype, device=device)
 
 
+def stored_half_dtype(directory: str | pathlib.Path) -> Optional[str]:
+    """``"float16"`` / ``"bfloat16"`` when that dtype holds most elements of the 2-D tensors of the
+    checkpoint's safetensors files (read from their headers: nothing is loaded), else ``None``. The
+    tensors decide, not ``config.json``'s ``torch_dtype``, which may say otherwise.
+
+    Raises ``CheckpointError`` (no weight files, a bad index) and ``safetensors.SafetensorError``
+    (a corrupt header)."""
+
+    counts: Dict[str, int] = {}
+    for f in safetensors_files(pathlib.Path(directory)):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                sl = st.get_slice(name)
+                shape = sl.get_shape()
+                if len(shape) == 2:
+                    counts[sl.get_dtype()] = counts.get(sl.get_dtype(), 0) + shape[0] * shape[1]
+    top = max(counts, key=counts.get) if counts else None
+    return {"F16": "float16", "BF16": "bfloat16"}.get(top)
+
+
 def load_hf_native(directory: str | pathlib.Path, max_model_len: Optional[int] = None) -> LlamaModel:
     """A CPU ``LlamaModel`` from an HF checkpoint directory with its float16 / bfloat16 linear weights kept
     in their own bytes (``specc.models.qweights.QuantWeight.from_half``, multiplied by
     ``specc.kernels.qgemm.h16_matmul``: fp32 activations, each weight widened to fp32 exactly) and the
-    token embedding looked up from the same values; fp32 weights, norms and biases load as fp32. The
-    model's outputs are those of the fp32 model of the same values up to summation order.
+    token embedding looked up from the same values; fp32 weights, norms and biases load as fp32, and so
+    do 16-bit weights whose rows are not a multiple of 16 long (the kernel's block; their names are
+    kept in ``model.widened`` and the load line counts them). The model's outputs are those of the fp32
+    model of the same values up to summation order.
 
     Raises ``CheckpointError`` as :func:`load_hf`."""
     from specc.models.qweights import HALF_KINDS, QuantWeight, build_native_model
@@ -105,10 +127,15 @@ def load_hf_native(directory: str | pathlib.Path, max_model_len: Optional[int] =
                               f"and *.safetensors)")
     config = read_hf_config(directory, max_model_len=max_model_len)
     state: Dict[str, object] = {}
+    widened = []
     for name, t in read_safetensors(safetensors_files(directory)).items():
-        keep = t.dtype in HALF_KINDS and t.dim() == 2 and t.shape[1] % 16 == 0
-        state[name] = QuantWeight.from_half(name, t) if keep else t
-    return build_native_model(config, state, str(directory))
+        half = t.dtype in HALF_KINDS and t.dim() == 2
+        if half and t.shape[1] % 16:
+            widened.append(name)
+        state[name] = QuantWeight.from_half(name, t) if half and t.shape[1] % 16 == 0 else t
+    model = build_native_model(config, state, str(directory))
+    model.widened = tuple(widened)
+    return model
 
 
 def build_model(config: LlamaConfig, hf_state: Dict[str, torch.Tensor], source: str,

@@ -147,8 +147,9 @@ def runs_native(model: "nn.Module") -> bool:
 
 
 def weights_report(model: "LlamaModel") -> str:
-    """One phrase on how the target's linear weights are held: their GGML types and bytes and the
-    kernel variant for the native path (``specc.models.qweights``), else the dense dtype and bytes."""
+    """One phrase on how the target's linear weights are held: their GGML types and bytes, the 16-bit
+    tensors a native HF load had to widen (``model.widened``) and the kernel variant for the native
+    path (``specc.models.qweights``), else the dense dtype and bytes."""
     quant = [m for m in model.modules() if hasattr(m, "parts")]
     if quant:
         from specc.kernels import qgemm
@@ -156,8 +157,11 @@ def weights_report(model: "LlamaModel") -> str:
         held = sum(m.nbytes for m in quant)
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         kern = f"qgemm {qgemm.variant()}" if qgemm.available() else f"torch fallback ({qgemm.status()})"
+        widened = getattr(model, "widened", ())
+        note = (f"; {len(widened)} 16-bit tensor(s) widened to fp32, rows not a multiple of 16 long "
+                f"(e.g. {widened[0]})" if widened else "")
         return (f"weights in the checkpoint's own codes ({', '.join(types)}; {held / (1 << 20):.1f} MiB + "
-                f"{dense / (1 << 20):.1f} MiB dense), kernels {kern}, decoder layers {layer_program(model)}")
+                f"{dense / (1 << 20):.1f} MiB dense{note}), kernels {kern}, decoder layers {layer_program(model)}")
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
     return f"weights {model.norm.weight.dtype} ({dense / (1 << 20):.1f} MiB)"
 

@@ -254,7 +254,7 @@ class Runtime:
 
         kv = kv_bytes(self.target) / (1 << 20)
         rss = resident_bytes()
-        mem = (f"; {weights_report(self.target)}; target KV {kv:.1f} MiB reserved "
+        mem = (f"; target {weights_report(self.target)}; target KV {kv:.1f} MiB reserved "
                f"({self.max_rows} rows x {self.cache_len} slots{', committed as slots are written' if self.device.type == 'cpu' else ''})"
                + (f"; resident memory now {rss / (1 << 20):.0f} MiB" if rss else ""))
         return (f"{plural(len(self.states), 'state')} under schedule {self.schedule.kind}, static buffers {mib:.1f} MiB, "

@@ -63,25 +63,27 @@ def runtime_spec(art: "Artifact") -> Dict[str, Any]:
 
 def half_checkpoint_dtype(path: str) -> Optional[str]:
     """``"float16"`` / ``"bfloat16"`` when ``path`` is a Hugging Face directory (``pkg://`` allowed)
-    whose ``config.json`` says ``torch_dtype`` (or ``dtype``) is one of them, else ``None`` (a file, a
-    missing or unreadable config, or any other dtype)."""
-    import json
+    whose 2-D tensors are mostly stored in that dtype
+    (:func:`specc.models.hf_loader.stored_half_dtype`: the safetensors headers, not ``config.json``),
+    else ``None`` (a file, a directory without weights, a corrupt header: the loader reports those)."""
+    from safetensors import SafetensorError
 
     from specc.errors import CheckpointError
+    from specc.models.hf_loader import stored_half_dtype
     from specc.models.resolve import resolve_model_path
 
     try:
-        cfg = json.loads((resolve_model_path(path) / "config.json").read_text())
-    except (CheckpointError, OSError, ValueError):  # the loader reports a bad checkpoint itself
+        p = resolve_model_path(path)
+        return stored_half_dtype(p) if p.is_dir() else None
+    except (CheckpointError, OSError, ValueError, SafetensorError):
         return None
-    dtype = (cfg.get("torch_dtype") or cfg.get("dtype")) if isinstance(cfg, dict) else None
-    return dtype if dtype in ("float16", "bfloat16") else None
 
 
 def default_dtype(target: Dict[str, Any], dev: "torch.device") -> Tuple[str, str]:
     """The target dtype when nothing chose one, and why: ``native`` on the CPU (fp32 activations,
     ``specc.models.qweights``) for a GGUF target (its quantized codes) and for a Hugging Face checkpoint
-    stored in float16 / bfloat16 (its 16-bit values), else ``float32``. Both native forms read half or
+    stored in float16 / bfloat16 (its 16-bit values; only where the C kernels build, since without
+    them each product would widen the whole weight), else ``float32``. Both native forms read half or
     less of the fp32 weight bytes per step; ``tools/bench_matmul.py`` and ``specc bench`` with
     ``target.dtype=float32`` measure the alternative."""
     path = str(target.get("path") or "")
@@ -91,6 +93,11 @@ def default_dtype(target: Dict[str, Any], dev: "torch.device") -> Tuple[str, str
                           "runs them dequantized)")
     half = half_checkpoint_dtype(path) if dev.type == "cpu" and not gguf and path else None
     if half:
+        from specc.kernels import qgemm
+
+        if not qgemm.available():
+            return "float32", (f"dtype float32 (the checkpoint's {half} weights widened: specc.kernels.qgemm, "
+                               f"which runs them as they are, is unavailable here: {qgemm.status()})")
         return "native", (f"dtype native (the checkpoint's own {half} weights, run by specc.kernels.qgemm; "
                           "target.dtype: float32 runs them widened)")
     return "float32", ("dtype float32 (runtime.dtype auto and no device profile: `specc profile` measures the "

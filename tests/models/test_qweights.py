@@ -221,6 +221,37 @@ def test_half_weights_refuse_other_shapes():
         QuantWeight.from_half("w", torch.zeros(4, 24, dtype=torch.float16))
     with pytest.raises(CheckpointError, match="float16 / bfloat16"):
         QuantWeight.from_half("w", torch.zeros(4, 32))
+    if qgemm.available():
+        w, x = torch.zeros(8, 32, dtype=torch.float16), torch.zeros(2, 32)
+        for out in (torch.empty(2, 2), torch.empty(2, 8, dtype=torch.float64), torch.empty(8, 2).T):
+            with pytest.raises(ValueError, match="out must be a contiguous CPU fp32 \\[2, 8\\]"):
+                qgemm.h16_matmul(x, w, out=out)
+        buf = torch.full((2, 8), 7.0)
+        assert qgemm.h16_matmul(x, w, out=buf) is buf and not buf.any()
+
+
+def test_a_16_bit_weight_the_kernel_cannot_take_is_widened_and_said(tmp_path):
+    """A hidden size that is not a multiple of 16: the weights whose rows have that length load as
+    fp32 (same values), the rest stay 16-bit, and the load line counts the widened ones."""
+    from safetensors.torch import save_file
+
+    from specc.models import load_target
+    from specc.models.llama import weights_report
+    from specc.runtime.testing import reference_greedy, tiny_llama
+    from tests.runtime.test_runtime_artifact import _write_checkpoint
+
+    torch.set_num_threads(1)
+    d = tmp_path / "ckpt"
+    _write_checkpoint(tiny_llama(seed=4, vocab_size=64, hidden_size=40, num_layers=1), d)
+    state = load_target(d, "hf")[0].hf_state_dict()
+    save_file({k: (v.half() if v.dim() == 2 else v).contiguous() for k, v in state.items()},
+              str(d / "model.safetensors"))
+    nat, _ = load_target(d, "hf", dtype="native")
+    ref, _ = load_target(d, "hf", dtype="float32")
+    assert set(nat.widened) == {k for k, v in state.items() if v.dim() == 2 and v.shape[1] % 16}
+    assert "model.layers.0.mlp.down_proj.weight" not in nat.widened  # rows of 80: kept 16-bit
+    assert f"{len(nat.widened)} 16-bit tensor(s) widened to fp32" in weights_report(nat)
+    assert reference_greedy(nat, [5, 9, 3], 6) == reference_greedy(ref, [5, 9, 3], 6)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "F16", "BF16"])

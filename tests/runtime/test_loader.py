@@ -3,43 +3,76 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from specc.kernels import qgemm
 from specc.runtime.loader import choose_settings, default_dtype, half_checkpoint_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def _hf_dir(root, torch_dtype):
+def _hf_dir(root, stored, says=None):
+    """A directory with a config.json (``torch_dtype: says``, absent when None) and 2-D tensors
+    stored in ``stored`` (plus a 1-D fp32 norm, which does not count)."""
     root.mkdir()
-    cfg = {"model_type": "llama"} if torch_dtype is None else {"model_type": "llama", "torch_dtype": torch_dtype}
+    cfg = {"model_type": "llama"} if says is None else {"model_type": "llama", "torch_dtype": says}
     (root / "config.json").write_text(json.dumps(cfg))
+    save_file({"model.embed_tokens.weight": torch.ones(64, 32, dtype=DTYPES[stored]),
+               "model.layers.0.mlp.up_proj.weight": torch.ones(48, 32, dtype=DTYPES[stored]),
+               "model.norm.weight": torch.ones(32)}, str(root / "model.safetensors"))
     return str(root)
 
 
 @pytest.mark.parametrize("stored, expected", [("float16", "native"), ("bfloat16", "native"),
-                                              ("float32", "float32"), (None, "float32")])
+                                              ("float32", "float32")])
 def test_a_half_checkpoint_runs_native_on_the_cpu_by_default(tmp_path, stored, expected):
-    path = _hf_dir(tmp_path / "ckpt", stored)
+    if not qgemm.available():
+        pytest.skip(f"the C kernels do not build here: {qgemm.status()}")
+    path = _hf_dir(tmp_path / "ckpt", stored, says=stored)
     dtype, why = default_dtype({"path": path, "format": "hf"}, CPU)
     assert dtype == expected
     assert (f"own {stored} weights" in why) == (expected == "native")
     assert default_dtype({"path": path, "format": "hf"}, CUDA)[0] == "float32"
 
 
-def test_the_half_default_reads_the_config_and_nothing_else(tmp_path):
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "config.json").write_text("{not json")
-    assert half_checkpoint_dtype(str(tmp_path / "broken")) is None
+def test_the_tensors_decide_not_the_config(tmp_path):
+    assert half_checkpoint_dtype(_hf_dir(tmp_path / "says_f16", "float32", says="float16")) is None
+    assert half_checkpoint_dtype(_hf_dir(tmp_path / "says_nothing", "bfloat16")) == "bfloat16"
+    mixed = tmp_path / "mixed"
+    _hf_dir(mixed, "float16")
+    save_file({"model.embed_tokens.weight": torch.ones(64, 32, dtype=torch.float16),
+               "model.layers.0.mlp.up_proj.weight": torch.ones(200, 32)}, str(mixed / "model.safetensors"))
+    assert half_checkpoint_dtype(str(mixed)) is None  # fp32 holds most elements
+
+
+def test_what_is_not_a_readable_checkpoint_is_left_to_the_loader(tmp_path):
+    (tmp_path / "no_weights").mkdir()
+    assert half_checkpoint_dtype(str(tmp_path / "no_weights")) is None
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    assert half_checkpoint_dtype(str(tmp_path / "corrupt")) is None
     assert half_checkpoint_dtype(str(tmp_path / "missing")) is None
-    (tmp_path / "dtype_key").mkdir()
-    (tmp_path / "dtype_key" / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
-    assert half_checkpoint_dtype(str(tmp_path / "dtype_key")) == "bfloat16"
     assert default_dtype({"path": "x.gguf"}, CPU)[0] == "native"
+
+
+def test_without_the_c_kernels_a_half_checkpoint_runs_widened(tmp_path, monkeypatch):
+    """The torch fallback would widen every weight on every product: float32 is the faster default."""
+    from specc.methods.draft_model.drafter import draft_dtype
+
+    path = _hf_dir(tmp_path / "ckpt", "float16")
+    monkeypatch.setattr(qgemm, "available", lambda: False)
+    dtype, why = default_dtype({"path": path, "format": "hf"}, CPU)
+    assert dtype == "float32" and "unavailable here" in why
+    native_target = torch.nn.Module()
+    native_target.parts = []  # what runs_native looks for: a QuantLinear's parts
+    assert draft_dtype(native_target, "cpu") == "float32"
 
 
 def test_an_explicit_dtype_or_a_measured_choice_wins_over_the_default(tmp_path):
     path = _hf_dir(tmp_path / "ckpt", "float16")
-    assert choose_settings({"target": {"path": path, "format": "hf"}}, CPU)[0] == "native"
+    want = "native" if qgemm.available() else "float32"
+    assert choose_settings({"target": {"path": path, "format": "hf"}}, CPU)[0] == want
     assert choose_settings({"target": {"path": path, "format": "hf", "dtype": "float32"}}, CPU)[0] == "float32"
     measured = {"target": {"path": path, "format": "hf"},
                 "schedule": {"cost_table": {"choice": {"dtype": "float32"}}}}

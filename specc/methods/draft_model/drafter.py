@@ -256,11 +256,14 @@ def check_same_token_map(draft_tokenizer, target_tokenizer, source: str) -> None
 def draft_dtype(target, device) -> str:
     """The draft model's dtype: ``native`` (its checkpoint's own bytes: a GGUF's codes, a safetensors
     checkpoint's fp16 / bf16 values, fp32 activations; ``specc.models.load_target``) on the CPU when the
-    target runs in its own bytes too, else ``float32``. Greedy exactness does not depend on it: the
+    target runs in its own bytes too and the C kernels build here (``specc.kernels.qgemm.available``),
+    else ``float32``. Greedy exactness does not depend on it: the
     drafter only proposes, the target verifies."""
+    from specc.kernels import qgemm
     from specc.models.llama import runs_native
 
-    return "native" if str(device).split(":", 1)[0] == "cpu" and runs_native(target) else "float32"
+    cpu = str(device).split(":", 1)[0] == "cpu"
+    return "native" if cpu and runs_native(target) and qgemm.available() else "float32"
 
 
 def build_drafter(spec, target, tokenizer, device, max_seq_len=None) -> DraftModelDrafter:
