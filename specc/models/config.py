@@ -66,6 +66,11 @@ class LlamaConfig:
             raise CheckpointError(
                 f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads="
                 f"{self.num_kv_heads}; the checkpoint's config is inconsistent")
+        if self.head_dim <= 0 or self.head_dim % 2:
+            raise CheckpointError(
+                f"head_dim={self.head_dim} (hidden_size / num_attention_heads unless the config sets "
+                f"head_dim): rotary embeddings rotate pairs of dimensions, so it must be a positive even "
+                f"number; the checkpoint's config is inconsistent")
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise CheckpointError(

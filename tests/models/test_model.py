@@ -289,6 +289,21 @@ def test_unsupported_rope_type(tmp_path):
         load_hf(d)
 
 
+@pytest.mark.parametrize("head_dim", [9, 0])
+def test_an_odd_head_dim_is_refused_before_a_forward(tmp_path, head_dim):
+    """Rotary embeddings rotate pairs: an odd head_dim is a config error at load, not a shape error
+    in the first forward."""
+    d, _ = make_hf(tmp_path, "llama_tied_gqa")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["head_dim"] = head_dim
+    if head_dim == 0:  # then derived: hidden_size / num_attention_heads
+        cfg["num_attention_heads"] = cfg["hidden_size"] + 1
+        cfg["num_key_value_heads"] = cfg["hidden_size"] + 1
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=f"head_dim={head_dim} .*positive even number"):
+        load_hf(d)
+
+
 def test_config_weight_mismatch(tmp_path):
     d, _ = make_hf(tmp_path, "llama_tied_gqa")
     cfg = json.loads((d / "config.json").read_text())
