@@ -19,6 +19,7 @@ import json
 import math
 import pathlib
 import random
+import sys
 import time
 from typing import Dict, List, Optional
 
@@ -142,7 +143,7 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
     compute = choose_dtype(fit, target, device, threads)
     print(f"[fit] compute dtype {compute['dtype']}" + (f" (measured GFLOP/s on the training shapes: "
           f"{', '.join(f'{k} {v:.0f}' for k, v in compute['rates_gflops'].items())})" if compute["measured"] else
-          f" (recipe amp: {fit.amp})"), flush=True)
+          f" (recipe amp: {fit.amp})"), file=sys.stderr, flush=True)
     feat_target = target
     if compute["dtype"] != str(target.norm.weight.dtype).replace("torch.", ""):
         import copy
@@ -156,7 +157,7 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
     val = online.seqset(tokens, val_idx, fit.prompt_context) if val_idx else None
     print(f"[fit] {fit.name}: {len(tokens)} sequences ({len(train_idx)} train, {len(val_idx)} validation), "
           f"{tokens.answer_tokens(train_idx)} training answer tokens, layers {list(layers)} "
-          f"({time.time() - t_load:.0f}s to load and run the validation features)", flush=True)
+          f"({time.time() - t_load:.0f}s to load and run the validation features)", file=sys.stderr, flush=True)
     init_from = getattr(args, "init_from", None)
     if init_from:
         model = kind.load(init_from, target)
@@ -201,7 +202,7 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
         v.update({"epoch": ep, "step": step, "tokens": seen, "seconds": round(time.time() - t0, 1)})
         vals.append(v)
         print(f"[fit] validation after {seen} answer tokens (epoch {ep}, step {step}): agreement per draft step "
-              f"{v['all']} ({time.time() - t0:.0f}s)", flush=True)
+              f"{v['all']} ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
 
     for epoch in range(fit.epochs):
         rng.shuffle(chunks)
@@ -231,7 +232,7 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
                 el = time.time() - t0
                 print(f"[fit] epoch {epoch} step {step}/{steps_total} loss {float(loss.detach()):.4f} acc {acc} "
                       f"lr {lr:.2e} {el:.0f}s ({seen / max(el, 1e-9):.0f} answer tokens/s, target features "
-                      f"{100 * t_feat / max(el, 1e-9):.0f}% of the time)", flush=True)
+                      f"{100 * t_feat / max(el, 1e-9):.0f}% of the time)", file=sys.stderr, flush=True)
             step += 1
             if val is not None and seen >= next_eval:
                 validate(epoch)
@@ -246,7 +247,7 @@ def fit(fit: R.FitRecipe, cache, args, target=None, data_recipe: R.DataRecipe = 
     if val is not None and (not vals or vals[-1]["step"] != step):
         validate(epoch)
     if stopped:
-        print(f"[fit] time budget of {budget_min} min reached", flush=True)
+        print(f"[fit] time budget of {budget_min} min reached", file=sys.stderr, flush=True)
     finish = kind.finish(model, target, val, options) if val is not None else {}
     out = R.out_dir(fit, args)
     out.mkdir(parents=True, exist_ok=True)

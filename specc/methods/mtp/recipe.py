@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import sys
 from typing import List, Optional, Sequence
 
 import torch
@@ -227,7 +228,7 @@ class _MTPFamily(DrafterKind):
         bias = 0.0 if head.fc.bias is None else float(head.fc.bias.float().pow(2).mean().sqrt())
         print(f"[fit] warm start from the EAGLE head {path}: RMS of embedding {scales['embedding']:.3f}, "
               f"hidden {scales['hidden']:.3f}, x {scales['x']:.3f}, head output {scales['head_output']:.3f}; "
-              f"dropped fc bias RMS {bias:.4f}", flush=True)
+              f"dropped fc bias RMS {bias:.4f}", file=sys.stderr, flush=True)
         return {"warm_start": {"from": str(path), "scales": {k: round(v, 4) for k, v in scales.items()},
                                "dropped_fc_bias_rms": round(bias, 5)}}
 
