@@ -9,7 +9,8 @@
    once ``/v1/models`` answers, the Quickstart's ``python`` block (the official ``openai`` client) runs
    against it, then the server is stopped with SIGINT;
 4. prints each step's wall time and exit code, the client's answer and the total against the goal
-   (under 15 minutes from the clone to the client's answer and a checked launch command).
+   (under 15 minutes from the clone to the client's answer and a checked launch command). The record
+   names the clone's folder ``$WALK_DIR`` and the cloned repository ``$REPO``.
 
     python tools/readme_walk.py --out docs/results/data/readme_walk.json
     python tools/render_results.py     # refresh docs/results/story.md from the record
@@ -80,6 +81,17 @@ def run_step(name: str, cmd: str, cwd: Path, env: dict, steps: list, timeout: fl
     return out
 
 
+def portable(step: dict, names: dict) -> dict:
+    """``step`` with this machine's paths in its command and output tail replaced by the names a reader
+    can follow (``names``: path -> placeholder, e.g. the walk's folder -> ``$WALK_DIR``), so the
+    committed record names no folder of the machine it ran on."""
+    out = dict(step)
+    for key in ("command", "tail"):
+        for path, name in sorted(names.items(), key=lambda kv: -len(kv[0])):
+            out[key] = out[key].replace(path, name)
+    return out
+
+
 def port_of(cmd: str) -> int:
     m = re.search(r"--port\s+(\d+)", cmd)
     return int(m.group(1)) if m else 8000
@@ -146,6 +158,7 @@ def main() -> int:
             run_step(f"quickstart {i}: {cmd.split()[1] if cmd.startswith('specc ') else cmd.split()[0]}", cmd,
                      clone, env, steps)
     total = time.perf_counter() - t_start
+    steps = [portable(step, {str(folder): "$WALK_DIR", str(args.source): "$REPO"}) for step in steps]
     record = {"command": "python tools/readme_walk.py " + " ".join(sys.argv[1:]), "commit": head, "cpu": cpu_name(),
               "env": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")},
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "steps": steps, "answer": answer,

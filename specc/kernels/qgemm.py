@@ -280,7 +280,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def _lin_args(w) -> tuple:
     """(kind, group, codes, d, m) ctypes arguments of a ``QuantWeight`` (kind 4 = q4, 5 / 6 = q4 packed for
     the VNNI kernel with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed, 16 / 17 = fp16 / bf16 values)."""
-    if w.kind in ("f16", "bf16"):
+    if w.half:
         return HALF[w.qs.dtype][0], w.group, w.qs.data_ptr(), None, None
     if packs() and packable(w.kind, w.group):
         buf, f16 = w.packed()

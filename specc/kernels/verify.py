@@ -45,9 +45,8 @@ def greedy_verify_torch(
     batch, num_steps = _check_drafts(draft_tokens)
     target_argmax = _target_argmax(target, batch, num_steps)  # [B, K+1]
     if num_steps == 0:  # plain decoding: nothing to accept, the bonus is the argmax
-        bonus = target_argmax[:, 0]  # [B]
-        none = torch.zeros(batch, dtype=torch.int64, device=draft_tokens.device)
-        return VerifyOutput(none.to(torch.int32), target_argmax.clone(), bonus.clone(), torch.zeros_like(target_argmax))
+        none = torch.zeros(batch, dtype=torch.int32, device=draft_tokens.device)
+        return VerifyOutput(none, target_argmax.clone(), target_argmax[:, 0].clone(), torch.zeros_like(target_argmax))
     valid = _num_valid(num_valid, batch, num_steps, draft_tokens.device)
     match = (draft_tokens == target_argmax[:, :num_steps]) & _valid_drafts(draft_tokens, valid, 2**62)  # [B, K]
     accepted = _accepted_prefix(match)  # [B]

@@ -132,7 +132,8 @@ def load_hf_native(directory: str | pathlib.Path, max_model_len: Optional[int] =
         half = t.dtype in HALF_KINDS and t.dim() == 2
         if half and t.shape[1] % 16:
             widened.append(name)
-        state[name] = QuantWeight.from_half(name, t) if half and t.shape[1] % 16 == 0 else t
+            half = False
+        state[name] = QuantWeight.from_half(name, t) if half else t
     model = build_native_model(config, state, str(directory))
     model.widened = tuple(widened)
     return model

@@ -157,7 +157,7 @@ def weights_report(model: "LlamaModel") -> str:
         held = sum(m.nbytes for m in quant)
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         kern = f"qgemm {qgemm.variant()}" if qgemm.available() else f"torch fallback ({qgemm.status()})"
-        widened = getattr(model, "widened", ())
+        widened = model.widened
         note = (f"; {len(widened)} 16-bit tensor(s) widened to fp32, rows not a multiple of 16 long "
                 f"(e.g. {widened[0]})" if widened else "")
         return (f"weights in the checkpoint's own codes ({', '.join(types)}; {held / (1 << 20):.1f} MiB + "
@@ -648,6 +648,9 @@ class LlamaModel(nn.Module):
         #: with ``c_layers``, every layer in one C call (:meth:`_stack_forward`); False runs them one by one
         #: (the same bits; tests compare the two)
         self.c_stack = True
+        #: names of the 16-bit checkpoint tensors a native load had to widen to fp32 (rows not a multiple
+        #: of 16 long: ``specc.models.hf_loader.load_hf_native``); the load line counts them
+        self.widened: Tuple[str, ...] = ()
         #: the token embedding kept in the checkpoint's own codes (``specc.models.qweights.QuantWeight``,
         #: set by the GGUF loader's native path): ``embed`` dequantizes only the rows it looks up
         self.embed_table = None

@@ -81,7 +81,7 @@ class QuantWeight:
     @property
     def half(self) -> bool:
         """True for the 16-bit layouts (``f16``, ``bf16``): the values themselves, no scales."""
-        return self.kind in ("f16", "bf16")
+        return self.kind in HALF_KINDS.values()
 
     def _layout(self):
         """``(qs, d, m)`` of the module docstring's layout (unpacked anew when only the packed form is held)."""
@@ -263,7 +263,7 @@ class QuantWeight:
     @classmethod
     def from_tensors(cls, prefix: str, meta: str, sd: Dict[str, torch.Tensor]) -> "QuantWeight":
         kind, source = meta.split(":", 1)
-        d = None if kind in ("f16", "bf16") else sd[f"{prefix}.d"]
+        d = None if kind in HALF_KINDS.values() else sd[f"{prefix}.d"]
         return cls(kind, sd[f"{prefix}.qs"], d, sd.get(f"{prefix}.m"), source)
 
 

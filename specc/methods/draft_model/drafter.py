@@ -257,12 +257,13 @@ def draft_dtype(target, device) -> str:
     """The draft model's dtype: ``native`` (its checkpoint's own bytes: a GGUF's codes, a safetensors
     checkpoint's fp16 / bf16 values, fp32 activations; ``specc.models.load_target``) on the CPU when the
     target runs in its own bytes too and the C kernels build here (``specc.kernels.qgemm.available``),
-    else ``float32``. Greedy exactness does not depend on it: the
-    drafter only proposes, the target verifies."""
+    else ``float32``. Greedy exactness does not depend on it: the drafter only proposes, the target
+    verifies. ``target``: the loaded target ``LlamaModel``; ``device``: a device name or ``torch.device``."""
     from specc.kernels import qgemm
+    from specc.models import torch_device_type
     from specc.models.llama import runs_native
 
-    cpu = str(device).split(":", 1)[0] == "cpu"
+    cpu = torch_device_type(device) == "cpu"
     return "native" if cpu and runs_native(target) and qgemm.available() else "float32"
 
 
