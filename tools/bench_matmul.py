@@ -23,7 +23,9 @@ With ``--quantized`` it times the products at the checkpoint's own bytes on the 
 33 MB head): every ``specc.kernels.qgemm`` variant this CPU runs, the library paths a user would reach
 for first (torch's ``_weight_int4pack_mm_for_cpu`` on the same codes with bf16 activations and bf16
 scales; bf16 ``F.linear`` on the dequantized head), and the fp32 dense product (``F.linear``) the
-runtime used before; median microseconds per call, interleaved rounds, max error relative to an fp64
+runtime used before; ``qgemm:avx512vnni/1stream`` is the packed product reading one weight stream at
+a time (``qgemm.set_streams(1)``) against the default walk's several; median microseconds per call,
+interleaved rounds, max error relative to an fp64
 product over the dequantized weight. torchao (0.18.0 from PyPI) ships no x86 CPU kernels for its
 int8-activation x int4-weight layout for this torch, so it is not a candidate here.
 
@@ -207,6 +209,8 @@ def bench_quantized(args, rows) -> int:
         fns_for = {}
         for v in qgemm.supported():
             fns_for[f"qgemm:{v}"] = v
+        if packs:  # the packed products reading one weight stream at a time (qgemm.set_streams(1))
+            fns_for["qgemm:avx512vnni/1stream"] = "avx512vnni"
         lib = {}
         if parts[0].kind == "q4":  # torch's int4 weight-only CPU op on the same codes (bf16 scales/zeros)
             for p in parts:
@@ -224,16 +228,20 @@ def bench_quantized(args, rows) -> int:
             xb = x.to(torch.bfloat16)
             ref = x.double() @ dense[0].double().T
 
-            def run_qgemm(v):
+            def run_qgemm(v, streams=4):
                 def f():
                     qgemm.set_variant(v)
                     if v == "avx512vnni" and packs:
-                        return [qgemm.packed_matmul(p.kind, x, pk, *p.shape) for pk, p in zip(packs, parts)]
+                        qgemm.set_streams(streams)
+                        try:
+                            return [qgemm.packed_matmul(p.kind, x, pk, *p.shape) for pk, p in zip(packs, parts)]
+                        finally:
+                            qgemm.set_streams(4)
                     if parts[0].kind == "q8":
                         return [qgemm.q8_matmul(x, qs, d) for qs, d, _ in layouts]
                     return [qgemm.q4_matmul(x, *lay) for lay in layouts]
                 return f
-            fns = {nm: run_qgemm(v) for nm, v in fns_for.items()}
+            fns = {nm: run_qgemm(v, 1 if nm.endswith("/1stream") else 4) for nm, v in fns_for.items()}
             if "torch_int4pack_bf16" in lib:
                 fns["torch_int4pack_bf16"] = lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xb, pk, 32, sz)
                                                       for pk, sz in lib["torch_int4pack_bf16"]]

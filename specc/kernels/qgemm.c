@@ -624,59 +624,118 @@ static void quant_row(const float *x, long K, int8_t *xq, float *dx, float *sx) 
     }
 }
 
-#define Q4V(RC, F16)                                                                                            \
-    __attribute__((target("avx512f,avx512vnni"))) static void q4v_tile_##RC##_##F16(                           \
-        const int8_t *xq, const float *dx, const float *sx, long K, const uint8_t *pk, float *y, long N, long g) { \
+/* A tile computes RC activation rows x 16 outputs of each of S output groups gs[0..S). The S groups are
+ * far apart in the weight (the caller splits the groups into S ranges and walks them side by side), so
+ * S sequential weight streams are read at once: one core's hardware prefetchers fetch ahead on each
+ * stream, which draws more memory bandwidth than one stream does (a one-row product is bound by the
+ * rate the weights arrive at). Each output's arithmetic is the same whatever S and RC. */
+#define Q4V(RC, S, F16)                                                                                         \
+    __attribute__((target("avx512f,avx512vnni"))) static void q4v_tile_##RC##_##S##_##F16(                     \
+        const int8_t *xq, const float *dx, const float *sx, long K, const uint8_t *pk, float *y, long N,       \
+        const long *gs) {                                                                                       \
         long nb = K / QK, rec = 256 + (F16 ? 64 : 128);                                                         \
-        __m512 acc[RC];                                                                                         \
-        for (int r = 0; r < RC; r++) acc[r] = _mm512_setzero_ps();                                              \
+        __m512 acc[S][RC];                                                                                      \
+        for (int s = 0; s < S; s++)                                                                             \
+            for (int r = 0; r < RC; r++) acc[s][r] = _mm512_setzero_ps();                                       \
         const __m512i lo4 = _mm512_set1_epi8(15);                                                               \
         for (long b = 0; b < nb; b++) {                                                                         \
-            const uint8_t *blk = pk + (g * nb + b) * rec;                                                       \
-            for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + PFV * rec + pf), _MM_HINT_T0);  \
-            /* two independent integer chains per row (low / high nibbles), summed at the block's end:  \
-             * integer sums are exact, so the split changes no bit, only the dependency chain length */ \
-            __m512i ai[RC], bi[RC];                                                                             \
-            for (int r = 0; r < RC; r++) ai[r] = bi[r] = _mm512_setzero_si512();                                \
-            for (int qd = 0; qd < 4; qd++) {                                                                    \
-                __m512i raw = _mm512_loadu_si512((const void *)(blk + qd * 64));                                \
-                __m512i lo = _mm512_and_si512(raw, lo4), hi = _mm512_and_si512(_mm512_srli_epi32(raw, 4), lo4); \
+            for (int s = 0; s < S; s++) {                                                                       \
+                const uint8_t *blk = pk + (gs[s] * nb + b) * rec;                                               \
+                if (PFV)                                                                                        \
+                    for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + PFV * rec + pf), _MM_HINT_T0); \
+                /* two independent integer chains per row (low / high nibbles), summed at the block's end: \
+                 * integer sums are exact, so the split changes no bit, only the dependency chain length */ \
+                __m512i ai[RC], bi[RC];                                                                         \
+                for (int r = 0; r < RC; r++) ai[r] = bi[r] = _mm512_setzero_si512();                            \
+                for (int qd = 0; qd < 4; qd++) {                                                                \
+                    __m512i raw = _mm512_loadu_si512((const void *)(blk + qd * 64));                            \
+                    __m512i lo = _mm512_and_si512(raw, lo4), hi = _mm512_and_si512(_mm512_srli_epi32(raw, 4), lo4); \
+                    for (int r = 0; r < RC; r++) {                                                              \
+                        const int8_t *xr = xq + r * K + b * QK;                                                 \
+                        int32_t a0, a1;                                                                         \
+                        memcpy(&a0, xr + 4 * qd, 4);                                                            \
+                        memcpy(&a1, xr + 16 + 4 * qd, 4);                                                       \
+                        ai[r] = _mm512_dpbusd_epi32(ai[r], lo, _mm512_set1_epi32(a0));                          \
+                        bi[r] = _mm512_dpbusd_epi32(bi[r], hi, _mm512_set1_epi32(a1));                          \
+                    }                                                                                           \
+                }                                                                                               \
+                for (int r = 0; r < RC; r++) ai[r] = _mm512_add_epi32(ai[r], bi[r]);                            \
+                __m512 dv, mv;                                                                                  \
+                if (F16) {                                                                                      \
+                    dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 256)));                     \
+                    mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288)));                     \
+                } else {                                                                                        \
+                    dv = _mm512_loadu_ps((const float *)(blk + 256));                                           \
+                    mv = _mm512_loadu_ps((const float *)(blk + 320));                                           \
+                }                                                                                               \
                 for (int r = 0; r < RC; r++) {                                                                  \
-                    const int8_t *xr = xq + r * K + b * QK;                                                     \
-                    int32_t a0, a1;                                                                             \
-                    memcpy(&a0, xr + 4 * qd, 4);                                                                \
-                    memcpy(&a1, xr + 16 + 4 * qd, 4);                                                           \
-                    ai[r] = _mm512_dpbusd_epi32(ai[r], lo, _mm512_set1_epi32(a0));                              \
-                    bi[r] = _mm512_dpbusd_epi32(bi[r], hi, _mm512_set1_epi32(a1));                              \
+                    acc[s][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r]),                                      \
+                                                _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * nb + b])), acc[s][r]);  \
+                    acc[s][r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sx[r * nb + b]), acc[s][r]);                 \
                 }                                                                                               \
             }                                                                                                   \
-            for (int r = 0; r < RC; r++) ai[r] = _mm512_add_epi32(ai[r], bi[r]);                                \
-            __m512 dv, mv;                                                                                      \
-            if (F16) {                                                                                          \
-                dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 256)));                         \
-                mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288)));                         \
-            } else {                                                                                            \
-                dv = _mm512_loadu_ps((const float *)(blk + 256));                                               \
-                mv = _mm512_loadu_ps((const float *)(blk + 320));                                               \
-            }                                                                                                   \
-            for (int r = 0; r < RC; r++) {                                                                      \
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r]), _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * nb + b])), \
-                                         acc[r]);                                                               \
-                acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sx[r * nb + b]), acc[r]);                           \
-            }                                                                                                   \
         }                                                                                                       \
-        long n0 = g * 16;                                                                                       \
-        __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);                  \
-        for (int r = 0; r < RC; r++) _mm512_mask_storeu_ps(y + r * N + n0, keep, acc[r]);                       \
+        for (int s = 0; s < S; s++) {                                                                           \
+            long n0 = gs[s] * 16;                                                                               \
+            __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);              \
+            for (int r = 0; r < RC; r++) _mm512_mask_storeu_ps(y + r * N + n0, keep, acc[s][r]);                \
+        }                                                                                                       \
     }
 
-Q4V(1, 0) Q4V(2, 0) Q4V(3, 0) Q4V(4, 0) Q4V(5, 0) Q4V(6, 0) Q4V(7, 0) Q4V(8, 0)
-Q4V(1, 1) Q4V(2, 1) Q4V(3, 1) Q4V(4, 1) Q4V(5, 1) Q4V(6, 1) Q4V(7, 1) Q4V(8, 1)
+#define Q4V_ALL(F16)                                                                                            \
+    Q4V(1, 1, F16) Q4V(2, 1, F16) Q4V(3, 1, F16) Q4V(4, 1, F16) Q4V(5, 1, F16) Q4V(6, 1, F16) Q4V(7, 1, F16)  \
+    Q4V(8, 1, F16) Q4V(1, 4, F16) Q4V(2, 4, F16) Q4V(3, 4, F16) Q4V(4, 4, F16) Q4V(5, 2, F16) Q4V(6, 2, F16)
+Q4V_ALL(0)
+Q4V_ALL(1)
 
-typedef void (*q4v_fn)(const int8_t *, const float *, const float *, long, const uint8_t *, float *, long, long);
+/* weight streams read side by side by rows in the chunk (1..8): more streams where the tile is bound by
+ * memory (few rows), one where its integer work is (many rows) */
+static const int VSTREAMS[9] = {1, 4, 4, 4, 4, 2, 2, 1, 1};
+static int max_streams = 4; /* a cap on VSTREAMS (1: every product reads one stream), for measurements */
+
+/* Cap the weight streams of the VNNI products (n >= 1; a tile with more streams than n runs as n = 1).
+ * Returns 0, -1 for n < 1. Results do not depend on it. */
+int qgemm_set_streams(int n) {
+    if (n < 1) return -1;
+    max_streams = n;
+    return 0;
+}
+
+typedef void (*q4v_fn)(const int8_t *, const float *, const float *, long, const uint8_t *, float *, long, const long *);
+/* [f16][rows in the chunk]: one group per call, and VSTREAMS[rows] groups per call */
 static const q4v_fn Q4V_TILE[2][9] = {
-    {0, q4v_tile_1_0, q4v_tile_2_0, q4v_tile_3_0, q4v_tile_4_0, q4v_tile_5_0, q4v_tile_6_0, q4v_tile_7_0, q4v_tile_8_0},
-    {0, q4v_tile_1_1, q4v_tile_2_1, q4v_tile_3_1, q4v_tile_4_1, q4v_tile_5_1, q4v_tile_6_1, q4v_tile_7_1, q4v_tile_8_1}};
+    {0, q4v_tile_1_1_0, q4v_tile_2_1_0, q4v_tile_3_1_0, q4v_tile_4_1_0, q4v_tile_5_1_0, q4v_tile_6_1_0, q4v_tile_7_1_0, q4v_tile_8_1_0},
+    {0, q4v_tile_1_1_1, q4v_tile_2_1_1, q4v_tile_3_1_1, q4v_tile_4_1_1, q4v_tile_5_1_1, q4v_tile_6_1_1, q4v_tile_7_1_1, q4v_tile_8_1_1}};
+static const q4v_fn Q4V_MULTI[2][9] = {
+    {0, q4v_tile_1_4_0, q4v_tile_2_4_0, q4v_tile_3_4_0, q4v_tile_4_4_0, q4v_tile_5_2_0, q4v_tile_6_2_0, 0, 0},
+    {0, q4v_tile_1_4_1, q4v_tile_2_4_1, q4v_tile_3_4_1, q4v_tile_4_4_1, q4v_tile_5_2_1, q4v_tile_6_2_1, 0, 0}};
+
+/* The groups 0..groups-1 of a product over R rows, S = VSTREAMS[R] streams side by side (R <= 8; more
+ * rows go one group at a time in chunks of 8): step i of the walk computes groups i, per + i, 2 per + i,
+ * ... (per = ceil(groups / S)) with one multi-stream tile, or one group per call where a range ran out.
+ * OpenMP splits the steps. ONE(rc, gs) and MULTI(rc, gs) compute rows r0 .. r0 + rc - 1 of one group gs[0]
+ * and of the S groups gs[0..S). Measured on one core of a Xeon (Sapphire Rapids class, AVX-512 VNNI):
+ * four streams read about half as fast again as one (tools/bench_matmul.py --quantized, its 1stream column). */
+#define WALK_GROUPS(groups, R, threads, ONE, MULTI)                                                            \
+    do {                                                                                                        \
+        int S_ = (R) <= 8 && VSTREAMS[R] <= max_streams ? VSTREAMS[R] : 1;                                     \
+        long per_ = ((groups) + S_ - 1) / S_;                                                                   \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && per_ > 1)")        \
+        for (long i_ = 0; i_ < per_; i_++) {                                                                    \
+            long gs_[4];                                                                                        \
+            int n_ = 0;                                                                                         \
+            for (int s_ = 0; s_ < S_; s_++)                                                                     \
+                if (s_ * per_ + i_ < (groups)) gs_[n_++] = s_ * per_ + i_;                                      \
+            for (long r0 = 0; r0 < (R); r0 += 8) {                                                              \
+                int rc = (R) - r0 < 8 ? (int)((R) - r0) : 8;                                                    \
+                if (S_ > 1 && n_ == S_) {                                                                       \
+                    MULTI(rc, gs_);                                                                             \
+                } else {                                                                                        \
+                    for (int k_ = 0; k_ < n_; k_++) ONE(rc, gs_ + k_);                                          \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+    } while (0)
 
 /* y [R, N] = x [R, K] @ w^T with w in the packed VNNI layout (variant 3). Returns 0, -1 for bad sizes,
  * -2 when the CPU lacks AVX-512 VNNI, -3 when out of memory. */
@@ -689,13 +748,12 @@ int q4v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *
     if (!xq || !xs) return -3;
     float *dx = xs, *sx = xs + R * nb;
     for (long r = 0; r < R; r++) quant_row(x + r * K, K, xq + r * K, dx + r * nb, sx + r * nb);
-    const q4v_fn *tiles = Q4V_TILE[f16 ? 1 : 0];
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && groups > 1)
-    for (long g = 0; g < groups; g++)
-        for (long r0 = 0; r0 < R; r0 += 8) {
-            int rc = R - r0 < 8 ? (int)(R - r0) : 8;
-            tiles[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, g);
-        }
+    const q4v_fn *one = Q4V_TILE[f16 ? 1 : 0], *multi = Q4V_MULTI[f16 ? 1 : 0];
+#define Q4V_ONE(rc, gs) one[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, gs)
+#define Q4V_MANY(rc, gs) multi[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, gs)
+    WALK_GROUPS(groups, R, threads, Q4V_ONE, Q4V_MANY);
+#undef Q4V_ONE
+#undef Q4V_MANY
     return 0;
 }
 
@@ -772,50 +830,63 @@ void q8v_unpack(const uint8_t *pk, int f16, long N, long K, int8_t *qs, float *d
     }
 }
 
-#define Q8V(RC, F16)                                                                                            \
-    __attribute__((target("avx512f,avx512vnni"))) static void q8v_tile_##RC##_##F16(                           \
+/* S output groups side by side, as the q4 tiles (see Q4V) */
+#define Q8V(RC, S, F16)                                                                                         \
+    __attribute__((target("avx512f,avx512vnni"))) static void q8v_tile_##RC##_##S##_##F16(                     \
         const int8_t *xq, const float *dx, const int32_t *xsum, long K, const uint8_t *pk, float *y, long N,    \
-        long g) {                                                                                               \
+        const long *gs) {                                                                                       \
         long nb = K / QK, rec = 512 + (F16 ? 32 : 64);                                                          \
-        __m512 acc[RC];                                                                                         \
-        for (int r = 0; r < RC; r++) acc[r] = _mm512_setzero_ps();                                              \
+        __m512 acc[S][RC];                                                                                      \
+        for (int s = 0; s < S; s++)                                                                             \
+            for (int r = 0; r < RC; r++) acc[s][r] = _mm512_setzero_ps();                                       \
         for (long b = 0; b < nb; b++) {                                                                         \
-            const uint8_t *blk = pk + (g * nb + b) * rec;                                                       \
-            for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + PFV * rec + pf), _MM_HINT_T0);  \
-            __m512i ai[RC], bi[RC]; /* two exact integer chains per row (even / odd quads) */               \
-            for (int r = 0; r < RC; r++) ai[r] = bi[r] = _mm512_setzero_si512();                                \
-            for (int qd = 0; qd < 8; qd += 2) {                                                                 \
-                __m512i raw0 = _mm512_loadu_si512((const void *)(blk + qd * 64));                               \
-                __m512i raw1 = _mm512_loadu_si512((const void *)(blk + qd * 64 + 64));                          \
+            for (int s = 0; s < S; s++) {                                                                       \
+                const uint8_t *blk = pk + (gs[s] * nb + b) * rec;                                               \
+                if (PFV)                                                                                        \
+                    for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + PFV * rec + pf), _MM_HINT_T0); \
+                __m512i ai[RC], bi[RC]; /* two exact integer chains per row (even / odd quads) */           \
+                for (int r = 0; r < RC; r++) ai[r] = bi[r] = _mm512_setzero_si512();                            \
+                for (int qd = 0; qd < 8; qd += 2) {                                                             \
+                    __m512i raw0 = _mm512_loadu_si512((const void *)(blk + qd * 64));                           \
+                    __m512i raw1 = _mm512_loadu_si512((const void *)(blk + qd * 64 + 64));                      \
+                    for (int r = 0; r < RC; r++) {                                                              \
+                        int32_t a0, a1;                                                                         \
+                        memcpy(&a0, xq + r * K + b * QK + 4 * qd, 4);                                           \
+                        memcpy(&a1, xq + r * K + b * QK + 4 * qd + 4, 4);                                       \
+                        ai[r] = _mm512_dpbusd_epi32(ai[r], raw0, _mm512_set1_epi32(a0));                        \
+                        bi[r] = _mm512_dpbusd_epi32(bi[r], raw1, _mm512_set1_epi32(a1));                        \
+                    }                                                                                           \
+                }                                                                                               \
+                for (int r = 0; r < RC; r++) ai[r] = _mm512_add_epi32(ai[r], bi[r]);                            \
+                __m512 dv = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 512)))             \
+                                : _mm512_loadu_ps((const float *)(blk + 512));                                  \
                 for (int r = 0; r < RC; r++) {                                                                  \
-                    int32_t a0, a1;                                                                             \
-                    memcpy(&a0, xq + r * K + b * QK + 4 * qd, 4);                                               \
-                    memcpy(&a1, xq + r * K + b * QK + 4 * qd + 4, 4);                                           \
-                    ai[r] = _mm512_dpbusd_epi32(ai[r], raw0, _mm512_set1_epi32(a0));                            \
-                    bi[r] = _mm512_dpbusd_epi32(bi[r], raw1, _mm512_set1_epi32(a1));                            \
+                    __m512i dot = _mm512_sub_epi32(ai[r], _mm512_set1_epi32(128 * xsum[r * nb + b]));           \
+                    acc[s][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),                                        \
+                                                _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * nb + b])), acc[s][r]);  \
                 }                                                                                               \
             }                                                                                                   \
-            for (int r = 0; r < RC; r++) ai[r] = _mm512_add_epi32(ai[r], bi[r]);                                \
-            __m512 dv = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 512)))                 \
-                            : _mm512_loadu_ps((const float *)(blk + 512));                                      \
-            for (int r = 0; r < RC; r++) {                                                                      \
-                __m512i dot = _mm512_sub_epi32(ai[r], _mm512_set1_epi32(128 * xsum[r * nb + b]));               \
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dv, _mm512_set1_ps(dx[r * nb + b])), \
-                                         acc[r]);                                                               \
-            }                                                                                                   \
         }                                                                                                       \
-        long n0 = g * 16;                                                                                       \
-        __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);                  \
-        for (int r = 0; r < RC; r++) _mm512_mask_storeu_ps(y + r * N + n0, keep, acc[r]);                       \
+        for (int s = 0; s < S; s++) {                                                                           \
+            long n0 = gs[s] * 16;                                                                               \
+            __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);              \
+            for (int r = 0; r < RC; r++) _mm512_mask_storeu_ps(y + r * N + n0, keep, acc[s][r]);                \
+        }                                                                                                       \
     }
 
-Q8V(1, 0) Q8V(2, 0) Q8V(3, 0) Q8V(4, 0) Q8V(5, 0) Q8V(6, 0) Q8V(7, 0) Q8V(8, 0)
-Q8V(1, 1) Q8V(2, 1) Q8V(3, 1) Q8V(4, 1) Q8V(5, 1) Q8V(6, 1) Q8V(7, 1) Q8V(8, 1)
+#define Q8V_ALL(F16)                                                                                            \
+    Q8V(1, 1, F16) Q8V(2, 1, F16) Q8V(3, 1, F16) Q8V(4, 1, F16) Q8V(5, 1, F16) Q8V(6, 1, F16) Q8V(7, 1, F16)  \
+    Q8V(8, 1, F16) Q8V(1, 4, F16) Q8V(2, 4, F16) Q8V(3, 4, F16) Q8V(4, 4, F16) Q8V(5, 2, F16) Q8V(6, 2, F16)
+Q8V_ALL(0)
+Q8V_ALL(1)
 
-typedef void (*q8v_fn)(const int8_t *, const float *, const int32_t *, long, const uint8_t *, float *, long, long);
+typedef void (*q8v_fn)(const int8_t *, const float *, const int32_t *, long, const uint8_t *, float *, long, const long *);
 static const q8v_fn Q8V_TILE[2][9] = {
-    {0, q8v_tile_1_0, q8v_tile_2_0, q8v_tile_3_0, q8v_tile_4_0, q8v_tile_5_0, q8v_tile_6_0, q8v_tile_7_0, q8v_tile_8_0},
-    {0, q8v_tile_1_1, q8v_tile_2_1, q8v_tile_3_1, q8v_tile_4_1, q8v_tile_5_1, q8v_tile_6_1, q8v_tile_7_1, q8v_tile_8_1}};
+    {0, q8v_tile_1_1_0, q8v_tile_2_1_0, q8v_tile_3_1_0, q8v_tile_4_1_0, q8v_tile_5_1_0, q8v_tile_6_1_0, q8v_tile_7_1_0, q8v_tile_8_1_0},
+    {0, q8v_tile_1_1_1, q8v_tile_2_1_1, q8v_tile_3_1_1, q8v_tile_4_1_1, q8v_tile_5_1_1, q8v_tile_6_1_1, q8v_tile_7_1_1, q8v_tile_8_1_1}};
+static const q8v_fn Q8V_MULTI[2][9] = {
+    {0, q8v_tile_1_4_0, q8v_tile_2_4_0, q8v_tile_3_4_0, q8v_tile_4_4_0, q8v_tile_5_2_0, q8v_tile_6_2_0, 0, 0},
+    {0, q8v_tile_1_4_1, q8v_tile_2_4_1, q8v_tile_3_4_1, q8v_tile_4_4_1, q8v_tile_5_2_1, q8v_tile_6_2_1, 0, 0}};
 
 /* y [R, N] = x [R, K] @ w^T with w packed by q8v_pack (variant 3). Returns 0, -1 for bad sizes, -2 without
  * AVX-512 VNNI, -3 when out of memory. */
@@ -836,13 +907,12 @@ int q8v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *
             xsum[r * nb + b] = sum;
         }
     }
-    const q8v_fn *tiles = Q8V_TILE[f16 ? 1 : 0];
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && groups > 1)
-    for (long g = 0; g < groups; g++)
-        for (long r0 = 0; r0 < R; r0 += 8) {
-            int rc = R - r0 < 8 ? (int)(R - r0) : 8;
-            tiles[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, g);
-        }
+    const q8v_fn *one = Q8V_TILE[f16 ? 1 : 0], *multi = Q8V_MULTI[f16 ? 1 : 0];
+#define Q8V_ONE(rc, gs) one[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, gs)
+#define Q8V_MANY(rc, gs) multi[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, gs)
+    WALK_GROUPS(groups, R, threads, Q8V_ONE, Q8V_MANY);
+#undef Q8V_ONE
+#undef Q8V_MANY
     return 0;
 }
 
@@ -1045,6 +1115,8 @@ __attribute__((target("avx512f"), always_inline)) static inline void attn_pass(c
     }
     for (long j = 0; j < S; j++) { /* each key loaded once for the heads of the pass */
         const float *kj = K + j * D;
+        /* the value row too: V then streams in beside K (a second stream) instead of after it */
+        for (long l = 0; l < D; l += 16) _mm_prefetch((const char *)(V + j * D + l), _MM_HINT_T0);
         for (long h = 0; h < hc; h++) {
             const float *qv = q + h * D;
             __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qv), _mm512_loadu_ps(kj));

@@ -46,6 +46,8 @@ _threads = 1
 def _build() -> ctypes.CDLL:
     lib = cbuild.build(SOURCE, (FLAGS + OPENMP, FLAGS), libs=["-lm"])
     lib.qgemm_variants.restype = ctypes.c_int
+    lib.qgemm_set_streams.restype = ctypes.c_int
+    lib.qgemm_set_streams.argtypes = [ctypes.c_int]
     lib.q4_gemm.restype = lib.q8_gemm.restype = ctypes.c_int
     p, L, I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.q4_gemm.argtypes = [p, L, L, p, p, p, p, L, I, I]
@@ -168,6 +170,19 @@ def set_variant(name: str) -> None:
     if name not in supported():
         raise ValueError(f"qgemm variant {name!r} is not runnable here (runnable: {', '.join(supported())})")
     _variant = VARIANTS.index(name)
+
+
+def set_streams(n: int) -> None:
+    """Cap the weight streams the VNNI products read side by side (``qgemm_set_streams``; 1 = one stream,
+    the walk without the multi-stream tiles; the default 4 = every tile of the table). For measuring the
+    walk against one stream: results do not depend on it. Raises ``ValueError`` for ``n < 1`` and
+    ``RuntimeError`` when the kernels are unavailable."""
+    if n < 1:
+        raise ValueError(f"set_streams: n must be >= 1, got {n}")
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    lib.qgemm_set_streams(int(n))
 
 
 def set_threads(n: int) -> None:

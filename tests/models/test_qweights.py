@@ -65,11 +65,13 @@ needs_kernels = pytest.mark.skipif(not qgemm.available(), reason=f"qgemm unavail
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q4_K", "Q8_0", "Q6_K"])
 def test_kernel_matches_fp32_and_is_row_invariant(variant, type_name):
     """Every row count (1 .. 40: all register tiles, whole row chunks and their edges) and thread count
-    gives each row the bits of the one-row product."""
+    gives each row the bits of the one-row product. N = 205: 13 groups of 16 outputs, the last one
+    partial, so the VNNI walk runs its multi-stream tiles (one to six rows: several groups side by
+    side, the partial one among them) and its one-group tail."""
     before = qgemm.variant()
     qgemm.set_variant(variant)
     try:
-        N, K = 70, 512  # N not a multiple of the 4-output tile: the one-output tail runs too
+        N, K = 205, 512  # N not a multiple of the 4-output tile: the one-output tail runs too
         qw = QuantWeight.from_gguf("w", type_name, random_blocks(type_name, N, K, seed=1), (N, K))
         x = torch.randn(40, K, generator=torch.Generator().manual_seed(0))
         ref = x.double() @ qw.dequantize().double().T
