@@ -23,8 +23,9 @@ With ``--quantized`` it times the products at the checkpoint's own bytes on the 
 33 MB head): every ``specc.kernels.qgemm`` variant this CPU runs, the library paths a user would reach
 for first (torch's ``_weight_int4pack_mm_for_cpu`` on the same codes with bf16 activations and bf16
 scales; bf16 ``F.linear`` on the dequantized head), and the fp32 dense product (``F.linear``) the
-runtime used before; ``qgemm:avx512vnni/1stream`` is the packed product reading one weight stream at
-a time (``qgemm.set_streams(1)``) against the default walk's several; median microseconds per call,
+runtime used before; ``qgemm:<packed variant>/1stream`` is the packed product (``avx512vnni``, else
+``avx2int8``) reading one weight stream at a time (``qgemm.set_streams(1)``) against the default walk's
+several; median microseconds per call,
 interleaved rounds, max error relative to an fp64
 product over the dequantized weight. torchao (0.18.0 from PyPI) ships no x86 CPU kernels for its
 int8-activation x int4-weight layout for this torch, so it is not a candidate here.
@@ -204,13 +205,14 @@ def bench_quantized(args, rows) -> int:
         K = parts[0].shape[1]
         dense = [p.dequantize() for p in parts]  # [N, K] fp32 each
         layouts = [p._layout() for p in parts]  # the q4 / q8 layout of each weight
-        packs = [qgemm.pack(p.kind, *lay) for p, lay in zip(parts, layouts)] if "avx512vnni" in \
-            qgemm.supported() and qgemm.packable(parts[0].kind, parts[0].group) else []
+        packed_here = [v for v in qgemm.PACKED_VARIANTS if v in qgemm.supported()]
+        packs = [qgemm.pack(p.kind, *lay) for p, lay in zip(parts, layouts)] if packed_here and \
+            qgemm.packable(parts[0].kind, parts[0].group) else []
         fns_for = {}
         for v in qgemm.supported():
             fns_for[f"qgemm:{v}"] = v
         if packs:  # the packed products reading one weight stream at a time (qgemm.set_streams(1))
-            fns_for["qgemm:avx512vnni/1stream"] = "avx512vnni"
+            fns_for[f"qgemm:{packed_here[0]}/1stream"] = packed_here[0]
         lib = {}
         if parts[0].kind == "q4":  # torch's int4 weight-only CPU op on the same codes (bf16 scales/zeros)
             for p in parts:
@@ -231,7 +233,7 @@ def bench_quantized(args, rows) -> int:
             def run_qgemm(v, streams=4):
                 def f():
                     qgemm.set_variant(v)
-                    if v == "avx512vnni" and packs:
+                    if v in qgemm.PACKED_VARIANTS and packs:
                         qgemm.set_streams(streams)
                         try:
                             return [qgemm.packed_matmul(p.kind, x, pk, *p.shape) for pk, p in zip(packs, parts)]
@@ -264,7 +266,7 @@ def bench_quantized(args, rows) -> int:
             med = {nm: statistics.median(v) for nm, v in samples.items()}
             err = ", ".join(f"{nm.split(':')[-1]} {e:.0e}" for nm, e in errs.items())
             print(f"{n:>3} " + " ".join(f"{med[nm]:>22.1f}" for nm in fns) + f"  {err}", flush=True)
-    qgemm.set_variant(qgemm.supported()[-1])
+    qgemm.set_variant(next(v for v in qgemm.PREFERENCE if v in qgemm.supported()))
     return 0
 
 if __name__ == "__main__":

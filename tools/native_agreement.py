@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         native, _ = load_target(args.path, "gguf", dtype="native", max_model_len=2048)
         with torch.inference_mode():
             got = agreement(native, ref, prompts, new_tokens=args.new_tokens)
-        acts = "int8 per 32-block (Q4_x, Q8_0 weights)" if variant == "avx512vnni" else "fp32"
+        acts = "int8 per 32-block (Q4_x, Q8_0 weights)" if variant in qgemm.PACKED_VARIANTS else "fp32"
         print(f"| {variant} | {acts} | {got['top1_agreement']:.4f} ({got['steps']} steps) | "
               f"{got['max_abs_logit_diff']:.2e} | {got['mean_abs_logit_diff']:.2e} |", flush=True)
         del native

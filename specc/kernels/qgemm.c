@@ -275,19 +275,21 @@ static const int WIDE_NC[9] = {0, 4, 4, 2, 2, 1, 1, 1, 1};
 static const int CHUNK[3] = {4, 4, 8}; /* rows per chunk by variant */
 
 /* Bit mask of the variants this CPU runs: bit 0 portable, bit 1 AVX2 + FMA, bit 2 AVX-512F, bit 3 AVX-512
- * VNNI (variant 3: q4 products with int8 activations, the rest as variant 2). */
+ * VNNI (variant 3: q4 and Q8_0 products with int8 activations, the rest as variant 2), bit 4 AVX2 + FMA +
+ * F16C with int8 activations (variant 4: the packed products on AVX2 tiles, the rest as variant 1). */
 int qgemm_variants(void) {
     int v = 1;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) v |= 2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) v |= 4;
     if ((v & 4) && __builtin_cpu_supports("avx512vnni")) v |= 8;
+    if ((v & 2) && __builtin_cpu_supports("f16c")) v |= 16;
     return v;
 }
 
 static int check(long R, long K, long G, long N, int variant, int threads) {
     if (R < 1 || K < 1 || N < 1 || G < 16 || G % 16 || K % G || threads < 1) return -1;
-    if (variant < 0 || variant > 3 || !(qgemm_variants() & (1 << variant))) return -2;
+    if (variant < 0 || variant > 4 || !(qgemm_variants() & (1 << variant))) return -2;
     return 0;
 }
 
@@ -298,6 +300,7 @@ int q4_gemm(const float *x, long R, long K, const uint8_t *qs, const float *d, c
     int rc = check(R, K, QK, N, variant, threads);
     if (rc) return rc;
     if (variant == 3) variant = 2; /* the fp32-activation products of variant 3 */
+    if (variant == 4) variant = 1; /* and of variant 4 */
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
     for (long ob = 0; ob < nblocks; ob++) {
@@ -326,6 +329,7 @@ int q8_gemm(const float *x, long R, long K, long G, const int8_t *qs, const floa
     int rc = check(R, K, G, N, variant, threads);
     if (rc) return rc;
     if (variant == 3) variant = 2; /* the fp32-activation products of variant 3 */
+    if (variant == 4) variant = 1; /* and of variant 4 */
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
     for (long ob = 0; ob < nblocks; ob++) {
@@ -455,6 +459,7 @@ int h16_gemm(const float *x, long R, long K, const uint16_t *w, int bf, float *y
     int rc = check(R, K, 16, N, variant, threads);
     if (rc) return rc;
     if (variant == 3) variant = 2; /* VNNI changes only the q4 / q8 products */
+    if (variant == 4) variant = 1; /* as AVX2 int8 does */
     bf = bf ? 1 : 0;
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
@@ -710,15 +715,15 @@ static const q4v_fn Q4V_MULTI[2][9] = {
     {0, q4v_tile_1_4_0, q4v_tile_2_4_0, q4v_tile_3_4_0, q4v_tile_4_4_0, q4v_tile_5_2_0, q4v_tile_6_2_0, 0, 0},
     {0, q4v_tile_1_4_1, q4v_tile_2_4_1, q4v_tile_3_4_1, q4v_tile_4_4_1, q4v_tile_5_2_1, q4v_tile_6_2_1, 0, 0}};
 
-/* The groups 0..groups-1 of a product over R rows, S = VSTREAMS[R] streams side by side (R <= 8; more
+/* The groups 0..groups-1 of a product over R rows, S = STREAMS[R] streams side by side (R <= 8; more
  * rows go one group at a time in chunks of 8): step i of the walk computes groups i, per + i, 2 per + i,
  * ... (per = ceil(groups / S)) with one multi-stream tile, or one group per call where a range ran out.
  * OpenMP splits the steps. ONE(rc, gs) and MULTI(rc, gs) compute rows r0 .. r0 + rc - 1 of one group gs[0]
  * and of the S groups gs[0..S). Measured on one core of a Xeon (Sapphire Rapids class, AVX-512 VNNI):
  * four streams read about half as fast again as one (tools/bench_matmul.py --quantized, its 1stream column). */
-#define WALK_GROUPS(groups, R, threads, ONE, MULTI)                                                            \
+#define WALK_GROUPS(groups, R, threads, STREAMS, ONE, MULTI)                                                   \
     do {                                                                                                        \
-        int S_ = (R) <= 8 && VSTREAMS[R] <= max_streams ? VSTREAMS[R] : 1;                                     \
+        int S_ = (R) <= 8 && STREAMS[R] <= max_streams ? STREAMS[R] : 1;                                       \
         long per_ = ((groups) + S_ - 1) / S_;                                                                   \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && per_ > 1)")        \
         for (long i_ = 0; i_ < per_; i_++) {                                                                    \
@@ -737,21 +742,121 @@ static const q4v_fn Q4V_MULTI[2][9] = {
         }                                                                                                       \
     } while (0)
 
-/* y [R, N] = x [R, K] @ w^T with w in the packed VNNI layout (variant 3). Returns 0, -1 for bad sizes,
- * -2 when the CPU lacks AVX-512 VNNI, -3 when out of memory. */
-int q4v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *y, long N, int threads) {
+
+/* The same products on AVX2 (variant 4, avx2int8: AMD and Intel parts without AVX-512 VNNI), as
+ * llama.cpp's AVX2 q4 x q8 dot products do: vpmaddubsw (unsigned code x signed int8 activation, pairs
+ * summed to int16: at most 2 * 15 * 127, no saturation) then vpmaddwd by ones (int16 pairs to int32) give
+ * each 32-bit lane the sum of its four products, the integer vpdpbusd computes. The 16 outputs of a
+ * record run as two 8-lane halves; every float operation is the VNNI tile's, lane for lane, so both
+ * variants give the same bits. */
+#define Q4A(RC, S, F16)                                                                                         \
+    __attribute__((target("avx2,fma,f16c"))) static void q4a_tile_##RC##_##S##_##F16(                          \
+        const int8_t *xq, const float *dx, const float *sx, long K, const uint8_t *pk, float *y, long N,       \
+        const long *gs) {                                                                                       \
+        long nb = K / QK, rec = 256 + (F16 ? 64 : 128);                                                         \
+        __m256 acc[S][RC][2];                                                                                   \
+        for (int s = 0; s < S; s++)                                                                             \
+            for (int r = 0; r < RC; r++) acc[s][r][0] = acc[s][r][1] = _mm256_setzero_ps();                     \
+        const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                                  \
+        for (long b = 0; b < nb; b++) {                                                                         \
+            for (int s = 0; s < S; s++) {                                                                       \
+                const uint8_t *blk = pk + (gs[s] * nb + b) * rec;                                               \
+                if (PFV)                                                                                        \
+                    for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + PFV * rec + pf), _MM_HINT_T0); \
+                __m256i ai[RC][2];                                                                              \
+                for (int r = 0; r < RC; r++) ai[r][0] = ai[r][1] = _mm256_setzero_si256();                      \
+                for (int qd = 0; qd < 4; qd++)                                                                  \
+                    for (int h = 0; h < 2; h++) {                                                               \
+                        __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + qd * 64 + h * 32));            \
+                        __m256i lo = _mm256_and_si256(raw, lo4);                                                \
+                        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);                          \
+                        for (int r = 0; r < RC; r++) {                                                          \
+                            const int8_t *xr = xq + r * K + b * QK;                                             \
+                            int32_t a0, a1;                                                                     \
+                            memcpy(&a0, xr + 4 * qd, 4);                                                        \
+                            memcpy(&a1, xr + 16 + 4 * qd, 4);                                                   \
+                            __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)), ones); \
+                            __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)), ones); \
+                            ai[r][h] = _mm256_add_epi32(ai[r][h], _mm256_add_epi32(p0, p1));                    \
+                        }                                                                                       \
+                    }                                                                                           \
+                for (int h = 0; h < 2; h++) {                                                                   \
+                    __m256 dv, mv;                                                                              \
+                    if (F16) {                                                                                  \
+                        dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 256 + h * 16)));           \
+                        mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 288 + h * 16)));           \
+                    } else {                                                                                    \
+                        dv = _mm256_loadu_ps((const float *)(blk + 256 + h * 32));                              \
+                        mv = _mm256_loadu_ps((const float *)(blk + 320 + h * 32));                              \
+                    }                                                                                           \
+                    for (int r = 0; r < RC; r++) {                                                              \
+                        acc[s][r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r][h]),                            \
+                                                       _mm256_mul_ps(dv, _mm256_set1_ps(dx[r * nb + b])), acc[s][r][h]); \
+                        acc[s][r][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sx[r * nb + b]), acc[s][r][h]);       \
+                    }                                                                                           \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int s = 0; s < S; s++)                                                                             \
+            for (int r = 0; r < RC; r++) store16_avx2(y + r * N, N, gs[s] * 16, acc[s][r]);                     \
+    }
+
+/* y[n0 .. n0 + 16) = the two 8-lane halves v, the lanes at or past N left out */
+__attribute__((target("avx2"))) static inline void store16_avx2(float *y, long N, long n0, const __m256 *v) {
+    for (int h = 0; h < 2; h++) {
+        long at = n0 + 8 * h, left = N - at;
+        if (left >= 8) {
+            _mm256_storeu_ps(y + at, v[h]);
+        } else if (left > 0) {
+            __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            _mm256_maskstore_ps(y + at, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), idx), v[h]);
+        }
+    }
+}
+
+#define Q4A_ALL(F16)                                                                                            \
+    Q4A(1, 1, F16) Q4A(2, 1, F16) Q4A(3, 1, F16) Q4A(4, 1, F16) Q4A(5, 1, F16) Q4A(6, 1, F16) Q4A(7, 1, F16)  \
+    Q4A(8, 1, F16) Q4A(1, 4, F16) Q4A(2, 2, F16)
+Q4A_ALL(0)
+Q4A_ALL(1)
+
+/* AVX2 has 16 vector registers: fewer streams than the AVX-512 tiles (two accumulators per row and group) */
+static const int ASTREAMS[9] = {1, 4, 2, 1, 1, 1, 1, 1, 1};
+static const q4v_fn Q4A_TILE[2][9] = {
+    {0, q4a_tile_1_1_0, q4a_tile_2_1_0, q4a_tile_3_1_0, q4a_tile_4_1_0, q4a_tile_5_1_0, q4a_tile_6_1_0, q4a_tile_7_1_0, q4a_tile_8_1_0},
+    {0, q4a_tile_1_1_1, q4a_tile_2_1_1, q4a_tile_3_1_1, q4a_tile_4_1_1, q4a_tile_5_1_1, q4a_tile_6_1_1, q4a_tile_7_1_1, q4a_tile_8_1_1}};
+static const q4v_fn Q4A_MULTI[2][9] = {{0, q4a_tile_1_4_0, q4a_tile_2_2_0}, {0, q4a_tile_1_4_1, q4a_tile_2_2_1}};
+
+/* The packed products' instruction set for a qgemm variant: 3 (AVX-512 VNNI) or 4 (AVX2 int8); any other
+ * variant (the fp32-activation ones) takes the best one this CPU runs. -2 when it runs neither. */
+static int packed_isa(int variant) {
+    int have = qgemm_variants();
+    if ((variant == 3 && (have & 8)) || (variant == 4 && (have & 16))) return variant;
+    if (variant == 3 || variant == 4) return -2;
+    return (have & 8) ? 3 : (have & 16) ? 4 : -2;
+}
+
+/* y [R, N] = x [R, K] @ w^T with w in the packed layout, on the VNNI tiles (variant 3) or the AVX2 int8 ones
+ * (variant 4; other variants: see packed_isa). Returns 0, -1 for bad sizes, -2 when the CPU runs neither,
+ * -3 when out of memory. */
+int q4v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *y, long N, int variant,
+             int threads) {
     if (R < 1 || K < 1 || N < 1 || K % QK || threads < 1) return -1;
-    if (!(qgemm_variants() & 8)) return -2;
+    int isa = packed_isa(variant);
+    if (isa < 0) return isa;
     long nb = K / QK, groups = (N + 15) / 16;
     int8_t *xq = xq_buffer(R * K);
     float *xs = xs_buffer(2 * R * nb);
     if (!xq || !xs) return -3;
     float *dx = xs, *sx = xs + R * nb;
     for (long r = 0; r < R; r++) quant_row(x + r * K, K, xq + r * K, dx + r * nb, sx + r * nb);
-    const q4v_fn *one = Q4V_TILE[f16 ? 1 : 0], *multi = Q4V_MULTI[f16 ? 1 : 0];
+    int v = isa == 3;
+    const q4v_fn *one = v ? Q4V_TILE[f16 ? 1 : 0] : Q4A_TILE[f16 ? 1 : 0];
+    const q4v_fn *multi = v ? Q4V_MULTI[f16 ? 1 : 0] : Q4A_MULTI[f16 ? 1 : 0];
+    const int *streams = v ? VSTREAMS : ASTREAMS;
 #define Q4V_ONE(rc, gs) one[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, gs)
 #define Q4V_MANY(rc, gs) multi[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, gs)
-    WALK_GROUPS(groups, R, threads, Q4V_ONE, Q4V_MANY);
+    WALK_GROUPS(groups, R, threads, streams, Q4V_ONE, Q4V_MANY);
 #undef Q4V_ONE
 #undef Q4V_MANY
     return 0;
@@ -888,11 +993,70 @@ static const q8v_fn Q8V_MULTI[2][9] = {
     {0, q8v_tile_1_4_0, q8v_tile_2_4_0, q8v_tile_3_4_0, q8v_tile_4_4_0, q8v_tile_5_2_0, q8v_tile_6_2_0, 0, 0},
     {0, q8v_tile_1_4_1, q8v_tile_2_4_1, q8v_tile_3_4_1, q8v_tile_4_4_1, q8v_tile_5_2_1, q8v_tile_6_2_1, 0, 0}};
 
-/* y [R, N] = x [R, K] @ w^T with w packed by q8v_pack (variant 3). Returns 0, -1 for bad sizes, -2 without
- * AVX-512 VNNI, -3 when out of memory. */
-int q8v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *y, long N, int threads) {
+
+/* Q8 on AVX2 (variant 4): the stored byte is code + 128, so code = byte ^ 0x80 as int8; |code| (at most
+ * 128, unsigned) times the activation with code's sign (vpsignb) is code * x, pairs at most 2 * 128 * 127:
+ * no saturation. The lane sums are the integer dots the VNNI tile forms (sum (code + 128) x - 128 sum x),
+ * and the float operations are its own, lane for lane: the same bits. */
+#define Q8A(RC, S, F16)                                                                                         \
+    __attribute__((target("avx2,fma,f16c"))) static void q8a_tile_##RC##_##S##_##F16(                          \
+        const int8_t *xq, const float *dx, const int32_t *xsum, long K, const uint8_t *pk, float *y, long N,    \
+        const long *gs) {                                                                                       \
+        (void)xsum;                                                                                             \
+        long nb = K / QK, rec = 512 + (F16 ? 32 : 64);                                                          \
+        __m256 acc[S][RC][2];                                                                                   \
+        for (int s = 0; s < S; s++)                                                                             \
+            for (int r = 0; r < RC; r++) acc[s][r][0] = acc[s][r][1] = _mm256_setzero_ps();                     \
+        const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);                         \
+        for (long b = 0; b < nb; b++) {                                                                         \
+            for (int s = 0; s < S; s++) {                                                                       \
+                const uint8_t *blk = pk + (gs[s] * nb + b) * rec;                                               \
+                if (PFV)                                                                                        \
+                    for (int pf = 0; pf < rec; pf += 64) _mm_prefetch((const char *)(blk + PFV * rec + pf), _MM_HINT_T0); \
+                __m256i ai[RC][2];                                                                              \
+                for (int r = 0; r < RC; r++) ai[r][0] = ai[r][1] = _mm256_setzero_si256();                      \
+                for (int qd = 0; qd < 8; qd++)                                                                  \
+                    for (int h = 0; h < 2; h++) {                                                               \
+                        __m256i c = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + qd * 64 + h * 32)), flip); \
+                        __m256i ac = _mm256_abs_epi8(c);                                                        \
+                        for (int r = 0; r < RC; r++) {                                                          \
+                            int32_t a;                                                                          \
+                            memcpy(&a, xq + r * K + b * QK + 4 * qd, 4);                                        \
+                            __m256i sxv = _mm256_sign_epi8(_mm256_set1_epi32(a), c);                            \
+                            ai[r][h] = _mm256_add_epi32(ai[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(ac, sxv), ones)); \
+                        }                                                                                       \
+                    }                                                                                           \
+                for (int h = 0; h < 2; h++) {                                                                   \
+                    __m256 dv = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 512 + h * 16)))   \
+                                    : _mm256_loadu_ps((const float *)(blk + 512 + h * 32));                     \
+                    for (int r = 0; r < RC; r++)                                                                \
+                        acc[s][r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r][h]),                            \
+                                                       _mm256_mul_ps(dv, _mm256_set1_ps(dx[r * nb + b])), acc[s][r][h]); \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int s = 0; s < S; s++)                                                                             \
+            for (int r = 0; r < RC; r++) store16_avx2(y + r * N, N, gs[s] * 16, acc[s][r]);                     \
+    }
+
+#define Q8A_ALL(F16)                                                                                            \
+    Q8A(1, 1, F16) Q8A(2, 1, F16) Q8A(3, 1, F16) Q8A(4, 1, F16) Q8A(5, 1, F16) Q8A(6, 1, F16) Q8A(7, 1, F16)  \
+    Q8A(8, 1, F16) Q8A(1, 4, F16) Q8A(2, 2, F16)
+Q8A_ALL(0)
+Q8A_ALL(1)
+
+static const q8v_fn Q8A_TILE[2][9] = {
+    {0, q8a_tile_1_1_0, q8a_tile_2_1_0, q8a_tile_3_1_0, q8a_tile_4_1_0, q8a_tile_5_1_0, q8a_tile_6_1_0, q8a_tile_7_1_0, q8a_tile_8_1_0},
+    {0, q8a_tile_1_1_1, q8a_tile_2_1_1, q8a_tile_3_1_1, q8a_tile_4_1_1, q8a_tile_5_1_1, q8a_tile_6_1_1, q8a_tile_7_1_1, q8a_tile_8_1_1}};
+static const q8v_fn Q8A_MULTI[2][9] = {{0, q8a_tile_1_4_0, q8a_tile_2_2_0}, {0, q8a_tile_1_4_1, q8a_tile_2_2_1}};
+
+/* y [R, N] = x [R, K] @ w^T with w packed by q8v_pack, on the VNNI or the AVX2 int8 tiles as q4v_gemm.
+ * Returns 0, -1 for bad sizes, -2 when the CPU runs neither, -3 when out of memory. */
+int q8v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *y, long N, int variant,
+             int threads) {
     if (R < 1 || K < 1 || N < 1 || K % QK || threads < 1) return -1;
-    if (!(qgemm_variants() & 8)) return -2;
+    int isa = packed_isa(variant);
+    if (isa < 0) return isa;
     long nb = K / QK, groups = (N + 15) / 16;
     int8_t *xq = xq_buffer(R * K);
     float *xs = xs_buffer(3 * R * nb);
@@ -907,10 +1071,13 @@ int q8v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *
             xsum[r * nb + b] = sum;
         }
     }
-    const q8v_fn *one = Q8V_TILE[f16 ? 1 : 0], *multi = Q8V_MULTI[f16 ? 1 : 0];
+    int v = isa == 3;
+    const q8v_fn *one = v ? Q8V_TILE[f16 ? 1 : 0] : Q8A_TILE[f16 ? 1 : 0];
+    const q8v_fn *multi = v ? Q8V_MULTI[f16 ? 1 : 0] : Q8A_MULTI[f16 ? 1 : 0];
+    const int *streams = v ? VSTREAMS : ASTREAMS;
 #define Q8V_ONE(rc, gs) one[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, gs)
 #define Q8V_MANY(rc, gs) multi[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, gs)
-    WALK_GROUPS(groups, R, threads, Q8V_ONE, Q8V_MANY);
+    WALK_GROUPS(groups, R, threads, streams, Q8V_ONE, Q8V_MANY);
 #undef Q8V_ONE
 #undef Q8V_MANY
     return 0;
@@ -946,8 +1113,8 @@ void q4v_rows(const uint8_t *pk, int f16, long N, long K, const long *ids, long 
 static int qlin(int kind, long G, const void *qs, const float *d, const float *m, long N, long K, const float *x,
                 long R, float *y, int variant, int threads) {
     if (kind == 16 || kind == 17) return h16_gemm(x, R, K, (const uint16_t *)qs, kind == 17, y, N, variant, threads);
-    if (kind == 5 || kind == 6) return q4v_gemm(x, R, K, (const uint8_t *)qs, kind == 6, y, N, threads);
-    if (kind == 9 || kind == 10) return q8v_gemm(x, R, K, (const uint8_t *)qs, kind == 10, y, N, threads);
+    if (kind == 5 || kind == 6) return q4v_gemm(x, R, K, (const uint8_t *)qs, kind == 6, y, N, variant, threads);
+    if (kind == 9 || kind == 10) return q8v_gemm(x, R, K, (const uint8_t *)qs, kind == 10, y, N, variant, threads);
     if (kind == 4) return q4_gemm(x, R, K, (const uint8_t *)qs, d, m, y, N, variant, threads);
     if (kind == 8) return q8_gemm(x, R, K, G, (const int8_t *)qs, d, y, N, variant, threads);
     return -1;

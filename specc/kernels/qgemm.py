@@ -6,11 +6,13 @@ weight ``W [N, K]`` kept in the checkpoint's own 4- or 8-bit codes (layouts in `
 ``R`` and thread count (within one instruction-set variant), so a k-row verify gives each row the bits of
 the one-row step.
 
-Variants: ``"avx512vnni"`` (q4 weights repacked 16 outputs at a time and multiplied with activations
-quantized per 32-block to int8 by ``vpdpbusd``, as llama.cpp does; everything else as ``"avx512"``),
-``"avx512"`` (AVX-512F), ``"avx2"`` (AVX2 + FMA), ``"portable"`` (plain C); all but ``avx512vnni``
-multiply the checkpoint's weights with fp32 activations. The process uses one variant for every
-product: the best the CPU runs, or ``$SPECC_QGEMM_VARIANT`` when set (a variant the CPU lacks is an
+Variants: ``"avx512vnni"`` (q4 and Q8_0 weights repacked 16 outputs at a time and multiplied with
+activations quantized per 32-block to int8 by ``vpdpbusd``, as llama.cpp does; everything else as
+``"avx512"``), ``"avx2int8"`` (the same packed products on AVX2 by ``vpmaddubsw`` / ``vpmaddwd``, as
+llama.cpp does on AVX2: the same bits as ``avx512vnni``; everything else as ``"avx2"``), ``"avx512"``
+(AVX-512F), ``"avx2"`` (AVX2 + FMA), ``"portable"`` (plain C); the last three multiply the checkpoint's
+weights with fp32 activations. The process uses one variant for every product: the first of
+:data:`PREFERENCE` the CPU runs, or ``$SPECC_QGEMM_VARIANT`` when set (a variant the CPU lacks is an
 error). Build: ``specc.kernels.cbuild`` with the system C compiler (OpenMP when it
 can); without a compiler :func:`available` is False and :func:`status` says why (the quantized
 weights then run through ``torch``, dequantized block by block; see ``specc.models.qweights``).
@@ -34,7 +36,12 @@ SOURCE = pathlib.Path(__file__).with_name("qgemm.c")
 #: instruction set (target_clones) computes the same bits on every CPU
 FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off"]
 OPENMP = ["-fopenmp"]
-VARIANTS = ("portable", "avx2", "avx512", "avx512vnni")  # index = the C variant number
+VARIANTS = ("portable", "avx2", "avx512", "avx512vnni", "avx2int8")  # index = the C variant number
+#: the default variant is the first of these the CPU runs: int8 activations before fp32 ones (a one-row
+#: product is bound by the weight bytes, and the int8 dot products are the cheaper arithmetic per byte)
+PREFERENCE = ("avx512vnni", "avx2int8", "avx512", "avx2", "portable")
+#: the variants whose q4 / Q8_0 products run on the packed layout with int8 activations
+PACKED_VARIANTS = ("avx512vnni", "avx2int8")
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -52,11 +59,11 @@ def _build() -> ctypes.CDLL:
     p, L, I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.q4_gemm.argtypes = [p, L, L, p, p, p, p, L, I, I]
     lib.q4v_gemm.restype = ctypes.c_int
-    lib.q4v_gemm.argtypes = [p, L, L, p, I, p, L, I]
+    lib.q4v_gemm.argtypes = [p, L, L, p, I, p, L, I, I]
     lib.q4v_bytes.restype = lib.q8v_bytes.restype = L
     lib.q4v_bytes.argtypes = lib.q8v_bytes.argtypes = [L, L, I]
     lib.q8v_gemm.restype = ctypes.c_int
-    lib.q8v_gemm.argtypes = [p, L, L, p, I, p, L, I]
+    lib.q8v_gemm.argtypes = [p, L, L, p, I, p, L, I, I]
     lib.q8v_pack.restype = lib.q8v_unpack.restype = lib.q8v_rows.restype = lib.q4v_rows.restype = None
     lib.q8v_pack.argtypes = [p, p, L, L, I, p]
     lib.q8v_unpack.argtypes = [p, I, L, L, p, p]
@@ -128,7 +135,7 @@ def _load() -> Optional[ctypes.CDLL]:
                                          f"(it runs {', '.join(supported_from(mask))}); unset it")
                     _variant = VARIANTS.index(want)
                 else:
-                    _variant = max(i for i in range(len(VARIANTS)) if mask & (1 << i))
+                    _variant = next(VARIANTS.index(v) for v in PREFERENCE if mask & (1 << VARIANTS.index(v)))
                 _lib, _status = lib, "ok"
     return _lib
 
@@ -150,7 +157,7 @@ def status() -> str:
 
 
 def variant() -> str:
-    """The variant every product of this process uses (``"avx512"``, ``"avx2"`` or ``"portable"``).
+    """The variant every product of this process uses (one of :data:`VARIANTS`).
     Raises ``RuntimeError`` when the library is unavailable."""
     if _load() is None:
         raise RuntimeError(f"qgemm is unavailable: {_status}")
@@ -342,8 +349,9 @@ def ffn_block(a: torch.Tensor, x: torch.Tensor, wo, w13, w2, norm_w: torch.Tenso
 
 
 def packs() -> bool:
-    """Whether q4 and group-32 q8 weights run repacked for the VNNI kernels (the variant is ``avx512vnni``)."""
-    return _load() is not None and VARIANTS[_variant] == "avx512vnni"
+    """Whether q4 and group-32 q8 weights run repacked for the int8 kernels (the variant is one of
+    :data:`PACKED_VARIANTS`)."""
+    return _load() is not None and VARIANTS[_variant] in PACKED_VARIANTS
 
 
 
@@ -407,7 +415,8 @@ def packed_rows(kind: str, packed, N: int, K: int, ids: torch.Tensor) -> torch.T
 
 def packed_matmul(kind: str, x: torch.Tensor, packed, N: int, K: int) -> torch.Tensor:
     """``x [R, K]`` fp32 @ W^T for an ``[N, K]`` q4 / q8 weight packed by :func:`pack`, activations quantized
-    per 32-block to int8 (see ``qgemm.c``). Returns ``[R, N]`` fp32. Raises ``RuntimeError`` when the
+    per 32-block to int8 (see ``qgemm.c``), on the current variant's tiles (``avx512vnni`` or ``avx2int8``;
+    under an fp32-activation variant, the first of those the CPU runs: the same bits). Returns ``[R, N]`` fp32. Raises ``RuntimeError`` when the
     kernels are unavailable and ``ValueError`` when the kernel rejects the sizes."""
     lib = _load()
     if lib is None:
@@ -419,7 +428,7 @@ def packed_matmul(kind: str, x: torch.Tensor, packed, N: int, K: int) -> torch.T
     if R == 0:
         return y
     fn = lib.q4v_gemm if kind == "q4" else lib.q8v_gemm
-    rc = fn(x.data_ptr(), R, K, buf.data_ptr(), f16, y.data_ptr(), N, _threads)
+    rc = fn(x.data_ptr(), R, K, buf.data_ptr(), f16, y.data_ptr(), N, _variant, _threads)
     if rc != 0:
         raise ValueError(f"{kind}v_gemm rejected R={R}, K={K}, N={N} (code {rc})")
     return y

@@ -77,9 +77,9 @@ def test_kernel_matches_fp32_and_is_row_invariant(variant, type_name):
         ref = x.double() @ qw.dequantize().double().T
         full = qw.matmul(x)
         assert full.shape == (40, N) and full.dtype == torch.float32
-        # fp32 activations: the fp32 product up to summation order; avx512vnni's q4 / Q8_0 products quantize
+        # fp32 activations: the fp32 product up to summation order; the packed variants' q4 / Q8_0 products quantize
         # the activations per 32-block to int8 (as llama.cpp does): ~0.5 % of the largest output here
-        tol = 2e-2 if variant == "avx512vnni" and qgemm.packable(qw.kind, qw.group) else 1e-5
+        tol = 2e-2 if variant in qgemm.PACKED_VARIANTS and qgemm.packable(qw.kind, qw.group) else 1e-5
         assert torch.allclose(full.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
         one = torch.cat([qw.matmul(x[i:i + 1]) for i in range(40)])
         assert torch.equal(full, one), "a 40-row product must give each row the one-row bits"
@@ -127,10 +127,12 @@ def test_variant_env_refuses_unknown(monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.skipif("avx512vnni" not in qgemm.supported(), reason="no AVX-512 VNNI on this CPU")
-def test_vnni_packing_round_trips_and_drops_the_plain_layout():
+@pytest.mark.parametrize("variant", qgemm.PACKED_VARIANTS)
+def test_vnni_packing_round_trips_and_drops_the_plain_layout(variant):
+    if variant not in qgemm.supported():
+        pytest.skip(f"this CPU does not run {variant}")
     before = qgemm.variant()
-    qgemm.set_variant("avx512vnni")
+    qgemm.set_variant(variant)
     try:
         for type_name, f16 in (("Q4_1", 1), ("Q4_K", 0), ("Q8_0", 1)):  # Q4_K's d * scale products need fp32
             qw = QuantWeight.from_gguf("w", type_name, random_blocks(type_name, 37, 256, seed=7), (37, 256))
@@ -141,6 +143,32 @@ def test_vnni_packing_round_trips_and_drops_the_plain_layout():
             ids = torch.tensor([[36, 0], [5, 17]])
             assert torch.equal(qw.rows(ids), want[ids])
     finally:
+        qgemm.set_variant(before)
+
+
+@needs_kernels
+@pytest.mark.skipif(not set(qgemm.PACKED_VARIANTS) <= set(qgemm.supported() if qgemm.available() else ()),
+                    reason="needs a CPU that runs both avx512vnni and avx2int8")
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q8_0"])
+def test_avx2_int8_tiles_give_the_vnni_bits(type_name):
+    """The AVX2 int8 tiles (vpmaddubsw / vpmaddwd) form the integer dots vpdpbusd forms and then the same
+    float operations: every row count and stream walk gives the VNNI variant's bits, the one-stream walk
+    too (13 groups of 16 outputs, the last partial)."""
+    before = qgemm.variant()
+    try:
+        qgemm.set_variant("avx512vnni")
+        N, K = 205, 512
+        qw = QuantWeight.from_gguf("w", type_name, random_blocks(type_name, N, K, seed=2), (N, K))
+        x = torch.randn(11, K, generator=torch.Generator().manual_seed(3))
+        x[0, :32] = 0.0  # a block of zeros: its scale is 0
+        want = [qw.matmul(x[:r]) for r in range(1, 12)]
+        qgemm.set_variant("avx2int8")
+        for streams in (4, 1):
+            qgemm.set_streams(streams)
+            for r in range(1, 12):
+                assert torch.equal(qw.matmul(x[:r]), want[r - 1]), (streams, r)
+    finally:
+        qgemm.set_streams(4)
         qgemm.set_variant(before)
 
 
