@@ -634,6 +634,20 @@ static void quant_row(const float *x, long K, int8_t *xq, float *dx, float *sx) 
  * S sequential weight streams are read at once: one core's hardware prefetchers fetch ahead on each
  * stream, which draws more memory bandwidth than one stream does (a one-row product is bound by the
  * rate the weights arrive at). Each output's arithmetic is the same whatever S and RC. */
+/* y[n0 .. n0 + 16) = v, the lanes at or past N left out */
+__attribute__((target("avx512f"))) static inline void store16_512(float *y, long N, long n0, __m512 v) {
+    __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+    _mm512_mask_storeu_ps(y + n0, keep, v);
+}
+
+/* the (rows, streams) tiles of the AVX-512 and of the AVX2 walks, for macro T */
+#define VNNI_TILES(T, F16)                                                                                      \
+    T(1, 1, F16) T(2, 1, F16) T(3, 1, F16) T(4, 1, F16) T(5, 1, F16) T(6, 1, F16) T(7, 1, F16) T(8, 1, F16)     \
+    T(1, 4, F16) T(2, 4, F16) T(3, 4, F16) T(4, 4, F16) T(5, 2, F16) T(6, 2, F16)
+#define AVX2_TILES(T, F16)                                                                                      \
+    T(1, 1, F16) T(2, 1, F16) T(3, 1, F16) T(4, 1, F16) T(5, 1, F16) T(6, 1, F16) T(7, 1, F16) T(8, 1, F16)     \
+    T(1, 4, F16) T(2, 2, F16)
+
 #define Q4V(RC, S, F16)                                                                                         \
     __attribute__((target("avx512f,avx512vnni"))) static void q4v_tile_##RC##_##S##_##F16(                     \
         const int8_t *xq, const float *dx, const float *sx, long K, const uint8_t *pk, float *y, long N,       \
@@ -680,18 +694,12 @@ static void quant_row(const float *x, long K, int8_t *xq, float *dx, float *sx) 
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
-        for (int s = 0; s < S; s++) {                                                                           \
-            long n0 = gs[s] * 16;                                                                               \
-            __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);              \
-            for (int r = 0; r < RC; r++) _mm512_mask_storeu_ps(y + r * N + n0, keep, acc[s][r]);                \
-        }                                                                                                       \
+        for (int s = 0; s < S; s++)                                                                             \
+            for (int r = 0; r < RC; r++) store16_512(y + r * N, N, gs[s] * 16, acc[s][r]);                      \
     }
 
-#define Q4V_ALL(F16)                                                                                            \
-    Q4V(1, 1, F16) Q4V(2, 1, F16) Q4V(3, 1, F16) Q4V(4, 1, F16) Q4V(5, 1, F16) Q4V(6, 1, F16) Q4V(7, 1, F16)  \
-    Q4V(8, 1, F16) Q4V(1, 4, F16) Q4V(2, 4, F16) Q4V(3, 4, F16) Q4V(4, 4, F16) Q4V(5, 2, F16) Q4V(6, 2, F16)
-Q4V_ALL(0)
-Q4V_ALL(1)
+VNNI_TILES(Q4V, 0)
+VNNI_TILES(Q4V, 1)
 
 /* weight streams read side by side by rows in the chunk (1..8): more streams where the tile is bound by
  * memory (few rows), one where its integer work is (many rows) */
@@ -814,11 +822,8 @@ __attribute__((target("avx2"))) static inline void store16_avx2(float *y, long N
     }
 }
 
-#define Q4A_ALL(F16)                                                                                            \
-    Q4A(1, 1, F16) Q4A(2, 1, F16) Q4A(3, 1, F16) Q4A(4, 1, F16) Q4A(5, 1, F16) Q4A(6, 1, F16) Q4A(7, 1, F16)  \
-    Q4A(8, 1, F16) Q4A(1, 4, F16) Q4A(2, 2, F16)
-Q4A_ALL(0)
-Q4A_ALL(1)
+AVX2_TILES(Q4A, 0)
+AVX2_TILES(Q4A, 1)
 
 /* AVX2 has 16 vector registers: fewer streams than the AVX-512 tiles (two accumulators per row and group) */
 static const int ASTREAMS[9] = {1, 4, 2, 1, 1, 1, 1, 1, 1};
@@ -972,18 +977,12 @@ void q8v_unpack(const uint8_t *pk, int f16, long N, long K, int8_t *qs, float *d
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
-        for (int s = 0; s < S; s++) {                                                                           \
-            long n0 = gs[s] * 16;                                                                               \
-            __mmask16 keep = N - n0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);              \
-            for (int r = 0; r < RC; r++) _mm512_mask_storeu_ps(y + r * N + n0, keep, acc[s][r]);                \
-        }                                                                                                       \
+        for (int s = 0; s < S; s++)                                                                             \
+            for (int r = 0; r < RC; r++) store16_512(y + r * N, N, gs[s] * 16, acc[s][r]);                      \
     }
 
-#define Q8V_ALL(F16)                                                                                            \
-    Q8V(1, 1, F16) Q8V(2, 1, F16) Q8V(3, 1, F16) Q8V(4, 1, F16) Q8V(5, 1, F16) Q8V(6, 1, F16) Q8V(7, 1, F16)  \
-    Q8V(8, 1, F16) Q8V(1, 4, F16) Q8V(2, 4, F16) Q8V(3, 4, F16) Q8V(4, 4, F16) Q8V(5, 2, F16) Q8V(6, 2, F16)
-Q8V_ALL(0)
-Q8V_ALL(1)
+VNNI_TILES(Q8V, 0)
+VNNI_TILES(Q8V, 1)
 
 typedef void (*q8v_fn)(const int8_t *, const float *, const int32_t *, long, const uint8_t *, float *, long, const long *);
 static const q8v_fn Q8V_TILE[2][9] = {
@@ -1039,11 +1038,8 @@ static const q8v_fn Q8V_MULTI[2][9] = {
             for (int r = 0; r < RC; r++) store16_avx2(y + r * N, N, gs[s] * 16, acc[s][r]);                     \
     }
 
-#define Q8A_ALL(F16)                                                                                            \
-    Q8A(1, 1, F16) Q8A(2, 1, F16) Q8A(3, 1, F16) Q8A(4, 1, F16) Q8A(5, 1, F16) Q8A(6, 1, F16) Q8A(7, 1, F16)  \
-    Q8A(8, 1, F16) Q8A(1, 4, F16) Q8A(2, 2, F16)
-Q8A_ALL(0)
-Q8A_ALL(1)
+AVX2_TILES(Q8A, 0)
+AVX2_TILES(Q8A, 1)
 
 static const q8v_fn Q8A_TILE[2][9] = {
     {0, q8a_tile_1_1_0, q8a_tile_2_1_0, q8a_tile_3_1_0, q8a_tile_4_1_0, q8a_tile_5_1_0, q8a_tile_6_1_0, q8a_tile_7_1_0, q8a_tile_8_1_0},

@@ -149,11 +149,11 @@ def test_vnni_packing_round_trips_and_drops_the_plain_layout(variant):
 @needs_kernels
 @pytest.mark.skipif(not set(qgemm.PACKED_VARIANTS) <= set(qgemm.supported() if qgemm.available() else ()),
                     reason="needs a CPU that runs both avx512vnni and avx2int8")
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_0", "Q4_K", "Q8_0"])
 def test_avx2_int8_tiles_give_the_vnni_bits(type_name):
     """The AVX2 int8 tiles (vpmaddubsw / vpmaddwd) form the integer dots vpdpbusd forms and then the same
     float operations: every row count and stream walk gives the VNNI variant's bits, the one-stream walk
-    too (13 groups of 16 outputs, the last partial)."""
+    too (13 groups of 16 outputs, the last partial; Q4_K's scales are packed as fp32, the others' as fp16)."""
     before = qgemm.variant()
     try:
         qgemm.set_variant("avx512vnni")
