@@ -188,6 +188,7 @@ def bench_quantized(args, rows) -> int:
 
     torch.set_num_threads(args.threads)
     qgemm.set_threads(args.threads)
+    before = qgemm.variant()  # restored at the end (the timed calls switch variants)
     model, _ = load_target(args.path, "gguf", dtype="native", max_model_len=64)
     groups = {"wqkv": [l.attn.wqkv for l in model.layers], "wo": [l.attn.wo for l in model.layers],
               "w13": [l.ffn.w13 for l in model.layers], "w2": [l.ffn.w2 for l in model.layers],
@@ -266,7 +267,7 @@ def bench_quantized(args, rows) -> int:
             med = {nm: statistics.median(v) for nm, v in samples.items()}
             err = ", ".join(f"{nm.split(':')[-1]} {e:.0e}" for nm, e in errs.items())
             print(f"{n:>3} " + " ".join(f"{med[nm]:>22.1f}" for nm in fns) + f"  {err}", flush=True)
-    qgemm.set_variant(next(v for v in qgemm.PREFERENCE if v in qgemm.supported()))
+    qgemm.set_variant(before)
     return 0
 
 if __name__ == "__main__":

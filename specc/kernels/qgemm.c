@@ -21,7 +21,9 @@
  *
  * Variants, chosen at run time by CPUID (qgemm_variants) or forced by the caller: 2 = AVX-512F,
  * 1 = AVX2 + FMA, 0 = portable C. They sum in different orders, so their bits differ from each other
- * (by ~1e-6 relative); one process uses one variant for every product.
+ * (by ~1e-6 relative); one process uses one variant for every product. Variants 3 (AVX-512 VNNI) and 4
+ * (AVX2 int8) run q4 and Q8_0 weights repacked, with int8 activations (below), and give each other's
+ * bits; their other products are variant 2's (variant 4: 1's without AVX-512F).
  *
  * Tiling: NC output rows x RC activation rows per register tile (AVX-512: 4 x 1 for one row, 4 x 2,
  * 2 x 3, 2 x 4, then 1 x 5..8, rows taken 8 at a time; AVX2: up to 2 x 4, rows 4 at a time; a block's
@@ -300,7 +302,7 @@ int q4_gemm(const float *x, long R, long K, const uint8_t *qs, const float *d, c
     int rc = check(R, K, QK, N, variant, threads);
     if (rc) return rc;
     if (variant == 3) variant = 2; /* the fp32-activation products of variant 3 */
-    if (variant == 4) variant = 1; /* and of variant 4 */
+    if (variant == 4) variant = (qgemm_variants() & 4) ? 2 : 1; /* and of variant 4 (AVX-512F where present) */
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
     for (long ob = 0; ob < nblocks; ob++) {
@@ -329,7 +331,7 @@ int q8_gemm(const float *x, long R, long K, long G, const int8_t *qs, const floa
     int rc = check(R, K, G, N, variant, threads);
     if (rc) return rc;
     if (variant == 3) variant = 2; /* the fp32-activation products of variant 3 */
-    if (variant == 4) variant = 1; /* and of variant 4 */
+    if (variant == 4) variant = (qgemm_variants() & 4) ? 2 : 1; /* and of variant 4 (AVX-512F where present) */
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
     for (long ob = 0; ob < nblocks; ob++) {
@@ -459,7 +461,7 @@ int h16_gemm(const float *x, long R, long K, const uint16_t *w, int bf, float *y
     int rc = check(R, K, 16, N, variant, threads);
     if (rc) return rc;
     if (variant == 3) variant = 2; /* VNNI changes only the q4 / q8 products */
-    if (variant == 4) variant = 1; /* as AVX2 int8 does */
+    if (variant == 4) variant = (qgemm_variants() & 4) ? 2 : 1; /* as AVX2 int8 does */
     bf = bf ? 1 : 0;
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
@@ -530,7 +532,7 @@ static int8_t *xq_buffer(long n) { return (int8_t *)grow(&xq_buf, &xq_cap, n); }
 static float *xs_buffer(long n) { return (float *)grow(&xs_buf, &xs_cap, n * (long)sizeof(float)); }
 static float *scratch(long n) { return (float *)grow(&scratch_buf, &scratch_cap, n * (long)sizeof(float)); }
 
-/* ------------------------------------------------------------------------------------- AVX-512 VNNI (q4)
+/* ------------------------------------------------------------------------------------- packed int8 (q4, Q8_0)
  * Variant 3 multiplies q4 weights the way llama.cpp does on x86 (ggml-quants.c, block_q8_1 activations;
  * ggml-cpu/amx/mmq.cpp's VNNI layout): each activation row is quantized per 32-block to int8 (xq =
  * round(x / dx), dx = max|x| / 127, sx = dx * sum(xq)), and a block contributes
@@ -541,8 +543,9 @@ static float *scratch(long n) { return (float *)grow(&scratch_buf, &scratch_cap,
  *     4q + t in its low nibble and of input 16 + 4q + t in its high nibble;
  *   then d of the 16 outputs, then m: fp16 (f16 = 1, used when every scale is exactly an fp16, as
  *   Q4_0 / Q4_1's are) or fp32. N is rounded up to 16 (padding outputs have zero scales).
- * q8 weights and every other operation run the AVX-512F code. Row-invariant like the others: a row's
- * quantization and each output's accumulation order do not depend on the other rows. */
+ * Q8_0 weights have their own records (below); every other operation runs the AVX-512F code. Variant 4
+ * runs the same records on AVX2 tiles (Q4A, Q8A). Row-invariant like the others: a row's quantization
+ * and each output's accumulation order do not depend on the other rows. */
 
 #ifndef PFV
 #define PFV 4 /* records (16 outputs x one block) ahead to prefetch */
@@ -640,13 +643,17 @@ __attribute__((target("avx512f"))) static inline void store16_512(float *y, long
     _mm512_mask_storeu_ps(y + n0, keep, v);
 }
 
-/* the (rows, streams) tiles of the AVX-512 and of the AVX2 walks, for macro T */
-#define VNNI_TILES(T, F16)                                                                                      \
-    T(1, 1, F16) T(2, 1, F16) T(3, 1, F16) T(4, 1, F16) T(5, 1, F16) T(6, 1, F16) T(7, 1, F16) T(8, 1, F16)     \
-    T(1, 4, F16) T(2, 4, F16) T(3, 4, F16) T(4, 4, F16) T(5, 2, F16) T(6, 2, F16)
-#define AVX2_TILES(T, F16)                                                                                      \
-    T(1, 1, F16) T(2, 1, F16) T(3, 1, F16) T(4, 1, F16) T(5, 1, F16) T(6, 1, F16) T(7, 1, F16) T(8, 1, F16)     \
-    T(1, 4, F16) T(2, 2, F16)
+/* The tiles of the packed walks as (rows, streams) lists, for a macro X: one-stream tiles for 1..8 rows,
+ * and the multi-stream tiles, the one place their stream counts are written (the tiles, the tables of
+ * tiles and the stream tables below all come from these lists). More streams where a tile is bound by
+ * memory (few rows), one where its integer work is (many rows); AVX2 has 16 vector registers, so its
+ * tiles (two accumulators per row and group) take fewer. */
+#define ONE_STREAM_TILES(X, F16)                                                                                \
+    X(1, 1, F16) X(2, 1, F16) X(3, 1, F16) X(4, 1, F16) X(5, 1, F16) X(6, 1, F16) X(7, 1, F16) X(8, 1, F16)
+#define VNNI_MULTI(X, F16) X(1, 4, F16) X(2, 4, F16) X(3, 4, F16) X(4, 4, F16) X(5, 2, F16) X(6, 2, F16)
+#define AVX2_MULTI(X, F16) X(1, 4, F16) X(2, 2, F16)
+#define MAX_STREAMS 4
+#define STREAMS_AT(RC, S, F16) [RC] = S,
 
 #define Q4V(RC, S, F16)                                                                                         \
     __attribute__((target("avx512f,avx512vnni"))) static void q4v_tile_##RC##_##S##_##F16(                     \
@@ -698,16 +705,15 @@ __attribute__((target("avx512f"))) static inline void store16_512(float *y, long
             for (int r = 0; r < RC; r++) store16_512(y + r * N, N, gs[s] * 16, acc[s][r]);                      \
     }
 
-VNNI_TILES(Q4V, 0)
-VNNI_TILES(Q4V, 1)
+ONE_STREAM_TILES(Q4V, 0) ONE_STREAM_TILES(Q4V, 1) VNNI_MULTI(Q4V, 0) VNNI_MULTI(Q4V, 1)
 
-/* weight streams read side by side by rows in the chunk (1..8): more streams where the tile is bound by
- * memory (few rows), one where its integer work is (many rows) */
-static const int VSTREAMS[9] = {1, 4, 4, 4, 4, 2, 2, 1, 1};
-static int max_streams = 4; /* a cap on VSTREAMS (1: every product reads one stream), for measurements */
+/* weight streams read side by side by rows in the chunk (0 and 7..8 rows: one) */
+static const int VSTREAMS[9] = {[0 ... 8] = 1, VNNI_MULTI(STREAMS_AT, 0)};
+static const int ASTREAMS[9] = {[0 ... 8] = 1, AVX2_MULTI(STREAMS_AT, 0)};
+static int max_streams = MAX_STREAMS; /* a cap on the stream tables (1: one stream), for measurements */
 
-/* Cap the weight streams of the VNNI products (n >= 1; a tile with more streams than n runs as n = 1).
- * Returns 0, -1 for n < 1. Results do not depend on it. */
+/* Cap the weight streams of the packed products, VNNI and AVX2 alike (n >= 1; a row count whose tile reads
+ * more streams than n reads one). Returns 0, -1 for n < 1. Results do not depend on it. */
 int qgemm_set_streams(int n) {
     if (n < 1) return -1;
     max_streams = n;
@@ -716,35 +722,40 @@ int qgemm_set_streams(int n) {
 
 typedef void (*q4v_fn)(const int8_t *, const float *, const float *, long, const uint8_t *, float *, long, const long *);
 /* [f16][rows in the chunk]: one group per call, and VSTREAMS[rows] groups per call */
-static const q4v_fn Q4V_TILE[2][9] = {
-    {0, q4v_tile_1_1_0, q4v_tile_2_1_0, q4v_tile_3_1_0, q4v_tile_4_1_0, q4v_tile_5_1_0, q4v_tile_6_1_0, q4v_tile_7_1_0, q4v_tile_8_1_0},
-    {0, q4v_tile_1_1_1, q4v_tile_2_1_1, q4v_tile_3_1_1, q4v_tile_4_1_1, q4v_tile_5_1_1, q4v_tile_6_1_1, q4v_tile_7_1_1, q4v_tile_8_1_1}};
-static const q4v_fn Q4V_MULTI[2][9] = {
-    {0, q4v_tile_1_4_0, q4v_tile_2_4_0, q4v_tile_3_4_0, q4v_tile_4_4_0, q4v_tile_5_2_0, q4v_tile_6_2_0, 0, 0},
-    {0, q4v_tile_1_4_1, q4v_tile_2_4_1, q4v_tile_3_4_1, q4v_tile_4_4_1, q4v_tile_5_2_1, q4v_tile_6_2_1, 0, 0}};
+#define Q4V_AT(RC, S, F16) [RC] = q4v_tile_##RC##_##S##_##F16,
+static const q4v_fn Q4V_TILE[2][9] = {{ONE_STREAM_TILES(Q4V_AT, 0)}, {ONE_STREAM_TILES(Q4V_AT, 1)}};
+static const q4v_fn Q4V_MULTI[2][9] = {{VNNI_MULTI(Q4V_AT, 0)}, {VNNI_MULTI(Q4V_AT, 1)}};
 
-/* The groups 0..groups-1 of a product over R rows, S = STREAMS[R] streams side by side (R <= 8; more
- * rows go one group at a time in chunks of 8): step i of the walk computes groups i, per + i, 2 per + i,
- * ... (per = ceil(groups / S)) with one multi-stream tile, or one group per call where a range ran out.
- * OpenMP splits the steps. ONE(rc, gs) and MULTI(rc, gs) compute rows r0 .. r0 + rc - 1 of one group gs[0]
- * and of the S groups gs[0..S). Measured on one core of a Xeon (Sapphire Rapids class, AVX-512 VNNI):
- * four streams read about half as fast again as one (tools/bench_matmul.py --quantized, its 1stream column). */
-#define WALK_GROUPS(groups, R, threads, STREAMS, ONE, MULTI)                                                   \
+/* The groups [0, groups) of a product over R rows (R <= 8 rows in one chunk; more: chunks of 8, one
+ * stream). The groups are split into one contiguous part per thread, and each part into S = STREAMS[R]
+ * ranges of near-equal length walked side by side: step i computes group i of every range, with one
+ * MULTI tile while every range has one left, else one ONE call per range that has. ONE(rc, gs) and
+ * MULTI(rc, gs) compute rows r0 .. r0 + rc - 1 (set by the walk) of the group gs[0] and of the S groups
+ * gs[0..S). The OpenMP pragma reads the caller's variable `threads`. Each output's arithmetic is its
+ * tile's whatever the split, so neither the threads nor S change a bit. Measured on one core of a Xeon
+ * (Sapphire Rapids class, AVX-512 VNNI): four streams draw weights about half as fast again as one
+ * (tools/bench_matmul.py --quantized, its 1stream column). */
+#define WALK_GROUPS(groups, R, STREAMS, ONE, MULTI)                                                            \
     do {                                                                                                        \
         int S_ = (R) <= 8 && STREAMS[R] <= max_streams ? STREAMS[R] : 1;                                       \
-        long per_ = ((groups) + S_ - 1) / S_;                                                                   \
-        _Pragma("omp parallel for num_threads(threads) schedule(static) if (threads > 1 && per_ > 1)")        \
-        for (long i_ = 0; i_ < per_; i_++) {                                                                    \
-            long gs_[4];                                                                                        \
-            int n_ = 0;                                                                                         \
-            for (int s_ = 0; s_ < S_; s_++)                                                                     \
-                if (s_ * per_ + i_ < (groups)) gs_[n_++] = s_ * per_ + i_;                                      \
-            for (long r0 = 0; r0 < (R); r0 += 8) {                                                              \
-                int rc = (R) - r0 < 8 ? (int)((R) - r0) : 8;                                                    \
-                if (S_ > 1 && n_ == S_) {                                                                       \
-                    MULTI(rc, gs_);                                                                             \
-                } else {                                                                                        \
-                    for (int k_ = 0; k_ < n_; k_++) ONE(rc, gs_ + k_);                                          \
+        long parts_ = threads < (groups) ? threads : (groups);                                                  \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (parts_ > 1)")                     \
+        for (long p_ = 0; p_ < parts_; p_++) {                                                                  \
+            long g0_ = (groups) * p_ / parts_, len_ = (groups) * (p_ + 1) / parts_ - g0_;                       \
+            long start_[MAX_STREAMS + 1];                                                                       \
+            for (int s_ = 0; s_ <= S_; s_++) start_[s_] = g0_ + len_ * s_ / S_;                                 \
+            for (long i_ = 0; i_ < (len_ + S_ - 1) / S_; i_++) {                                                \
+                long gs_[MAX_STREAMS];                                                                          \
+                int n_ = 0;                                                                                     \
+                for (int s_ = 0; s_ < S_; s_++)                                                                 \
+                    if (start_[s_] + i_ < start_[s_ + 1]) gs_[n_++] = start_[s_] + i_;                          \
+                for (long r0 = 0; r0 < (R); r0 += 8) {                                                          \
+                    int rc = (R) - r0 < 8 ? (int)((R) - r0) : 8;                                                \
+                    if (S_ > 1 && n_ == S_) {                                                                   \
+                        MULTI(rc, gs_);                                                                         \
+                    } else {                                                                                    \
+                        for (int k_ = 0; k_ < n_; k_++) ONE(rc, gs_ + k_);                                      \
+                    }                                                                                           \
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
@@ -822,15 +833,11 @@ __attribute__((target("avx2"))) static inline void store16_avx2(float *y, long N
     }
 }
 
-AVX2_TILES(Q4A, 0)
-AVX2_TILES(Q4A, 1)
+ONE_STREAM_TILES(Q4A, 0) ONE_STREAM_TILES(Q4A, 1) AVX2_MULTI(Q4A, 0) AVX2_MULTI(Q4A, 1)
 
-/* AVX2 has 16 vector registers: fewer streams than the AVX-512 tiles (two accumulators per row and group) */
-static const int ASTREAMS[9] = {1, 4, 2, 1, 1, 1, 1, 1, 1};
-static const q4v_fn Q4A_TILE[2][9] = {
-    {0, q4a_tile_1_1_0, q4a_tile_2_1_0, q4a_tile_3_1_0, q4a_tile_4_1_0, q4a_tile_5_1_0, q4a_tile_6_1_0, q4a_tile_7_1_0, q4a_tile_8_1_0},
-    {0, q4a_tile_1_1_1, q4a_tile_2_1_1, q4a_tile_3_1_1, q4a_tile_4_1_1, q4a_tile_5_1_1, q4a_tile_6_1_1, q4a_tile_7_1_1, q4a_tile_8_1_1}};
-static const q4v_fn Q4A_MULTI[2][9] = {{0, q4a_tile_1_4_0, q4a_tile_2_2_0}, {0, q4a_tile_1_4_1, q4a_tile_2_2_1}};
+#define Q4A_AT(RC, S, F16) [RC] = q4a_tile_##RC##_##S##_##F16,
+static const q4v_fn Q4A_TILE[2][9] = {{ONE_STREAM_TILES(Q4A_AT, 0)}, {ONE_STREAM_TILES(Q4A_AT, 1)}};
+static const q4v_fn Q4A_MULTI[2][9] = {{AVX2_MULTI(Q4A_AT, 0)}, {AVX2_MULTI(Q4A_AT, 1)}};
 
 /* The packed products' instruction set for a qgemm variant: 3 (AVX-512 VNNI) or 4 (AVX2 int8); any other
  * variant (the fp32-activation ones) takes the best one this CPU runs. -2 when it runs neither. */
@@ -861,13 +868,13 @@ int q4v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *
     const int *streams = v ? VSTREAMS : ASTREAMS;
 #define Q4V_ONE(rc, gs) one[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, gs)
 #define Q4V_MANY(rc, gs) multi[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, gs)
-    WALK_GROUPS(groups, R, threads, streams, Q4V_ONE, Q4V_MANY);
+    WALK_GROUPS(groups, R, streams, Q4V_ONE, Q4V_MANY);
 #undef Q4V_ONE
 #undef Q4V_MANY
     return 0;
 }
 
-/* q8 (group 32: Q8_0) weights for variant 3, in the same 16-output records: 8 quads x 64 bytes of codes
+/* q8 (group 32: Q8_0) weights for variants 3 and 4, in the same 16-output records: 8 quads x 64 bytes of codes
  * stored as code + 128 (vpdpbusd multiplies unsigned by signed bytes; sum((q + 128) xq) - 128 sum(xq) =
  * sum(q xq) exactly in int32), then the 16 d's (fp16 when exact, as Q8_0's are, else fp32). A block
  * contributes d * dx * (dot - 128 sum(xq)). */
@@ -981,16 +988,12 @@ void q8v_unpack(const uint8_t *pk, int f16, long N, long K, int8_t *qs, float *d
             for (int r = 0; r < RC; r++) store16_512(y + r * N, N, gs[s] * 16, acc[s][r]);                      \
     }
 
-VNNI_TILES(Q8V, 0)
-VNNI_TILES(Q8V, 1)
+ONE_STREAM_TILES(Q8V, 0) ONE_STREAM_TILES(Q8V, 1) VNNI_MULTI(Q8V, 0) VNNI_MULTI(Q8V, 1)
 
 typedef void (*q8v_fn)(const int8_t *, const float *, const int32_t *, long, const uint8_t *, float *, long, const long *);
-static const q8v_fn Q8V_TILE[2][9] = {
-    {0, q8v_tile_1_1_0, q8v_tile_2_1_0, q8v_tile_3_1_0, q8v_tile_4_1_0, q8v_tile_5_1_0, q8v_tile_6_1_0, q8v_tile_7_1_0, q8v_tile_8_1_0},
-    {0, q8v_tile_1_1_1, q8v_tile_2_1_1, q8v_tile_3_1_1, q8v_tile_4_1_1, q8v_tile_5_1_1, q8v_tile_6_1_1, q8v_tile_7_1_1, q8v_tile_8_1_1}};
-static const q8v_fn Q8V_MULTI[2][9] = {
-    {0, q8v_tile_1_4_0, q8v_tile_2_4_0, q8v_tile_3_4_0, q8v_tile_4_4_0, q8v_tile_5_2_0, q8v_tile_6_2_0, 0, 0},
-    {0, q8v_tile_1_4_1, q8v_tile_2_4_1, q8v_tile_3_4_1, q8v_tile_4_4_1, q8v_tile_5_2_1, q8v_tile_6_2_1, 0, 0}};
+#define Q8V_AT(RC, S, F16) [RC] = q8v_tile_##RC##_##S##_##F16,
+static const q8v_fn Q8V_TILE[2][9] = {{ONE_STREAM_TILES(Q8V_AT, 0)}, {ONE_STREAM_TILES(Q8V_AT, 1)}};
+static const q8v_fn Q8V_MULTI[2][9] = {{VNNI_MULTI(Q8V_AT, 0)}, {VNNI_MULTI(Q8V_AT, 1)}};
 
 
 /* Q8 on AVX2 (variant 4): the stored byte is code + 128, so code = byte ^ 0x80 as int8; |code| (at most
@@ -1038,13 +1041,11 @@ static const q8v_fn Q8V_MULTI[2][9] = {
             for (int r = 0; r < RC; r++) store16_avx2(y + r * N, N, gs[s] * 16, acc[s][r]);                     \
     }
 
-AVX2_TILES(Q8A, 0)
-AVX2_TILES(Q8A, 1)
+ONE_STREAM_TILES(Q8A, 0) ONE_STREAM_TILES(Q8A, 1) AVX2_MULTI(Q8A, 0) AVX2_MULTI(Q8A, 1)
 
-static const q8v_fn Q8A_TILE[2][9] = {
-    {0, q8a_tile_1_1_0, q8a_tile_2_1_0, q8a_tile_3_1_0, q8a_tile_4_1_0, q8a_tile_5_1_0, q8a_tile_6_1_0, q8a_tile_7_1_0, q8a_tile_8_1_0},
-    {0, q8a_tile_1_1_1, q8a_tile_2_1_1, q8a_tile_3_1_1, q8a_tile_4_1_1, q8a_tile_5_1_1, q8a_tile_6_1_1, q8a_tile_7_1_1, q8a_tile_8_1_1}};
-static const q8v_fn Q8A_MULTI[2][9] = {{0, q8a_tile_1_4_0, q8a_tile_2_2_0}, {0, q8a_tile_1_4_1, q8a_tile_2_2_1}};
+#define Q8A_AT(RC, S, F16) [RC] = q8a_tile_##RC##_##S##_##F16,
+static const q8v_fn Q8A_TILE[2][9] = {{ONE_STREAM_TILES(Q8A_AT, 0)}, {ONE_STREAM_TILES(Q8A_AT, 1)}};
+static const q8v_fn Q8A_MULTI[2][9] = {{AVX2_MULTI(Q8A_AT, 0)}, {AVX2_MULTI(Q8A_AT, 1)}};
 
 /* y [R, N] = x [R, K] @ w^T with w packed by q8v_pack, on the VNNI or the AVX2 int8 tiles as q4v_gemm.
  * Returns 0, -1 for bad sizes, -2 when the CPU runs neither, -3 when out of memory. */
@@ -1073,7 +1074,7 @@ int q8v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *
     const int *streams = v ? VSTREAMS : ASTREAMS;
 #define Q8V_ONE(rc, gs) one[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, gs)
 #define Q8V_MANY(rc, gs) multi[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, gs)
-    WALK_GROUPS(groups, R, threads, streams, Q8V_ONE, Q8V_MANY);
+    WALK_GROUPS(groups, R, streams, Q8V_ONE, Q8V_MANY);
 #undef Q8V_ONE
 #undef Q8V_MANY
     return 0;

@@ -180,9 +180,11 @@ def set_variant(name: str) -> None:
 
 
 def set_streams(n: int) -> None:
-    """Cap the weight streams the VNNI products read side by side (``qgemm_set_streams``; 1 = one stream,
-    the walk without the multi-stream tiles; the default 4 = every tile of the table). For measuring the
-    walk against one stream: results do not depend on it. Raises ``ValueError`` for ``n < 1`` and
+    """Cap the weight streams the packed products (``avx512vnni`` and ``avx2int8``) read side by side
+    (``qgemm_set_streams``): a row count whose tile reads more than ``n`` streams reads one (so 2 or 3
+    leave only the two-stream tiles on); 1 = one stream everywhere, the walk without the multi-stream
+    tiles; the default 4 = every tile of the tables. For measuring the walk against one stream: results
+    do not depend on it. Raises ``ValueError`` for ``n < 1`` and
     ``RuntimeError`` when the kernels are unavailable."""
     if n < 1:
         raise ValueError(f"set_streams: n must be >= 1, got {n}")
@@ -301,7 +303,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _lin_args(w) -> tuple:
     """(kind, group, codes, d, m) ctypes arguments of a ``QuantWeight`` (kind 4 = q4, 5 / 6 = q4 packed for
-    the VNNI kernel with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed, 16 / 17 = fp16 / bf16 values)."""
+    the int8 kernels (VNNI or AVX2) with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed, 16 / 17 = fp16 / bf16 values)."""
     if w.half:
         return HALF[w.qs.dtype][0], w.group, w.qs.data_ptr(), None, None
     if packs() and packable(w.kind, w.group):
@@ -357,7 +359,7 @@ def packs() -> bool:
 
 
 def packable(kind: str, group: int) -> bool:
-    """Whether a weight of this layout has a VNNI packing (q4, and q8 with 32-value groups)."""
+    """Whether a weight of this layout has a packing for the int8 kernels (q4, and q8 with 32-value groups)."""
     return kind == "q4" or (kind == "q8" and group == 32)
 
 
