@@ -1010,6 +1010,9 @@ def _cost_table_origin(path) -> str:
              f"{plural(data.get('threads', '?'), 'thread')}"]
     if choice.get("dtype"):
         parts.append(f"target dtype {choice['dtype']}/{choice.get('compile_backend', 'eager')}")
-    if cpu.get("quantized_kernels"):
+    if choice.get("qgemm_variant"):
+        why = (data.get("qgemm") or {}).get("why")
+        parts.append(f"quantized kernels {choice['qgemm_variant']} chosen" + (f" ({why})" if why else ""))
+    elif cpu.get("quantized_kernels"):
         parts.append(str(cpu["quantized_kernels"]))
     return f"cost table {path}: " + ", ".join(parts)

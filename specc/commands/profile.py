@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target dtypes to time, comma-separated, of native (a GGUF's own quantized weights, "
                              "CPU), float32, bfloat16, float16; default auto: native,float32 for a GGUF target on "
                              "the CPU, else float32,bfloat16. The fastest becomes the table's choice")
+    parser.add_argument("--qgemm-variants", default="auto", metavar="LIST",
+                        help="quantized-kernel variants to time for the native dtype (specc.kernels.qgemm: "
+                             "avx512vnni, avx2int8, avx512, avx2, portable); default auto: every variant this CPU "
+                             "runs but portable. The fastest at the plan's state shapes becomes the table's choice")
     parser.add_argument("--backends", default="eager", metavar="LIST",
                         help="compile backends to time at the plan's state shapes: eager, inductor (compiling each "
                              "shape takes tens of seconds); default eager")
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             raise SpeccError("--dtypes native: the native path runs a GGUF target on the CPU; this plan's target "
                              f"is {resolved.target.path} on {args.device or resolved.runtime.device}; drop native")
     backends = _choices(args.backends, ("eager", "inductor"), "--backends")
+    variants = _qgemm_variants(args.qgemm_variants) if "native" in dtypes else []
     top = args.max_tokens or max_batch * max_width
     if resolved.target.max_model_len:  # refused before any model loads (profile_costs checks the loaded one too)
         try:
@@ -111,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from specc.models.llama import default_cpu_threads
 
     threads = args.threads or default_cpu_threads()
+    qgemm_block = _time_variants(spec, args, variants, shapes) if len(variants) > 1 else None
     for i, dtype in enumerate(dtypes):
         spec_d = dict(spec, dtype=dtype)
         target, _, drafter, dev = load_models(spec_d, args.device, max(s.num_steps for s in low.states))
@@ -138,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
         del target
     facts = DV.cpu_facts(threads) if dev.type == "cpu" else None
     choice = choose(settings, facts)
+    if qgemm_block is not None:
+        choice["qgemm_variant"] = qgemm_block["chosen"]
     chosen = tables[choice["dtype"]]
     measured = dict(measured, verify_ms=chosen["verify_ms"], forward_ms=chosen["forward_ms"],
                     accept_ms=chosen["accept_ms"])
@@ -145,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
                        repeats=args.repeats, threads=threads,
                        capture_sizes=low.capture_sizes if dev.type == "cuda" else (1,))
     table.update(settings=settings, choice=choice, cpu=facts)
+    if qgemm_block is not None:
+        table["qgemm"] = qgemm_block
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
@@ -160,7 +170,54 @@ def run(args: argparse.Namespace) -> int:
     if dev.type == "cpu":
         print(f"CPU: {DV.describe(table['cpu'])}")
     print(f"chosen: runtime.dtype {choice['dtype']}, compile backend {choice['compile_backend']} ({choice['why']})")
+    if qgemm_block is not None:
+        print(f"chosen: qgemm variant {qgemm_block['chosen']} ({qgemm_block['why']})")
     return 0
+
+
+def _qgemm_variants(text: str) -> list:
+    """``--qgemm-variants``: ``auto`` (every variant this CPU runs, none without the C kernels) or a list,
+    each checked against what this CPU runs. Raises SpeccError naming the option."""
+    from specc.errors import SpeccError
+    from specc.kernels import qgemm
+
+    runnable = qgemm.supported()
+    if text == "auto":  # the portable C only where nothing else runs: it is never the fastest beside them
+        return [v for v in runnable if v != "portable"] or runnable
+    want = _choices(text, qgemm.VARIANTS, "--qgemm-variants")
+    bad = [v for v in want if v not in runnable]
+    if bad:
+        raise SpeccError(f"--qgemm-variants: this CPU does not run {', '.join(bad)} (it runs "
+                         f"{', '.join(runnable) or 'none: the C kernels are unavailable'}); drop them")
+    return want
+
+
+def _time_variants(spec: dict, args: argparse.Namespace, variants: list, shapes: list) -> dict:
+    """The native target's forward at the plan's state shapes under each qgemm variant (one load per
+    variant: the int8 variants pack the weights at load), every shape once per round
+    (``time_state_shapes(interleave=True, fill=False)``: the attention reads zero K/V, the same work
+    without a prefill per variant); the chosen variant is set for the rest of the profile. Returns the
+    table's ``qgemm`` block."""
+    from specc.console import progress
+    from specc.kernels import qgemm
+    from specc.runtime.loader import load_models
+    from specc.runtime.profile import choose_variant, time_state_shapes
+
+    state_ms = {}
+    bar = progress(total=len(variants), desc="specc profile kernel variants", unit="variant")
+    try:
+        for v in variants:
+            qgemm.set_variant(v)
+            target, _, _, _ = load_models(dict(spec, dtype="native"), args.device, 0)
+            state_ms[v] = time_state_shapes(target, shapes, context=args.context, repeats=args.repeats,
+                                            interleave=True, fill=False)
+            del target
+            bar.update(1)
+    finally:
+        bar.close()
+    block = choose_variant(state_ms)
+    qgemm.set_variant(block["chosen"])
+    return {"state_ms": state_ms, **block}
 
 
 def _choices(text: str, allowed, option: str) -> list:

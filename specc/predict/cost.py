@@ -594,7 +594,8 @@ class CostTable:
          "verify_ms": {"1": 7.9, "2": 8.1, ...},          # tokens -> ms
          "draft_ms": {"1": 0.9, "4": 1.0, ...},           # requests -> ms (optional)
          "method": "ngram",                               # the drafter draft_ms timed (optional)
-         "choice": {"dtype": "bfloat16", "compile_backend": "eager"},  # fastest setting measured (optional)
+         "choice": {"dtype": "bfloat16", "compile_backend": "eager"},  # fastest setting measured (optional;
+                                                          # with "qgemm_variant" for a native target)
          "settings": {"float32/eager": {"forward_ms": {...}}, ...},     # every setting measured (optional)
          "cpu": {"model": ..., "capability": "AVX512", "onednn_isa": ..., "amx": true}}  # (optional)
 
@@ -614,7 +615,7 @@ class CostTable:
     device: str = ""
     path: str = ""
     method: str = ""
-    choice: Optional[Dict[str, str]] = None  # {"dtype", "compile_backend"} measured fastest on the device
+    choice: Optional[Dict[str, str]] = None  # {"dtype", "compile_backend"[, "qgemm_variant"]} measured fastest
     settings: Optional[Dict[str, Dict[str, float]]] = None  # setting -> {tokens: forward ms}
     choice_why: str = ""  # why the profile chose ``choice`` (``specc.runtime.profile.choose``)
 
@@ -720,7 +721,11 @@ def load_cost_table(path: str) -> CostTable:
                     or choice.get("compile_backend") not in ("eager", "inductor")):
                 raise ValueError("choice must be {dtype: native|float32|bfloat16|float16, compile_backend: eager|inductor}")
             why = str(choice.get("why") or "")
-            choice = {"dtype": choice["dtype"], "compile_backend": choice["compile_backend"]}
+            variant = choice.get("qgemm_variant")
+            if variant is not None and not (isinstance(variant, str) and variant.isidentifier()):
+                raise ValueError("choice.qgemm_variant must be a kernel variant name (specc.kernels.qgemm.VARIANTS)")
+            choice = {"dtype": choice["dtype"], "compile_backend": choice["compile_backend"]} | (
+                {"qgemm_variant": variant} if variant else {})
         settings = data.get("settings")
         if settings is not None:
             if not isinstance(settings, dict):

@@ -129,7 +129,33 @@ def choose_settings(spec: Dict[str, Any], dev: "torch.device") -> Tuple[str, str
     if backend == "inductor" and dev.type == "cuda":
         backend = "eager"  # CUDA graphs are the captured form there
         why.append("compile backend eager on CUDA (states are captured as CUDA graphs)")
+    if dtype == "native" and dev.type == "cpu":
+        why.append(kernel_variant(spec)[1])
     return str(dtype), str(backend), "; ".join(why)
+
+
+def kernel_variant(spec: Dict[str, Any]) -> Tuple[Optional[str], str]:
+    """The quantized-kernel variant (``specc.kernels.qgemm``) a native CPU target should run, and why:
+    ``$SPECC_QGEMM_VARIANT`` when set (None: the process keeps it); else the device profile's measured
+    choice (the cost table's ``choice["qgemm_variant"]``, written by ``specc profile``) when this CPU runs
+    it; else None (the process keeps its default, the first of ``qgemm.PREFERENCE`` the CPU runs). Reads
+    nothing but the spec and the CPU; :func:`load_models` sets it before the target loads (the int8
+    variants pack the weights at load)."""
+    import os
+
+    from specc.kernels import qgemm
+
+    if not qgemm.available():
+        return None, f"no quantized kernels ({qgemm.status()})"
+    if os.environ.get("SPECC_QGEMM_VARIANT", "").strip():
+        return None, f"qgemm variant {qgemm.variant()} (SPECC_QGEMM_VARIANT)"
+    want = (((spec.get("schedule") or {}).get("cost_table") or {}).get("choice") or {}).get("qgemm_variant")
+    if want and want in qgemm.supported():
+        return want, f"qgemm variant {want} (the device profile measured it fastest)"
+    if want:
+        return None, (f"qgemm variant {qgemm.variant()} (the device profile chose {want}, which this CPU does not "
+                      f"run; the default for this CPU)")
+    return None, f"qgemm variant {qgemm.variant()} (no device profile: the default for this CPU)"
 
 
 def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: int = 0):
@@ -147,6 +173,12 @@ def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: i
     dev = resolve_device(device or spec.get("device") or "auto")
     tgt = spec["target"]
     dtype, _, _ = choose_settings(spec, dev)
+    if dtype == "native" and dev.type == "cpu":
+        variant, _ = kernel_variant(spec)
+        if variant is not None:
+            from specc.kernels import qgemm
+
+            qgemm.set_variant(variant)
     want_len = tgt.get("max_model_len")
     cache_len = (want_len + max_steps + 2) if want_len else None
     target, tokenizer = load_target(tgt["path"], tgt.get("format") or "auto", dtype=dtype,

@@ -37,6 +37,10 @@ key                   meaning
                       ``verify_ms`` / ``forward_ms`` are that dtype's eager tables)
 ``cpu``               ``specc.device.cpu_facts``: model, torch's capability, oneDNN's ISA line and
                       bf16 kernel, AMX, threads
+``qgemm``             the native dtype's kernel variants (``specc.kernels.qgemm``) timed at the same
+                      state shapes: ``{"state_ms": {variant: {"BxW": ms}}, "chosen": variant, "why"}``;
+                      the chosen one (lowest mean) is ``choice["qgemm_variant"]``, which a runtime
+                      loading the native target sets before it loads (:func:`choose_variant`)
 ====================  ======================================================================
 
 Half precision on the CPU is timed as the runtime runs it: row-invariant
@@ -339,6 +343,19 @@ def time_state_shapes(target: Any, shapes: Sequence[tuple], *, context: int = 25
                               if on_progress else None)
         out = {key: round(statistics.median(ts), 4) for key, ts in times.items()}
     return out
+
+
+def choose_variant(state_ms: Dict[str, Dict[str, float]]) -> Dict[str, str]:
+    """The quantized-kernel variant (``specc.kernels.qgemm``) with the lowest mean forward over the plan's
+    state shapes: ``{"chosen": variant, "why": ranking}`` from ``{variant: {"BxW": ms}}``. Variants give
+    different bits from each other (the int8-activation ones equal each other), so one is chosen for the
+    whole process, not per shape. Raises ValueError when ``state_ms`` is empty."""
+    means = {v: statistics.mean(t.values()) for v, t in state_ms.items() if t}
+    if not means:
+        raise ValueError("choose_variant: no variant was timed")
+    best = min(means, key=means.get)
+    ranking = ", ".join(f"{v} {m:.1f} ms" for v, m in sorted(means.items(), key=lambda kv: kv[1]))
+    return {"chosen": best, "why": f"lowest mean native forward over the plan's state shapes: {ranking}"}
 
 
 def choose(settings: Dict[str, Dict[str, Any]], cpu: Optional[Dict[str, Any]] = None) -> Dict[str, str]:

@@ -12,6 +12,12 @@ from specc.runtime.profile import FORMAT, cost_table, profile_costs, token_grid
 from specc.runtime.testing import perturbed_copy, tiny_llama
 
 
+def qgemm_available() -> bool:
+    from specc.kernels import qgemm
+
+    return qgemm.available()
+
+
 def test_token_grid_covers_every_small_size_and_the_top():
     g = token_grid(100)
     assert g[:64] == list(range(1, 65)) and g[-1] == 100 and g == sorted(set(g))
@@ -195,3 +201,52 @@ def test_cpu_dtype_rule_reads_the_profile(tmp_path):
     (tmp_path / "fast").mkdir()
     fast = dict(SETTINGS, **{"bfloat16/eager": {"forward_ms": {"1": 10.0}, "state_ms": {"1x1": 10.0, "1x5": 11.0}}})
     assert warned(_table_file(tmp_path / "fast", choose(fast, CPU))) == []
+
+
+def test_kernel_variant_choice_ranks_and_loads(tmp_path):
+    """The profile's kernel-variant choice is the lowest mean over the state shapes; a table carrying it
+    loads (and one with a malformed variant is refused naming the field); explain's origin line names it."""
+    from specc.commands.explain import _cost_table_origin
+    from specc.errors import PlanError
+    from specc.runtime.profile import choose, choose_variant
+
+    block = choose_variant({"avx2": {"1x1": 14.0, "1x5": 20.0}, "avx512vnni": {"1x1": 9.0, "1x5": 16.0},
+                            "avx2int8": {"1x1": 9.5, "1x5": 16.5}})
+    assert block["chosen"] == "avx512vnni"
+    assert block["why"].index("avx512vnni") < block["why"].index("avx2int8") < block["why"].index("avx2 ")
+    with pytest.raises(ValueError, match="no variant"):
+        choose_variant({})
+    choice = dict(choose(SETTINGS, CPU), qgemm_variant="avx512vnni")
+    path = _table_file(tmp_path, choice)
+    data = json.loads(path.read_text())
+    data["qgemm"] = {"state_ms": {}, **block}
+    path.write_text(json.dumps(data))
+    loaded = cost.load_cost_table(str(path))
+    assert loaded.choice["qgemm_variant"] == "avx512vnni"
+    line = _cost_table_origin(str(path))
+    assert "quantized kernels avx512vnni chosen" in line and "avx2int8 13.0 ms" in line
+    data["choice"]["qgemm_variant"] = "avx 512"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match="qgemm_variant"):
+        cost.load_cost_table(str(path))
+
+
+@pytest.mark.skipif(not qgemm_available(), reason="qgemm unavailable")
+def test_runtime_takes_the_profiled_kernel_variant(monkeypatch):
+    """A native target runs the variant the device profile chose when this CPU runs it; an unknown one, or
+    SPECC_QGEMM_VARIANT, leaves the process's variant alone, and the reason says which."""
+    from specc.kernels import qgemm
+    from specc.runtime.loader import kernel_variant
+
+    monkeypatch.delenv("SPECC_QGEMM_VARIANT", raising=False)
+    spec = {"schedule": {"cost_table": {"choice": {"dtype": "native", "compile_backend": "eager",
+                                                   "qgemm_variant": qgemm.supported()[0]}}}}
+    assert kernel_variant(spec) == (qgemm.supported()[0], f"qgemm variant {qgemm.supported()[0]} "
+                                                          "(the device profile measured it fastest)")
+    spec["schedule"]["cost_table"]["choice"]["qgemm_variant"] = "neon"
+    variant, why = kernel_variant(spec)
+    assert variant is None and "chose neon, which this CPU does not run" in why
+    assert kernel_variant({"schedule": {}})[0] is None
+    monkeypatch.setenv("SPECC_QGEMM_VARIANT", qgemm.variant())
+    spec["schedule"]["cost_table"]["choice"]["qgemm_variant"] = qgemm.supported()[0]
+    assert kernel_variant(spec) == (None, f"qgemm variant {qgemm.variant()} (SPECC_QGEMM_VARIANT)")

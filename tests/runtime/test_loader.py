@@ -78,3 +78,35 @@ def test_an_explicit_dtype_or_a_measured_choice_wins_over_the_default(tmp_path):
                 "schedule": {"cost_table": {"choice": {"dtype": "float32"}}}}
     dtype, _, why = choose_settings(measured, CPU)
     assert dtype == "float32" and "device profile measured it fastest" in why
+
+
+@pytest.mark.skipif(not qgemm.available() or len(qgemm.supported()) < 2, reason="needs two qgemm variants")
+def test_load_models_sets_the_profiled_variant_before_the_target_loads(monkeypatch):
+    """The int8 variants pack the weights at load, so the profile's variant must be in place when the
+    target loads: load_models sets it first."""
+    import specc.models
+    from specc.runtime.loader import load_models
+
+    monkeypatch.delenv("SPECC_QGEMM_VARIANT", raising=False)
+    before = qgemm.variant()
+    other = next(v for v in qgemm.supported() if v != before)
+    seen = []
+
+    class Loaded(Exception):
+        pass
+
+    def fake_load_target(*args, **kwargs):
+        seen.append((kwargs.get("dtype"), qgemm.variant()))
+        raise Loaded
+
+    monkeypatch.setattr(specc.models, "load_target", fake_load_target)
+    spec = {"target": {"path": "model.gguf", "format": "gguf", "dtype": "auto", "max_model_len": 64},
+            "dtype": "auto", "device": "cpu", "method": {"name": "ngram"},
+            "schedule": {"cost_table": {"choice": {"dtype": "native", "compile_backend": "eager",
+                                                   "qgemm_variant": other}}}}
+    try:
+        with pytest.raises(Loaded):
+            load_models(spec, "cpu")
+    finally:
+        qgemm.set_variant(before)
+    assert seen == [("native", other)]
