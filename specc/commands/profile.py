@@ -99,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
             raise SpeccError("--dtypes native: the native path runs a GGUF target on the CPU; this plan's target "
                              f"is {resolved.target.path} on {args.device or resolved.runtime.device}; drop native")
     backends = _choices(args.backends, ("eager", "inductor"), "--backends")
+    if args.qgemm_variants != "auto" and "native" not in dtypes:
+        from specc.errors import SpeccError
+
+        raise SpeccError(f"--qgemm-variants {args.qgemm_variants}: the kernel variants are timed for the native "
+                         f"dtype only, and --dtypes is {','.join(dtypes)}; drop --qgemm-variants")
     variants = _qgemm_variants(args.qgemm_variants) if "native" in dtypes else []
     top = args.max_tokens or max_batch * max_width
     if resolved.target.max_model_len:  # refused before any model loads (profile_costs checks the loaded one too)
@@ -116,7 +121,14 @@ def run(args: argparse.Namespace) -> int:
     from specc.models.llama import default_cpu_threads
 
     threads = args.threads or default_cpu_threads()
-    qgemm_block = _time_variants(spec, args, variants, shapes) if len(variants) > 1 else None
+    qgemm_block = None
+    if len(variants) > 1:
+        qgemm_block = _time_variants(spec, args, variants, shapes)
+    elif variants and args.qgemm_variants != "auto":  # one variant named: profiled under it, nothing to time
+        from specc.kernels import qgemm
+
+        qgemm.set_variant(variants[0])
+        qgemm_block = {"state_ms": {}, "chosen": variants[0], "why": f"--qgemm-variants named only {variants[0]}"}
     for i, dtype in enumerate(dtypes):
         spec_d = dict(spec, dtype=dtype)
         target, _, drafter, dev = load_models(spec_d, args.device, max(s.num_steps for s in low.states))

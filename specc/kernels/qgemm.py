@@ -13,7 +13,8 @@ llama.cpp does on AVX2: the same bits as ``avx512vnni``; everything else as ``"a
 (AVX-512F), ``"avx2"`` (AVX2 + FMA), ``"portable"`` (plain C); the last three multiply the checkpoint's
 weights with fp32 activations. The process uses one variant for every product: the first of
 :data:`PREFERENCE` the CPU runs, or ``$SPECC_QGEMM_VARIANT`` when set (a variant the CPU lacks is an
-error). Build: ``specc.kernels.cbuild`` with the system C compiler (OpenMP when it
+error); ``specc.runtime.loader.load_models`` sets the device profile's measured choice (the cost table's
+``choice.qgemm_variant``) unless ``$SPECC_QGEMM_VARIANT`` is set. Build: ``specc.kernels.cbuild`` with the system C compiler (OpenMP when it
 can); without a compiler :func:`available` is False and :func:`status` says why (the quantized
 weights then run through ``torch``, dequantized block by block; see ``specc.models.qweights``).
 """
@@ -164,6 +165,12 @@ def variant() -> str:
     return VARIANTS[_variant]
 
 
+def default_variant() -> str:
+    """The first of :data:`PREFERENCE` this CPU runs (what a process starts with without
+    ``$SPECC_QGEMM_VARIANT``). Raises ``RuntimeError`` when the library is unavailable."""
+    return next(v for v in PREFERENCE if v in supported()) if _load() is not None else variant()
+
+
 def supported() -> list:
     """The variants this CPU runs (empty when the library is unavailable)."""
     lib = _load()
@@ -171,7 +178,10 @@ def supported() -> list:
 
 
 def set_variant(name: str) -> None:
-    """Use variant ``name`` for every later product (tests compare variants on one machine).
+    """Use variant ``name`` for every later product (``specc.runtime.loader.load_models`` sets the device
+    profile's choice; tests compare variants). Weights already packed (loaded under an int8 variant) keep
+    running the packed products, which give the same bits on either int8 ISA; weights in the plain
+    layout run the new variant's products (an int8 variant packs them on first use).
     Raises ``ValueError`` for a name this CPU cannot run."""
     global _variant
     if name not in supported():
@@ -306,7 +316,7 @@ def _lin_args(w) -> tuple:
     the int8 kernels (VNNI or AVX2) with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed, 16 / 17 = fp16 / bf16 values)."""
     if w.half:
         return HALF[w.qs.dtype][0], w.group, w.qs.data_ptr(), None, None
-    if packs() and packable(w.kind, w.group):
+    if packable(w.kind, w.group) and (w.is_packed or packs()):  # once packed, always packed (no temporaries)
         buf, f16 = w.packed()
         kind = (6 if f16 else 5) if w.kind == "q4" else (10 if f16 else 9)
         return kind, w.group, buf.data_ptr(), None, None

@@ -79,6 +79,13 @@ class QuantWeight:
         self.shape = (int(d.shape[0]), int(d.shape[1]) * self.group)  # (N, K)
 
     @property
+    def is_packed(self) -> bool:
+        """True once the weight holds the packed int8 layout (:meth:`packed`). A packed weight runs the
+        packed products from then on, whatever qgemm variant the process switches to: its plain layout
+        is gone (rebuilt only as temporaries), and the packed ISAs give the same bits."""
+        return self._packed is not None
+
+    @property
     def half(self) -> bool:
         """True for the 16-bit layouts (``f16``, ``bf16``): the values themselves, no scales."""
         return self.kind in HALF_KINDS.values()
@@ -242,7 +249,7 @@ class QuantWeight:
         if self.half:
             return qgemm.h16_matmul(x, self._qs) if qgemm.available() else F.linear(x, self._qs.float())
         if qgemm.available():
-            if qgemm.packs() and qgemm.packable(self.kind, self.group):
+            if qgemm.packable(self.kind, self.group) and (self.is_packed or qgemm.packs()):
                 return qgemm.packed_matmul(self.kind, x, self.packed(), *self.shape)
             qs, d, m = self._layout()
             return qgemm.q4_matmul(x, qs, d, m) if self.kind == "q4" else qgemm.q8_matmul(x, qs, d)

