@@ -125,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
     if len(variants) > 1:
         qgemm_block = _time_variants(spec, args, variants, shapes)
     elif variants and args.qgemm_variants != "auto":  # one variant named: profiled under it, nothing to time
-        from specc.kernels import qgemm
-
-        qgemm.set_variant(variants[0])
         qgemm_block = {"state_ms": {}, "chosen": variants[0], "why": f"--qgemm-variants named only {variants[0]}"}
+    if qgemm_block is not None:  # the native loads below run the chosen variant (load_models sets it)
+        from specc.runtime.loader import with_kernel_variant
+
+        spec = with_kernel_variant(spec, qgemm_block["chosen"])
     for i, dtype in enumerate(dtypes):
         spec_d = dict(spec, dtype=dtype)
         target, _, drafter, dev = load_models(spec_d, args.device, max(s.num_steps for s in low.states))
@@ -208,28 +209,25 @@ def _time_variants(spec: dict, args: argparse.Namespace, variants: list, shapes:
     """The native target's forward at the plan's state shapes under each qgemm variant (one load per
     variant: the int8 variants pack the weights at load), every shape once per round
     (``time_state_shapes(interleave=True, fill=False)``: the attention reads zero K/V, the same work
-    without a prefill per variant); the chosen variant is set for the rest of the profile. Returns the
-    table's ``qgemm`` block."""
+    without a prefill per variant); each load takes its variant from the spec (``with_kernel_variant``:
+    :func:`specc.runtime.loader.load_models` sets the variant a spec's table chose). Returns the table's
+    ``qgemm`` block."""
     from specc.console import progress
-    from specc.kernels import qgemm
-    from specc.runtime.loader import load_models
+    from specc.runtime.loader import load_models, with_kernel_variant
     from specc.runtime.profile import choose_variant, time_state_shapes
 
     state_ms = {}
     bar = progress(total=len(variants), desc="specc profile kernel variants", unit="variant")
     try:
         for v in variants:
-            qgemm.set_variant(v)
-            target, _, _, _ = load_models(dict(spec, dtype="native"), args.device, 0)
+            target, _, _, _ = load_models(with_kernel_variant(dict(spec, dtype="native"), v), args.device, 0)
             state_ms[v] = time_state_shapes(target, shapes, context=args.context, repeats=args.repeats,
                                             interleave=True, fill=False)
             del target
             bar.update(1)
     finally:
         bar.close()
-    block = choose_variant(state_ms)
-    qgemm.set_variant(block["chosen"])
-    return {"state_ms": state_ms, **block}
+    return {"state_ms": state_ms, **choose_variant(state_ms)}
 
 
 def _choices(text: str, allowed, option: str) -> list:

@@ -14,8 +14,8 @@ llama.cpp does on AVX2: the same bits as ``avx512vnni``; everything else as ``"a
 weights with fp32 activations. The process uses one variant for every product: the first of
 :data:`PREFERENCE` the CPU runs, or ``$SPECC_QGEMM_VARIANT`` when set (a variant the CPU lacks is an
 error); ``specc.runtime.loader.load_models`` sets the device profile's measured choice (the cost table's
-``choice.qgemm_variant``) unless ``$SPECC_QGEMM_VARIANT`` is set. Build: ``specc.kernels.cbuild`` with the system C compiler (OpenMP when it
-can); without a compiler :func:`available` is False and :func:`status` says why (the quantized
+``choice.qgemm_variant``) unless ``$SPECC_QGEMM_VARIANT`` is set. Build: ``specc.kernels.cbuild`` with the
+system C compiler (OpenMP when it can); without a compiler :func:`available` is False and :func:`status` says why (the quantized
 weights then run through ``torch``, dequantized block by block; see ``specc.models.qweights``).
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _load() -> Optional[ctypes.CDLL]:
                                          f"(it runs {', '.join(supported_from(mask))}); unset it")
                     _variant = VARIANTS.index(want)
                 else:
-                    _variant = next(VARIANTS.index(v) for v in PREFERENCE if mask & (1 << VARIANTS.index(v)))
+                    _variant = VARIANTS.index(_preferred(supported_from(mask)))
                 _lib, _status = lib, "ok"
     return _lib
 
@@ -165,10 +165,17 @@ def variant() -> str:
     return VARIANTS[_variant]
 
 
+def _preferred(runnable) -> str:
+    """The first of :data:`PREFERENCE` in ``runnable`` (variant names)."""
+    return next(v for v in PREFERENCE if v in runnable)
+
+
 def default_variant() -> str:
     """The first of :data:`PREFERENCE` this CPU runs (what a process starts with without
     ``$SPECC_QGEMM_VARIANT``). Raises ``RuntimeError`` when the library is unavailable."""
-    return next(v for v in PREFERENCE if v in supported()) if _load() is not None else variant()
+    if _load() is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    return _preferred(supported())
 
 
 def supported() -> list:
@@ -194,8 +201,8 @@ def set_streams(n: int) -> None:
     (``qgemm_set_streams``): a row count whose tile reads more than ``n`` streams reads one (so 2 or 3
     leave only the two-stream tiles on); 1 = one stream everywhere, the walk without the multi-stream
     tiles; the default 4 = every tile of the tables. For measuring the walk against one stream: results
-    do not depend on it. Raises ``ValueError`` for ``n < 1`` and
-    ``RuntimeError`` when the kernels are unavailable."""
+    do not depend on it. Raises ``ValueError`` for ``n < 1`` and ``RuntimeError`` when the kernels are
+    unavailable."""
     if n < 1:
         raise ValueError(f"set_streams: n must be >= 1, got {n}")
     lib = _load()
@@ -428,8 +435,9 @@ def packed_rows(kind: str, packed, N: int, K: int, ids: torch.Tensor) -> torch.T
 def packed_matmul(kind: str, x: torch.Tensor, packed, N: int, K: int) -> torch.Tensor:
     """``x [R, K]`` fp32 @ W^T for an ``[N, K]`` q4 / q8 weight packed by :func:`pack`, activations quantized
     per 32-block to int8 (see ``qgemm.c``), on the current variant's tiles (``avx512vnni`` or ``avx2int8``;
-    under an fp32-activation variant, the first of those the CPU runs: the same bits). Returns ``[R, N]`` fp32. Raises ``RuntimeError`` when the
-    kernels are unavailable and ``ValueError`` when the kernel rejects the sizes."""
+    under an fp32-activation variant, the first of those the CPU runs: the same bits). Returns ``[R, N]``
+    fp32. Raises ``RuntimeError`` when the kernels are unavailable and ``ValueError`` when the kernel
+    rejects the sizes."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"qgemm is unavailable: {_status}")

@@ -160,6 +160,26 @@ def kernel_variant(spec: Dict[str, Any]) -> Tuple[Optional[str], str]:
     return default, f"qgemm variant {default} (no device profile: the default for this CPU)"
 
 
+def use_kernel_variant(spec: Dict[str, Any]) -> str:
+    """Set the process-wide qgemm variant :func:`kernel_variant` picks for ``spec`` (nothing when it picks
+    None) and return why. Call it before a native target loads (the int8 variants pack at load)."""
+    variant, why = kernel_variant(spec)
+    if variant is not None:
+        from specc.kernels import qgemm
+
+        qgemm.set_variant(variant)
+    return why
+
+
+def with_kernel_variant(spec: Dict[str, Any], variant: str) -> Dict[str, Any]:
+    """``spec`` whose cost table chooses qgemm ``variant`` (and nothing else), for loading a native target
+    under a given variant through :func:`load_models` (``specc profile`` times each variant this way)."""
+    schedule = dict(spec.get("schedule") or {})
+    table = dict(schedule.get("cost_table") or {})
+    schedule["cost_table"] = dict(table, choice=dict(table.get("choice") or {}, qgemm_variant=variant))
+    return dict(spec, schedule=schedule)
+
+
 def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: int = 0):
     """The target, its tokenizer and the drafter a runtime section names (``manifest.json``
     ``runtime``, or :func:`specc.compiler.codegen.runtime_section` of a plan): ``(target, tokenizer, drafter,
@@ -178,11 +198,7 @@ def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: i
     tgt = spec["target"]
     dtype, _, _ = choose_settings(spec, dev)
     if dtype == "native" and dev.type == "cpu":
-        variant, _ = kernel_variant(spec)
-        if variant is not None:
-            from specc.kernels import qgemm
-
-            qgemm.set_variant(variant)
+        use_kernel_variant(spec)
     want_len = tgt.get("max_model_len")
     cache_len = (want_len + max_steps + 2) if want_len else None
     target, tokenizer = load_target(tgt["path"], tgt.get("format") or "auto", dtype=dtype,

@@ -438,15 +438,10 @@ class Session:
         self.say(f"specc tune: {len(self.records)} prompts from {self.source}; target {self.tname}; "
                  f"{len(self.cands)} candidate drafter(s): {', '.join(self.cands)}; concurrency {self.conc}; "
                  f"budget {args.budget_min:g} min")
-        if dtype == "native" and table is not None and (table.choice or {}).get("qgemm_variant"):
-            # measure under the kernels the runtime will run (specc.runtime.loader.kernel_variant)
-            from specc.runtime.loader import kernel_variant
+        if dtype == "native":  # measure under the kernels the runtime will run (load_models does the same)
+            from specc.runtime.loader import use_kernel_variant
 
-            variant, _ = kernel_variant({"schedule": {"cost_table": {"choice": dict(table.choice)}}})
-            if variant is not None:
-                from specc.kernels import qgemm
-
-                qgemm.set_variant(variant)
+            use_kernel_variant({"schedule": {"cost_table": {"choice": dict(table.choice or {})} if table else None}})
         models = Models({"path": first.target.path, "format": first.target.format}, dtype=dtype,
                         max_model_len=first.target.max_model_len or 2048)
         sample = sample_records(self.records)

@@ -110,3 +110,18 @@ def test_load_models_sets_the_profiled_variant_before_the_target_loads(monkeypat
     finally:
         qgemm.set_variant(before)
     assert seen == [("native", other)]
+
+
+@pytest.mark.skipif(not qgemm.available(), reason=f"qgemm unavailable: {qgemm.status()}")
+def test_a_spec_names_its_kernel_variant_through_its_cost_table(monkeypatch):
+    """specc profile loads each variant through load_models by naming it in the spec's cost table; the
+    rest of the spec's table stays as it was."""
+    from specc.runtime.loader import kernel_variant, with_kernel_variant
+
+    monkeypatch.delenv("SPECC_QGEMM_VARIANT", raising=False)
+    spec = {"dtype": "native", "schedule": {"kind": "static", "cost_table": {"verify_ms": {"1": 9.0}}}}
+    for v in qgemm.supported():
+        named = with_kernel_variant(spec, v)
+        assert kernel_variant(named)[0] == v
+        assert named["schedule"]["cost_table"]["verify_ms"] == {"1": 9.0} and named["schedule"]["kind"] == "static"
+    assert "choice" not in spec["schedule"]["cost_table"]  # the spec given is not changed
