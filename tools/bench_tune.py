@@ -119,7 +119,13 @@ def main(argv=None) -> int:
         print(f"{tuned}: its drafter is none of the shipped candidates", file=sys.stderr)
         return 1
     base = cands[0].plan
-    models = Models({"path": base.target.path, "format": base.target.format}, max_model_len=base.target.max_model_len)
+    from specc.compiler.build import plan_ir
+
+    # the target at the dtype and kernels the tuned plan runs under (its cost table's choice), as tune measured
+    choice = ((plan_ir(plan).runtime.to_dict().get("schedule") or {}).get("cost_table") or {}).get("choice")
+    models = Models({"path": base.target.path, "format": base.target.format}, max_model_len=base.target.max_model_len,
+                    choice=choice)
+    print(f"target: {models.why}", flush=True)
     sample = sample_records(read_prompts(prompts))
     ids = encode(sample, models.tokenizer)
     models.max_model_len = max(len(p) for p in ids) + args.max_new_tokens + 8
@@ -193,6 +199,7 @@ def main(argv=None) -> int:
     if args.out:
         data = {"cpu": cpu_name(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
                 "tune_seconds": tune_s, "budget_min": args.budget_min, "bench_seconds": bench_s,
+                "target": {"dtype": models.dtype, "why": models.why},
                 "tuned": {"plan": str(tuned), "choice": tune_data["choice"], "report": tune_data.get("runs")},
                 "settings": vars(args),
                 "results": {f"{l} @C={c}": {"decode_tok_s": r.decode_tok_s, "tau": r.tau, "mean_batch": r.mean_batch,

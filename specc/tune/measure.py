@@ -55,18 +55,31 @@ class Measurement:
 
 class Models:
     """The target (loaded once) and each candidate's drafter (loaded on first use), shared by every
-    runtime tune builds from a compiled artifact (:meth:`runtime`). ``dtype``: the target's dtype (the
-    cost table's measured choice, else fp32). ``artifact_dir``: where candidates are compiled
-    (default ``$SPECC_CACHE_DIR/artifacts``)."""
+    runtime tune builds from a compiled artifact (:meth:`runtime`). ``dtype``: the target's dtype; None
+    (default) takes the runtime's rule for this target and ``choice`` (a cost table's ``choice``, the
+    device profile's measured dtype and kernel variant; :func:`specc.runtime.loader.choose_settings`), so
+    tune and a benchmark of its plans measure the kernels ``specc run`` would load. A native CPU target sets
+    the process-wide qgemm variant first (:func:`specc.runtime.loader.use_kernel_variant`), as
+    ``load_models`` does. ``artifact_dir``: where candidates are compiled (default
+    ``$SPECC_CACHE_DIR/artifacts``)."""
 
-    def __init__(self, target_spec: Dict[str, Any], dtype: str = "float32", max_model_len: int = 512,
-                 device: str = "cpu", artifact_dir: Optional[Path] = None) -> None:
+    def __init__(self, target_spec: Dict[str, Any], dtype: Optional[str] = None, max_model_len: int = 512,
+                 device: str = "cpu", artifact_dir: Optional[Path] = None,
+                 choice: Optional[Dict[str, Any]] = None) -> None:
+        import torch
+
         from specc.models import load_target
+        from specc.runtime.loader import choose_settings, use_kernel_variant
 
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
         self.artifacts: List[Path] = []  # every artifact a runtime was built from, in order
 
         self.max_model_len = int(max_model_len)
+        spec = {"target": dict(target_spec, dtype=dtype or target_spec.get("dtype")),
+                "schedule": {"cost_table": {"choice": dict(choice or {})}}}
+        dtype, _, self.why = choose_settings(spec, torch.device(device))
+        if dtype == "native" and device == "cpu":
+            use_kernel_variant(spec)
         self.target, self.tokenizer = load_target(target_spec["path"], target_spec.get("format") or "auto",
                                                   dtype=dtype, max_model_len=self.max_model_len + 64,
                                                   device=device)

@@ -429,21 +429,13 @@ class Session:
         self.command = "specc tune " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "specc tune"
         table, table_ref, how = self.cost_table(threads)
         first = next(iter(self.cands.values())).plan
-        dtype = (table.choice or {}).get("dtype") if table is not None else None
-        if dtype is None:
-            import torch
-
-            from specc.runtime.loader import default_dtype
-            dtype = default_dtype({"path": first.target.path, "format": first.target.format}, torch.device("cpu"))[0]
         self.say(f"specc tune: {len(self.records)} prompts from {self.source}; target {self.tname}; "
                  f"{len(self.cands)} candidate drafter(s): {', '.join(self.cands)}; concurrency {self.conc}; "
                  f"budget {args.budget_min:g} min")
-        if dtype == "native":  # measure under the kernels the runtime will run (load_models does the same)
-            from specc.runtime.loader import use_kernel_variant
-
-            use_kernel_variant({"schedule": {"cost_table": {"choice": dict(table.choice or {})} if table else None}})
-        models = Models({"path": first.target.path, "format": first.target.format}, dtype=dtype,
-                        max_model_len=first.target.max_model_len or 2048)
+        # the target at the dtype and kernels the runtime will load under this table (load_models' rule)
+        models = Models({"path": first.target.path, "format": first.target.format},
+                        max_model_len=first.target.max_model_len or 2048,
+                        choice=(table.choice or {}) if table is not None else None)
         sample = sample_records(self.records)
         prompt_ids = encode(sample, models.tokenizer)
         longest = max(len(p) for p in prompt_ids)

@@ -997,3 +997,25 @@ def test_side_by_side_keeps_the_best_round_and_records_every_round(monkeypatch):
     assert res[("plain", 2)].decode_tok_s == 70.0 and res[("plain", 2)].round_tok_s == [50.0, 70.0, 60.0]
     assert res[("x", 2)].decode_tok_s == 45.0 and res[("x", 2)].round_tok_s == [40.0, 30.0, 45.0]
     assert res[("x", 2)].rounds == 3 and res[("x", 2)].exact is True
+
+
+def test_models_load_the_target_as_the_compiled_artifact_runs_it():
+    """tune's shared target and a benchmark of its plans load the dtype and kernel variant the runtime
+    loads for the candidate's artifact: the GGUF's own codes by default, the cost table's choice when
+    given — never a dequantized fp32 target under a native artifact."""
+    import torch
+
+    from specc.compiler.build import plan_ir
+    from specc.kernels import qgemm
+    from specc.runtime.loader import choose_settings, kernel_variant
+    from specc.tune.candidates import discover
+    from specc.tune.measure import Models
+
+    cand = next(c for c in discover()[0] if c.name == "smollm2_suffix")
+    target = {"path": cand.plan.target.path, "format": cand.plan.target.format}
+    spec = plan_ir(cand.plan).runtime.to_dict()
+    models = Models(target, max_model_len=64)
+    assert models.dtype == choose_settings(spec, torch.device("cpu"))[0] == "native"
+    if qgemm.available():
+        assert qgemm.variant() == kernel_variant(spec)[0]
+    assert Models(target, max_model_len=64, choice={"dtype": "float32"}).dtype == "float32"
