@@ -1168,6 +1168,17 @@ int ffn_block(const float *a, const float *x, long R, long H, long Q, long I,
  * (lane l takes the elements with index l mod 16), vectorized without reordering a sum. */
 #define LANES 16
 #define HC 4 /* most query heads of one kv head scored in one pass (AVX-512 attention) */
+#define MASKED (-1e30f) /* an additive mask value at or below this hides its slot (torch.finfo(fp32).min) */
+
+/* The slots a query scores: its mask row mk [S] without the trailing masked slots. A masked slot weighs
+ * exactly 0 (its exp underflows to 0), so leaving the trailing ones out changes no bit of the result; it
+ * saves the keys and values a shorter row of a batch does not see (the batch attends up to its longest
+ * row). A query that sees no slot keeps all S (its result is then the mask's, as before). */
+static inline long visible_slots(const float *mk, long S) {
+    long n = S;
+    while (n > 0 && mk[n - 1] <= MASKED) n--;
+    return n > 0 ? n : S;
+}
 
 static inline float dot_lanes(const float *a, const float *b, long n) {
     float acc[LANES] = {0};
@@ -1217,20 +1228,21 @@ static int attn_f32_generic(const float *qkv, long B, long N, long nh, long nkv,
             for (long n = 0; n < N; n++) {
                 long t = b * N + n;
                 const float *qv = q + (t * nh + h) * D, *mk = mask + t * S;
+                long St = visible_slots(mk, S);
                 float mx = -INFINITY;
-                for (long j = 0; j < S; j++) {
+                for (long j = 0; j < St; j++) {
                     p[j] = scale * dot_lanes(qv, K + j * D, D) + mk[j];
                     mx = fmaxf(mx, p[j]);
                 }
                 float sum = 0.f; /* in slot order, one accumulator: masked slots add exact zeros */
                 long j;
-                for (j = 0; j < S; j++) {
+                for (j = 0; j < St; j++) {
                     p[j] = expf(p[j] - mx);
                     sum += p[j];
                 }
                 float inv = 1.f / sum, *o = out + t * nh * D + h * D;
                 for (long i = 0; i < D; i++) o[i] = 0.f;
-                for (j = 0; j < S; j++) {
+                for (j = 0; j < St; j++) {
                     float w = p[j] * inv;
                     const float *vj = V + j * D;
                     for (long i = 0; i < D; i++) o[i] += w * vj[i];
@@ -1351,18 +1363,19 @@ __attribute__((target("avx512f"))) static int attn_f32_avx512(const float *qkv, 
         float *pbuf = q + B * N * nh * D + thread_index() * HC * (S + 16);
         const float *K = kc + (rows[b] * nkv + kvh) * Smax * D, *V = vc + (rows[b] * nkv + kvh) * Smax * D;
         const float *mk = mask + t * S;
+        long St = visible_slots(mk, S);
         for (long g0 = 0; g0 < g; g0 += hc_max) {
             long hc = g - g0 < hc_max ? g - g0 : hc_max;
             const float *qh = q + (t * nh + kvh * g + g0) * D;
             float *dst = out + t * nh * D + (kvh * g + g0) * D;
             /* constant head counts and widths for the common shapes: the pass unrolls into registers */
-            if (V16 == 4 && hc == 3) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 3, 4);
-            else if (V16 == 4 && hc == 4) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 4, 4);
-            else if (V16 == 4 && hc == 2) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 2, 4);
-            else if (V16 == 8 && hc == 2) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 2, 8);
-            else if (V16 == 4) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 1, 4);
-            else if (V16 == 8) attn_pass(qh, K, V, mk, S, scale, pbuf, dst, 1, 8);
-            else for (long h = 0; h < hc; h++) attn_pass(qh + h * D, K, V, mk, S, scale, pbuf, dst + h * D, 1, V16);
+            if (V16 == 4 && hc == 3) attn_pass(qh, K, V, mk, St, scale, pbuf, dst, 3, 4);
+            else if (V16 == 4 && hc == 4) attn_pass(qh, K, V, mk, St, scale, pbuf, dst, 4, 4);
+            else if (V16 == 4 && hc == 2) attn_pass(qh, K, V, mk, St, scale, pbuf, dst, 2, 4);
+            else if (V16 == 8 && hc == 2) attn_pass(qh, K, V, mk, St, scale, pbuf, dst, 2, 8);
+            else if (V16 == 4) attn_pass(qh, K, V, mk, St, scale, pbuf, dst, 1, 4);
+            else if (V16 == 8) attn_pass(qh, K, V, mk, St, scale, pbuf, dst, 1, 8);
+            else for (long h = 0; h < hc; h++) attn_pass(qh + h * D, K, V, mk, St, scale, pbuf, dst + h * D, 1, V16);
         }
     }
     return 0;

@@ -184,9 +184,9 @@ def test_c_attention_is_row_and_slot_invariant(head_dim):
     cos, sin = torch.rand(1, 12, D), torch.rand(1, 12, D) - 0.5
     neg = torch.finfo(torch.float32).min
 
-    def run(slots, mask_rows, n_query):
-        kc = torch.zeros(1, nkv, smax, D)
-        vc = torch.zeros(1, nkv, smax, D)
+    def run(slots, mask_rows, n_query, fill=0.0):
+        kc = torch.full((1, nkv, smax, D), fill)
+        vc = torch.full((1, nkv, smax, D), fill)
         sl = torch.tensor([slots])
         out = qgemm.attention(keys[None, :len(slots)], cos[:, :len(slots)], sin[:, :len(slots)], kc, vc,
                               torch.tensor([0]), sl, mask_rows, nh, D ** -0.5)
@@ -210,6 +210,9 @@ def test_c_attention_is_row_and_slot_invariant(head_dim):
     for i in range(12):
         spread[0, i, [2 * j for j in range(i + 1)]] = 0
     assert torch.equal(run([2 * i for i in range(12)], spread, 0), ref)
+    # a query does not read the slots after its last visible one (a short row in a batch attending up to
+    # its longest): NaN there, which any read would spread, leaves every output as it was
+    assert torch.equal(run(list(range(12)), causal, 0, fill=float("nan")), ref)
 
 
 @needs_kernels
