@@ -1173,11 +1173,12 @@ int ffn_block(const float *a, const float *x, long R, long H, long Q, long I,
 /* The slots a query scores: its mask row mk [S] without the trailing masked slots. A masked slot weighs
  * exactly 0 (its exp underflows to 0), so leaving the trailing ones out changes no bit of the result; it
  * saves the keys and values a shorter row of a batch does not see (the batch attends up to its longest
- * row). A query that sees no slot keeps all S (its result is then the mask's, as before). */
+ * row). 0 for a query that sees no slot: a padding position of a ragged batch (the caller masks its whole
+ * row), whose output no one reads; it gets zeros without touching the cache. */
 static inline long visible_slots(const float *mk, long S) {
     long n = S;
     while (n > 0 && mk[n - 1] <= MASKED) n--;
-    return n > 0 ? n : S;
+    return n;
 }
 
 static inline float dot_lanes(const float *a, const float *b, long n) {
@@ -1229,6 +1230,10 @@ static int attn_f32_generic(const float *qkv, long B, long N, long nh, long nkv,
                 long t = b * N + n;
                 const float *qv = q + (t * nh + h) * D, *mk = mask + t * S;
                 long St = visible_slots(mk, S);
+                if (St == 0) {
+                    memset(out + t * nh * D + h * D, 0, sizeof(float) * D);
+                    continue;
+                }
                 float mx = -INFINITY;
                 for (long j = 0; j < St; j++) {
                     p[j] = scale * dot_lanes(qv, K + j * D, D) + mk[j];
@@ -1364,6 +1369,10 @@ __attribute__((target("avx512f"))) static int attn_f32_avx512(const float *qkv, 
         const float *K = kc + (rows[b] * nkv + kvh) * Smax * D, *V = vc + (rows[b] * nkv + kvh) * Smax * D;
         const float *mk = mask + t * S;
         long St = visible_slots(mk, S);
+        if (St == 0) {
+            memset(out + t * nh * D + kvh * g * D, 0, sizeof(float) * g * D);
+            continue;
+        }
         for (long g0 = 0; g0 < g; g0 += hc_max) {
             long hc = g - g0 < hc_max ? g - g0 : hc_max;
             const float *qh = q + (t * nh + kvh * g + g0) * D;
@@ -1429,7 +1438,8 @@ static void silu_mul(const float *gu, long R, long I, float *act) {
  * updated in place (layer by layer); hidden, when not NULL, holds per layer a [R, H] destination for that
  * layer's output, or NULL. A ragged batch packs its R = T real tokens of the B x N grid: pack_index [T]
  * gives each packed token's position in the grid, and the attention runs over the grid with zero q/k/v at
- * the padding positions (whose K/V the caller sends to a trash slot), as DecoderLayer._fused does. */
+ * the padding positions (whose K/V the caller sends to a trash slot and whose mask rows it masks whole, so
+ * their attention is skipped), as DecoderLayer._fused does. */
 typedef struct {
     const float *n1, *n2;        /* input and FFN RMSNorm weights [H] */
     float e1, e2;                /* their epsilons */

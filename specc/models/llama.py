@@ -919,7 +919,8 @@ class LlamaModel(nn.Module):
             (prefill asks for the last real token of each row).
           num_tokens: optional ``[B]`` int64: row ``b``'s first ``num_tokens[b]`` tokens are real, the
             rest padding (a ragged verify or prefill). Padding tokens cost no GEMM work
-            (:class:`TokenPacking`), write no K/V, and get zero logits and hidden states.
+            (:class:`TokenPacking`) and, in the C attention, no attention (their mask rows are masked
+            whole), write no K/V, and get zero logits and hidden states.
           rows: optional ``[B]`` int64, the cache row of each batch row (default ``0..B-1``): a prefill
             of a few new requests among many runs over their rows only.
 
@@ -969,6 +970,8 @@ class LlamaModel(nn.Module):
             mask = self._slot_ids[:kv_len][None, None, :] <= positions[:, :, None]  # [B, N, S]
         else:
             mask = attn_mask
+        if packing is not None:  # a padding position attends nothing (the C attention then skips it)
+            mask = mask & real[:, :, None]
         # additive mask shared by all layers; a fully masked row stays finite (HF eager uses dtype-min too)
         c = self.config
         g = c.num_heads // c.num_kv_heads

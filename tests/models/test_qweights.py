@@ -213,6 +213,13 @@ def test_c_attention_is_row_and_slot_invariant(head_dim):
     # a query does not read the slots after its last visible one (a short row in a batch attending up to
     # its longest): NaN there, which any read would spread, leaves every output as it was
     assert torch.equal(run(list(range(12)), causal, 0, fill=float("nan")), ref)
+    # a query that sees no slot (a padding position of a ragged batch) gets zeros without reading the
+    # cache; the others keep their bits
+    hidden = causal.clone()
+    hidden[0, 5] = neg
+    out = run(list(range(12)), hidden, 0, fill=float("nan"))
+    assert torch.equal(out[5], torch.zeros_like(out[5]))
+    assert torch.equal(out[:5], ref[:5]) and torch.equal(out[6:], ref[6:])
 
 
 @needs_kernels
