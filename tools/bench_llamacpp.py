@@ -51,6 +51,13 @@ Run (one thread per engine thread; T = 1 and 2 by default):
   python tools/render_results.py    # refresh docs/results/llamacpp.md from the record
   python tools/bench_llamacpp.py --smoke          # 1 round, 2 prompts, 8 tokens, T = 1
   python tools/bench_llamacpp.py --build-only     # (re)build the llama.cpp venv and exit
+
+``--isa avx2`` measures both engines on the code an AVX2-only x86-64 CPU (the AMD parts without AVX-512)
+runs, on a CPU that has more: llama.cpp built for AVX2 + FMA + F16C only into its own venv
+(``llamacpp-avx2-venv``), specc with ``SPECC_QGEMM_ISA=avx2`` (its AVX2 int8 products, generic attention)
+and ``ATEN_CPU_CAPABILITY=avx2`` (torch's AVX2 kernels). The instruction paths are the AVX2 machine's;
+its memory system, clocks and caches are not, so the ratio estimates that machine, it does not replace a
+run there.
 """
 from __future__ import annotations
 
@@ -114,15 +121,28 @@ def bench_dir() -> Path:
     return Path(os.environ.get("SPECC_CACHE_DIR") or Path.home() / ".cache" / "specc") / "bench"
 
 
-def llamacpp_build_config(root: Path, machine: Optional[str] = None, compiler: Optional[str] = None) -> Dict[str, str]:
+#: ``--isa avx2``: llama.cpp compiled for AVX2 + FMA + F16C only (what its CPU backend builds for an
+#: AVX2-only x86-64 part), every AVX-512 / VNNI / AMX path off
+AVX2_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF "
+                   "-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF "
+                   "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
+#: ``--isa avx2``: the specc worker's environment, so it runs the paths an AVX2-only CPU runs (the qgemm
+#: variants and attention, ``specc.kernels.qgemm.ISA_CEILINGS``; torch's own kernels, ATen's dispatch)
+AVX2_SPECC_ENV = {"SPECC_QGEMM_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def llamacpp_build_config(root: Path, machine: Optional[str] = None, compiler: Optional[str] = None,
+                          isa: Optional[str] = None) -> Dict[str, str]:
     """The flags the llama.cpp venv is built with: ``{"package", "CMAKE_ARGS", "CFLAGS", "CXXFLAGS",
-    "fix_header", "fix_header_sha256", "compiler"}``. ``-DGGML_NATIVE=ON`` everywhere; on x86-64 with
-    GCC also the force-included AMX intrinsics fix (:data:`AMX_FIX_HEADER`, written to ``root``)."""
+    "fix_header", "fix_header_sha256", "compiler", "machine"}`` (and ``"isa"`` when given). ``-DGGML_NATIVE=ON`` (``isa``
+    None) or :data:`AVX2_CMAKE_ARGS` (``isa="avx2"``); on x86-64 with GCC also the force-included AMX
+    intrinsics fix (:data:`AMX_FIX_HEADER`, written to ``root``; inert without AMX)."""
     machine = machine or platform.machine()
     compiler = compiler or _compiler_id()
     header = root / "ggml_amx_gcc_fix.h"
-    cfg = {"package": LLAMA_CPP_PYTHON, "CMAKE_ARGS": "-DGGML_NATIVE=ON", "CFLAGS": "", "CXXFLAGS": "",
-           "fix_header": "", "fix_header_sha256": "", "compiler": compiler, "machine": machine}
+    cfg = {"package": LLAMA_CPP_PYTHON, "CMAKE_ARGS": AVX2_CMAKE_ARGS if isa == "avx2" else "-DGGML_NATIVE=ON",
+           "CFLAGS": "", "CXXFLAGS": "", "fix_header": "", "fix_header_sha256": "", "compiler": compiler,
+           "machine": machine, **({"isa": isa} if isa else {})}
     if machine in ("x86_64", "AMD64") and compiler.startswith("gcc"):
         flag = f"-include {shlex.quote(str(header))}"
         cfg.update(CFLAGS=flag, CXXFLAGS=flag, fix_header=str(header),
@@ -149,7 +169,7 @@ def venv_python(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def ensure_llamacpp_venv(venv: Path, rebuild: bool = False) -> Dict[str, str]:
+def ensure_llamacpp_venv(venv: Path, rebuild: bool = False, isa: Optional[str] = None) -> Dict[str, str]:
     """The llama.cpp venv at ``venv``, built when missing, when its ``specc-build.json`` stamp differs
     from :func:`llamacpp_build_config` (e.g. a venv built with the default flags, which segfaults on
     AMX CPUs), or when ``rebuild``: ``python -m venv`` then ``pip install --no-binary
@@ -157,7 +177,7 @@ def ensure_llamacpp_venv(venv: Path, rebuild: bool = False) -> Dict[str, str]:
     build config. Raises SystemExit with pip's output tail when the build fails."""
     root = venv.parent
     root.mkdir(parents=True, exist_ok=True)
-    cfg = llamacpp_build_config(root)
+    cfg = llamacpp_build_config(root, isa=isa)
     if cfg["fix_header"]:
         hdr = Path(cfg["fix_header"])
         if not hdr.is_file() or hdr.read_text() != AMX_FIX_HEADER:
@@ -471,13 +491,17 @@ def specc_worker(presets: Sequence[str], overrides: Sequence[str], threads: int)
         import torch
 
         import specc
+        from specc.kernels import qgemm
 
         return {"specc": getattr(specc, "__version__", "?"), "torch": torch.__version__,
                 "python": platform.python_version(), "dtype": dtype, "compile_backend": backend,
                 "target": specs[first]["target"], "load_report": runtimes[first].load_report(),
                 "artifacts": {p: a.path.name for p, a in arts.items()},
                 "methods": {p: specs[p]["method"] for p in presets},
-                "torch_threads": torch.get_num_threads(), "cpu_threads": threads}
+                "torch_threads": torch.get_num_threads(), "cpu_threads": threads,
+                "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                "qgemm": {"variant": qgemm.variant(), "runs": qgemm.supported(),
+                          "isa_ceiling": os.environ.get("SPECC_QGEMM_ISA") or None} if qgemm.available() else None}
 
     def encode(limit, category=None, prompts=None):
         records = select(read_prompts(prompts or shipped_prompts_path()), limit, category)
@@ -616,6 +640,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     "passed to the specc presets as target.path=...")
     ap.add_argument("--venv", type=Path, default=None, help="the llama.cpp venv (default "
                     "$SPECC_CACHE_DIR/bench/llamacpp-venv)")
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: both engines on the paths an AVX2-only x86-64 CPU runs, measured on this one: "
+                         "llama.cpp built for AVX2 + FMA + F16C only (its own venv, default "
+                         "$SPECC_CACHE_DIR/bench/llamacpp-avx2-venv), specc under SPECC_QGEMM_ISA=avx2 and "
+                         "ATEN_CPU_CAPABILITY=avx2 (default native: each engine's best for this CPU)")
     ap.add_argument("--rebuild", action="store_true", help="rebuild the llama.cpp venv")
     ap.add_argument("--build-only", action="store_true", help="build the llama.cpp venv if needed and exit")
     ap.add_argument("--smoke", action="store_true", help="1 round, 2 prompts, 8 tokens, 1 thread")
@@ -652,8 +681,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Build (if needed) the llama.cpp venv, start the workers, run the rounds, print the table, write
     the JSON. Returns the exit status (1 when a specc configuration is not exact)."""
     args = parse_args(argv)
-    venv = args.venv or bench_dir() / "llamacpp-venv"
-    build = ensure_llamacpp_venv(venv, rebuild=args.rebuild)
+    avx2 = args.isa == "avx2"
+    venv = args.venv or bench_dir() / ("llamacpp-avx2-venv" if avx2 else "llamacpp-venv")
+    build = ensure_llamacpp_venv(venv, rebuild=args.rebuild, isa="avx2" if avx2 else None)
+    specc_env = AVX2_SPECC_ENV if avx2 else {}
     if args.build_only:
         print(json.dumps(build, indent=1))
         return 0
@@ -670,7 +701,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     me = str(Path(__file__).resolve())
     try:
         for t in args.threads:
-            env = dict(os.environ, OMP_NUM_THREADS=str(t), PYTHONUNBUFFERED="1")
+            env = dict(os.environ, OMP_NUM_THREADS=str(t), PYTHONUNBUFFERED="1", **specc_env)
             workers[f"specc@T{t}"] = Worker(f"specc@T{t}", [sys.executable, me, "--worker", "specc", json.dumps(
                 {"presets": presets, "overrides": overrides, "threads": t})], env)
         first = workers[f"specc@T{args.threads[0]}"]
@@ -728,6 +759,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         record = {"command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
                   "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                   "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "SPECC_CACHE_DIR") if k in os.environ},
+                  "isa": args.isa, "specc_env": specc_env,
                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu": cpu, "platform": platform.platform(),
                   "gguf": args.gguf, "presets": presets, "threads": args.threads,
                   "llamacpp_build": {k: str(v).replace(str(bench_dir()), "$SPECC_CACHE_DIR/bench") for k, v in build.items()},

@@ -279,6 +279,13 @@ static const int CHUNK[3] = {4, 4, 8}; /* rows per chunk by variant */
 /* Bit mask of the variants this CPU runs: bit 0 portable, bit 1 AVX2 + FMA, bit 2 AVX-512F, bit 3 AVX-512
  * VNNI (variant 3: q4 and Q8_0 products with int8 activations, the rest as variant 2), bit 4 AVX2 + FMA +
  * F16C with int8 activations (variant 4: the packed products on AVX2 tiles, the rest as variant 1). */
+static int isa_ceiling = ~0; /* the variants qgemm_limit allows: every one this CPU runs unless lowered */
+
+/* Run only the variants in mask (bit i: variant i; the portable one always stays): every choice made from
+ * qgemm_variants below — the products, the AVX-512 attention, the fp32 parts of variant 4 — then takes
+ * the path a CPU without the others takes, so this CPU measures another's code paths. */
+void qgemm_limit(int mask) { isa_ceiling = mask | 1; }
+
 int qgemm_variants(void) {
     int v = 1;
     __builtin_cpu_init();
@@ -286,7 +293,7 @@ int qgemm_variants(void) {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) v |= 4;
     if ((v & 4) && __builtin_cpu_supports("avx512vnni")) v |= 8;
     if ((v & 2) && __builtin_cpu_supports("f16c")) v |= 16;
-    return v;
+    return v & isa_ceiling;
 }
 
 static int check(long R, long K, long G, long N, int variant, int threads) {

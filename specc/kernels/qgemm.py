@@ -13,7 +13,8 @@ llama.cpp does on AVX2: the same bits as ``avx512vnni``; everything else as ``"a
 (AVX-512F), ``"avx2"`` (AVX2 + FMA), ``"portable"`` (plain C); the last three multiply the checkpoint's
 weights with fp32 activations. The process uses one variant for every product: the first of
 :data:`PREFERENCE` the CPU runs, or ``$SPECC_QGEMM_VARIANT`` when set (a variant the CPU lacks is an
-error); ``specc.runtime.loader.load_models`` sets the device profile's measured choice (the cost table's
+error; ``$SPECC_QGEMM_ISA=avx2`` keeps the process on the paths an AVX2-only CPU runs, for measuring them
+on a larger one: the variants, the attention and variant 4's fp32 parts); ``specc.runtime.loader.load_models`` sets the device profile's measured choice (the cost table's
 ``choice.qgemm_variant``) unless ``$SPECC_QGEMM_VARIANT`` is set. Build: ``specc.kernels.cbuild`` with the
 system C compiler (OpenMP when it can); without a compiler :func:`available` is False and :func:`status` says why (the quantized
 weights then run through ``torch``, dequantized block by block; see ``specc.models.qweights``).
@@ -44,6 +45,10 @@ PREFERENCE = ("avx512vnni", "avx2int8", "avx512", "avx2", "portable")
 #: the variants whose q4 / Q8_0 products run on the packed layout with int8 activations
 PACKED_VARIANTS = ("avx512vnni", "avx2int8")
 
+#: ``$SPECC_QGEMM_ISA``: run only the paths a CPU with this instruction set runs (variants allowed, as
+#: ``qgemm_limit`` takes them), so one machine measures another's kernels; unset: every path this CPU runs
+ISA_CEILINGS = {"avx2": ("portable", "avx2", "avx2int8"), "portable": ("portable",)}
+
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _status: Optional[str] = None
@@ -54,6 +59,8 @@ _threads = 1
 def _build() -> ctypes.CDLL:
     lib = cbuild.build(SOURCE, (FLAGS + OPENMP, FLAGS), libs=["-lm"])
     lib.qgemm_variants.restype = ctypes.c_int
+    lib.qgemm_limit.restype = None
+    lib.qgemm_limit.argtypes = [ctypes.c_int]
     lib.qgemm_set_streams.restype = ctypes.c_int
     lib.qgemm_set_streams.argtypes = [ctypes.c_int]
     lib.q4_gemm.restype = lib.q8_gemm.restype = ctypes.c_int
@@ -126,6 +133,12 @@ def _load() -> Optional[ctypes.CDLL]:
                 except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                     _status = str(e)
                     return None
+                isa = os.environ.get("SPECC_QGEMM_ISA", "").strip()
+                if isa:
+                    if isa not in ISA_CEILINGS:
+                        raise ValueError(f"SPECC_QGEMM_ISA={isa!r}: choose one of {', '.join(ISA_CEILINGS)} "
+                                         f"(or unset it to run every path this CPU has)")
+                    lib.qgemm_limit(sum(1 << VARIANTS.index(v) for v in ISA_CEILINGS[isa]))
                 mask = lib.qgemm_variants()
                 want = os.environ.get("SPECC_QGEMM_VARIANT", "").strip()
                 if want:

@@ -111,3 +111,10 @@ def test_build_config(bench, tmp_path):
     assert clang["CFLAGS"] == "" and clang["CMAKE_ARGS"] == "-DGGML_NATIVE=ON"
     arm = bench.llamacpp_build_config(tmp_path, machine="aarch64", compiler="gcc 12.2.0")
     assert arm["CFLAGS"] == ""
+    # --isa avx2: no native flags, AVX2 on, every AVX-512 / AMX path off; a stamp of its own (the native
+    # venv's stamp has no "isa", so it is not rebuilt by this option's existence)
+    avx2 = bench.llamacpp_build_config(tmp_path, machine="x86_64", compiler="gcc 12.2.0", isa="avx2")
+    flags = dict(f[2:].split("=") for f in avx2["CMAKE_ARGS"].split())
+    assert flags["GGML_NATIVE"] == "OFF" and flags["GGML_AVX2"] == flags["GGML_FMA"] == flags["GGML_F16C"] == "ON"
+    assert all(v == "OFF" for k, v in flags.items() if "AVX512" in k or "AMX" in k) and avx2["isa"] == "avx2"
+    assert "isa" not in gcc and avx2 != gcc

@@ -373,3 +373,37 @@ def test_hf_checkpoint_in_16_bits_runs_in_its_own_bytes(tmp_path, dtype):
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
     assert draft_dtype(nat, "cpu") == "native" and draft_dtype(ref, "cpu") == "float32"
     assert draft_dtype(nat, "cuda:0") == "float32"
+
+
+_ISA_PROBE = """
+import torch
+from specc.kernels import qgemm
+from specc.models.qweights import QuantWeight
+from tests.models.test_qweights import random_blocks
+qw = QuantWeight.from_gguf("w", "Q4_1", random_blocks("Q4_1", 48, 256, seed=5), (48, 256))
+y = qw.matmul(torch.randn(3, 256, generator=torch.Generator().manual_seed(6)))
+print(",".join(qgemm.supported()), qgemm.variant(), bool(torch.isfinite(y).all()))
+"""
+
+
+@needs_kernels
+def test_an_isa_ceiling_keeps_the_process_on_another_cpus_paths():
+    """``SPECC_QGEMM_ISA=avx2`` leaves only the variants an AVX2-only CPU runs (so this CPU measures its
+    paths: the int8 products on AVX2 tiles, the generic attention); a name it does not know is refused
+    naming the variable and the choices."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, SPECC_QGEMM_ISA="avx2", PYTHONPATH=root)
+    env.pop("SPECC_QGEMM_VARIANT", None)
+    out = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs, chosen, finite = out.stdout.split()
+    allowed = {"portable", "avx2", "avx2int8"}
+    assert set(runs.split(",")) == allowed & set(qgemm.supported())
+    assert chosen == ("avx2int8" if "avx2int8" in qgemm.supported() else runs.split(",")[-1]) and finite == "True"
+    env["SPECC_QGEMM_ISA"] = "avx9"
+    bad = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True, cwd=root)
+    assert bad.returncode != 0 and "SPECC_QGEMM_ISA='avx9': choose one of avx2, portable" in bad.stderr
