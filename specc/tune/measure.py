@@ -24,6 +24,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 DECODE_STAGES = ("draft", "verify", "accept", "commit", "emit", "extend")
+#: decode steps a measuring run takes at each ramp level before the next: enough for a load factor of
+#: its own at that live-row count (``specc.tune.predict.LOAD_MIN_SAMPLES``), so a prediction at one or
+#: two requests is not scaled by the λ of the measuring batch
+RAMP_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,7 @@ def _tau_half_width(per_request: Sequence[Dict[str, Any]]) -> Tuple[float, float
 
 def run_sampled(runtime, prompt_ids: Sequence[List[int]], *, batch_size: int, max_new_tokens: int,
                 deadline: float, tolerance: float, min_requests: int, max_steps: Optional[int] = None,
-                ramp: Sequence[int] = (1, 2, 4), ramp_steps: int = 2,
+                ramp: Sequence[int] = (1, 2, 4), ramp_steps: int = RAMP_STEPS,
                 on_request: Optional[Callable[[int, float, float], None]] = None) -> Tuple[List[Dict[str, Any]], List[StepSample], str, float]:
     """Decode ``prompt_ids`` in order with at most ``batch_size`` in flight until the stop rule (module
     docstring) holds. ``deadline``: ``time.monotonic()`` value after which no request is started and

@@ -520,6 +520,10 @@ def test_load_factor_by_live_rows(tmp_path):
     assert [pred.load_at(b) for b in (1, 4.5, 8, 64)] == pytest.approx([0.8, 1.0, 1.2, 1.2])
     assert pred.breakdown(Config(None, 0), 1)["verify_ms"] == pytest.approx(0.8 * table.step_ms(1))
     assert Predictor(table=table, candidates={}, entries={}, costs={}, load=1.3).load_at(1) == 1.3
+    # a measuring run's ramp stays at each level long enough for that level's own λ
+    from specc.tune.measure import RAMP_STEPS
+
+    assert RAMP_STEPS >= LOAD_MIN_SAMPLES
 
 
 def test_a_ragged_verify_pays_for_its_padding(tmp_path):
