@@ -31,6 +31,7 @@ from typing import Optional
 
 import torch
 
+from specc.errors import SpeccError
 from specc.kernels import cbuild
 
 SOURCE = pathlib.Path(__file__).with_name("qgemm.c")
@@ -48,6 +49,12 @@ PACKED_VARIANTS = ("avx512vnni", "avx2int8")
 #: ``$SPECC_QGEMM_ISA``: run only the paths a CPU with this instruction set runs (variants allowed, as
 #: ``qgemm_limit`` takes them), so one machine measures another's kernels; unset: every path this CPU runs
 ISA_CEILINGS = {"avx2": ("portable", "avx2", "avx2int8"), "portable": ("portable",)}
+
+
+class KernelSettingError(SpeccError, ValueError):
+    """A ``$SPECC_QGEMM_ISA`` / ``$SPECC_QGEMM_VARIANT`` this process cannot take: the user's input, so
+    the CLI prints it without a traceback (exit 2); a ValueError as before for callers that catch one."""
+
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -136,17 +143,18 @@ def _load() -> Optional[ctypes.CDLL]:
                 isa = os.environ.get("SPECC_QGEMM_ISA", "").strip()
                 if isa:
                     if isa not in ISA_CEILINGS:
-                        raise ValueError(f"SPECC_QGEMM_ISA={isa!r}: choose one of {', '.join(ISA_CEILINGS)} "
-                                         f"(or unset it to run every path this CPU has)")
+                        raise KernelSettingError(f"SPECC_QGEMM_ISA={isa!r}: choose one of {', '.join(ISA_CEILINGS)} "
+                                                 f"(or unset it to run every path this CPU has)")
                     lib.qgemm_limit(sum(1 << VARIANTS.index(v) for v in ISA_CEILINGS[isa]))
                 mask = lib.qgemm_variants()
                 want = os.environ.get("SPECC_QGEMM_VARIANT", "").strip()
                 if want:
                     if want not in VARIANTS:
-                        raise ValueError(f"SPECC_QGEMM_VARIANT={want!r}: choose one of {', '.join(VARIANTS)}")
+                        raise KernelSettingError(f"SPECC_QGEMM_VARIANT={want!r}: choose one of {', '.join(VARIANTS)}")
                     if not mask & (1 << VARIANTS.index(want)):
-                        raise ValueError(f"SPECC_QGEMM_VARIANT={want}: this CPU cannot run it "
-                                         f"(it runs {', '.join(supported_from(mask))}); unset it")
+                        why = (f"SPECC_QGEMM_ISA={isa} leaves only" if isa else "this CPU cannot run it (it runs")
+                        raise KernelSettingError(f"SPECC_QGEMM_VARIANT={want}: {why} "
+                                                 f"{', '.join(supported_from(mask))}{'' if isa else ')'}; unset it")
                     _variant = VARIANTS.index(want)
                 else:
                     _variant = VARIANTS.index(_preferred(supported_from(mask)))

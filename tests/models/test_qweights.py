@@ -407,3 +407,29 @@ def test_an_isa_ceiling_keeps_the_process_on_another_cpus_paths():
     env["SPECC_QGEMM_ISA"] = "avx9"
     bad = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True, cwd=root)
     assert bad.returncode != 0 and "SPECC_QGEMM_ISA='avx9': choose one of avx2, portable" in bad.stderr
+
+
+@needs_kernels
+@pytest.mark.parametrize("setting, says", [
+    ({"SPECC_QGEMM_ISA": "avx9"}, "SPECC_QGEMM_ISA='avx9': choose one of avx2, portable"),
+    ({"SPECC_QGEMM_VARIANT": "neon"}, "SPECC_QGEMM_VARIANT='neon': choose one of"),
+    ({"SPECC_QGEMM_ISA": "portable", "SPECC_QGEMM_VARIANT": "avx2"},
+     "SPECC_QGEMM_VARIANT=avx2: SPECC_QGEMM_ISA=portable leaves only portable"),
+])
+def test_a_kernel_setting_the_process_cannot_take_is_refused_without_a_traceback(setting, says):
+    """A bad ``$SPECC_QGEMM_ISA`` / ``$SPECC_QGEMM_VARIANT`` is the user's input: ``specc run`` prints
+    ``specc run: error: ...`` naming the variable and exits 2, as for any other bad input; a variant the
+    ISA ceiling leaves out is refused naming the ceiling, not the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
+    env.pop("SPECC_QGEMM_ISA", None)
+    env.pop("SPECC_QGEMM_VARIANT", None)
+    env.update(setting)
+    out = subprocess.run([sys.executable, "-m", "specc.cli", "run", "smollm2_ngram", "--prompt", "Hi",
+                          "--max-new-tokens", "1", "--no-progress"], env=env, capture_output=True, text=True, cwd=root)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "specc run: error: " + says in out.stderr and "Traceback" not in out.stderr
