@@ -4,7 +4,10 @@
 For every drafter configuration ``specc tune`` would measure (each shipped ``specc`` preset that
 drafts, merged by proposals: :func:`specc.tune.candidates.discover`), decode the shipped prompts
 (``specc/data/prompts.jsonl``, held out from every training stage) greedily with the runtime at the
-candidate's κ, and write acceptance per draft position, τ and their 95 % intervals into the drafter's
+candidate's κ — the target at the dtype and kernel variant the runtime loads for it
+(:class:`specc.tune.measure.Models`: on a CPU the GGUF's own codes, so the records follow the CPU's
+int8 kernels; the records written before that default say ``"dtype": "float32"``) — and write
+acceptance per draft position, τ and their 95 % intervals into the drafter's
 record (``<drafter dir>/acceptance.json``, or ``specc/data/acceptance/<name>.json`` for a drafter
 built at install and for methods without a drafter checkpoint; :func:`specc.predict.acceptance.record_path`).
 Other entries of a record file are kept. ``specc explain`` and ``specc compile`` read these records,

@@ -13,8 +13,8 @@ llama.cpp does on AVX2: the same bits as ``avx512vnni``; everything else as ``"a
 (AVX-512F), ``"avx2"`` (AVX2 + FMA), ``"portable"`` (plain C); the last three multiply the checkpoint's
 weights with fp32 activations. The process uses one variant for every product: the first of
 :data:`PREFERENCE` the CPU runs, or ``$SPECC_QGEMM_VARIANT`` when set (a variant the CPU lacks is an
-error; ``$SPECC_QGEMM_ISA=avx2`` keeps the process on the paths an AVX2-only CPU runs, for measuring them
-on a larger one: the variants, the attention and variant 4's fp32 parts); ``specc.runtime.loader.load_models`` sets the device profile's measured choice (the cost table's
+error; ``$SPECC_QGEMM_ISA=avx2`` keeps the process on the variants an AVX2-only CPU runs, for measuring them
+on a larger one: the products, the attention and variant 4's fp32 parts, :data:`ISA_CEILINGS`); ``specc.runtime.loader.load_models`` sets the device profile's measured choice (the cost table's
 ``choice.qgemm_variant``) unless ``$SPECC_QGEMM_VARIANT`` is set. Build: ``specc.kernels.cbuild`` with the
 system C compiler (OpenMP when it can); without a compiler :func:`available` is False and :func:`status` says why (the quantized
 weights then run through ``torch``, dequantized block by block; see ``specc.models.qweights``).
@@ -46,8 +46,11 @@ PREFERENCE = ("avx512vnni", "avx2int8", "avx512", "avx2", "portable")
 #: the variants whose q4 / Q8_0 products run on the packed layout with int8 activations
 PACKED_VARIANTS = ("avx512vnni", "avx2int8")
 
-#: ``$SPECC_QGEMM_ISA``: run only the paths a CPU with this instruction set runs (variants allowed, as
-#: ``qgemm_limit`` takes them), so one machine measures another's kernels; unset: every path this CPU runs
+#: ``$SPECC_QGEMM_ISA``: run only the variants a CPU with this instruction set runs (as ``qgemm_limit``
+#: takes them) and every choice made from them (the attention, variant 4's fp32 parts), so one machine
+#: measures another's kernels; unset: every path this CPU runs. Not covered: the three routines the
+#: compiler clones per instruction set (RMSNorm, the activations' int8 quantization, the generic
+#: attention), which pick this CPU's best clone at load (``portable`` therefore still runs AVX2 clones)
 ISA_CEILINGS = {"avx2": ("portable", "avx2", "avx2int8"), "portable": ("portable",)}
 
 
