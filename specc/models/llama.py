@@ -919,8 +919,8 @@ class LlamaModel(nn.Module):
             (prefill asks for the last real token of each row).
           num_tokens: optional ``[B]`` int64: row ``b``'s first ``num_tokens[b]`` tokens are real, the
             rest padding (a ragged verify or prefill). Padding tokens cost no GEMM work
-            (:class:`TokenPacking`) and, in the C attention, no attention (their mask rows are masked
-            whole), write no K/V, and get zero logits and hidden states.
+            (:class:`TokenPacking`) and, where the C attention runs, no attention (their mask rows
+            are masked whole there; the other paths attend as before and drop them), write no K/V, and get zero logits and hidden states.
           rows: optional ``[B]`` int64, the cache row of each batch row (default ``0..B-1``): a prefill
             of a few new requests among many runs over their rows only.
 
@@ -970,21 +970,22 @@ class LlamaModel(nn.Module):
             mask = self._slot_ids[:kv_len][None, None, :] <= positions[:, :, None]  # [B, N, S]
         else:
             mask = attn_mask
-        if packing is not None:  # a padding position attends nothing (the C attention then skips it)
+        c_attention = self.c_layers and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        if packing is not None and c_attention:  # a padding position attends nothing: the C attention skips it
             mask = mask & real[:, :, None]
         # additive mask shared by all layers; a fully masked row stays finite (HF eager uses dtype-min too)
         c = self.config
         g = c.num_heads // c.num_kv_heads
         fill = torch.float32 if x.dtype != torch.float32 else x.dtype
         mask = torch.zeros(mask.shape, dtype=fill, device=x.device).masked_fill_(~mask, torch.finfo(fill).min)
-        if self.c_layers and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        if c_attention:
             pass  # [B, N, S]: the C attention of DecoderLayer._fused reads each query's row as it is
         elif x.dtype == torch.float32:
             mask = mask[:, None, None].expand(B, c.num_kv_heads, g, N, kv_len).reshape(
                 B * c.num_kv_heads, g * N, kv_len)  # [B*nkv, g*N, S]: the eager fp32 attention
         else:
             mask = mask[:, None]  # [B, 1, N, S] fp32: row-invariant attention in half precision (Attention._half)
-        if self.c_layers and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        if c_attention:
             mask = CStep(cos, sin, batch_index, cache_slots, mask)  # the layers' C attention reads it
         stack = self._c_stack() if self.c_stack and isinstance(mask, CStep) else None
         if stack is not None:
