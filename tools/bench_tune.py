@@ -120,11 +120,11 @@ def main(argv=None) -> int:
         return 1
     base = cands[0].plan
     from specc.compiler.build import plan_ir
+    from specc.runtime.loader import table_choice
 
     # the target at the dtype and kernels the tuned plan runs under (its cost table's choice), as tune measured
-    choice = ((plan_ir(plan).runtime.to_dict().get("schedule") or {}).get("cost_table") or {}).get("choice")
     models = Models({"path": base.target.path, "format": base.target.format}, max_model_len=base.target.max_model_len,
-                    choice=choice)
+                    choice=table_choice(plan_ir(plan).runtime.to_dict()))
     print(f"target: {models.why}", flush=True)
     sample = sample_records(read_prompts(prompts))
     ids = encode(sample, models.tokenizer)

@@ -347,7 +347,7 @@ def _lin_args(w) -> tuple:
     the int8 kernels (VNNI or AVX2) with fp32 / fp16 scales, 8 = q8, 9 / 10 = q8 packed, 16 / 17 = fp16 / bf16 values)."""
     if w.half:
         return HALF[w.qs.dtype][0], w.group, w.qs.data_ptr(), None, None
-    if packable(w.kind, w.group) and (w.is_packed or packs()):  # once packed, always packed (no temporaries)
+    if w.runs_packed:  # once packed, always packed (no temporaries)
         buf, f16 = w.packed()
         kind = (6 if f16 else 5) if w.kind == "q4" else (10 if f16 else 9)
         return kind, w.group, buf.data_ptr(), None, None

@@ -920,7 +920,8 @@ class LlamaModel(nn.Module):
           num_tokens: optional ``[B]`` int64: row ``b``'s first ``num_tokens[b]`` tokens are real, the
             rest padding (a ragged verify or prefill). Padding tokens cost no GEMM work
             (:class:`TokenPacking`) and, where the C attention runs, no attention (their mask rows
-            are masked whole there; the other paths attend as before and drop them), write no K/V, and get zero logits and hidden states.
+            are masked whole there; the other paths attend as before and drop them); they write no
+            K/V and get zero logits and hidden states.
           rows: optional ``[B]`` int64, the cache row of each batch row (default ``0..B-1``): a prefill
             of a few new requests among many runs over their rows only.
 

@@ -86,6 +86,16 @@ class QuantWeight:
         return self._packed is not None
 
     @property
+    def runs_packed(self) -> bool:
+        """Whether its products run on the packed int8 layout: a packable layout (q4, group-32 q8) that is
+        packed already or that the process's qgemm variant packs (``qgemm.packs``); False for 16-bit
+        layouts and without the kernels."""
+        from specc.kernels import qgemm
+
+        return (not self.half and qgemm.available() and qgemm.packable(self.kind, self.group)
+                and (self.is_packed or qgemm.packs()))
+
+    @property
     def half(self) -> bool:
         """True for the 16-bit layouts (``f16``, ``bf16``): the values themselves, no scales."""
         return self.kind in HALF_KINDS.values()
@@ -249,7 +259,7 @@ class QuantWeight:
         if self.half:
             return qgemm.h16_matmul(x, self._qs) if qgemm.available() else F.linear(x, self._qs.float())
         if qgemm.available():
-            if qgemm.packable(self.kind, self.group) and (self.is_packed or qgemm.packs()):
+            if self.runs_packed:
                 return qgemm.packed_matmul(self.kind, x, self.packed(), *self.shape)
             qs, d, m = self._layout()
             return qgemm.q4_matmul(x, qs, d, m) if self.kind == "q4" else qgemm.q8_matmul(x, qs, d)

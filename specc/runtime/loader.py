@@ -104,6 +104,12 @@ def default_dtype(target: Dict[str, Any], dev: "torch.device") -> Tuple[str, str
                        "dtypes, schedule.cost_table points at its table)")
 
 
+def table_choice(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """The device profile's measured choice a runtime section carries (``schedule.cost_table.choice``:
+    ``dtype``, ``compile_backend``, ``qgemm_variant``, written by ``specc profile``); ``{}`` without one."""
+    return dict(((spec.get("schedule") or {}).get("cost_table") or {}).get("choice") or {})
+
+
 def choose_settings(spec: Dict[str, Any], dev: "torch.device") -> Tuple[str, str, str]:
     """The target's dtype and the verify programs' compile backend for a runtime section, and why:
     ``(dtype, compile_backend, reason)``. An explicit ``runtime.dtype`` / ``compile_backend`` (or
@@ -112,7 +118,7 @@ def choose_settings(spec: Dict[str, Any], dev: "torch.device") -> Tuple[str, str
     ``float32`` and ``eager`` — nothing assumes a dtype is fast or slow on a device it was not
     measured on."""
     tgt = spec["target"]
-    choice = ((spec.get("schedule") or {}).get("cost_table") or {}).get("choice") or {}
+    choice = table_choice(spec)
     dtype = spec.get("dtype") if spec.get("dtype") not in (None, "auto") else tgt.get("dtype")
     backend = spec.get("compile_backend") or "eager"
     why = []
@@ -150,7 +156,7 @@ def kernel_variant(spec: Dict[str, Any]) -> Tuple[Optional[str], str]:
         return None, f"no quantized kernels ({qgemm.status()})"
     if os.environ.get("SPECC_QGEMM_VARIANT", "").strip():
         return None, f"qgemm variant {qgemm.variant()} (SPECC_QGEMM_VARIANT)"
-    want = (((spec.get("schedule") or {}).get("cost_table") or {}).get("choice") or {}).get("qgemm_variant")
+    want = table_choice(spec).get("qgemm_variant")
     if want and want in qgemm.supported():
         return want, f"qgemm variant {want} (the device profile measured it fastest)"
     default = qgemm.default_variant()
@@ -180,6 +186,26 @@ def with_kernel_variant(spec: Dict[str, Any], variant: str) -> Dict[str, Any]:
     return dict(spec, schedule=schedule)
 
 
+def load_spec_target(spec: Dict[str, Any], dev: "torch.device", max_model_len: Optional[int]):
+    """The target a runtime section names, loaded as the runtime runs it: at :func:`choose_settings`'
+    dtype, a native CPU target after the process-wide qgemm variant is set (:func:`use_kernel_variant`:
+    the int8 variants pack the weights at load), a half-precision CPU target row-invariant (speculative
+    greedy equals plain greedy at that dtype). ``max_model_len``: its cache length in tokens (None: the
+    checkpoint's). Returns ``(target, tokenizer, dtype, why)``. Raises as ``specc.models.load_target``
+    (CheckpointError for a missing or mismatched checkpoint)."""
+    from specc.models import load_target
+
+    tgt = spec["target"]
+    dtype, _, why = choose_settings(spec, dev)
+    if dtype == "native" and dev.type == "cpu":
+        use_kernel_variant(spec)
+    target, tokenizer = load_target(tgt["path"], tgt.get("format") or "auto", dtype=dtype,
+                                    max_model_len=max_model_len, device=str(dev))
+    if dev.type == "cpu" and dtype not in ("float32", "native"):
+        target.set_row_invariant()
+    return target, tokenizer, dtype, why
+
+
 def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: int = 0):
     """The target, its tokenizer and the drafter a runtime section names (``manifest.json``
     ``runtime``, or :func:`specc.compiler.codegen.runtime_section` of a plan): ``(target, tokenizer, drafter,
@@ -192,19 +218,10 @@ def load_models(spec: Dict[str, Any], device: Optional[str] = None, max_steps: i
             mismatched. PlanError: a method the runtime does not run.
     """
     from specc import methods
-    from specc.models import load_target
 
     dev = resolve_device(device or spec.get("device") or "auto")
-    tgt = spec["target"]
-    dtype, _, _ = choose_settings(spec, dev)
-    if dtype == "native" and dev.type == "cpu":
-        use_kernel_variant(spec)
-    want_len = tgt.get("max_model_len")
-    cache_len = (want_len + max_steps + 2) if want_len else None
-    target, tokenizer = load_target(tgt["path"], tgt.get("format") or "auto", dtype=dtype,
-                                    max_model_len=cache_len, device=str(dev))
-    if dev.type == "cpu" and dtype not in ("float32", "native"):
-        target.set_row_invariant()  # speculative greedy == plain greedy at this dtype
+    want_len = spec["target"].get("max_model_len")
+    target, tokenizer, _, _ = load_spec_target(spec, dev, (want_len + max_steps + 2) if want_len else None)
     drafter = methods.build_drafter(spec["method"]["name"], spec, target, tokenizer, dev,
                                     max_seq_len=target.config.max_model_len)
     return target, tokenizer, drafter, dev

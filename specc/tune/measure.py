@@ -61,10 +61,9 @@ class Models:
     """The target (loaded once) and each candidate's drafter (loaded on first use), shared by every
     runtime tune builds from a compiled artifact (:meth:`runtime`). ``dtype``: the target's dtype; None
     (default) takes the runtime's rule for this target and ``choice`` (a cost table's ``choice``, the
-    device profile's measured dtype and kernel variant; :func:`specc.runtime.loader.choose_settings`), so
-    tune and a benchmark of its plans measure the kernels ``specc run`` would load. A native CPU target sets
-    the process-wide qgemm variant first (:func:`specc.runtime.loader.use_kernel_variant`), as
-    ``load_models`` does. ``artifact_dir``: where candidates are compiled (default
+    device profile's measured dtype and kernel variant), loaded as ``specc run`` loads it
+    (:func:`specc.runtime.loader.load_spec_target`), so tune and a benchmark of its plans measure the
+    kernels the runtime would run. ``artifact_dir``: where candidates are compiled (default
     ``$SPECC_CACHE_DIR/artifacts``)."""
 
     def __init__(self, target_spec: Dict[str, Any], dtype: Optional[str] = None, max_model_len: int = 512,
@@ -72,8 +71,7 @@ class Models:
                  choice: Optional[Dict[str, Any]] = None) -> None:
         import torch
 
-        from specc.models import load_target
-        from specc.runtime.loader import choose_settings, use_kernel_variant
+        from specc.runtime.loader import load_spec_target
 
         self.artifact_dir = None if artifact_dir is None else Path(artifact_dir)
         self.artifacts: List[Path] = []  # every artifact a runtime was built from, in order
@@ -81,14 +79,8 @@ class Models:
         self.max_model_len = int(max_model_len)
         spec = {"target": dict(target_spec, dtype=dtype or target_spec.get("dtype")),
                 "schedule": {"cost_table": {"choice": dict(choice or {})}}}
-        dtype, _, self.why = choose_settings(spec, torch.device(device))
-        if dtype == "native" and device == "cpu":
-            use_kernel_variant(spec)
-        self.target, self.tokenizer = load_target(target_spec["path"], target_spec.get("format") or "auto",
-                                                  dtype=dtype, max_model_len=self.max_model_len + 64,
-                                                  device=device)
-        if device == "cpu" and dtype not in ("float32", "native"):
-            self.target.set_row_invariant()  # speculative greedy == plain greedy at this dtype
+        self.target, self.tokenizer, dtype, self.why = load_spec_target(spec, torch.device(device),
+                                                                        self.max_model_len + 64)
         self.device = self.target.norm.weight.device
         self.dtype = dtype
         self._drafters: Dict[str, Any] = {}
