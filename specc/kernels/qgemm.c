@@ -29,7 +29,9 @@
  * 2 x 3, 2 x 4, then 1 x 5..8, rows taken 8 at a time; AVX2: up to 2 x 4, rows 4 at a time; a block's
  * codes are decoded once per tile and used for RC rows), output rows
  * walked in blocks of OBLOCK so a block's weights stay in L2 across row chunks; OpenMP threads split
- * the output blocks.
+ * the output blocks. Every tile is a separate function compiled for its row count (and the packed ones for
+ * their weight streams); a product picks the ones for its R. qgemm_trace records which ones ran and
+ * qgemm_walk says which a product of R rows runs.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -296,6 +298,51 @@ int qgemm_variants(void) {
     return v & isa_ceiling;
 }
 
+/* The variant an fp32-activation product (q4_gemm, q8_gemm, h16_gemm) runs for a qgemm variant: VNNI (3)
+ * changes only the packed products and runs the rest as AVX-512F (2); AVX2 int8 (4) runs the rest as
+ * AVX-512F where present, else AVX2 (1). */
+static int act_variant(int variant) {
+    if (variant == 3) return 2;
+    if (variant == 4) return (qgemm_variants() & 4) ? 2 : 1;
+    return variant;
+}
+
+/* ------------------------------------------------------------------------------------- dispatch trace
+ * Which compiled tiles the products ran: when on, every product call adds one count per row chunk it
+ * walks to trace_calls[product][isa][rows in the chunk][weight streams]. The tiles are instantiated per
+ * (rows, streams) at compile time (the macros above and below); a product picks the one for its row count,
+ * so the trace shows which specialization each call ran. Recorded by the calling thread before the OpenMP
+ * region; off (one branch per product) unless qgemm_trace(1). */
+enum { PRODUCT_Q4, PRODUCT_Q8, PRODUCT_H16, PRODUCT_Q4V, PRODUCT_Q8V, PRODUCTS };
+#define TRACE_ISAS 5
+#define TRACE_ROWS 9
+#define TRACE_STREAMS 5 /* MAX_STREAMS + 1 */
+static long trace_calls[PRODUCTS][TRACE_ISAS][TRACE_ROWS][TRACE_STREAMS];
+static int trace_on = 0;
+
+/* Start (on = 1: counts zeroed) or stop (on = 0: counts kept for qgemm_trace_read) the trace. */
+void qgemm_trace(int on) {
+    if (on) memset(trace_calls, 0, sizeof trace_calls);
+    trace_on = on;
+}
+
+/* Copy the counts to out [PRODUCTS * TRACE_ISAS * TRACE_ROWS * TRACE_STREAMS] (that order, row-major);
+ * returns the number of longs written. */
+long qgemm_trace_read(long *out) {
+    memcpy(out, trace_calls, sizeof trace_calls);
+    return (long)(sizeof trace_calls / sizeof(long));
+}
+
+/* The row chunks of a product over R rows taken `chunk` at a time, each read with `streams` weight streams. */
+static void add_walk(long (*t)[TRACE_ISAS][TRACE_ROWS][TRACE_STREAMS], int product, int isa, long R, int chunk,
+                     int streams) {
+    for (long r0 = 0; r0 < R; r0 += chunk) t[product][isa][R - r0 < chunk ? R - r0 : chunk][streams]++;
+}
+
+static void trace_walk(int product, int isa, long R, int chunk, int streams) {
+    if (trace_on) add_walk(trace_calls, product, isa, R, chunk, streams);
+}
+
 static int check(long R, long K, long G, long N, int variant, int threads) {
     if (R < 1 || K < 1 || N < 1 || G < 16 || G % 16 || K % G || threads < 1) return -1;
     if (variant < 0 || variant > 4 || !(qgemm_variants() & (1 << variant))) return -2;
@@ -308,8 +355,8 @@ int q4_gemm(const float *x, long R, long K, const uint8_t *qs, const float *d, c
             int variant, int threads) {
     int rc = check(R, K, QK, N, variant, threads);
     if (rc) return rc;
-    if (variant == 3) variant = 2; /* the fp32-activation products of variant 3 */
-    if (variant == 4) variant = (qgemm_variants() & 4) ? 2 : 1; /* and of variant 4 (AVX-512F where present) */
+    variant = act_variant(variant);
+    trace_walk(PRODUCT_Q4, variant, R, CHUNK[variant], 1);
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
     for (long ob = 0; ob < nblocks; ob++) {
@@ -337,8 +384,8 @@ int q8_gemm(const float *x, long R, long K, long G, const int8_t *qs, const floa
             int variant, int threads) {
     int rc = check(R, K, G, N, variant, threads);
     if (rc) return rc;
-    if (variant == 3) variant = 2; /* the fp32-activation products of variant 3 */
-    if (variant == 4) variant = (qgemm_variants() & 4) ? 2 : 1; /* and of variant 4 (AVX-512F where present) */
+    variant = act_variant(variant);
+    trace_walk(PRODUCT_Q8, variant, R, CHUNK[variant], 1);
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
     for (long ob = 0; ob < nblocks; ob++) {
@@ -467,8 +514,8 @@ static const h16_fn H16_ONE[2][3][9] = {H16_TABLE(f16, 1, 1), H16_TABLE(bf16, 1,
 int h16_gemm(const float *x, long R, long K, const uint16_t *w, int bf, float *y, long N, int variant, int threads) {
     int rc = check(R, K, 16, N, variant, threads);
     if (rc) return rc;
-    if (variant == 3) variant = 2; /* VNNI changes only the q4 / q8 products */
-    if (variant == 4) variant = (qgemm_variants() & 4) ? 2 : 1; /* as AVX2 int8 does */
+    variant = act_variant(variant);
+    trace_walk(PRODUCT_H16, variant, R, CHUNK[variant], 1);
     bf = bf ? 1 : 0;
     long nblocks = (N + OBLOCK - 1) / OBLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && nblocks > 1)
@@ -733,6 +780,9 @@ typedef void (*q4v_fn)(const int8_t *, const float *, const float *, long, const
 static const q4v_fn Q4V_TILE[2][9] = {{ONE_STREAM_TILES(Q4V_AT, 0)}, {ONE_STREAM_TILES(Q4V_AT, 1)}};
 static const q4v_fn Q4V_MULTI[2][9] = {{VNNI_MULTI(Q4V_AT, 0)}, {VNNI_MULTI(Q4V_AT, 1)}};
 
+/* The weight streams a packed walk over R rows reads side by side (its multi-stream tiles' S; 1 past 8 rows) */
+static int walk_streams(const int *streams, long R) { return R <= 8 && streams[R] <= max_streams ? streams[R] : 1; }
+
 /* The groups [0, groups) of a product over R rows (R <= 8 rows in one chunk; more: chunks of 8, one
  * stream). The groups are split into one contiguous part per thread, and each part into S = STREAMS[R]
  * ranges of near-equal length walked side by side: step i computes group i of every range, with one
@@ -744,7 +794,7 @@ static const q4v_fn Q4V_MULTI[2][9] = {{VNNI_MULTI(Q4V_AT, 0)}, {VNNI_MULTI(Q4V_
  * (tools/bench_matmul.py --quantized, its 1stream column). */
 #define WALK_GROUPS(groups, R, STREAMS, ONE, MULTI)                                                            \
     do {                                                                                                        \
-        int S_ = (R) <= 8 && STREAMS[R] <= max_streams ? STREAMS[R] : 1;                                       \
+        int S_ = walk_streams(STREAMS, R);                                                                      \
         long parts_ = threads < (groups) ? threads : (groups);                                                  \
         _Pragma("omp parallel for num_threads(threads) schedule(static) if (parts_ > 1)")                     \
         for (long p_ = 0; p_ < parts_; p_++) {                                                                  \
@@ -875,6 +925,7 @@ int q4v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *
     const int *streams = v ? VSTREAMS : ASTREAMS;
 #define Q4V_ONE(rc, gs) one[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, gs)
 #define Q4V_MANY(rc, gs) multi[rc](xq + r0 * K, dx + r0 * nb, sx + r0 * nb, K, pk, y + r0 * N, N, gs)
+    trace_walk(PRODUCT_Q4V, isa, R, 8, walk_streams(streams, R));
     WALK_GROUPS(groups, R, streams, Q4V_ONE, Q4V_MANY);
 #undef Q4V_ONE
 #undef Q4V_MANY
@@ -1081,9 +1132,30 @@ int q8v_gemm(const float *x, long R, long K, const uint8_t *pk, int f16, float *
     const int *streams = v ? VSTREAMS : ASTREAMS;
 #define Q8V_ONE(rc, gs) one[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, gs)
 #define Q8V_MANY(rc, gs) multi[rc](xq + r0 * K, dx + r0 * nb, xsum + r0 * nb, K, pk, y + r0 * N, N, gs)
+    trace_walk(PRODUCT_Q8V, isa, R, 8, walk_streams(streams, R));
     WALK_GROUPS(groups, R, streams, Q8V_ONE, Q8V_MANY);
 #undef Q8V_ONE
 #undef Q8V_MANY
+    return 0;
+}
+
+/* The counts one call of `product` (PRODUCT_Q4 .. PRODUCT_Q8V) over R rows under qgemm variant `variant` adds to
+ * the trace, written to out (the shape qgemm_trace_read writes, zeroed first): the tiles the product's walk
+ * picks for R, from the same tables the products read. Returns 0, -1 for a bad product or R, -2 for a variant
+ * this CPU cannot run (packed products: when it runs neither packed variant). */
+int qgemm_walk(int product, int variant, long R, long *out) {
+    memset(out, 0, sizeof trace_calls);
+    if (product < 0 || product >= PRODUCTS || R < 1) return -1;
+    long (*t)[TRACE_ISAS][TRACE_ROWS][TRACE_STREAMS] = (long (*)[TRACE_ISAS][TRACE_ROWS][TRACE_STREAMS])out;
+    if (product == PRODUCT_Q4V || product == PRODUCT_Q8V) {
+        int isa = packed_isa(variant);
+        if (isa < 0) return isa;
+        add_walk(t, product, isa, R, 8, walk_streams(isa == 3 ? VSTREAMS : ASTREAMS, R));
+        return 0;
+    }
+    if (variant < 0 || variant > 4 || !(qgemm_variants() & (1 << variant))) return -2;
+    int v = act_variant(variant);
+    add_walk(t, product, v, R, CHUNK[v], 1);
     return 0;
 }
 

@@ -27,7 +27,9 @@ import pathlib
 import platform
 import subprocess
 import threading
-from typing import Optional
+from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple, Optional
 
 import torch
 
@@ -100,6 +102,12 @@ def _build() -> ctypes.CDLL:
     lib.attn_f32.argtypes = [p, L, L, L, L, L, p, p, p, p, L, p, p, p, L, F, p, I]
     lib.rms_norm_f32.restype = None
     lib.rms_norm_f32.argtypes = [p, L, L, p, ctypes.c_float, p]
+    lib.qgemm_trace.restype = None
+    lib.qgemm_trace.argtypes = [I]
+    lib.qgemm_trace_read.restype = L
+    lib.qgemm_trace_read.argtypes = [p]
+    lib.qgemm_walk.restype = I
+    lib.qgemm_walk.argtypes = [I, I, L, p]
     lib.decoder_stack.restype = ctypes.c_int
     lib.decoder_stack.argtypes = [p, L, p, L, L, L, L, L, L, L, L, F, L, L, p, p, p, p, p, L, p, p, I, I]
     return lib
@@ -241,6 +249,87 @@ def set_threads(n: int) -> None:
     if int(n) < 1:
         raise ValueError(f"qgemm threads must be >= 1, got {n}")
     _threads = int(n)
+
+
+PRODUCTS = ("q4", "q8", "h16", "q4v", "q8v")
+"""The products of ``qgemm.c`` (index = its ``PRODUCT_*`` number): q4 / q8 codes and 16-bit values with fp32
+activations, and q4 / q8 codes packed for the int8 tiles."""
+_TRACE_SHAPE = (len(PRODUCTS), len(VARIANTS), 9, 5)  # qgemm.c: PRODUCTS x TRACE_ISAS x TRACE_ROWS x TRACE_STREAMS
+
+
+class Tile(NamedTuple):
+    """One compiled tile of ``qgemm.c``: ``product`` (one of :data:`PRODUCTS`), the ``isa`` it is compiled for
+    (one of :data:`VARIANTS`), its activation ``rows`` (1..8: a product over R rows walks chunks of 8 on
+    AVX-512 and the packed tiles, of 4 on AVX2) and the weight ``streams`` it reads side by side (packed tiles;
+    1 for the others)."""
+
+    product: str
+    isa: str
+    rows: int
+    streams: int
+
+    @property
+    def label(self) -> str:
+        """``"product/isa rows x streams"``, e.g. ``"q4v/avx512vnni 5x2"``."""
+        return f"{self.product}/{self.isa} {self.rows}x{self.streams}"
+
+
+def _tiles(counts: torch.Tensor) -> Counter:
+    c = counts.view(_TRACE_SHAPE)
+    return Counter({Tile(PRODUCTS[p], VARIANTS[i], r, s): int(c[p, i, r, s])
+                    for p, i, r, s in torch.nonzero(c).tolist()})
+
+
+@contextmanager
+def tile_trace() -> Iterator[Counter]:
+    """Record which compiled tiles the products run inside the ``with`` block (``qgemm_trace``): yields a
+    ``Counter`` of :class:`Tile` → row chunks run, filled when the block ends. One product call over R rows
+    counts one chunk per 8 rows (4 on AVX2's fp32-activation tiles). Process-wide: products run by other
+    threads meanwhile count too. Raises ``RuntimeError`` when the kernels are unavailable."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    out: Counter = Counter()
+    lib.qgemm_trace(1)
+    try:
+        yield out
+    finally:
+        lib.qgemm_trace(0)
+        buf = torch.zeros(_TRACE_SHAPE, dtype=torch.int64)
+        lib.qgemm_trace_read(buf.data_ptr())
+        out.update(_tiles(buf))
+
+
+def walk(product: str, rows: int, variant_name: Optional[str] = None) -> Counter:
+    """The tiles one call of ``product`` (one of :data:`PRODUCTS`) over ``rows`` activation rows runs under
+    ``variant_name`` (default: the process's variant), as :func:`tile_trace` counts them; read from the
+    tables the products use (``qgemm_walk``). Raises ``ValueError`` for an unknown product or variant, a
+    variant this CPU cannot run, or ``rows < 1``, and ``RuntimeError`` when the kernels are unavailable."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"qgemm is unavailable: {_status}")
+    if product not in PRODUCTS:
+        raise ValueError(f"qgemm product {product!r}: choose one of {', '.join(PRODUCTS)}")
+    v = _variant if variant_name is None else VARIANTS.index(variant_name) if variant_name in VARIANTS else -1
+    if v < 0:
+        raise ValueError(f"qgemm variant {variant_name!r}: choose one of {', '.join(VARIANTS)}")
+    buf = torch.zeros(_TRACE_SHAPE, dtype=torch.int64)
+    rc = lib.qgemm_walk(PRODUCTS.index(product), v, int(rows), buf.data_ptr())
+    if rc == -1:
+        raise ValueError(f"qgemm walk: rows must be >= 1, got {rows}")
+    if rc:
+        raise ValueError(f"qgemm variant {VARIANTS[v]} cannot run {product} here (runnable: {', '.join(supported())})")
+    return _tiles(buf)
+
+
+PRODUCT_OF_KIND = {4: "q4", 5: "q4v", 6: "q4v", 8: "q8", 9: "q8v", 10: "q8v", 16: "h16", 17: "h16"}
+"""The :data:`PRODUCTS` entry each linear kind of :func:`_lin_args` (and ``qgemm.c``'s ``qlin``) runs."""
+
+
+def product_of(w) -> str:
+    """The :data:`PRODUCTS` entry a ``QuantWeight`` runs (its linear kind, :func:`_lin_args`; packs the
+    weight where an int8 variant runs it packed, as its first product would)."""
+    return PRODUCT_OF_KIND[_lin_args(w)[0]]
 
 
 def _check_x(x: torch.Tensor, K: int) -> torch.Tensor:

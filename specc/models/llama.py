@@ -38,7 +38,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from specc.errors import CheckpointError, PromptError
 from specc.models.config import LlamaConfig
 from specc.kernels.cpu_gemm import skinny_matmul
 from specc.models.cpu_matmul import path_table
+
+if TYPE_CHECKING:
+    from collections import Counter
 
 
 # ----------------------------------------------------------------------------------- BLAS threads
@@ -138,6 +141,25 @@ def layer_program(model: "LlamaModel") -> str:
     if model.c_stack and model.max_seq_len and model._c_stack() is not None:
         return "in one C call per forward"
     return "one C layer at a time"
+
+
+def forward_tiles(model: "nn.Module", rows: int) -> "Counter":
+    """The compiled ``qgemm.c`` tiles one CPU forward of ``model`` over ``rows`` packed token rows runs:
+    ``specc.kernels.qgemm.Tile`` → row chunks, summed over every product of its native linears (each part of
+    each ``QuantLinear``: four per decoder layer and the head, when they are whole). What
+    ``qgemm.tile_trace`` records around that forward; empty for a model without native weights or without
+    the kernels. Raises ``ValueError`` for ``rows < 1``."""
+    from collections import Counter
+
+    from specc.kernels import qgemm
+
+    out: Counter = Counter()
+    if not qgemm.available():
+        return out
+    for m in model.modules():
+        for part in getattr(m, "parts", ()):
+            out.update(qgemm.walk(qgemm.product_of(part), rows))
+    return out
 
 
 def runs_native(model: "nn.Module") -> bool:

@@ -217,15 +217,24 @@ class Runtime:
     def describe(self) -> List[dict]:
         """One line of facts per state: name, bucket, κ, rule, static-buffer bytes, how its verify program
         runs (``program``), whether its verify + accept is a captured CUDA graph, the seconds its capture took and the device memory the
-        capture took (its graph pool, and the peak of the tensors allocated in it)."""
-        from specc.models.llama import layer_program
+        capture took (its graph pool, and the peak of the tensors allocated in it), and on a CPU with a native
+        target the ``qgemm.c`` tiles a verify of every row of the state runs (``verify_tiles``:
+        ``"product/isa rows x streams"`` → row chunks over the forward's products, for ``B·W`` rows; a step
+        of fewer rows, as ragged verifies are, runs the tiles of its own row count)."""
+        from specc.models.llama import forward_tiles, layer_program
 
         eager = f"eager, decoder layers {layer_program(self.target)}"
+        cpu = self.device.type == "cpu"
+
+        def tiles(s):
+            counts = forward_tiles(self.target, s.spec.batch_size * s.spec.num_draft_tokens) if cpu else {}
+            return {t.label: n for t, n in sorted(counts.items())}
         return [{"name": s.spec.name, "batch_size": s.spec.batch_size, "num_steps": s.spec.num_steps,
                  "verify_rule": s.spec.verify_rule, "buffer_bytes": s.inputs.nbytes(), "captured": s.captured,
                  "program": "cuda graph" if s.captured else "inductor" if s.compiled else eager,
                  "compiled": s.compiled, "capture_s": round(s.capture_s, 4), "graph_breaks": s.graph_breaks,
-                 "graph_pool_bytes": s.graph_pool_bytes, "graph_peak_bytes": s.graph_peak_bytes} for s in self.states]
+                 "graph_pool_bytes": s.graph_pool_bytes, "graph_peak_bytes": s.graph_peak_bytes,
+                 "verify_tiles": tiles(s)} for s in self.states]
 
     def load_report(self) -> str:
         """One line for the log at load: states, schedule, static-buffer memory, captured graphs."""
