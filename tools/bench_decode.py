@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     import transformers
     transformers.logging.set_verbosity_error()
 
-    from specc.commands.generate import generate_tokens
+    from specc.runtime.plain import generate_tokens
     from specc.models import load_target
     from specc.models.llama import set_blas_threads
 

@@ -415,14 +415,15 @@ def measured_width_speedups(preds, measured: Optional[MeasuredAcceptance], input
 def refuse_rule_errors(args: argparse.Namespace, engine: str) -> int:
     """Print the plan's rule errors exactly as ``specc check PLAN [OVERRIDES] --engine ENGINE``
     prints them (its own renderer), to stderr, and return check's exit code for errors (1)."""
-    from specc.commands import check
+    from specc.check.results import check_inputs, exit_code
+    from specc.commands.check import render_text
 
-    results = check.check_inputs([args.plan], list(args.overrides or ()), engine)
-    sys.stderr.write(check.render_text(results, False))
+    results = check_inputs([args.plan], list(args.overrides or ()), engine)
+    sys.stderr.write(render_text(results, False))
     n = sum(v.severity == "error" for r in results for v in r.violations)
     print(f"specc explain: error: the plan has {plural(n, 'error')} for engine {engine!r} (listed above, as "
           f"`specc check` reports them); nothing to explain until they are fixed", file=sys.stderr)
-    return check.exit_code(results) or 1
+    return exit_code(results) or 1
 
 
 def _violation_line(v, where) -> str:

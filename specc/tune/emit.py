@@ -309,11 +309,11 @@ def deploy_document(doc: Dict[str, Any], dep: Deployment, method: str) -> Dict[s
 def recheck_command(engine: str, command: str, base_dir: Optional[Path] = None) -> Tuple[bool, List[str]]:
     """The launch command read back as ``specc check --<engine>-args`` reads it: the engine release's own
     parser (:mod:`specc.importer`), then its rules on the plan the command amounts to
-    (:func:`specc.commands.check.check_command`; files the command names, such as SGLang's adaptive
+    (:func:`specc.check.results.check_command`; files the command names, such as SGLang's adaptive
     config, are read relative to ``base_dir``). Returns ``(accepted, problems)``: accepted when nothing
     is an error (``specc check`` would exit 0); ``problems``: ``error: [rule] message`` per error (or why
     the command could not be read)."""
-    from specc.commands.check import check_command
+    from specc.check.results import check_command
 
     problems: List[str] = []
     for result in check_command(engine, [command], None, base_dir=base_dir):

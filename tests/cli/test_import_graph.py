@@ -1,4 +1,4 @@
-"""The `specc` package has no import cycles.
+"""The `specc` package has no import cycles, and only the command line imports `specc/commands/`.
 
 The import graph is built statically with `ast` over every ``.py`` file under
 ``specc/``: each `import x` and `from x import y` anywhere in a module (top
@@ -127,3 +127,13 @@ def test_no_import_cycles():
     if cycles:
         lines = "\n".join(" -> ".join(c + [c[0]]) for c in cycles)
         pytest.fail(f"{len(cycles)} import cycle(s) in specc/:\n{lines}")
+
+
+def test_only_the_command_line_imports_the_commands():
+    """`specc/commands/` is the command-line layer: the library (plan, check, predict, compiler, runtime,
+    methods, engines, tune, ...) never imports it, so everything a command does is callable without it."""
+    front = ("specc.commands", "specc.cli")
+    wrong = sorted(f"{m} -> {t}" for m, targets in import_edges().items()
+                   if not m.startswith(front) and m != PACKAGE
+                   for t in targets if t.startswith("specc.commands"))
+    assert not wrong, "library modules import the command-line layer:\n" + "\n".join(wrong)

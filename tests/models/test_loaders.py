@@ -317,7 +317,7 @@ def test_smollm2_logits_match_transformers_gguf(smollm2):
 
 @pytest.mark.slow
 def test_smollm2_greedy_64_tokens_identical_to_transformers(smollm2):
-    from specc.commands.generate import generate_tokens
+    from specc.runtime.plain import generate_tokens
     model, tok, ref = smollm2
     for text in PROMPTS:
         ids = tok.apply_chat_template([{"role": "user", "content": text}])

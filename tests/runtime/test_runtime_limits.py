@@ -209,7 +209,7 @@ def test_per_position_counters_have_one_entry_per_draft_position(target, draft):
 def test_generate_and_runtime_agree_on_max_model_len(target):
     """`specc generate` (generate_outputs) and `specc run` (Runtime) apply one rule: a prompt that fits
     stops at max_model_len with that finish reason; a prompt without room is refused by both."""
-    from specc.commands.generate import generate_outputs
+    from specc.runtime.plain import generate_outputs
 
     limit = 40
     model = tiny_llama(seed=0, vocab_size=64, max_model_len=limit)  # same weights as `target`, 40 cache slots

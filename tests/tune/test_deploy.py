@@ -165,7 +165,7 @@ def test_the_deployment_flags_become_plan_keys(tmp_path):
 def test_the_sglang_command_for_a_deployment_is_checked_and_accepted(tmp_path):
     """--deploy-engine sglang --deploy-target meta-llama/Llama-3.1-8B-Instruct --context-length 8192 --tp 2:
     the command carries those values, and SGLang's importer and rules accept it read back."""
-    from specc.commands.check import check_command
+    from specc.check.results import check_command
     from specc.importer import import_command
 
     dep = emit.Deployment(engines=("sglang",), target=LLAMA, context_length=8192, tp=2)

@@ -96,7 +96,7 @@ def measure(model, tokenizer, num_prompts: int = 8, new_tokens: int = 40,
     """α(N), c(N) and the best chain speedup per candidate N (see the module docstring)."""
     import torch
 
-    from specc.commands.generate import generate_tokens
+    from specc.runtime.plain import generate_tokens
     L = model.config.num_layers
     agree = {n: 0 for n in layers}
     total = 0
