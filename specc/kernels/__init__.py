@@ -3,12 +3,29 @@ same signature (`backend="torch" | "triton" | "auto"`); randomness comes in as t
 (`draw_randomness`) so both give identical tokens from identical inputs.
 
 Triton kernels live in `specc.kernels.verify_triton` (greedy, standard) and
-`specc.kernels.block_verify_triton` (block verification) and are imported only when used.
+`specc.kernels.block_verify_triton` (block verification) and are imported only when used. The names
+below are imported from their submodules on first use; ``specc.kernels.variants`` (the CPU kernel
+variants' names) imports no torch.
 """
 
-from specc.kernels.sampling import VerifyRandomness, draw_randomness, greedy_rows, process_logits
-from specc.kernels.block_verify import block_verify
-from specc.kernels.verify import VerifyOutput, greedy_verify, rejection_verify, resolve_backend, synthetic_verify
+import importlib
+from typing import Any
+
+#: the names this package exports, by the submodule that defines them (imported on first use, so that a
+#: torch-free submodule such as ``specc.kernels.variants`` can be imported without torch)
+_EXPORTS = {"VerifyRandomness": "sampling", "draw_randomness": "sampling", "greedy_rows": "sampling",
+            "process_logits": "sampling", "block_verify": "block_verify", "VerifyOutput": "verify",
+            "greedy_verify": "verify", "rejection_verify": "verify", "resolve_backend": "verify",
+            "synthetic_verify": "verify"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"specc.kernels.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'specc.kernels' has no attribute {name!r}")
+
 
 __all__ = [
     "VerifyOutput",

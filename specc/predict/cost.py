@@ -30,6 +30,7 @@ import numpy as np
 
 from specc.errors import PlanError, SpeccError
 from specc.io import load_json
+from specc.kernels.variants import VARIANTS
 
 # ----------------------------------------------------------------------------------------------------
 # Yield, step cost, speedup, break-even (Leviathan et al. 2023, arXiv:2211.17192)
@@ -722,8 +723,9 @@ def load_cost_table(path: str) -> CostTable:
                 raise ValueError("choice must be {dtype: native|float32|bfloat16|float16, compile_backend: eager|inductor}")
             why = str(choice.get("why") or "")
             variant = choice.get("qgemm_variant")
-            if variant is not None and not (isinstance(variant, str) and variant.isidentifier()):
-                raise ValueError("choice.qgemm_variant must be a kernel variant name (specc.kernels.qgemm.VARIANTS)")
+            if variant is not None and variant not in VARIANTS:
+                raise ValueError(f"choice.qgemm_variant {variant!r} is not a CPU kernel variant; use one of "
+                                 f"{', '.join(VARIANTS)} (or re-run `specc profile`)")
             choice = {"dtype": choice["dtype"], "compile_backend": choice["compile_backend"]} | (
                 {"qgemm_variant": variant} if variant else {})
         settings = data.get("settings")

@@ -205,7 +205,7 @@ def test_cpu_dtype_rule_reads_the_profile(tmp_path):
 
 def test_kernel_variant_choice_ranks_and_loads(tmp_path):
     """The profile's kernel-variant choice is the lowest mean over the state shapes; a table carrying it
-    loads (and one with a malformed variant is refused naming the field); explain's origin line names it."""
+    loads (and one naming no variant of the kernels is refused naming the field and the variants); explain's origin line names it."""
     from specc.commands.explain import _cost_table_origin
     from specc.errors import PlanError
     from specc.runtime.profile import choose, choose_variant
@@ -225,10 +225,11 @@ def test_kernel_variant_choice_ranks_and_loads(tmp_path):
     assert loaded.choice["qgemm_variant"] == "avx512vnni"
     line = _cost_table_origin(str(path))
     assert "quantized kernels avx512vnni chosen" in line and "avx2int8 13.0 ms" in line
-    data["choice"]["qgemm_variant"] = "avx 512"
-    path.write_text(json.dumps(data))
-    with pytest.raises(PlanError, match="qgemm_variant"):
-        cost.load_cost_table(str(path))
+    for bad in ("avx 512", "avx1024"):  # malformed, and well-formed but no variant of the kernels
+        data["choice"]["qgemm_variant"] = bad
+        path.write_text(json.dumps(data))
+        with pytest.raises(PlanError, match=f"qgemm_variant '{bad}' is not a CPU kernel variant; use one of portable"):
+            cost.load_cost_table(str(path))
 
 
 @pytest.mark.skipif(not qgemm_available(), reason="qgemm unavailable")
