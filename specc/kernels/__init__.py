@@ -9,6 +9,8 @@ variants' names) imports no torch.
 """
 
 import importlib
+import sys
+import types
 from typing import Any
 
 #: the names this package exports, by the submodule that defines them (imported on first use, so that a
@@ -25,6 +27,25 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'specc.kernels' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """``block_verify`` names both a submodule and the function exported from it: the import system binds a
+    submodule to its package's attribute when it is first loaded, which would leave ``specc.kernels.block_verify``
+    the module (and the runtime's block-rule stage calling it) wherever the submodule is imported before the name
+    is read (a compiled artifact's generated block kernel imports it). An exported name keeps its function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return  # the exported name, not the submodule: __getattr__ (or the value already read) answers it
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

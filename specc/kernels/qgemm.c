@@ -311,8 +311,11 @@ static int act_variant(int variant) {
  * Which compiled tiles the products ran: when on, every product call adds one count per row chunk it
  * walks to trace_calls[product][isa][rows in the chunk][weight streams]. The tiles are instantiated per
  * (rows, streams) at compile time (the macros above and below); a product picks the one for its row count,
- * so the trace shows which specialization each call ran. Recorded by the calling thread before the OpenMP
- * region; off (one branch per product) unless qgemm_trace(1). */
+ * so the trace shows which row specialization each call ran. "weight streams" is the walk's S for that row
+ * count (walk_streams), not a count of tile calls: WALK_GROUPS also runs one-stream tiles for the groups a
+ * thread's part leaves over past S equal ranges, and only those where a part has fewer than S groups. The
+ * portable fp32-activation products run one generic tile per chunk (rows an argument). Recorded by the
+ * calling thread before the OpenMP region; off (one branch per product) unless qgemm_trace(1). */
 enum { PRODUCT_Q4, PRODUCT_Q8, PRODUCT_H16, PRODUCT_Q4V, PRODUCT_Q8V, PRODUCTS };
 #define TRACE_ISAS 5
 #define TRACE_ROWS 9

@@ -246,10 +246,15 @@ _TRACE_SHAPE = (len(PRODUCTS), len(VARIANTS), 9, 5)  # qgemm.c: PRODUCTS x TRACE
 
 
 class Tile(NamedTuple):
-    """One compiled tile of ``qgemm.c``: ``product`` (one of :data:`PRODUCTS`), the ``isa`` it is compiled for
-    (one of :data:`VARIANTS`), its activation ``rows`` (1..8: a product over R rows walks chunks of 8 on
-    AVX-512 and the packed tiles, of 4 on AVX2) and the weight ``streams`` it reads side by side (packed tiles;
-    1 for the others)."""
+    """One row chunk of a ``qgemm.c`` product, as :func:`tile_trace` and :func:`walk` count it: ``product`` (one
+    of :data:`PRODUCTS`), the ``isa`` it runs (one of :data:`VARIANTS`), the activation ``rows`` of the chunk
+    (1..8: a product over R rows walks chunks of 8 on AVX-512 and the packed tiles, of 4 on AVX2 and portable;
+    the portable products run one generic tile that takes the row count as an argument) and the weight
+    ``streams`` the walk reads side by side for that row count (packed products, ``walk_streams``; 1 for the
+    others). ``streams`` is the walk's setting, not a count of tile calls: within the chunk the packed walk
+    also runs one-stream tiles, for the groups left over where a thread's part does not split into
+    ``streams`` equal ranges, and for all of them where a part has fewer than ``streams`` groups (a weight of
+    at most ``16 * (streams - 1)`` outputs per thread never runs a multi-stream tile)."""
 
     product: str
     isa: str
@@ -272,8 +277,11 @@ def _tiles(counts: torch.Tensor) -> Counter:
 def tile_trace() -> Iterator[Counter]:
     """Record which compiled tiles the products run inside the ``with`` block (``qgemm_trace``): yields a
     ``Counter`` of :class:`Tile` → row chunks run, filled when the block ends. One product call over R rows
-    counts one chunk per 8 rows (4 on AVX2's fp32-activation tiles). Process-wide: products run by other
-    threads meanwhile count too. Raises ``RuntimeError`` when the kernels are unavailable."""
+    counts one chunk per 8 rows (4 on the portable and AVX2 fp32-activation products), recorded from the
+    product's arguments before its walk: the row specialization is exact, ``streams`` is the one the walk is
+    set to for those rows (see :class:`Tile` for the one-stream tiles it also runs). Process-wide: products
+    run by other threads meanwhile count too, and a trace started inside another restarts it (the outer one
+    then loses what came before). Raises ``RuntimeError`` when the kernels are unavailable."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"qgemm is unavailable: {_status}")
@@ -310,14 +318,13 @@ def walk(product: str, rows: int, variant_name: Optional[str] = None) -> Counter
     return _tiles(buf)
 
 
-PRODUCT_OF_KIND = {4: "q4", 5: "q4v", 6: "q4v", 8: "q8", 9: "q8v", 10: "q8v", 16: "h16", 17: "h16"}
-"""The :data:`PRODUCTS` entry each linear kind of :func:`_lin_args` (and ``qgemm.c``'s ``qlin``) runs."""
-
-
 def product_of(w) -> str:
-    """The :data:`PRODUCTS` entry a ``QuantWeight`` runs (its linear kind, :func:`_lin_args`; packs the
-    weight where an int8 variant runs it packed, as its first product would)."""
-    return PRODUCT_OF_KIND[_lin_args(w)[0]]
+    """The :data:`PRODUCTS` entry a ``QuantWeight`` runs: ``h16`` for 16-bit values, else its ``q4`` / ``q8``
+    codes packed for the int8 tiles (``q4v`` / ``q8v``) where it runs packed, as :func:`_lin_args` passes it.
+    Reads the weight only (packs nothing)."""
+    if w.half:
+        return "h16"
+    return ("q4" if w.kind == "q4" else "q8") + ("v" if w.runs_packed else "")
 
 
 def _check_x(x: torch.Tensor, K: int) -> torch.Tensor:
