@@ -58,9 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--c", dest="draft_cost", type=float, default=None,
                         help="draft cost ratio c = t_draft/t_target (default: from the checkpoints, "
                              "else the method's default)")
-    parser.add_argument("--hardware", default=None,
-                        help="hardware profile (conf/hardware/<name>.yaml) for T* (default: "
-                             "schedule.hardware, else cpu/h100 by runtime.device)")
+    parser.add_argument("--hardware", default=None, metavar="NAME|FILE",
+                        help="the device for T* and the deployment lines: a shipped profile (cpu, h100, h200), a "
+                             "hardware profile YAML, or a cost table JSON from `specc profile` (its device's "
+                             "profile), as `specc check --hardware` takes it (default: schedule.hardware, else "
+                             "cpu/h100 by runtime.device)")
     parser.add_argument("--target", default=None, metavar="PATH",
                         help="explain the plans for this model instead of their target: a Hugging Face model "
                              "directory (config.json, *.safetensors) or a .gguf file (nothing is downloaded)")
@@ -733,6 +735,10 @@ def context_json(args: argparse.Namespace, ctx) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     validate_outputs(args)
+    if args.hardware is not None:  # checked before any plan loads, as `specc check --hardware` checks it
+        from specc.predict.hardware import parse_hardware
+
+        args.hardware = parse_hardware(args.hardware).profile
     plans, overrides = split_plans(args)
     if getattr(args, "target", None) is not None:  # checked before any plan loads; the user's overrides win
         from specc.models.target import read_target_arg, target_overrides

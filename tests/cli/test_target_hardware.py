@@ -1,4 +1,4 @@
-"""``--hardware`` (check, tune) and ``--target PATH`` (run, serve, tune, explain, bench, compile): the user's device and
+"""``--hardware`` (check, tune, explain) and ``--target PATH`` (run, serve, tune, explain, bench, compile): the user's device and
 the user's model, with real files — the shipped GGUF, tiny Hugging Face checkpoints written here.
 Every refusal is exit 2 with a message naming the flag, before any model loads."""
 from __future__ import annotations
@@ -131,6 +131,17 @@ def test_check_hardware_takes_a_profile_file_and_a_cost_table(capsys, tmp_path):
     assert rc == 0 and "assumed:" not in out
 
 
+def test_explain_hardware_takes_what_check_takes(capsys, tmp_path):
+    """explain's --hardware reads a profile name, a profile YAML and a cost table as check's does (a cost
+    table: its device's profile)."""
+    table = ROOT / "specc" / "data" / "cost_tables" / "smollm2_135m_cpu.json"
+    prof = tmp_path / "my_gpu.yaml"
+    prof.write_text((ROOT / "conf" / "hardware" / "h100.yaml").read_text().replace("name: h100", "name: my_gpu"))
+    for value, name in ((table, "cpu"), ("h200", "h200"), (prof, "my_gpu")):
+        rc, out, err = run_cli(capsys, "explain", "smollm2_ngram", "--hardware", value)
+        assert rc == 0 and f"hardware {name}: T* = " in out, err
+
+
 def test_check_defaults_to_the_gpu_measured_here(capsys, tmp_path, monkeypatch):
     """A CUDA cost table in specc's cache (as `specc profile` on an H200 leaves it) is the default
     hardware, named on the assumed: line; --hardware still wins."""
@@ -148,7 +159,8 @@ def test_check_defaults_to_the_gpu_measured_here(capsys, tmp_path, monkeypatch):
     assert "h100's 81559 MiB" in _mem1(out) and "assumed: hardware" not in out
 
 
-@pytest.mark.parametrize("command", [["check", "smollm2_ngram"], ["tune", "specc/data/prompts.jsonl"]])
+@pytest.mark.parametrize("command", [["check", "smollm2_ngram"], ["tune", "specc/data/prompts.jsonl"],
+                                     ["explain", "smollm2_ngram"]])
 @pytest.mark.parametrize("value, words", [("h300", ["--hardware h300", "did you mean h200"]),
                                           ("nope.yaml", ["--hardware nope.yaml", "no such file"]),
                                           ("README.md", ["--hardware README.md", "neither"])])
