@@ -43,9 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "several plans are printed side by side")
     parser.add_argument("overrides", nargs="*", metavar="PLAN|OVERRIDE",
                         help="more plans, and Hydra overrides (group=option or dotted.key=value) applied to every plan")
-    parser.add_argument("--engine", choices=("specc", "sglang", "vllm"), default=None,
-                        help="explain the plan as this engine runs it (default: the plan's `engine` key); "
-                             "its rules are checked first, as `specc check` does")
+    parser.add_argument("--engine", default=None, metavar="ENGINE",
+                        help="explain the plan as this engine runs it: specc, sglang, vllm, an engine package's "
+                             "name, or a pinned release such as sglang==0.5.23 (default: the plan's `engine` "
+                             "key); its rules are checked first, as `specc check` does")
     alpha = parser.add_mutually_exclusive_group()
     alpha.add_argument("--alpha", type=float, default=None,
                        help="per-position acceptance α for the predictions (default: schedule.alpha, the plan's "
@@ -735,6 +736,13 @@ def context_json(args: argparse.Namespace, ctx) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     validate_outputs(args)
+    if args.engine is not None:  # checked before any plan loads
+        from specc.check import profile
+
+        try:
+            profile(args.engine)
+        except KeyError as exc:
+            raise SpeccError(f"--engine {args.engine}: {str(exc).strip(chr(39) + chr(34))}") from None
     if args.hardware is not None:  # checked before any plan loads, as `specc check --hardware` checks it
         from specc.predict.hardware import parse_hardware
 

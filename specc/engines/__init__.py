@@ -87,8 +87,8 @@ def rule_tables() -> Dict[str, Dict[str, object]]:
 
 
 def importers() -> Tuple[str, ...]:
-    """The engines whose launch commands ``specc import`` and the launch checks read: their module has
-    ``to_plan`` and ``LAUNCHERS``."""
+    """The engines whose launch commands ``specc import`` reads: their module has ``to_plan`` and
+    ``LAUNCHERS`` (``specc check --sglang-args`` / ``--vllm-args`` read the two shipped engines' only)."""
     return tuple(n for n in engine_names()
                  if callable(getattr(get(n), "to_plan", None)) and getattr(get(n), "LAUNCHERS", None))
 

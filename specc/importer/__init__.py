@@ -86,7 +86,9 @@ def plan_yaml(imp: Imported, name: str = "imported", source: str = "") -> str:
     lines: List[str] = [f"# Imported by `specc import {imp.engine}` ({imp.engine}=={imp.version} flags)"
                         + (f" from {source}" if source else "")]
     if imp.unmapped:
-        lines.append(f"# Flags with no plan key (not exported; `specc check --{imp.engine}-args` reads them):")
+        reader = (f"`specc check --{imp.engine}-args` reads them" if imp.engine in ("sglang", "vllm")
+                  else "`specc check` reads launch commands of sglang and vllm only")
+        lines.append(f"# Flags with no plan key (not exported; {reader}):")
         lines += [f"#   {u}" for u in imp.unmapped]
     for n in imp.notes:
         lines.append(f"# note: {n}")

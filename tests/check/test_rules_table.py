@@ -40,8 +40,14 @@ def _schema_keys(cls=Plan, prefix=""):
 SCHEMA_KEYS = _schema_keys()
 
 
+#: rules no built-in method can trigger, each with the test that triggers it from a registered row instead
+ROW_CASES = {"specc.S-RUNTIME": "tests/methods/test_method_plugin.py::test_specc_check_refuses_a_method_the_runtime_does_not_run"}
+
+
 def test_every_rule_has_a_case_and_every_case_a_rule():
-    assert set(CASES) == set(ALL_RULES), (sorted(set(ALL_RULES) - set(CASES)), sorted(set(CASES) - set(ALL_RULES)))
+    covered = set(CASES) | set(ROW_CASES)
+    assert covered == set(ALL_RULES), (sorted(set(ALL_RULES) - covered), sorted(covered - set(ALL_RULES)))
+    assert not set(CASES) & set(ROW_CASES)
 
 
 @pytest.mark.parametrize("rule_id", sorted(ALL_RULES))

@@ -1,4 +1,4 @@
-"""README.md and docs/**/*.md: every repository path they name exists, the README stays short and
+"""README.md, docs/**/*.md and the READMEs of generated/ and specc/: every repository path they name exists, the README stays short and
 keeps the test command CI runs, its command table matches the CLI, and every benchmark page under
 docs/results/ equals what tools/render_results.py renders from the committed records."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+DOCS = ([ROOT / "README.md", ROOT / "generated" / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+        + sorted((ROOT / "specc").rglob("README.md")))
 
 #: first components of the paths the documents name from the repository root
 TOP = ("specc/", "docs/", "tools/", "tests/", "conf/", "generated/", "examples/", "scripts/", "templates/",

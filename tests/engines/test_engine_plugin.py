@@ -2,8 +2,8 @@
 ``entry_points.txt`` names it in the ``specc.engines`` group) adds ``toyserve`` with no edit in specc.
 Plans may name it, ``specc check --engine toyserve`` runs its rule table (its fallback applied, its
 error refused), ``--engine all`` includes it, ``specc export --engine toyserve`` prints its launch and
-``specc import toyserve`` reads one back through the plugin's own flag table; without the package the
-name is refused as unknown."""
+``specc import toyserve`` reads one back through the plugin's own flag table, ``specc explain --engine
+toyserve`` explains a plan as it runs it; without the package the name is refused as unknown."""
 from __future__ import annotations
 
 import json
@@ -33,6 +33,16 @@ def test_check_runs_the_plugin_engines_rules():
     bad = _cli("check", "smollm2_eagle3", "--engine", "toyserve", "--format", "json")
     assert bad.returncode == 1
     assert any(v["rule"] == "toyserve.T1" and v["severity"] == "error" for v in json.loads(bad.stdout)[0]["violations"])
+
+
+def test_explain_takes_the_plugin_engine():
+    """``specc explain --engine toyserve`` explains the plan as the plugin engine runs it (its fallback
+    applied); an unknown engine is refused before the plan loads, naming the known ones."""
+    r = _cli("explain", "smollm2_ngram", "method.num_steps=7", "--engine", "toyserve")
+    assert r.returncode == 0, r.stderr
+    assert "as toyserve runs it" in r.stdout and "[toyserve.T2] toyserve caps method.num_steps at 4" in r.stdout
+    bad = _cli("explain", "smollm2_ngram", "--engine", "toyserve", toy=False)
+    assert bad.returncode == 2 and "--engine toyserve: unknown engine" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_engine_all_and_plan_engine_key_include_it():
@@ -67,6 +77,7 @@ def test_import_reads_the_plugin_engines_launch_command(tmp_path):
     text = out.read_text()
     assert "path: /m/x.gguf" in text and "num_steps: 3" in text and "name: ngram" in text
     assert "--port" in text  # a flag without a plan key is listed at the top of the plan
+    assert "`specc check` reads launch commands of sglang and vllm only" in text  # no --toyserve-args to name
     # the round trip: the imported plan exports to the same launch line
     back = _cli("export", str(out), "--engine", "toyserve")
     assert back.returncode == 0, back.stderr

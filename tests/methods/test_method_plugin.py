@@ -170,6 +170,24 @@ def test_check_cli_on_a_plan_naming_the_plugin_method():
     assert "specc.methods" in missing.stdout + missing.stderr
 
 
+def test_specc_check_refuses_a_method_the_runtime_does_not_run(toy_registered, monkeypatch):
+    """A row without runtime support (export only) is an error for ``specc check --engine specc`` (rule
+    S-RUNTIME), naming the fix, so check never passes a plan that compile then refuses; the row with
+    runtime support passes."""
+    import dataclasses
+
+    from specc.check import resolve
+    from specc.plan.load import load_plan
+
+    plan = load_plan(str(PLAN)).plan
+    assert not [v for v in resolve(plan, "specc")[1] if v.severity == "error"]
+    monkeypatch.setitem(methods.METHODS, "repeat", dataclasses.replace(methods.get("repeat"), runtime=None))
+    errors = [v for v in resolve(plan, "specc")[1] if v.severity == "error"]
+    assert [v.rule for v in errors] == ["specc.S-RUNTIME"], [(v.rule, v.message) for v in errors]
+    assert "method.name=repeat is not run by the specc runtime" in errors[0].message
+    assert "specc export PLAN --engine sglang|vllm" in errors[0].message and "ngram" in errors[0].message
+
+
 @pytest.mark.parametrize("engine,rule", [("vllm", "vllm.M1"), ("sglang", "sglang.N5")])
 def test_export_refuses_an_engine_lacking_the_method(engine, rule):
     check = _cli("check", str(PLAN), "--engine", engine)

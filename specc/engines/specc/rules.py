@@ -405,6 +405,11 @@ def _corpus_problems(p) -> list:
 
 R = Rule
 RULES = (
+    R("S-RUNTIME", "error", ("method.name",), lambda p: _row(p) is not None and _row(p).runtime is None,
+      "method.name={p.method.name} is not run by the specc runtime (its method row has no runtime support; the "
+      "runtime runs {runs}); export the plan to an engine that runs it (specc export PLAN --engine sglang|vllm) "
+      "or pick one of those methods", "specc/methods/facts.py (Method.runtime)",
+      message_args=lambda p: {"runs": ", ".join(methods.runtime_methods())}),
     R("S-NAME", "error", ("name",), lambda p: bad_name(p.name),
       "name={p.name!r} is not a valid identifier, and specc compile uses it as the artifact directory and a "
       "Python module name; use letters, digits and underscores only, starting with a letter or underscore "
@@ -488,8 +493,8 @@ RULES = (
       lambda p: _tree_plan(p) and (
           (bool(p.method.tree_choices) and not methods.get(p.method.name).static_tree)
           or (not p.method.tree_choices and not methods.get(p.method.name).dynamic_tree)),
-      "method.name={p.method.name} drafts {what} trees only (the method table, specc/methods/__init__.py): "
-      "{fix}", "specc/methods/__init__.py (Method.dynamic_tree, Method.static_tree)",
+      "method.name={p.method.name} drafts {what} trees only (its method row, Method.dynamic_tree / static_tree): "
+      "{fix}", "specc/methods/facts.py (Method.dynamic_tree, Method.static_tree)",
       message_args=lambda p: {"what": "static" if methods.get(p.method.name).static_tree else "dynamic",
                               "fix": "set method.tree_choices (paths of child ranks, e.g. [[0], [1], [0, 0]]) "
                                      "and method.topk=null" if methods.get(p.method.name).static_tree
