@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Tuple
 
 from specc.check.results import Result, check_command, check_inputs, exit_code
 from specc.console import plural
+from specc.engines import LAUNCH_CHECKED
 from specc.errors import SpeccError
 
 FORMATS = ("text", "json", "github", "sarif")
@@ -360,9 +361,9 @@ def _launch_commands(args: argparse.Namespace) -> Tuple[List[Tuple[str, List[str
     """The launch commands of ``--sglang-args`` / ``--vllm-args`` (``[(engine, words)]``), with specc's
     own options among their words applied to ``args`` (REMAINDER keeps everything after the flag,
     ``--vllm-args`` inside ``--sglang-args``'s words included). Returns ``(commands, problems)``."""
-    pending = [(e, list(getattr(args, f"{e}_args") or [])) for e in ("sglang", "vllm")
+    pending = [(e, list(getattr(args, f"{e}_args") or [])) for e in LAUNCH_CHECKED
                if getattr(args, f"{e}_args", None) is not None]
-    own = dict(OWN_OPTIONS, **{f"--{e}-args": (f"{e}_args", False) for e in ("sglang", "vllm")})
+    own = dict(OWN_OPTIONS, **{f"--{e}-args": (f"{e}_args", False) for e in LAUNCH_CHECKED})
     commands: List[Tuple[str, List[str]]] = []
     problems: List[str] = []
     while pending:

@@ -742,7 +742,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             profile(args.engine)
         except KeyError as exc:
-            raise SpeccError(f"--engine {args.engine}: {str(exc).strip(chr(39) + chr(34))}") from None
+            why = str(exc).strip("'\"")
+            raise SpeccError(f"--engine {args.engine}: {why}") from None
     if args.hardware is not None:  # checked before any plan loads, as `specc check --hardware` checks it
         from specc.predict.hardware import parse_hardware
 

@@ -28,6 +28,9 @@ from typing import Dict, Tuple
 
 #: entry-point group through which an engine outside specc registers: ``name = "module"``
 ENGINE_ENTRY_POINT_GROUP = "specc.engines"
+#: the engines whose launch commands ``specc check --<engine>-args`` reads (its ``--sglang-args`` and
+#: ``--vllm-args``); a plugin engine's are read by ``specc import`` only
+LAUNCH_CHECKED: Tuple[str, ...] = ("sglang", "vllm")
 
 _TABLES: Dict[str, Dict[str, object]] = {}
 _MODULES: Dict[str, str] = {}
@@ -88,7 +91,7 @@ def rule_tables() -> Dict[str, Dict[str, object]]:
 
 def importers() -> Tuple[str, ...]:
     """The engines whose launch commands ``specc import`` reads: their module has ``to_plan`` and
-    ``LAUNCHERS`` (``specc check --sglang-args`` / ``--vllm-args`` read the two shipped engines' only)."""
+    ``LAUNCHERS`` (``specc check`` reads those of :data:`LAUNCH_CHECKED` only)."""
     return tuple(n for n in engine_names()
                  if callable(getattr(get(n), "to_plan", None)) and getattr(get(n), "LAUNCHERS", None))
 

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
+from specc.engines import LAUNCH_CHECKED
 from specc.importer.base import Imported
 from specc.importer.command import CommandError, Launch, find_launch, from_words  # noqa: F401
 from specc.importer.parse import load_table, parse_flags
@@ -86,8 +87,8 @@ def plan_yaml(imp: Imported, name: str = "imported", source: str = "") -> str:
     lines: List[str] = [f"# Imported by `specc import {imp.engine}` ({imp.engine}=={imp.version} flags)"
                         + (f" from {source}" if source else "")]
     if imp.unmapped:
-        reader = (f"`specc check --{imp.engine}-args` reads them" if imp.engine in ("sglang", "vllm")
-                  else "`specc check` reads launch commands of sglang and vllm only")
+        reader = (f"`specc check --{imp.engine}-args` reads them" if imp.engine in LAUNCH_CHECKED
+                  else f"`specc check` reads launch commands of {' and '.join(LAUNCH_CHECKED)} only")
         lines.append(f"# Flags with no plan key (not exported; {reader}):")
         lines += [f"#   {u}" for u in imp.unmapped]
     for n in imp.notes:

@@ -329,12 +329,11 @@ void qgemm_trace(int on) {
     trace_on = on;
 }
 
-/* Copy the counts to out [PRODUCTS * TRACE_ISAS * TRACE_ROWS * TRACE_STREAMS] (that order, row-major);
- * returns the number of longs written. */
-long qgemm_trace_read(long *out) {
-    memcpy(out, trace_calls, sizeof trace_calls);
-    return (long)(sizeof trace_calls / sizeof(long));
-}
+/* The longs of the trace: PRODUCTS * TRACE_ISAS * TRACE_ROWS * TRACE_STREAMS (what the caller's buffers hold). */
+long qgemm_trace_size(void) { return (long)(sizeof trace_calls / sizeof(long)); }
+
+/* Copy the counts to out [qgemm_trace_size()] (PRODUCTS x TRACE_ISAS x TRACE_ROWS x TRACE_STREAMS, row-major). */
+void qgemm_trace_read(long *out) { memcpy(out, trace_calls, sizeof trace_calls); }
 
 /* The row chunks of a product over R rows taken `chunk` at a time, each read with `streams` weight streams. */
 static void add_walk(long (*t)[TRACE_ISAS][TRACE_ROWS][TRACE_STREAMS], int product, int isa, long R, int chunk,

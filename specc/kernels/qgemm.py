@@ -22,6 +22,7 @@ weights then run through ``torch``, dequantized block by block; see ``specc.mode
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import pathlib
 import platform
@@ -92,12 +93,15 @@ def _build() -> ctypes.CDLL:
     lib.rms_norm_f32.argtypes = [p, L, L, p, ctypes.c_float, p]
     lib.qgemm_trace.restype = None
     lib.qgemm_trace.argtypes = [I]
-    lib.qgemm_trace_read.restype = L
+    lib.qgemm_trace_size.restype = L
+    lib.qgemm_trace_read.restype = None
     lib.qgemm_trace_read.argtypes = [p]
     lib.qgemm_walk.restype = I
     lib.qgemm_walk.argtypes = [I, I, L, p]
     lib.decoder_stack.restype = ctypes.c_int
     lib.decoder_stack.argtypes = [p, L, p, L, L, L, L, L, L, L, L, F, L, L, p, p, p, p, p, L, p, p, I, I]
+    if lib.qgemm_trace_size() != math.prod(_TRACE_SHAPE):  # the trace buffers are sized from _TRACE_SHAPE
+        raise RuntimeError(f"qgemm.c's trace holds {lib.qgemm_trace_size()} counts, qgemm.py expects {_TRACE_SHAPE}")
     return lib
 
 

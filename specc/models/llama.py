@@ -1001,15 +1001,13 @@ class LlamaModel(nn.Module):
         g = c.num_heads // c.num_kv_heads
         fill = torch.float32 if x.dtype != torch.float32 else x.dtype
         mask = torch.zeros(mask.shape, dtype=fill, device=x.device).masked_fill_(~mask, torch.finfo(fill).min)
-        if c_attention:
-            pass  # [B, N, S]: the C attention of DecoderLayer._fused reads each query's row as it is
+        if c_attention:  # [B, N, S]: the layers' C attention reads each query's row as it is
+            mask = CStep(cos, sin, batch_index, cache_slots, mask)
         elif x.dtype == torch.float32:
             mask = mask[:, None, None].expand(B, c.num_kv_heads, g, N, kv_len).reshape(
                 B * c.num_kv_heads, g * N, kv_len)  # [B*nkv, g*N, S]: the eager fp32 attention
         else:
             mask = mask[:, None]  # [B, 1, N, S] fp32: row-invariant attention in half precision (Attention._half)
-        if c_attention:
-            mask = CStep(cos, sin, batch_index, cache_slots, mask)  # the layers' C attention reads it
         stack = self._c_stack() if self.c_stack and isinstance(mask, CStep) else None
         if stack is not None:
             x, hidden = self._stack_forward(stack, x, mask, packing, hidden_layers)

@@ -7,6 +7,10 @@ which is what keeps speculative greedy output equal to plain greedy output.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -375,6 +379,8 @@ def test_hf_checkpoint_in_16_bits_runs_in_its_own_bytes(tmp_path, dtype):
     assert draft_dtype(nat, "cuda:0") == "float32"
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the subprocesses' PYTHONPATH
+
 _ISA_PROBE = """
 import torch
 from specc.kernels import qgemm
@@ -391,21 +397,16 @@ def test_an_isa_ceiling_keeps_the_process_on_another_cpus_paths():
     """``SPECC_QGEMM_ISA=avx2`` leaves only the variants an AVX2-only CPU runs (so this CPU measures its
     paths: the int8 products on AVX2 tiles, the generic attention); a name it does not know is refused
     naming the variable and the choices."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, SPECC_QGEMM_ISA="avx2", PYTHONPATH=root)
+    env = dict(os.environ, SPECC_QGEMM_ISA="avx2", PYTHONPATH=REPO)
     env.pop("SPECC_QGEMM_VARIANT", None)
-    out = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True, cwd=root)
+    out = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     runs, chosen, finite = out.stdout.split()
     allowed = {"portable", "avx2", "avx2int8"}
     assert set(runs.split(",")) == allowed & set(qgemm.supported())
     assert chosen == ("avx2int8" if "avx2int8" in qgemm.supported() else runs.split(",")[-1]) and finite == "True"
     env["SPECC_QGEMM_ISA"] = "avx9"
-    bad = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True, cwd=root)
+    bad = subprocess.run([sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True, cwd=REPO)
     assert bad.returncode != 0 and "SPECC_QGEMM_ISA='avx9': choose one of avx2, portable" in bad.stderr
 
 
@@ -420,16 +421,11 @@ def test_a_kernel_setting_the_process_cannot_take_is_refused_without_a_traceback
     """A bad ``$SPECC_QGEMM_ISA`` / ``$SPECC_QGEMM_VARIANT`` is the user's input: ``specc run`` prints
     ``specc run: error: ...`` naming the variable and exits 2, as for any other bad input; a variant the
     ISA ceiling leaves out is refused naming the ceiling, not the CPU."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
     env.pop("SPECC_QGEMM_ISA", None)
     env.pop("SPECC_QGEMM_VARIANT", None)
     env.update(setting)
     out = subprocess.run([sys.executable, "-m", "specc.cli", "run", "smollm2_ngram", "--prompt", "Hi",
-                          "--max-new-tokens", "1", "--no-progress"], env=env, capture_output=True, text=True, cwd=root)
+                          "--max-new-tokens", "1", "--no-progress"], env=env, capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "specc run: error: " + says in out.stderr and "Traceback" not in out.stderr

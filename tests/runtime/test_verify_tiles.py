@@ -13,7 +13,6 @@ decoder layer and the head): no fp32 fallback, no other row count, no product ou
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 
 import pytest
 
